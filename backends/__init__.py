@@ -1,0 +1,1 @@
+"""Backends: model runtimes implementing spekula.core.backend.Backend, loaded by name."""

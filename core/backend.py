@@ -1,0 +1,129 @@
+"""The Backend interface: everything the scheduler and the drafters may ask of a model runtime.
+
+No torch here: arrays cross this boundary as numpy. A backend owns one model's weights and the KV
+caches of its sequences. KV entries are written *by position*, so rolling back a rejected draft is
+``truncate(seq, n_keep)`` and costs O(1): later writes simply overwrite the stale entries.
+
+Implementations live in ``spekula.backends.<name>`` and export ``backend_class``; they are loaded
+by name through :func:`load_backend` so that onnxruntime is imported only when used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import ConfigError
+
+BACKEND_NAMES = ("torch", "onnx")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What callers need to know about a loaded model (no weights)."""
+
+    path: str
+    arch: str  # llama | qwen2 | qwen3 | eagle3 | dflash ...
+    name: str
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_ctx_train: int
+
+
+@dataclass(frozen=True, slots=True)
+class BackendOptions:
+    """How to run a model. `n_ctx` bounds every sequence; `n_seq_max` bounds live sequences."""
+
+    device: str = "cpu"  # cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | f32 | f16 | bf16
+    n_ctx: int = 4096
+    n_seq_max: int = 8
+    threads: int = 0  # <= 0: leave the runtime's default
+    exact: bool = True  # batch-invariant numerics (a row's logits do not depend on its batch)
+    ort_provider: str = "auto"  # onnx only: auto | cuda | cpu
+
+
+@dataclass(slots=True)
+class SeqInput:
+    """New tokens of one sequence in a forward pass.
+
+    Positions are ``start .. start+len(tokens)-1``; ``start`` must be <= the sequence's current
+    length (writing at ``start`` implicitly truncates anything at or after it).
+    """
+
+    seq_id: int
+    tokens: np.ndarray  # int32 [n]
+    start: int
+    # Indices into `tokens` whose logits are wanted. None means the last row only; empty means none.
+    logit_rows: np.ndarray | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """Hidden states a drafter needs from the same forward pass (EAGLE-3, DFlash, MTP)."""
+
+    # Layer-input indices: l means the residual entering block l (0 = token embeddings,
+    # n_layer = residual after the last block, before output_norm). Returned for every row.
+    layers: frozenset[int] = frozenset()
+    final_norm: bool = False  # the hidden state after output_norm, every row
+
+    def __bool__(self) -> bool:
+        return bool(self.layers) or self.final_norm
+
+    def union(self, other: Capture) -> Capture:
+        return Capture(self.layers | other.layers, self.final_norm or other.final_norm)
+
+
+@dataclass(slots=True)
+class SeqOutput:
+    logits: np.ndarray  # float32 [len(logit_rows), n_vocab]
+    layer_inputs: dict[int, np.ndarray] = field(default_factory=dict)  # float32 [n, n_embd]
+    hidden_final: np.ndarray | None = None  # float32 [n, n_embd], after output_norm
+
+
+class Backend(ABC):
+    """A model runtime. Not thread-safe: the scheduler calls it from one worker thread at a time."""
+
+    info: ModelInfo
+    options: BackendOptions
+
+    @property
+    def n_ctx(self) -> int:
+        return self.options.n_ctx
+
+    @abstractmethod
+    def new_seq(self) -> int:
+        """Allocate an empty sequence (KV cache) and return its id."""
+
+    @abstractmethod
+    def free_seq(self, seq_id: int) -> None:
+        """Release a sequence; its id may be reused."""
+
+    @abstractmethod
+    def seq_len(self, seq_id: int) -> int:
+        """Number of positions currently held in the sequence's KV cache."""
+
+    @abstractmethod
+    def truncate(self, seq_id: int, n_keep: int) -> None:
+        """Keep positions [0, n_keep); O(1)."""
+
+    @abstractmethod
+    def forward(self, inputs: Sequence[SeqInput], capture: Capture = Capture()) -> list[SeqOutput]:
+        """Run all sequences' new tokens in one pass; one output per input, in order."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Free device memory early (optional)."""
+
+
+def load_backend(name: str, model_path: str, options: BackendOptions | None = None) -> Backend:
+    """Import ``spekula.backends.<name>`` lazily and build its ``backend_class``."""
+    if name not in BACKEND_NAMES:
+        raise ConfigError(f"unknown backend {name!r}; available: {', '.join(BACKEND_NAMES)}")
+    module = importlib.import_module(f"spekula.backends.{name}")
+    cls = module.backend_class
+    return cls(model_path, options or BackendOptions())

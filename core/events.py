@@ -1,0 +1,35 @@
+"""What a request's stream carries: accepted pieces as they are emitted, then one final event."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+StopType = Literal["eos", "limit", "word", "cancel", "error", "none"]
+
+
+@dataclass(slots=True)
+class PieceEvent:
+    """Tokens emitted by one round, with which drafter proposed each (None = the target's own token)."""
+
+    request_id: str
+    tokens: list[int]
+    text: str  # UTF-8-safe text for these tokens (may be empty if a character is incomplete)
+    drafters: list[str | None]
+
+
+@dataclass(slots=True)
+class FinalEvent:
+    """llama-server /completion result fields."""
+
+    request_id: str
+    content: str
+    tokens: list[int]
+    stop_type: StopType
+    stopping_word: str = ""
+    timings: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    tokens_evaluated: int = 0  # prompt tokens
+
+
+Event = PieceEvent | FinalEvent

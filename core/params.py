@@ -1,0 +1,92 @@
+"""Request and speculation parameters, with llama.cpp's names and defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from .errors import ConfigError
+
+# Fixed priority (speculative-semantics.md §3): every draftless type before every model type.
+SPEC_TYPE_PRIORITY: tuple[str, ...] = (
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "ngram-mod",
+    "ngram-cache",
+    "draft-simple",
+    "draft-eagle3",
+    "draft-mtp",
+    "draft-dflash",
+    "draft-dspark",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """llama-server defaults. temperature <= 0 is greedy."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int = -1  # -1: random, resolved once per request
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def with_(self, **kw: Any) -> SamplingParams:
+        return replace(self, **kw)
+
+
+@dataclass(frozen=True, slots=True)
+class SpecParams:
+    """Speculation settings. Server-wide defaults; n_max/n_min/p_min/types may be overridden per request."""
+
+    types: tuple[str, ...] = ()  # normalised: deduplicated, priority order, no "none"
+    n_max: int = 3  # --spec-draft-n-max (draft models only)
+    n_min: int = 0  # --spec-draft-n-min
+    p_min: float = 0.0  # --spec-draft-p-min
+    draft_sampling: Literal["greedy", "probabilistic"] = "greedy"
+    synth_rates: tuple[float, ...] | None = None
+    synth_len: float | None = None
+    # Per-drafter options by llama.cpp's option name without the leading dashes,
+    # e.g. {"spec-ngram-simple-size-n": 12}. Drafters read their own with defaults.
+    drafter_options: dict[str, Any] = field(default_factory=dict)
+
+    def with_(self, **kw: Any) -> SpecParams:
+        return replace(self, **kw)
+
+
+def normalize_spec_types(values: list[str] | tuple[str, ...], known: tuple[str, ...] = SPEC_TYPE_PRIORITY) -> tuple[str, ...]:
+    """Parse accumulated --spec-type values (each may be a comma list) into priority order.
+
+    A `none` inside one comma list collapses that list; unknown names are errors.
+    """
+    chosen: set[str] = set()
+    for value in values:
+        names = [n.strip() for n in str(value).split(",") if n.strip()]
+        if "none" in names:
+            continue
+        for n in names:
+            if n not in known:
+                raise ConfigError(f"unknown spec type {n!r}; available: none, {', '.join(known)}")
+            chosen.add(n)
+    return tuple(n for n in known if n in chosen)
+
+
+@dataclass(slots=True)
+class CompletionRequest:
+    """One generation request (llama-server /completion semantics)."""
+
+    prompt: list[int]  # token ids, already tokenized (BOS included if the model wants it)
+    n_predict: int = -1  # -1: until EOS / stop / context full
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    # Per-request speculation overrides ("speculative.n_max", ...); None = server-wide SpecParams.
+    spec: SpecParams | None = None
+    id: str = ""  # assigned by the engine when empty

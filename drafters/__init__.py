@@ -1,0 +1,1 @@
+"""Drafters: one module per speculative technique, registered under the spekula.drafters entry-point group."""

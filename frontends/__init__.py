@@ -1,0 +1,1 @@
+"""Frontends: CLI, JSON-RPC server and client, Textual TUI."""

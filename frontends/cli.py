@@ -1,0 +1,59 @@
+"""`spekula` console script: one subcommand per module `spekula.frontends.cmd_<name>`.
+
+Each command module exposes ``HELP: str``, ``add_arguments(parser)`` and ``run(args) -> int``.
+Modules are imported only when their subcommand runs, so `spekula generate` never imports textual
+and `spekula tui` never imports onnxruntime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from spekula.core.errors import SpekulaError
+
+COMMANDS: dict[str, str] = {
+    "generate": "Generate text from a prompt (optionally with speculative decoding)",
+    "serve": "Serve a JSON-RPC 2.0 API on a Unix socket",
+    "tui": "Terminal UI with live speculation statistics",
+    "convert": "Convert a Hugging Face checkpoint (target, EAGLE-3, DFlash, DSpark) to GGUF",
+    "truncate-model": "Write a layer-truncated copy of a GGUF model (a no-training draft model)",
+    "ngram-cache": "Build an ngram-cache static lookup file from a text corpus",
+    "fetch-default": "Download the embedded default model (SmolLM2-135M-Instruct Q4_1) into the cache",
+}
+
+
+def _module_name(command: str) -> str:
+    return "spekula.frontends.cmd_" + command.replace("-", "_")
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spekula", description="Speculative-decoding inference engine")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:  # only the chosen command's module is imported
+            importlib.import_module(_module_name(name)).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return 2
+        return int(importlib.import_module(_module_name(args.command)).run(args) or 0)
+    except SpekulaError as exc:
+        print(f"spekula: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
