@@ -1,0 +1,169 @@
+"""The target's token sampler: llama.cpp's default chain, numpy only.
+
+Chain order (llama.cpp's common sampler): repetition penalty -> top-k -> top-p -> min-p ->
+temperature -> dist. top-p and min-p look at the temperature-1 distribution because they run
+before the temperature stage, exactly as in llama.cpp.
+
+`sample` draws exactly one uniform from the request's Generator when temperature > 0 and none when
+greedy. Verification by sample-and-match calls `sample` once per verified position, in order, on the
+same logits plain decoding would see; that is why speculative output with a fixed seed is
+token-identical to plain output.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections import Counter, deque
+
+import numpy as np
+
+from .errors import ConfigError
+from .params import SamplingParams
+
+
+def resolve_seed(seed: int) -> int:
+    """-1 means "random", drawn once per request; any other value must be a uint32."""
+    if seed == -1:
+        return secrets.randbits(32)
+    if not 0 <= seed < 2**32:
+        raise ConfigError(f"seed must be -1 (random) or in [0, 2^32); got {seed}")
+    return int(seed)
+
+
+def _validate(params: SamplingParams) -> None:
+    for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
+        value = getattr(params, name)
+        if not math.isfinite(value):
+            raise ConfigError(f"sampling parameter {name} must be finite; got {value}")
+    if params.repeat_penalty <= 0.0:
+        raise ConfigError(f"repeat_penalty must be > 0; got {params.repeat_penalty}")
+    if params.repeat_last_n < -1:
+        raise ConfigError(f"repeat_last_n must be >= -1; got {params.repeat_last_n}")
+
+
+class Sampler:
+    """One request's sampler: the chain's parameters, the penalty history and the dist RNG."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int, seed: int) -> None:
+        _validate(params)
+        if n_vocab <= 0:
+            raise ConfigError(f"n_vocab must be positive; got {n_vocab}")
+        self.params = params
+        self.n_vocab = n_vocab
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        # -1 means "the whole history" (llama.cpp: the context size); 0 disables the penalty.
+        window = None if params.repeat_last_n == -1 else max(params.repeat_last_n, 0)
+        self._history: deque[int] = deque(maxlen=window)
+        self._counts: Counter[int] = Counter()
+
+    @property
+    def greedy(self) -> bool:
+        return self.params.greedy
+
+    @property
+    def _penalize(self) -> bool:
+        return self.params.repeat_penalty != 1.0 and self.params.repeat_last_n != 0
+
+    # --- chain -------------------------------------------------------------------------------
+
+    def _penalized(self, logits: np.ndarray) -> np.ndarray:
+        row = np.asarray(logits, dtype=np.float32)
+        if row.shape != (self.n_vocab,):
+            raise ValueError(f"expected a logits row of shape ({self.n_vocab},); got {row.shape}")
+        if not self._penalize or not self._counts:
+            return row
+        row = row.copy()
+        ids = np.fromiter(self._counts.keys(), dtype=np.int64, count=len(self._counts))
+        ids = ids[(ids >= 0) & (ids < self.n_vocab)]
+        vals = row[ids]
+        pen = np.float32(self.params.repeat_penalty)
+        # Multiply non-positive logits instead of dividing, so a penalty never makes them likelier.
+        row[ids] = np.where(vals <= 0, vals * pen, vals / pen)
+        return row
+
+    def distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Post-chain candidates: ids (int64) sorted by descending probability, probs (float64, sum 1)."""
+        row = self._penalized(logits)
+        p = self.params
+        if p.greedy:
+            return np.array([int(np.argmax(row))], dtype=np.int64), np.ones(1, dtype=np.float64)
+
+        if 0 < p.top_k < self.n_vocab:
+            ids = np.argpartition(-row, p.top_k - 1)[: p.top_k]
+        else:
+            ids = np.arange(self.n_vocab)
+        # Stable sort on (-logit) keeps the lower id first among ties, independent of argpartition.
+        ids = np.sort(ids)
+        ids = ids[np.argsort(-row[ids], kind="stable")].astype(np.int64)
+        lg = row[ids].astype(np.float64)
+
+        if p.top_p < 1.0:
+            probs = _softmax(lg)
+            cum = np.cumsum(probs)
+            keep = int(np.searchsorted(cum, p.top_p, side="left")) + 1  # first index with cum >= p
+            keep = min(max(keep, 1), len(ids))
+            ids, lg = ids[:keep], lg[:keep]
+
+        if p.min_p > 0.0:
+            keep = int(np.count_nonzero(lg >= lg[0] + math.log(p.min_p)))
+            keep = max(keep, 1)
+            ids, lg = ids[:keep], lg[:keep]
+
+        return ids, _softmax(lg / p.temperature)
+
+    def sample(self, logits: np.ndarray) -> int:
+        """One token; exactly one RNG draw when temperature > 0, none when greedy."""
+        if self.greedy:
+            return int(np.argmax(self._penalized(logits)))
+        ids, probs = self.distribution(logits)
+        return pick(ids, probs, float(self.rng.random()))
+
+    def accept(self, token: int) -> None:
+        """Record an emitted token (advances the repetition-penalty window)."""
+        if not self._penalize:
+            return
+        if self._history.maxlen is not None and len(self._history) == self._history.maxlen:
+            old = self._history[0]
+            self._counts[old] -= 1
+            if self._counts[old] <= 0:
+                del self._counts[old]
+        self._history.append(int(token))
+        self._counts[int(token)] += 1
+
+    def accept_many(self, tokens: object) -> None:
+        """Record several tokens in order (e.g. the prompt, as llama-server does before generating)."""
+        for t in np.asarray(tokens, dtype=np.int64).ravel():
+            self.accept(int(t))
+
+    def clone(self) -> Sampler:
+        """An independent copy with the same RNG state and history."""
+        other = Sampler.__new__(Sampler)
+        other.params = self.params
+        other.n_vocab = self.n_vocab
+        other.seed = self.seed
+        other.rng = np.random.default_rng()
+        other.rng.bit_generator.state = self.rng.bit_generator.state
+        other._history = deque(self._history, maxlen=self._history.maxlen)
+        other._counts = Counter(self._counts)
+        return other
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def pick(ids: np.ndarray, probs: np.ndarray, u: float) -> int:
+    """Inverse-CDF pick with a uniform u in [0, 1): the first id whose cumulative mass exceeds u."""
+    cdf = np.cumsum(probs)
+    i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    return int(ids[min(i, len(ids) - 1)])
+
+
+def dense(ids: np.ndarray, probs: np.ndarray, n_vocab: int) -> np.ndarray:
+    """Scatter a candidate list into a float64 [n_vocab] probability vector (0 outside the list)."""
+    out = np.zeros(n_vocab, dtype=np.float64)
+    out[ids] = probs
+    return out

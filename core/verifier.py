@@ -1,0 +1,161 @@
+"""Draft verification: pure functions of (draft, target logits, sampler[, rng]).
+
+Vocabulary used across the project:
+
+- **draft**: the k tokens a drafter proposed after the last target token x.
+- **accepted**: the longest draft prefix the verifier keeps; ``n_accepted`` in [0, k].
+- **recovered**: the target's token at the first rejected position (sample-and-match: the target's
+  own sample; rejection sampling: a sample from the residual ``normalize(max(0, p - q))``).
+- **bonus**: the extra target token drawn from row k when every draft token was accepted.
+- **emitted**: accepted + exactly one recovered-or-bonus token, so 1 <= len(emitted) <= k + 1.
+
+``target_logits`` is float32 [k+1, V]: row i scores the position of draft[i] (row 0 follows x),
+row k is the bonus row. The sampler's penalty history is advanced with every emitted token, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .sampling import Sampler, dense, pick
+
+
+@dataclass(slots=True)
+class VerifyResult:
+    emitted: list[int]  # accepted draft prefix + exactly one target token (recovered or bonus)
+    n_accepted: int
+
+
+def _check_shapes(draft: Sequence[int], target_logits: np.ndarray) -> None:
+    if target_logits.ndim != 2 or target_logits.shape[0] != len(draft) + 1:
+        raise ValueError(f"target_logits must be [k+1, V] with k={len(draft)}; got {target_logits.shape}")
+
+
+def _take(sampler: Sampler, out: list[int], token: int) -> None:
+    sampler.accept(token)
+    out.append(token)
+
+
+def verify_match(
+    draft: Sequence[int],
+    target_logits: np.ndarray,
+    sampler: Sampler,
+    is_eog: Callable[[int], bool],
+) -> VerifyResult:
+    """llama.cpp's sample-and-match: the target samples each row; a draft token survives only if equal.
+
+    The sampler consumes one RNG draw per emitted token on the same rows plain decoding would use,
+    so the output is token-identical to non-speculative decoding with the same seed, at any
+    temperature. A matched EOG before the last draft position ends the round without a bonus.
+    """
+    _check_shapes(draft, target_logits)
+    k = len(draft)
+    out: list[int] = []
+    for i in range(k):
+        t = sampler.sample(target_logits[i])
+        _take(sampler, out, t)
+        if t != int(draft[i]):
+            return VerifyResult(out, i)
+        if is_eog(t) and i < k - 1:
+            # The EOG counts as the target token of this round: n_accepted excludes it.
+            return VerifyResult(out, i)
+    _take(sampler, out, sampler.sample(target_logits[k]))
+    return VerifyResult(out, k)
+
+
+def acceptance_probability(px: float, qx: float) -> float:
+    """P(accept draft token x) = min(1, p(x)/q(x)); 0 when the drafter gave x no mass."""
+    if qx <= 0.0:
+        return 0.0
+    return 1.0 if px >= qx else px / qx
+
+
+def residual_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray | None:
+    """normalize(max(0, p - q)) over the vocabulary, or None when it has no mass (then p == q on p's support)."""
+    r = np.maximum(p - q, 0.0)
+    total = float(r.sum())
+    if total <= 0.0:
+        return None
+    return r / total
+
+
+def verify_rejection(
+    draft: Sequence[int],
+    draft_probs: np.ndarray | None,
+    target_logits: np.ndarray,
+    sampler: Sampler,
+    rng: np.random.Generator,
+) -> VerifyResult:
+    """Speculative sampling (Leviathan et al. / Chen et al.): lossless in distribution at any temperature.
+
+    With p the target's post-chain distribution for row i and q the drafter's (``draft_probs[i]``,
+    dense [k, V]; None means one-hot drafts, as for n-gram drafters): accept d with probability
+    min(1, p(d)/q(d)); on rejection emit a token from normalize(max(0, p - q)). Then
+    P(emit x) = q(x)·min(1, p(x)/q(x)) + (1 - Σ_y min(q(y), p(y)))·r(x) = p(x).
+
+    As in llama.cpp, the sampler still samples every visited row (advancing its own RNG once per
+    emitted token); that sample is used only when the residual is empty. The acceptance and
+    residual uniforms come from ``rng``, a generator separate from the sampler's.
+    """
+    _check_shapes(draft, target_logits)
+    k = len(draft)
+    n_vocab = target_logits.shape[1]
+    if draft_probs is not None and draft_probs.shape != (k, n_vocab):
+        raise ValueError(f"draft_probs must be [k, V] = [{k}, {n_vocab}]; got {draft_probs.shape}")
+    out: list[int] = []
+    for i in range(k):
+        ids, probs = sampler.distribution(target_logits[i])
+        t_target = pick(ids, probs, float(sampler.rng.random())) if not sampler.greedy else int(ids[0])
+        p = dense(ids, probs, n_vocab)
+        d = int(draft[i])
+        if draft_probs is None:
+            q = np.zeros(n_vocab, dtype=np.float64)
+            q[d] = 1.0
+        else:
+            q = draft_probs[i].astype(np.float64)
+        a = acceptance_probability(float(p[d]), float(q[d]))
+        # Draw the uniform only for a genuine coin flip, like llama.cpp (U only when px < qx).
+        if a >= 1.0 or (a > 0.0 and float(rng.random()) < a):
+            _take(sampler, out, d)
+            continue
+        r = residual_distribution(p, q)
+        recovered = t_target if r is None else pick(np.arange(n_vocab), r, float(rng.random()))
+        _take(sampler, out, recovered)
+        return VerifyResult(out, i)
+    _take(sampler, out, sampler.sample(target_logits[k]))
+    return VerifyResult(out, k)
+
+
+def verify_synthetic(
+    draft: Sequence[int],
+    target_logits: np.ndarray,
+    sampler: Sampler,
+    cond_rates: Sequence[float],
+    rng: np.random.Generator,
+    is_eog: Callable[[int], bool],
+) -> VerifyResult:
+    """Benchmark-only acceptance (§1.5): accept draft[i] iff U < cond_rates[i], never a drafted EOG.
+
+    The target still samples every visited row (advancing its RNG), and exactly one double uniform
+    per visited position is drawn from ``rng`` (the slot's own generator). ``cond_rates`` are the
+    *conditional* rates (see core.synthetic.conditional_rates). With all rates 0 the output equals
+    plain decoding and n_accepted is 0. The output is NOT the target's distribution.
+    """
+    _check_shapes(draft, target_logits)
+    k = len(draft)
+    out: list[int] = []
+    for i in range(k):
+        t = sampler.sample(target_logits[i])
+        rate = float(cond_rates[i]) if i < len(cond_rates) else 0.0
+        d = int(draft[i])
+        accepted = float(rng.random()) < rate and not is_eog(d)
+        if accepted:
+            _take(sampler, out, d)
+            continue
+        _take(sampler, out, t)
+        return VerifyResult(out, i)
+    _take(sampler, out, sampler.sample(target_logits[k]))
+    return VerifyResult(out, k)
