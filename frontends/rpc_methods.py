@@ -1,0 +1,194 @@
+"""The spekula JSON-RPC methods, driving the Engine API (CONTRACTS §5).
+
+Used by the socket server and, in-process, by the TUI's embedded mode, so both speak exactly the
+same request and result shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from spekula.core.events import FinalEvent, PieceEvent
+
+from . import rpc_params as rp
+from .rpc_dispatch import CallContext, Handler
+from .rpc_protocol import ENGINE_ERROR, RpcError, invalid_params
+
+if TYPE_CHECKING:
+    from spekula.core.engine import Engine
+
+CHUNK_METHOD = "completion.chunk"
+# Tokenizing megabytes of text takes long enough to stall other clients; do it off the loop.
+_THREAD_TOKENIZE_CHARS = 16_384
+
+
+class SpekulaMethods:
+    def __init__(
+        self,
+        engine: Engine,
+        defaults: rp.ServerDefaults | None = None,
+        *,
+        server_state: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.defaults = defaults or rp.ServerDefaults()
+        self._server_state = server_state or dict
+
+    def table(self) -> dict[str, Handler]:
+        return {
+            "completion": self.completion,
+            "chat.completion": self.chat_completion,
+            "tokenize": self.tokenize,
+            "detokenize": self.detokenize,
+            "stats": self.stats,
+            "slots": self.slots,
+            "health": self.health,
+            "cancel": self.cancel,
+            "props": self.props,
+        }
+
+    # -- generation -------------------------------------------------------------------------
+
+    async def completion(self, params: Any, ctx: CallContext) -> dict[str, Any]:
+        obj = rp.as_object(params, "completion")
+        rp.reject_unknown(obj, rp.COMPLETION_FIELDS, "completion")
+        raw = rp.prompt_field(obj, self.engine.tokenizer.n_vocab)
+        prompt = raw if isinstance(raw, list) else await self._encode(raw)
+        return await self._generate(self._parse(obj, prompt), ctx)
+
+    async def chat_completion(self, params: Any, ctx: CallContext) -> dict[str, Any]:
+        obj = rp.as_object(params, "chat.completion")
+        rp.reject_unknown(obj, rp.CHAT_FIELDS, "chat.completion")
+        messages = rp.messages_field(obj)
+        try:
+            text = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except Exception as exc:  # noqa: BLE001 - a template error is the caller's message shape
+            raise invalid_params(f"'messages': chat template failed: {exc}") from None
+        result = await self._generate(self._parse(obj, await self._encode(text)), ctx)
+        result["message"] = {"role": "assistant", "content": result["content"]}
+        result["finish_reason"] = "length" if result["stop_type"] == "limit" else "stop"
+        return result
+
+    def _parse(self, obj: dict[str, Any], prompt: list[int]) -> rp.ParsedCompletion:
+        cfg = self.engine.config
+        return rp.parse_completion(obj, prompt, defaults=self.defaults, spec_base=cfg.spec, n_ctx=cfg.n_ctx)
+
+    async def _encode(self, text: str) -> list[int]:
+        tok = self.engine.tokenizer
+        if len(text) > _THREAD_TOKENIZE_CHARS:
+            return await anyio.to_thread.run_sync(lambda: tok.encode(text, add_special=True, parse_special=True))
+        return tok.encode(text, add_special=True, parse_special=True)
+
+    async def _generate(self, parsed: rp.ParsedCompletion, ctx: CallContext) -> dict[str, Any]:
+        handle = self.engine.submit(parsed.request)
+        ctx.on_cancel = handle.cancel
+        final: FinalEvent | None = None
+        try:
+            async for event in handle:
+                if isinstance(event, PieceEvent):
+                    if parsed.stream:
+                        await ctx.notify(CHUNK_METHOD, chunk_params(ctx.id, event))
+                else:
+                    final = event
+        finally:
+            if final is None:
+                # Disconnect, shutdown or a failed write: give the slot back now, not at n_predict.
+                handle.cancel()
+        if final is None:
+            raise RpcError(ENGINE_ERROR, "engine ended the request without a final result")
+        result = final_result(final, return_tokens=parsed.return_tokens)
+        if final.stop_type == "error":
+            raise RpcError(ENGINE_ERROR, final.error or "generation failed", result)
+        return result
+
+    # -- tokenizer ------------------------------------------------------------------------
+
+    async def tokenize(self, params: Any, ctx: CallContext) -> dict[str, Any]:
+        obj = rp.as_object(params, "tokenize")
+        rp.reject_unknown(obj, {"content", "add_special", "parse_special", "with_pieces"}, "tokenize")
+        content = obj.get("content")
+        if not isinstance(content, str):
+            raise invalid_params("'content' must be a string")
+        tok = self.engine.tokenizer
+        ids = tok.encode(
+            content,
+            add_special=rp.get_bool(obj, "add_special", False),
+            parse_special=rp.get_bool(obj, "parse_special", True),
+        )
+        if rp.get_bool(obj, "with_pieces", False):
+            return {"tokens": [{"id": t, "piece": tok.decode([t])} for t in ids]}
+        return {"tokens": ids}
+
+    async def detokenize(self, params: Any, ctx: CallContext) -> dict[str, Any]:
+        obj = rp.as_object(params, "detokenize")
+        rp.reject_unknown(obj, {"tokens"}, "detokenize")
+        ids = rp.get_token_list(obj.get("tokens"), "tokens", self.engine.tokenizer.n_vocab)
+        return {"content": self.engine.tokenizer.decode(ids)}
+
+    # -- introspection and control ----------------------------------------------------------
+
+    async def stats(self, params: Any, ctx: CallContext) -> dict[str, Any]:
+        rp.reject_unknown(rp.as_object(params, "stats"), set(), "stats")
+        out = dict(self.engine.stats())
+        out.setdefault("slots", self.engine.slots())
+        out["server"] = self._server_state()
+        return out
+
+    async def slots(self, params: Any, ctx: CallContext) -> list[dict[str, Any]]:
+        rp.reject_unknown(rp.as_object(params, "slots"), set(), "slots")
+        return list(self.engine.slots())
+
+    async def health(self, params: Any, ctx: CallContext) -> dict[str, Any]:
+        rp.reject_unknown(rp.as_object(params, "health"), set(), "health")
+        return {**self.engine.health(), **self._server_state()}
+
+    async def props(self, params: Any, ctx: CallContext) -> dict[str, Any]:
+        rp.reject_unknown(rp.as_object(params, "props"), set(), "props")
+        d = self.defaults
+        settings = {"n_predict": d.n_predict, **{f: getattr(d.sampling, f) for f in rp.SAMPLING_FIELDS}}
+        return {**self.engine.props(), "default_generation_settings": settings, "server": self._server_state()}
+
+    async def cancel(self, params: Any, ctx: CallContext) -> dict[str, Any]:
+        """By JSON-RPC `id` (a request of this connection) or by engine `request_id` (any client)."""
+        obj = rp.as_object(params, "cancel")
+        rp.reject_unknown(obj, {"id", "request_id"}, "cancel")
+        if ("id" in obj) == ("request_id" in obj):
+            raise invalid_params("cancel: give exactly one of 'id' (JSON-RPC id) or 'request_id' (engine id)")
+        if "request_id" in obj:
+            rid = obj["request_id"]
+            if not isinstance(rid, str):
+                raise invalid_params("'request_id' must be a string")
+            return {"cancelled": self.engine.cancel(rid)}
+        if ctx.connection is None:
+            raise invalid_params("'id' cancels only work over a connection; use 'request_id'")
+        return {"cancelled": ctx.connection.cancel(obj["id"])}
+
+
+def chunk_params(rpc_id: Any, event: PieceEvent) -> dict[str, Any]:
+    return {
+        "id": rpc_id,
+        "request_id": event.request_id,
+        "content": event.text,
+        "tokens": list(event.tokens),
+        "drafters": list(event.drafters),
+    }
+
+
+def final_result(final: FinalEvent, *, return_tokens: bool) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "request_id": final.request_id,
+        "content": final.content,
+        "stop": True,
+        "stop_type": final.stop_type,
+        "stopping_word": final.stopping_word,
+        "tokens_predicted": len(final.tokens),
+        "tokens_evaluated": final.tokens_evaluated,
+        "timings": dict(final.timings),
+    }
+    if return_tokens:
+        result["tokens"] = list(final.tokens)
+    if final.error:
+        result["error"] = final.error
+    return result

@@ -1,0 +1,212 @@
+"""Request parameters in llama-server's /completion vocabulary -> a validated CompletionRequest.
+
+Every rejection names the offending field, so a client sees `'top_k' must be an integer` rather
+than a traceback. Unknown fields are rejected too: a misspelt `temprature` silently ignored would
+produce a different answer than the caller asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from spekula.core.errors import ConfigError
+from spekula.core.params import CompletionRequest, SamplingParams, SpecParams, normalize_spec_types
+
+from .rpc_protocol import CONTEXT_OVERFLOW, RpcError, invalid_params
+
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed")
+SPEC_FIELDS = ("n_max", "n_min", "p_min", "type")
+COMPLETION_FIELDS = frozenset(
+    {"prompt", "n_predict", "stop", "stream", "return_tokens", "ignore_eos", "speculative", *SAMPLING_FIELDS}
+    | {f"speculative.{f}" for f in SPEC_FIELDS}
+)
+CHAT_FIELDS = (COMPLETION_FIELDS - {"prompt"}) | {"messages"}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerDefaults:
+    """Generation defaults a request inherits (from the serve command line)."""
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int = -1
+
+
+@dataclass(slots=True)
+class ParsedCompletion:
+    request: CompletionRequest
+    stream: bool
+    return_tokens: bool
+
+
+def as_object(params: Any, method: str) -> dict[str, Any]:
+    """Our methods take named parameters only."""
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise invalid_params(f"{method}: params must be an object with named fields")
+    return params
+
+
+def reject_unknown(params: dict[str, Any], allowed: frozenset[str] | set[str], method: str) -> None:
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise invalid_params(f"{method}: unknown field(s) {', '.join(repr(u) for u in unknown)}")
+
+
+def get_int(params: dict[str, Any], name: str, default: int, *, minimum: int | None = None) -> int:
+    value = params.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid_params(f"'{name}' must be an integer")
+    if minimum is not None and value < minimum:
+        raise invalid_params(f"'{name}' must be >= {minimum}, got {value}")
+    return value
+
+
+def get_float(params: dict[str, Any], name: str, default: float, *, lo: float | None = None, hi: float | None = None) -> float:
+    value = params.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise invalid_params(f"'{name}' must be a finite number")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise invalid_params(f"'{name}' must be in [{lo}, {hi}], got {value}")
+    return float(value)
+
+
+def get_bool(params: dict[str, Any], name: str, default: bool) -> bool:
+    value = params.get(name, default)
+    if not isinstance(value, bool):
+        raise invalid_params(f"'{name}' must be true or false")
+    return value
+
+
+def get_token_list(value: Any, name: str, n_vocab: int) -> list[int]:
+    if not isinstance(value, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in value):
+        raise invalid_params(f"'{name}' must be a list of token ids")
+    bad = next((t for t in value if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise invalid_params(f"'{name}' holds token id {bad} outside the vocabulary [0, {n_vocab})")
+    return list(value)
+
+
+def _spec_overrides(params: dict[str, Any]) -> dict[str, Any]:
+    """Merge the nested `speculative` object and the flat `speculative.x` keys (flat wins)."""
+    merged: dict[str, Any] = {}
+    nested = params.get("speculative")
+    if nested is not None:
+        if not isinstance(nested, dict):
+            raise invalid_params("'speculative' must be an object")
+        reject_unknown(nested, set(SPEC_FIELDS), "speculative")
+        merged.update(nested)
+    for f in SPEC_FIELDS:
+        if f"speculative.{f}" in params:
+            merged[f] = params[f"speculative.{f}"]
+    return merged
+
+
+def parse_spec(params: dict[str, Any], base: SpecParams) -> SpecParams | None:
+    """Per-request speculation settings, or None to use the server's own."""
+    over = _spec_overrides(params)
+    if not over:
+        return None
+    # Field names in errors use the flat spelling, the one llama-server documents.
+    named = {f"speculative.{k}": v for k, v in over.items()}
+    kw: dict[str, Any] = {}
+    if "n_max" in over:
+        kw["n_max"] = get_int(named, "speculative.n_max", base.n_max, minimum=0)
+    if "n_min" in over:
+        kw["n_min"] = get_int(named, "speculative.n_min", base.n_min, minimum=0)
+    if "p_min" in over:
+        kw["p_min"] = get_float(named, "speculative.p_min", base.p_min, lo=0.0, hi=1.0)
+    if "type" in over:
+        value = over["type"]
+        values = [value] if isinstance(value, str) else value
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise invalid_params("'speculative.type' must be a string or a list of strings")
+        try:
+            kw["types"] = normalize_spec_types(values)
+        except ConfigError as exc:
+            raise invalid_params(f"'speculative.type': {exc}") from None
+    return base.with_(**kw)
+
+
+def parse_sampling(params: dict[str, Any], base: SamplingParams) -> SamplingParams:
+    seed = get_int(params, "seed", base.seed, minimum=-1)
+    return base.with_(
+        temperature=get_float(params, "temperature", base.temperature),
+        top_k=get_int(params, "top_k", base.top_k),
+        top_p=get_float(params, "top_p", base.top_p, lo=0.0, hi=1.0),
+        min_p=get_float(params, "min_p", base.min_p, lo=0.0, hi=1.0),
+        repeat_penalty=get_float(params, "repeat_penalty", base.repeat_penalty, lo=0.0),
+        repeat_last_n=get_int(params, "repeat_last_n", base.repeat_last_n, minimum=-1),
+        seed=seed,
+    )
+
+
+def parse_stop(params: dict[str, Any]) -> list[str]:
+    value = params.get("stop", [])
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise invalid_params("'stop' must be a string or a list of strings")
+    return [s for s in value if s]
+
+
+def check_context(prompt: list[int], n_ctx: int) -> None:
+    if not prompt:
+        raise invalid_params("'prompt' is empty (after tokenization)")
+    # The slot must hold the prompt and at least one generated token.
+    if len(prompt) >= n_ctx:
+        raise RpcError(
+            CONTEXT_OVERFLOW,
+            f"prompt has {len(prompt)} tokens but a slot's context holds {n_ctx}; shorten the prompt",
+            {"n_prompt_tokens": len(prompt), "n_ctx": n_ctx},
+        )
+
+
+def parse_completion(
+    params: dict[str, Any],
+    prompt: list[int],
+    *,
+    defaults: ServerDefaults,
+    spec_base: SpecParams,
+    n_ctx: int,
+) -> ParsedCompletion:
+    """Everything except the prompt itself, which the caller has tokenized (see `prompt_field`)."""
+    check_context(prompt, n_ctx)
+    request = CompletionRequest(
+        prompt=prompt,
+        n_predict=get_int(params, "n_predict", defaults.n_predict, minimum=-1),
+        sampling=parse_sampling(params, defaults.sampling),
+        stop=parse_stop(params),
+        ignore_eos=get_bool(params, "ignore_eos", False),
+        spec=parse_spec(params, spec_base),
+    )
+    return ParsedCompletion(
+        request=request,
+        stream=get_bool(params, "stream", False),
+        return_tokens=get_bool(params, "return_tokens", False),
+    )
+
+
+def prompt_field(params: dict[str, Any], n_vocab: int) -> str | list[int]:
+    """The raw `prompt`: a string to tokenize, or token ids used as they are."""
+    if "prompt" not in params:
+        raise invalid_params("'prompt' is required")
+    value = params["prompt"]
+    if isinstance(value, str):
+        return value
+    return get_token_list(value, "prompt", n_vocab)
+
+
+def messages_field(params: dict[str, Any]) -> list[dict[str, str]]:
+    value = params.get("messages")
+    if not isinstance(value, list) or not value:
+        raise invalid_params("'messages' must be a non-empty list of {role, content} objects")
+    out: list[dict[str, str]] = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise invalid_params(f"'messages[{i}]' must be an object with string 'role' and 'content'")
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+

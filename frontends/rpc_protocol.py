@@ -1,0 +1,128 @@
+"""JSON-RPC 2.0 message shapes and error codes (no I/O here).
+
+Everything that turns wire JSON into a validated request, or a Python outcome into a wire reply,
+lives in this module so the dispatcher and the client agree on one vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+JSONRPC = "2.0"
+
+# Standard codes (JSON-RPC 2.0 §5.1).
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+# Server-defined codes live in -32000..-32099.
+ENGINE_ERROR = -32000
+CONTEXT_OVERFLOW = -32001
+SHUTTING_DOWN = -32002
+DUPLICATE_ID = -32003
+
+RequestId = str | int | None
+
+
+class RpcError(Exception):
+    """An error that becomes a JSON-RPC error object; raised by handlers and by validation."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+    def to_wire(self) -> dict[str, Any]:
+        err: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            err["data"] = self.data
+        return err
+
+
+def invalid_params(message: str) -> RpcError:
+    return RpcError(INVALID_PARAMS, message)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A validated inbound call. `is_notification` requests get no reply (JSON-RPC §4.1)."""
+
+    method: str
+    params: dict[str, Any] | list[Any] | None
+    id: RequestId
+    is_notification: bool
+
+
+def parse_line(line: bytes) -> Any:
+    """Decode one framed line; a decoding failure is a -32700 parse error."""
+    try:
+        return json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RpcError(PARSE_ERROR, f"parse error: {exc}") from None
+
+
+def _valid_id(value: Any) -> bool:
+    # bool is an int subclass but not a legal id; floats are allowed by the spec yet discouraged.
+    return value is None or (isinstance(value, str | int | float) and not isinstance(value, bool))
+
+
+def validate_request(obj: Any) -> Request:
+    """Check one request object; raises RpcError(-32600) with the id when it could be recovered."""
+    if not isinstance(obj, dict):
+        raise RpcError(INVALID_REQUEST, "invalid request: expected a JSON object")
+    rid = obj.get("id")
+    if not _valid_id(rid):
+        raise RpcError(INVALID_REQUEST, "invalid request: 'id' must be a string, number or null")
+    if obj.get("jsonrpc") != JSONRPC:
+        raise _with_id(RpcError(INVALID_REQUEST, "invalid request: 'jsonrpc' must be \"2.0\""), rid)
+    method = obj.get("method")
+    if not isinstance(method, str) or not method:
+        raise _with_id(RpcError(INVALID_REQUEST, "invalid request: 'method' must be a non-empty string"), rid)
+    params = obj.get("params")
+    if params is not None and not isinstance(params, dict | list):
+        raise _with_id(RpcError(INVALID_REQUEST, "invalid request: 'params' must be an object or array"), rid)
+    return Request(method=method, params=params, id=rid, is_notification="id" not in obj)
+
+
+class _IdCarrier(RpcError):
+    """An RpcError that remembers the request id it belongs to (for the reply)."""
+
+    request_id: RequestId
+
+
+def _with_id(err: RpcError, rid: RequestId) -> RpcError:
+    carrier = _IdCarrier(err.code, err.message, err.data)
+    carrier.request_id = rid
+    return carrier
+
+
+def error_id(err: RpcError) -> RequestId:
+    return err.request_id if isinstance(err, _IdCarrier) else None
+
+
+def response(rid: RequestId, result: Any) -> dict[str, Any]:
+    return {"jsonrpc": JSONRPC, "id": rid, "result": result}
+
+
+def error_response(rid: RequestId, err: RpcError) -> dict[str, Any]:
+    return {"jsonrpc": JSONRPC, "id": rid, "error": err.to_wire()}
+
+
+def notification(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": JSONRPC, "method": method, "params": params}
+
+
+def request(method: str, params: dict[str, Any] | None, rid: RequestId) -> dict[str, Any]:
+    msg: dict[str, Any] = {"jsonrpc": JSONRPC, "method": method, "id": rid}
+    if params is not None:
+        msg["params"] = params
+    return msg
+
+
+def encode(message: Any) -> bytes:
+    """One framed line. ensure_ascii keeps every frame free of raw newlines and odd encodings."""
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=True).encode("ascii") + b"\n"
