@@ -1,0 +1,282 @@
+"""The Engine: request queue, slots and the anyio scheduler loop (docs/CONTRACTS.md §5).
+
+Structured concurrency: `run` owns one task group (stream drainers live in it) and loops
+admit -> step (in a worker thread, `anyio.to_thread.run_sync`) -> deliver events -> free finished
+slots. Everything that touches slots, drafters or the backend happens either in that worker thread
+or on the loop while no step is running, so the backend is used by one thread at a time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from .backend import Backend, BackendOptions
+from .drafter import Drafter, DrafterContext
+from .errors import ConfigError, ContextOverflowError, SpekulaError
+from .events import FinalEvent, StopType
+from .params import CompletionRequest, SpecParams
+from .registry import DrafterSource, available_drafters, create_drafter, order_drafters, sources_by_name
+from .request_handle import Outbox, RequestHandle, open_request
+from .sampling import Sampler, resolve_seed
+from .scheduler import Scheduler
+from .slot import Slot, SlotState
+from .spec_stats import EngineSpecStats
+from .synthetic import conditional_rates, resolve_synthetic_rates
+
+_KEEP_REQUEST_STATS = 256
+
+
+@dataclass
+class EngineConfig:
+    n_slots: int = 1  # -np
+    n_ctx: int = 4096  # per slot
+    n_batch: int = 512  # max tokens per forward (prompt chunks + verification rows)
+    spec: SpecParams = field(default_factory=SpecParams)
+
+
+def drafter_cap(drafter: Drafter, spec: SpecParams) -> int:
+    """A drafter's own length cap (§1.3): n-gram drafters expose `n_max`; model drafters use --spec-draft-n-max."""
+    cap = getattr(drafter, "n_max", None)
+    return int(cap) if isinstance(cap, int) else spec.n_max
+
+
+class Engine:
+    def __init__(self, backend: Backend, tokenizer: Any, config: EngineConfig, *,
+                 drafters: Iterable[DrafterSource] | None = None, backend_name: str = "torch",
+                 draft_model_path: str | None = None,
+                 draft_backend_options: BackendOptions | None = None) -> None:
+        if config.n_slots < 1:
+            raise ConfigError(f"--parallel must be >= 1; got {config.n_slots}")
+        if config.n_batch < 1:
+            raise ConfigError(f"--batch-size must be >= 1; got {config.n_batch}")
+        if config.n_ctx < 4:
+            raise ConfigError(f"--ctx-size must be >= 4; got {config.n_ctx}")
+        if config.n_ctx > backend.n_ctx:
+            raise ConfigError(f"ctx-size {config.n_ctx} exceeds the backend's context {backend.n_ctx}")
+        self.backend, self.tokenizer, self.config = backend, tokenizer, config
+        self._extra = sources_by_name(drafters)
+        self._ctx = DrafterContext(spec=config.spec, target=backend, tokenizer=tokenizer,
+                                   n_seq_max=config.n_slots, backend_name=backend_name,
+                                   draft_backend_options=draft_backend_options,
+                                   draft_model_path=draft_model_path)
+        self._drafters: dict[str, Drafter] = {}
+        # Server-wide drafters are created now so that a bad type, plugin or draft model fails start-up.
+        spec_drafters = self._drafters_for(config.spec)
+        self._synth_rates(config.spec, spec_drafters)
+        self.spec_stats = EngineSpecStats()
+        self._scheduler = Scheduler(backend, tokenizer, config.n_batch, self.spec_stats)
+        self._slots = [Slot(i, backend.new_seq(), config.n_ctx) for i in range(config.n_slots)]
+        self._queue: deque[tuple[CompletionRequest, Outbox]] = deque()
+        self._ids = itertools.count(1)
+        self._wake: anyio.Event | None = None
+        self._tg: TaskGroup | None = None
+        self.request_stats: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    # -- drafters ----------------------------------------------------------------------------
+    def _drafters_for(self, spec: SpecParams) -> list[Drafter]:
+        out = []
+        for name in spec.types:
+            if name not in self._drafters:
+                self._drafters[name] = create_drafter(name, self._ctx, self._extra)
+            out.append(self._drafters[name])
+        return order_drafters(out)
+
+    def _synth_rates(self, spec: SpecParams, drafters: list[Drafter]) -> tuple[float, ...] | None:
+        k_eff = max((drafter_cap(d, spec) for d in drafters), default=0)
+        rates = resolve_synthetic_rates(k_eff, spec.synth_rates, spec.synth_len)
+        return None if rates is None else tuple(conditional_rates(rates))
+
+    # -- public API ---------------------------------------------------------------------------
+    def submit(self, req: CompletionRequest) -> RequestHandle:
+        if not req.id:
+            req.id = f"req-{next(self._ids)}"
+        handle, outbox = open_request(req, self.cancel, lambda: self.cancel(req.id))
+        problem = self._check(req)
+        if problem is not None:
+            self._send_final(outbox, FinalEvent(req.id, "", [], "error", error=problem))
+        else:
+            self._queue.append((req, outbox))
+            self._poke()
+        return handle
+
+    def cancel(self, request_id: str) -> bool:
+        for i, (req, outbox) in enumerate(self._queue):
+            if req.id == request_id:
+                del self._queue[i]
+                self._send_final(outbox, FinalEvent(req.id, "", [], "cancel"))
+                return True
+        for s in self._slots:
+            if s.busy and s.request_id == request_id and not s.cancelled:
+                s.cancelled = True  # the slot is freed as soon as the current step returns
+                self._poke()
+                return True
+        return False
+
+    def stats(self) -> dict[str, Any]:
+        return self.spec_stats.snapshot()
+
+    def slots(self) -> list[dict[str, Any]]:
+        out = []
+        for s in self._slots:
+            out.append({
+                "id": s.id, "state": s.state.value, "request_id": s.request_id,
+                "n_past": s.n_hist if s.state is SlotState.GENERATING else s.n_prompt_done,
+                "n_prompt": len(s.prompt) if s.busy else 0, "n_decoded": len(s.generated) if s.busy else 0,
+                "spec_types": [d.name for d in s.drafters],
+                "draft_n": s.spec_stats.n_draft_tokens if s.busy else 0,
+                "draft_n_accepted": s.spec_stats.n_draft_accepted if s.busy else 0,
+            })
+        return out
+
+    def health(self) -> dict[str, Any]:
+        busy = sum(s.busy for s in self._slots)
+        return {"status": "ok", "slots_idle": len(self._slots) - busy, "slots_busy": busy,
+                "queued": len(self._queue)}
+
+    def props(self) -> dict[str, Any]:
+        spec = self.config.spec
+        return {
+            "model": asdict(self.backend.info),
+            "backend": type(self.backend).__name__,
+            "device": self.backend.options.device,
+            "dtype": self.backend.options.dtype,
+            "n_ctx": self.config.n_ctx, "n_slots": self.config.n_slots, "n_batch": self.config.n_batch,
+            "spec": {"types": list(spec.types), "n_max": spec.n_max, "n_min": spec.n_min, "p_min": spec.p_min,
+                     "draft_sampling": spec.draft_sampling, "synth_rates": spec.synth_rates,
+                     "synth_len": spec.synth_len},
+            "available_drafters": sorted(set(available_drafters()) | set(self._extra)),
+        }
+
+    # -- request checks and admission ---------------------------------------------------------
+    def _check(self, req: CompletionRequest) -> str | None:
+        """A reason the request cannot run, or None. Bad input ends only this request."""
+        n_vocab = self.backend.info.n_vocab
+        if not req.prompt:
+            return "empty prompt"
+        if len(req.prompt) >= self.config.n_ctx:
+            return str(ContextOverflowError(
+                f"the prompt has {len(req.prompt)} tokens, which does not fit the context of {self.config.n_ctx}"
+                " tokens per slot"))
+        if min(req.prompt) < 0 or max(req.prompt) >= n_vocab:
+            return f"prompt token ids must be in [0, {n_vocab})"
+        try:
+            spec = req.spec or self.config.spec
+            self._synth_rates(spec, self._drafters_for(spec))
+        except SpekulaError as exc:
+            return str(exc)
+        return None
+
+    def _admit(self) -> None:
+        for s in self._slots:
+            if not self._queue:
+                return
+            if s.busy:
+                continue
+            req, outbox = self._queue.popleft()
+            try:
+                spec = req.spec or self.config.spec
+                drafters = self._drafters_for(spec)
+                sampler = Sampler(req.sampling, self.backend.info.n_vocab, resolve_seed(req.sampling.seed))
+                synth = self._synth_rates(spec, drafters)
+            except SpekulaError as exc:
+                self._send_final(outbox, FinalEvent(req.id, "", [], "error", error=str(exc)))
+                continue
+            # llama-server feeds the prompt to the sampler's penalty history before generating.
+            sampler.accept_many(req.prompt)
+            s.start(req, outbox, spec=spec, drafters=drafters, sampler=sampler, synth_rates=synth,
+                    decoder=self.tokenizer.stream_decoder(),
+                    n_max_eff=max((drafter_cap(d, spec) for d in drafters), default=0))
+            self.backend.truncate(s.seq_id, 0)
+            if req.n_predict == 0:
+                s.stop_type = "limit"
+
+    def _send_final(self, outbox: Outbox, event: FinalEvent) -> None:
+        outbox.put(event, self._tg)
+        outbox.close()
+
+    def _finish(self, s: Slot, stop_type: StopType | None = None) -> None:
+        assert s.request is not None and s.outbox is not None
+        s.t_end = time.perf_counter()
+        if stop_type is not None:
+            s.stop_type = stop_type
+        if s.error is not None:
+            s.stop_type = "error"
+        final = FinalEvent(
+            request_id=s.request.id, content=s.text.text, tokens=list(s.generated), stop_type=s.stop_type,
+            stopping_word=s.stopping_word, timings=s.timings(), error=s.error,
+            tokens_evaluated=int(s.n_prompt_done))
+        self.request_stats[s.request.id] = {"slot": s.id, "spec": s.spec_stats}
+        while len(self.request_stats) > _KEEP_REQUEST_STATS:
+            self.request_stats.popitem(last=False)
+        self.spec_stats.n_requests += 1
+        self.spec_stats.n_tokens_predicted += len(s.generated)
+        for d in s.drafters:
+            d.end(s.id)
+        self._send_final(s.outbox, final)
+        s.reset()
+
+    def _reap(self) -> None:
+        for s in self._slots:
+            if not s.busy:
+                continue
+            if s.cancelled:
+                self._finish(s, "cancel")
+            elif s.finished:
+                self._finish(s)
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # -- the loop -----------------------------------------------------------------------------
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve requests until cancelled."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                task_status.started()
+                await self._loop()
+        finally:
+            self._tg = None
+            self._shutdown()
+
+    async def _loop(self) -> None:
+        while True:
+            self._admit()
+            self._reap()
+            if not any(s.busy for s in self._slots):
+                if self._queue:
+                    continue
+                self._wake = anyio.Event()
+                await self._wake.wait()
+                self._wake = None
+                continue
+            busy = [s for s in self._slots if s.busy]
+            try:
+                results = await anyio.to_thread.run_sync(self._scheduler.step, busy)
+            except Exception as exc:  # an engine bug must not leave clients waiting forever
+                for s in busy:
+                    s.error = f"internal error: {type(exc).__name__}: {exc}"
+                results = []
+            for s, piece in results:
+                if piece is not None and s.outbox is not None and (piece.tokens or piece.text):
+                    s.outbox.put(piece, self._tg)
+            self._reap()
+            await anyio.lowlevel.checkpoint()
+
+    def _shutdown(self) -> None:
+        for s in self._slots:
+            if s.busy:
+                s.error = s.error or "engine stopped"
+                self._finish(s)
+        while self._queue:
+            req, outbox = self._queue.popleft()
+            self._send_final(outbox, FinalEvent(req.id, "", [], "error", error="engine stopped"))

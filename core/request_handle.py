@@ -1,0 +1,117 @@
+"""A request's event stream: the engine side (Outbox) and the caller side (RequestHandle).
+
+Each request gets a bounded memory-object stream. The scheduler must never wait on one slow reader
+(that would stall every other slot), so the Outbox sends without blocking and, when the buffer is
+full, queues the overflow and lets one drainer task in the engine's task group deliver it in order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from .events import Event, FinalEvent
+
+if TYPE_CHECKING:
+    from .params import CompletionRequest
+
+STREAM_BUFFER = 64
+
+
+class Outbox:
+    def __init__(self, send: MemoryObjectSendStream[Event], on_reader_gone: Callable[[], None]) -> None:
+        self._send = send
+        self._backlog: deque[Event] = deque()
+        self._draining = False
+        self._closing = False
+        self._on_reader_gone = on_reader_gone
+        self.reader_gone = False
+
+    def put(self, event: Event, tg: TaskGroup | None) -> None:
+        if self.reader_gone:
+            return
+        if not self._backlog and not self._draining:
+            try:
+                self._send.send_nowait(event)
+                return
+            except anyio.WouldBlock:
+                pass
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._gone()
+                return
+        self._backlog.append(event)
+        if not self._draining and tg is not None:
+            self._draining = True
+            tg.start_soon(self._drain)
+
+    def close(self, tg: TaskGroup | None = None) -> None:
+        """Close once every queued event is delivered (or right away if nothing is queued)."""
+        self._closing = True
+        if not self._backlog and not self._draining:
+            self._send.close()
+
+    def _gone(self) -> None:
+        self.reader_gone = True
+        self._backlog.clear()
+        self._send.close()
+        self._on_reader_gone()
+
+    async def _drain(self) -> None:
+        try:
+            while self._backlog:
+                await self._send.send(self._backlog[0])
+                self._backlog.popleft()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._gone()
+        finally:
+            self._draining = False
+            if self._closing and not self.reader_gone:
+                self._send.close()
+
+
+class RequestHandle:
+    """Async-iterable of the request's events; iteration ends after its FinalEvent."""
+
+    def __init__(self, request: CompletionRequest, receive: MemoryObjectReceiveStream[Event],
+                 cancel: Callable[[str], bool]) -> None:
+        self.id = request.id
+        self.request = request
+        self._receive = receive
+        self._cancel = cancel
+        self.final: FinalEvent | None = None
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[Event]:
+        if self.final is not None:
+            return
+        async with self._receive:
+            async for event in self._receive:
+                yield event
+                if isinstance(event, FinalEvent):
+                    self.final = event
+                    return
+
+    async def result(self) -> FinalEvent:
+        """Drain the stream and return the final event."""
+        async for _ in self:
+            pass
+        if self.final is None:  # the engine stopped without finishing this request
+            self.final = FinalEvent(request_id=self.id, content="", tokens=[], stop_type="error",
+                                    error="engine stopped before the request finished")
+        return self.final
+
+    def cancel(self) -> None:
+        self._cancel(self.id)
+
+
+def open_request(request: CompletionRequest, cancel: Callable[[str], bool],
+                 on_reader_gone: Callable[[], None]) -> tuple[RequestHandle, Outbox]:
+    send, receive = anyio.create_memory_object_stream[Event](STREAM_BUFFER)
+    return RequestHandle(request, receive, cancel), Outbox(send, on_reader_gone)

@@ -1,0 +1,64 @@
+"""Engine-wide speculation statistics: per-drafter counters (§4.1) and the acceptance histogram.
+
+The scheduler's worker thread updates these between forwards; the event loop only reads them
+(`snapshot`), and every read is of plain ints/floats, so a snapshot taken mid-step is at worst one
+round stale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .stats import DrafterStats
+
+
+class EngineSpecStats:
+    def __init__(self) -> None:
+        self.drafters: dict[str, DrafterStats] = {}
+        # histogram[n] = verification rounds that accepted exactly n draft tokens (gpt-fast's accept_counts)
+        self.histogram: list[int] = []
+        self.n_requests = 0
+        self.n_tokens_predicted = 0
+
+    def _get(self, name: str) -> DrafterStats:
+        stats = self.drafters.get(name)
+        if stats is None:
+            stats = self.drafters[name] = DrafterStats()
+        return stats
+
+    def on_begin(self, name: str, seconds: float) -> None:
+        self._get(name).record_begin(seconds * 1e3)
+
+    def on_draft_call(self, name: str, lengths: list[int], seconds: float) -> None:
+        self._get(name).record_draft(lengths, seconds * 1e3)
+
+    def on_accept(self, name: str, n_accepted: int, seconds: float) -> None:
+        self._get(name).record_accept(n_accepted, seconds * 1e3)
+
+    def on_round(self, n_accepted: int) -> None:
+        if len(self.histogram) <= n_accepted:
+            self.histogram.extend([0] * (n_accepted + 1 - len(self.histogram)))
+        self.histogram[n_accepted] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        acc_per_pos: list[int] = []
+        for st in self.drafters.values():
+            for i, v in enumerate(st.acc_per_pos):
+                if i >= len(acc_per_pos):
+                    acc_per_pos.append(0)
+                acc_per_pos[i] += v
+        rounds = sum(self.histogram)
+        accepted = sum(n * c for n, c in enumerate(self.histogram))
+        return {
+            "drafters": {name: st.to_dict() for name, st in self.drafters.items()},
+            "histogram": list(self.histogram),
+            "acc_per_pos": acc_per_pos,
+            "n_rounds": rounds,
+            "mean_acc_len": 1.0 + accepted / rounds if rounds else 0.0,
+            "n_requests": self.n_requests,
+            "n_tokens_predicted": self.n_tokens_predicted,
+        }
+
+    def lines(self) -> list[str]:
+        """llama.cpp's `statistics <type>: ...` line for every drafter that was used."""
+        return [st.format_line(name) for name, st in self.drafters.items()]

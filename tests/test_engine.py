@@ -1,0 +1,256 @@
+"""Engine behaviour on the toy backend: batching, stops, cancellation, errors, events, statistics."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from spekula.core.errors import ConfigError  # noqa: E402
+from spekula.core.events import FinalEvent, PieceEvent  # noqa: E402
+from spekula.core.params import CompletionRequest, SamplingParams, SpecParams  # noqa: E402
+from spekula.core.stats import DrafterStats  # noqa: E402
+from toy_backend import (  # noqa: E402
+    GarbageDrafter,
+    ObservingDrafter,
+    RepeatDrafter,
+    ToyBackend,
+    ToyTokenizer,
+    make_engine,
+    plain_decode,
+    run_requests,
+)
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPT = [3, 9, 4, 17, 5, 8, 2, 11]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _plain(n_predict: int, prompt: list[int] = PROMPT, sampling: SamplingParams = GREEDY, seed: int = 0,
+           n_ctx: int = 256, eog: frozenset[int] = frozenset(), ignore_eos: bool = False) -> list[int]:
+    return plain_decode(ToyBackend(), prompt, n_predict=n_predict, sampling=sampling, seed=seed,
+                        is_eog=lambda t: t in eog, n_ctx=n_ctx, ignore_eos=ignore_eos)
+
+
+@pytest.mark.anyio
+async def test_plain_engine_matches_reference_loop() -> None:
+    engine = make_engine(ToyBackend(), ToyTokenizer())
+    [final] = await run_requests(engine, [CompletionRequest(PROMPT, n_predict=40, sampling=GREEDY)])
+    assert final.tokens == _plain(40)
+    assert final.stop_type == "limit"
+    assert final.timings["predicted_n"] == 40 and final.timings["prompt_n"] == len(PROMPT)
+    assert "draft_n" not in final.timings  # absent when nothing was drafted (§4.2)
+    assert final.content == ToyTokenizer().decode(final.tokens)
+
+
+@pytest.mark.anyio
+async def test_speculation_is_lossless_and_accepts() -> None:
+    drafter = RepeatDrafter()
+    spec = SpecParams(types=("test-repeat",))
+    engine = make_engine(ToyBackend(), ToyTokenizer(), spec=spec, drafters=[drafter])
+    pieces: list[PieceEvent] = []
+    [final] = await run_requests(engine, [CompletionRequest(PROMPT, n_predict=80, sampling=GREEDY)],
+                                 on_event=lambda e: pieces.append(e) if isinstance(e, PieceEvent) else None)
+    assert final.tokens == _plain(80)
+    t = final.timings
+    assert t["draft_n"] > 0 and 0 < t["draft_n_accepted"] <= t["draft_n"]
+    assert [tok for p in pieces for tok in p.tokens] == final.tokens
+    assert "".join(p.text for p in pieces) == final.content
+    proposed = [d for p in pieces for d in p.drafters]
+    assert proposed.count("test-repeat") == t["draft_n_accepted"]
+    assert all(len(p.drafters) == len(p.tokens) and p.drafters[-1] is None for p in pieces)
+    st = engine.stats()["drafters"]["test-repeat"]
+    assert st["acc_tokens"] == t["draft_n_accepted"] and st["gen_tokens"] == t["draft_n"]
+    assert st["calls_begin"] == 1 and drafter.begun == [0]
+    assert all(mine for _, _, mine in drafter.accepts)
+    hist = engine.stats()["histogram"]
+    assert sum(n * c for n, c in enumerate(hist)) == t["draft_n_accepted"]
+
+
+@pytest.mark.anyio
+async def test_garbage_drafter_changes_nothing_and_stats_lines_parse() -> None:
+    spec = SpecParams(types=("test-garbage",))
+    engine = make_engine(ToyBackend(), ToyTokenizer(), spec=spec, drafters=[GarbageDrafter(48)])
+    [final] = await run_requests(engine, [CompletionRequest(PROMPT, n_predict=30, sampling=GREEDY)])
+    assert final.tokens == _plain(30)
+    assert final.timings["draft_n"] > 0
+    for line in engine.spec_stats.lines():
+        name, parsed = DrafterStats.parse_line(line)
+        st = engine.stats()["drafters"][name]
+        assert parsed.n_gen_tokens == st["gen_tokens"] and parsed.n_acc_tokens == st["acc_tokens"]
+        assert parsed.n_call_accept == st["calls_accept"] and parsed.n_gen_drafts == st["gen_drafts"]
+        assert parsed.n_acc_tokens <= parsed.n_gen_tokens and parsed.n_acc_drafts <= parsed.n_gen_drafts
+
+
+@pytest.mark.anyio
+async def test_priority_and_fall_through() -> None:
+    """The repeat drafter (draftless) goes first; when it has nothing the model-based one drafts."""
+    repeat, observer = RepeatDrafter(), ObservingDrafter(48)
+    spec = SpecParams(types=("test-observer", "test-repeat"))
+    engine = make_engine(ToyBackend(), ToyTokenizer(), spec=spec, drafters=[observer, repeat])
+    pieces: list[PieceEvent] = []
+    [final] = await run_requests(engine, [CompletionRequest(PROMPT, n_predict=60, sampling=GREEDY)],
+                                 on_event=lambda e: pieces.append(e) if isinstance(e, PieceEvent) else None)
+    assert final.tokens == _plain(60)
+    st = engine.stats()["drafters"]
+    assert st["test-repeat"]["calls_draft"] >= st["test-observer"]["calls_draft"] > 0
+    # observe() ran after every forward including the prompt, with the captured layer
+    assert observer.observed[0] == (0, 0, len(PROMPT), (1,))
+    # accept() reached both drafters, flagged mine only for the one whose draft was verified
+    assert any(not mine for _, _, mine in repeat.accepts) and any(mine for _, _, mine in repeat.accepts)
+
+
+@pytest.mark.anyio
+async def test_batching_puts_all_slots_in_one_forward() -> None:
+    backend = ToyBackend()
+    engine = make_engine(backend, ToyTokenizer(), n_slots=3, n_batch=64)
+    reqs = [CompletionRequest([i + 1, 5, 7, 9], n_predict=20, sampling=GREEDY) for i in range(3)]
+    finals = await run_requests(engine, reqs)
+    for req, final in zip(reqs, finals, strict=True):
+        assert final.tokens == _plain(20, prompt=req.prompt)
+    # 3 prompts in one forward, then 19 single-token rounds where all three share the forward
+    assert backend.n_forward == 20
+    assert max(backend.rows_per_forward) == 12
+
+
+@pytest.mark.anyio
+async def test_prompt_chunks_respect_n_batch() -> None:
+    backend = ToyBackend()
+    engine = make_engine(backend, ToyTokenizer(), n_batch=5)
+    prompt = list(range(1, 23))
+    [final] = await run_requests(engine, [CompletionRequest(prompt, n_predict=10, sampling=GREEDY)])
+    assert final.tokens == _plain(10, prompt=prompt)
+    assert max(backend.rows_per_forward) <= 5
+
+
+@pytest.mark.anyio
+async def test_queueing_when_slots_are_busy() -> None:
+    engine = make_engine(ToyBackend(), ToyTokenizer(), n_slots=2, spec=SpecParams(types=("test-repeat",)),
+                         drafters=[RepeatDrafter()])
+    reqs = [CompletionRequest([i + 2, 4, 6], n_predict=15 + i, sampling=GREEDY) for i in range(5)]
+    finals = await run_requests(engine, reqs)
+    for req, final in zip(reqs, finals, strict=True):
+        assert final.tokens == _plain(req.n_predict, prompt=req.prompt)
+    assert engine.health() == {"status": "ok", "slots_idle": 2, "slots_busy": 0, "queued": 0}
+
+
+@pytest.mark.anyio
+async def test_eos_and_ignore_eos() -> None:
+    ref = _plain(30)
+    eog = frozenset({ref[5]})
+    tok = ToyTokenizer(eog_ids=eog)
+    engine = make_engine(ToyBackend(), tok, spec=SpecParams(types=("test-repeat",)), drafters=[RepeatDrafter()])
+    first, second = await run_requests(engine, [
+        CompletionRequest(PROMPT, n_predict=30, sampling=GREEDY),
+        CompletionRequest(PROMPT, n_predict=30, sampling=GREEDY, ignore_eos=True)])
+    expected = _plain(30, eog=eog)
+    assert first.tokens == expected and first.stop_type == "eos" and first.tokens[-1] in eog
+    assert not first.content.endswith(tok.token_text(ref[5]))  # EOG renders no text
+    assert second.tokens == ref and second.stop_type == "limit"
+
+
+@pytest.mark.anyio
+async def test_stop_string_cuts_content_and_holds_back_partial_matches() -> None:
+    tok = ToyTokenizer()
+    ref = _plain(40)
+    text = tok.decode(ref)
+    stop = text[12:15]
+    pieces: list[PieceEvent] = []
+    engine = make_engine(ToyBackend(), tok, spec=SpecParams(types=("test-repeat",)), drafters=[RepeatDrafter()])
+    [final] = await run_requests(engine, [CompletionRequest(PROMPT, n_predict=40, sampling=GREEDY, stop=[stop])],
+                                 on_event=lambda e: pieces.append(e) if isinstance(e, PieceEvent) else None)
+    cut = text.find(stop)
+    assert final.stop_type == "word" and final.stopping_word == stop
+    assert final.content == text[:cut]
+    assert final.tokens == ref[: cut + len(stop)]  # one character per toy token
+    assert "".join(p.text for p in pieces) == final.content
+    assert stop not in "".join(p.text for p in pieces)
+
+
+@pytest.mark.anyio
+async def test_context_full_and_prompt_too_long() -> None:
+    engine = make_engine(ToyBackend(), ToyTokenizer(), n_ctx=24, n_slots=1,
+                         spec=SpecParams(types=("test-repeat",)), drafters=[RepeatDrafter()])
+    too_long, ok = await run_requests(engine, [
+        CompletionRequest(list(range(1, 25)), n_predict=5, sampling=GREEDY),
+        CompletionRequest(PROMPT, n_predict=-1, sampling=GREEDY)])
+    assert too_long.stop_type == "error" and "context" in (too_long.error or "")
+    assert ok.stop_type == "limit" and len(PROMPT) + len(ok.tokens) == 24
+    assert ok.tokens == _plain(-1, n_ctx=24)
+
+
+@pytest.mark.anyio
+async def test_cancel_frees_slot_and_leaves_others_alone() -> None:
+    engine = make_engine(ToyBackend(n_ctx=512), ToyTokenizer(), n_slots=2, n_ctx=512, spec=SpecParams(types=("test-repeat",)),
+                         drafters=[RepeatDrafter()])
+    victim = CompletionRequest(PROMPT, n_predict=400, sampling=GREEDY, id="victim")
+    other = CompletionRequest([5, 6, 7], n_predict=60, sampling=GREEDY, id="other")
+    finals: dict[str, FinalEvent] = {}
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.run)
+            h_victim, h_other = engine.submit(victim), engine.submit(other)
+
+            async def watch_victim() -> None:
+                n = 0
+                async for _ev in h_victim:
+                    n += 1
+                    if n == 3:
+                        h_victim.cancel()
+                        assert not engine.cancel("no-such-request")
+                assert h_victim.final is not None
+                finals["victim"] = h_victim.final
+                # the slot is free again: a new request gets served while `other` still runs
+                finals["next"] = await engine.submit(CompletionRequest([1, 2], n_predict=5, sampling=GREEDY)).result()
+
+            async with anyio.create_task_group() as inner:
+                inner.start_soon(watch_victim)
+                finals["other"] = await h_other.result()
+            tg.cancel_scope.cancel()
+    assert finals["victim"].stop_type == "cancel" and len(finals["victim"].tokens) < 400
+    assert finals["other"].tokens == _plain(60, prompt=[5, 6, 7])
+    assert finals["next"].tokens == _plain(5, prompt=[1, 2])
+
+
+@pytest.mark.anyio
+async def test_seeded_sampling_is_identical_with_speculation() -> None:
+    sampling = SamplingParams(temperature=0.9, top_k=20, seed=1234)
+    engine = make_engine(ToyBackend(), ToyTokenizer(), spec=SpecParams(types=("test-repeat",)), drafters=[RepeatDrafter()])
+    [final] = await run_requests(engine, [CompletionRequest(PROMPT, n_predict=50, sampling=sampling)])
+    assert final.tokens == _plain(50, sampling=sampling, seed=1234)
+
+
+@pytest.mark.anyio
+async def test_bad_requests_get_clear_errors() -> None:
+    engine = make_engine(ToyBackend(), ToyTokenizer())
+    empty, bad_ids, bad_type, fine = await run_requests(engine, [
+        CompletionRequest([], n_predict=3), CompletionRequest([1, 999], n_predict=3),
+        CompletionRequest([1, 2], n_predict=3, spec=SpecParams(types=("no-such-drafter",))),
+        CompletionRequest([1, 2], n_predict=3, sampling=GREEDY)])
+    assert empty.stop_type == bad_ids.stop_type == bad_type.stop_type == "error"
+    assert "no-such-drafter" in (bad_type.error or "") and "available" in (bad_type.error or "")
+    assert fine.tokens == _plain(3, prompt=[1, 2])
+
+
+def test_unknown_server_wide_type_fails_at_start() -> None:
+    with pytest.raises(ConfigError, match="available"):
+        make_engine(ToyBackend(), ToyTokenizer(), spec=SpecParams(types=("nope",)))
+
+
+@pytest.mark.anyio
+async def test_slots_and_props_report_state() -> None:
+    engine = make_engine(ToyBackend(), ToyTokenizer(), n_slots=2)
+    assert [s["state"] for s in engine.slots()] == ["idle", "idle"]
+    props = engine.props()
+    assert props["n_slots"] == 2 and props["model"]["n_vocab"] == 48
+    [final] = await run_requests(engine, [CompletionRequest(PROMPT, n_predict=4, sampling=GREEDY)])
+    assert engine.stats()["n_requests"] == 1 and engine.stats()["n_tokens_predicted"] == 4
+    assert isinstance(np.asarray(final.tokens), np.ndarray)

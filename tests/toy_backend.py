@@ -1,0 +1,266 @@
+"""A deterministic numpy Backend, a tiny tokenizer and engine-test helpers (test drafters, a plain
+reference decoder, a run wrapper).
+
+The toy model's logits for a position depend only on the last `window` tokens up to and including
+it (a hash seeds a small random vector), so greedy decoding falls into repeating cycles — which
+gives the n-gram drafters something real to find — and every row's logits are exactly independent
+of batching, chunking and the other sequences in the forward (a property the lossless harness
+relies on, as the real torch backend's exact mode guarantees).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import anyio
+import numpy as np
+from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
+from spekula.core.drafter import Draft, DrafterContext, DraftlessDrafter, DraftRequest
+from spekula.core.engine import Engine, EngineConfig
+from spekula.core.errors import ConfigError
+from spekula.core.events import FinalEvent
+from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
+from spekula.core.sampling import Sampler
+
+
+class ToyBackend(Backend):
+    def __init__(self, n_vocab: int = 48, *, window: int = 2, n_ctx: int = 256, n_seq_max: int = 8,
+                 salt: int = 0, n_embd: int = 8, n_layer: int = 2) -> None:
+        self.info = ModelInfo(path="<toy>", arch="toy", name="toy", n_vocab=n_vocab, n_embd=n_embd,
+                              n_layer=n_layer, n_ctx_train=n_ctx)
+        self.options = BackendOptions(n_ctx=n_ctx, n_seq_max=n_seq_max)
+        self.window = window
+        self.salt = salt
+        self._seqs: dict[int, np.ndarray] = {}
+        self._lens: dict[int, int] = {}
+        self.n_forward = 0  # forward calls, for batching assertions
+        self.rows_per_forward: list[int] = []
+        self._cache: dict[bytes, np.ndarray] = {}
+
+    def new_seq(self) -> int:
+        if len(self._seqs) >= self.options.n_seq_max:
+            raise ConfigError("toy backend: too many sequences")
+        seq_id = next(i for i in range(self.options.n_seq_max) if i not in self._seqs)
+        self._seqs[seq_id] = np.zeros(self.options.n_ctx, dtype=np.int32)
+        self._lens[seq_id] = 0
+        return seq_id
+
+    def free_seq(self, seq_id: int) -> None:
+        del self._seqs[seq_id], self._lens[seq_id]
+
+    def seq_len(self, seq_id: int) -> int:
+        return self._lens[seq_id]
+
+    def truncate(self, seq_id: int, n_keep: int) -> None:
+        self._lens[seq_id] = min(self._lens[seq_id], n_keep)
+
+    def _row_logits(self, context: np.ndarray) -> np.ndarray:
+        key = context.astype(np.int32).tobytes()
+        cached = self._cache.get(key)
+        if cached is None:
+            rng = np.random.default_rng(zlib.crc32(key) ^ self.salt)
+            cached = (rng.standard_normal(self.info.n_vocab) * 3.0).astype(np.float32)
+            self._cache[key] = cached
+        return cached
+
+    def forward(self, inputs: Sequence[SeqInput], capture: Capture = Capture()) -> list[SeqOutput]:  # noqa: B008 - the ABC's signature
+        self.n_forward += 1
+        self.rows_per_forward.append(sum(len(i.tokens) for i in inputs))
+        outs = []
+        for inp in inputs:
+            buf, n = self._seqs[inp.seq_id], len(inp.tokens)
+            if inp.start > self._lens[inp.seq_id]:
+                raise ValueError(f"seq {inp.seq_id}: start {inp.start} > length {self._lens[inp.seq_id]}")
+            if inp.start + n > self.options.n_ctx:
+                raise ValueError(f"seq {inp.seq_id}: {inp.start + n} positions exceed n_ctx {self.options.n_ctx}")
+            if np.any(inp.tokens < 0) or np.any(inp.tokens >= self.info.n_vocab):
+                raise ValueError("token id out of range")
+            buf[inp.start:inp.start + n] = inp.tokens
+            self._lens[inp.seq_id] = inp.start + n
+            rows = np.array([n - 1]) if inp.logit_rows is None else np.asarray(inp.logit_rows, dtype=np.int64)
+            logits = np.zeros((len(rows), self.info.n_vocab), dtype=np.float32)
+            for j, r in enumerate(rows):
+                pos = inp.start + int(r)
+                logits[j] = self._row_logits(buf[max(0, pos - self.window + 1):pos + 1])
+            out = SeqOutput(logits=logits)
+            if capture:
+                # Fake hidden states that are a pure function of (token, position).
+                pos = np.arange(inp.start, inp.start + n, dtype=np.float32)[:, None]
+                base = np.sin(inp.tokens.astype(np.float32)[:, None] + pos * 0.01 + np.arange(self.info.n_embd))
+                out.layer_inputs = {layer: (base * (layer + 1)).astype(np.float32) for layer in capture.layers}
+                if capture.final_norm:
+                    out.hidden_final = base.astype(np.float32)
+            outs.append(out)
+        return outs
+
+
+class _StreamDecoder:
+    def __init__(self, tok: ToyTokenizer) -> None:
+        self._tok = tok
+
+    def push(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(ids)
+
+    def flush(self) -> str:
+        return ""
+
+
+class ToyTokenizer:
+    """Token i is a short fixed string; ids in `eog_ids` are end-of-generation control tokens."""
+
+    ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!?0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+    def __init__(self, n_vocab: int = 48, eog_ids: frozenset[int] = frozenset()) -> None:
+        self.n_vocab = n_vocab
+        self.eog_ids = frozenset(eog_ids)
+        self.eos_id = min(eog_ids) if eog_ids else None
+        self.bos_id = None
+        self.add_bos = False
+        self.add_eos = False
+
+    def is_eog(self, token: int) -> bool:
+        return token in self.eog_ids
+
+    def token_text(self, token: int) -> str:
+        if token in self.eog_ids:
+            return f"<eog{token}>"
+        return self.ALPHABET[token % len(self.ALPHABET)]
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
+        return "".join("" if (skip_special and t in self.eog_ids) else self.token_text(t) for t in ids)
+
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return [self.ALPHABET.index(c) % self.n_vocab for c in text]
+
+    def stream_decoder(self) -> _StreamDecoder:
+        return _StreamDecoder(self)
+
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+        return "".join(m["content"] for m in messages)
+
+
+class RepeatDrafter(DraftlessDrafter):
+    """Proposes what followed the latest earlier occurrence of (H[-1], x): an n-gram drafter in miniature."""
+
+    name: ClassVar[str] = "test-repeat"
+
+    def __init__(self, n_max: int = 6) -> None:
+        self.n_max = n_max
+        self.accepts: list[tuple[int, int, bool]] = []
+        self.begun: list[int] = []
+
+    @classmethod
+    def create(cls, ctx: DrafterContext) -> RepeatDrafter:
+        return cls(int(ctx.option("test-repeat-n-max", 6)))
+
+    def begin(self, slot: int, prompt: np.ndarray) -> None:
+        self.begun.append(slot)
+
+    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        out = []
+        for r in requests:
+            h = r.history
+            found: list[int] = []
+            for j in range(len(h) - 2, 0, -1):
+                if h[j - 1] == h[-1] and h[j] == r.last:
+                    found = [int(t) for t in h[j + 1 : j + 1 + min(self.n_max, r.n_max)]]
+                    break
+            out.append(Draft(found))
+        return out
+
+    def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
+        self.accepts.append((slot, n_accepted, mine))
+
+
+class GarbageDrafter(DraftlessDrafter):
+    """Always proposes n_max pseudo-random tokens: verification must throw them away losslessly."""
+
+    name: ClassVar[str] = "test-garbage"
+
+    def __init__(self, n_vocab: int, n_max: int = 4) -> None:
+        self.n_vocab = n_vocab
+        self.n_max = n_max
+        self._rng = np.random.default_rng(7)
+
+    @classmethod
+    def create(cls, ctx: DrafterContext) -> GarbageDrafter:
+        return cls(ctx.target.info.n_vocab)
+
+    def begin(self, slot: int, prompt: np.ndarray) -> None:
+        return None
+
+    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        return [Draft([int(t) for t in self._rng.integers(0, self.n_vocab, min(self.n_max, r.n_max))])
+                for r in requests]
+
+    def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
+        return None
+
+
+class ObservingDrafter(GarbageDrafter):
+    """Model-based stand-in: declares a capture and records what observe() saw."""
+
+    name: ClassVar[str] = "test-observer"
+    model_based: ClassVar[bool] = True
+
+    def __init__(self, n_vocab: int, n_max: int = 2) -> None:
+        super().__init__(n_vocab, n_max)
+        self.observed: list[tuple[int, int, int, tuple[int, ...]]] = []
+
+    def capture(self) -> Capture:
+        return Capture(frozenset({1}))
+
+    def observe(self, slot: int, inp: SeqInput, out: SeqOutput) -> None:
+        self.observed.append((slot, inp.start, len(inp.tokens), tuple(out.layer_inputs)))
+
+
+def plain_decode(backend: Backend, prompt: Sequence[int], *, n_predict: int, sampling: SamplingParams,
+                 seed: int, is_eog: Callable[[int], bool], n_ctx: int, ignore_eos: bool = False) -> list[int]:
+    """Reference: one token per forward, straight over Backend + Sampler (no engine involved)."""
+    seq = backend.new_seq()
+    sampler = Sampler(sampling, backend.info.n_vocab, seed)
+    sampler.accept_many(prompt)
+    out = backend.forward([SeqInput(seq, np.asarray(prompt, np.int32), 0)])
+    tokens: list[int] = []
+    pos = len(prompt)
+    while True:
+        t = sampler.sample(out[0].logits[-1])
+        sampler.accept(t)
+        tokens.append(t)
+        if (is_eog(t) and not ignore_eos) or (0 <= n_predict <= len(tokens)) or len(prompt) + len(tokens) >= n_ctx:
+            break
+        out = backend.forward([SeqInput(seq, np.array([t], np.int32), pos)])
+        pos += 1
+    backend.free_seq(seq)
+    return tokens
+
+
+async def run_requests(engine: Engine, requests: list[CompletionRequest], timeout: float = 30.0,
+                       on_event: Callable[[Any], None] | None = None) -> list[FinalEvent]:
+    """Start the engine, submit every request at once, collect the finals in order."""
+    finals: list[FinalEvent | None] = [None] * len(requests)
+    with anyio.fail_after(timeout):
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.run)
+
+            async def consume(i: int, req: CompletionRequest) -> None:
+                handle = engine.submit(req)
+                async for ev in handle:
+                    if on_event is not None:
+                        on_event(ev)
+                finals[i] = handle.final
+
+            async with anyio.create_task_group() as inner:
+                for i, req in enumerate(requests):
+                    inner.start_soon(consume, i, req)
+            tg.cancel_scope.cancel()
+    assert all(f is not None for f in finals)
+    return finals  # type: ignore[return-value]
+
+
+def make_engine(backend: Backend, tokenizer: Any, *, n_slots: int = 1, n_ctx: int = 256, n_batch: int = 64,
+                **kw: Any) -> Engine:
+    spec = kw.pop("spec", SpecParams())
+    return Engine(backend, tokenizer, EngineConfig(n_slots=n_slots, n_ctx=n_ctx, n_batch=n_batch, spec=spec), **kw)
