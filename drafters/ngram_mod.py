@@ -1,0 +1,203 @@
+"""ngram-mod: one fixed hash table of n-gram successors, shared by every slot of the engine.
+
+llama.cpp's `common_ngram_mod` + its speculative wrapper (speculative-semantics.md §2.3): 4Mi int32
+entries (16 MiB), indexed by a 64-bit LCG hash of the last n tokens, storing the token that
+followed (last writer wins, no verification). Drafting walks the table from (H, x).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+from spekula.core.drafter import Draft, Drafter, DrafterContext, DraftlessDrafter, DraftRequest
+
+from .ngram_match import int_option
+
+POOL_SIZE = 4 * 1024 * 1024
+EMPTY = -1
+LCG64 = 6364136223846793005
+# The index is the hash mod 2**22, and reduction mod 2**22 commutes with + and *, so all the
+# arithmetic can stay in 22 bits (small Python ints, int64 numpy without overflow).
+_MASK = POOL_SIZE - 1
+_A = LCG64 & _MASK
+OCCUPANCY_RESET = 0.25  # begin(): wipe the pool above this fill fraction
+LOW_ACCEPT_FRACTION = 0.25  # accept(): a round below this fraction counts as "low"
+LOW_ACCEPT_ROUNDS = 5  # consecutive low rounds that wipe the pool
+INDEX_CHUNK = 32  # draft(): index new history only once more than this many tokens arrived
+
+
+class NgramPool:
+    """The shared successor table: idx(n-gram) -> next token, EMPTY when unknown."""
+
+    def __init__(self, n: int, size: int = POOL_SIZE) -> None:
+        if size != POOL_SIZE:
+            raise ValueError("the 22-bit hash arithmetic assumes the llama.cpp pool size")
+        self.n = n
+        self.entries = np.full(size, EMPTY, dtype=np.int32)
+        self.used = 0
+        # Weight of the k-th token of a window in the unrolled hash: A**(n-1-k) mod 2**22.
+        self._pow = np.array([pow(_A, n - 1 - k, POOL_SIZE) for k in range(n)], dtype=np.int64)
+        self._lead = int(self._pow[0])  # weight of the token that leaves a rolling window
+
+    def index(self, tokens: Sequence[int]) -> int:
+        """Table index of an n-gram: r = r * 6364136223846793005 + t (mod 2**64), low 22 bits."""
+        r = 0
+        for t in tokens:
+            r = (r * _A + int(t)) & _MASK
+        return r
+
+    def roll(self, r: int, leaving: int, entering: int) -> int:
+        """Index of the window shifted by one token, from the previous window's index."""
+        return ((r - int(leaving) * self._lead) * _A + int(entering)) & _MASK
+
+    def add_range(self, hist: np.ndarray, lo: int, hi: int) -> None:
+        """add(w) for every window start in [lo, hi): entries[idx(H[i:i+n])] = H[i+n], in order."""
+        n = self.n
+        if hi <= lo:
+            return
+        count = hi - lo
+        r = np.zeros(count, dtype=np.int64)
+        for k in range(n):
+            r = (r + (hist[lo + k : lo + k + count].astype(np.int64) & _MASK) * self._pow[k]) & _MASK
+        succ = hist[lo + n : lo + n + count]
+        # Sequential adds leave the last writer in each entry; np.unique on the reversed order
+        # finds that writer without relying on numpy's unspecified repeated-index assignment.
+        uniq, rev_first = np.unique(r[::-1], return_index=True)
+        writers = count - 1 - rev_first
+        self.used += int(np.count_nonzero(self.entries[uniq] == EMPTY))
+        self.entries[uniq] = succ[writers]
+
+    def get(self, r: int) -> int:
+        return int(self.entries[r])
+
+    def occupancy(self) -> float:
+        return self.used / len(self.entries)
+
+    def reset(self) -> None:
+        self.entries.fill(EMPTY)
+        self.used = 0
+
+
+@dataclass(slots=True)
+class _SeqInfo:
+    i_last: int = 0  # history below this start index is in the pool
+    n_draft_last: int = 0  # length of the last draft before the round cap
+    n_low: int = 0  # consecutive low-acceptance rounds
+
+
+class NgramModDrafter(DraftlessDrafter, Drafter):
+    """ngram-mod: follow the shared successor table from the last n tokens of (H, x).
+
+    Options (llama.cpp names):
+      spec-ngram-mod-n-match  n, n-gram length, default 24, range [1, 1024]
+      spec-ngram-mod-n-min    shortest draft, default 48, range [0, 1024]
+      spec-ngram-mod-n-max    longest draft, default 64, range [0, 1024]
+
+    One pool (16 MiB) serves every slot, so one request's text helps the others. begin() adds
+    every prompt n-gram; draft() adds new history in chunks of more than 32 tokens; a draft is
+    empty or has n_min <= k <= n_max tokens (before the round cap). Five consecutive verified
+    drafts with less than a quarter accepted wipe the pool, as does a fill above 25% at begin().
+
+    Differences from llama.cpp:
+      * A wipe at begin() (fill above 25%) re-adds the prompt that was just indexed; llama.cpp
+        wipes it too and does not rewind, so that request drafts from nothing.
+      * Every wipe rewinds every slot's index, so each slot re-adds its own history at its next
+        draft; llama.cpp rewinds only the slot that triggered a low-acceptance wipe and leaves
+        the others' text out of the pool for the rest of their requests.
+      * The low-acceptance threshold stays at 0.25, as llama.cpp's code has it (its comment says
+        0.5): a wipe costs every slot its context, so it should take clearly bad rounds.
+    """
+
+    name: ClassVar[str] = "ngram-mod"
+
+    def __init__(self, n_match: int = 24, n_min: int = 48, n_max: int = 64) -> None:
+        self.n_match = n_match
+        self.n_min = n_min
+        self.n_max = n_max
+        self.pool = NgramPool(n_match)
+        self._seqs: dict[int, _SeqInfo] = {}
+
+    @classmethod
+    def create(cls, ctx: DrafterContext) -> NgramModDrafter:
+        return cls(
+            n_match=int_option(ctx, "spec-ngram-mod-n-match", 24, 1, 1024),
+            n_min=int_option(ctx, "spec-ngram-mod-n-min", 48, 0, 1024),
+            n_max=int_option(ctx, "spec-ngram-mod-n-max", 64, 0, 1024),
+        )
+
+    def _seq(self, slot: int) -> _SeqInfo:
+        info = self._seqs.get(slot)
+        if info is None:
+            info = self._seqs[slot] = _SeqInfo()
+        return info
+
+    def _wipe(self) -> None:
+        self.pool.reset()
+        for info in self._seqs.values():
+            info.i_last = 0
+
+    def begin(self, slot: int, prompt: np.ndarray) -> None:
+        info = self._seq(slot)
+        info.i_last = info.n_draft_last = 0
+        n = self.n_match
+        if len(prompt) < n:
+            return
+        self.pool.add_range(prompt, 0, len(prompt) - n)
+        if self.pool.occupancy() > OCCUPANCY_RESET:
+            self._wipe()
+            self.pool.add_range(prompt, 0, len(prompt) - n)
+        info.i_last = len(prompt) - n
+
+    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        out: list[Draft] = []
+        for req in requests:
+            tokens = self.draft_one(req.slot, req.history, req.last)
+            out.append(Draft(tokens[: max(req.n_max, 0)]))
+        return out
+
+    def draft_one(self, slot: int, hist: np.ndarray, last: int) -> list[int]:
+        info = self._seq(slot)
+        info.n_draft_last = 0
+        n = self.n_match
+        length = len(hist)
+        if length < n:
+            return []
+        if info.i_last + INDEX_CHUNK < length:
+            self.pool.add_range(hist, info.i_last, length - n)
+            info.i_last = length - n
+        window = [int(t) for t in hist[length - n + 1 :]] + [int(last)]
+        r = self.pool.index(window)
+        entries = self.pool.entries
+        drafted: list[int] = []
+        for i in range(self.n_max):
+            t = int(entries[r])
+            if t == EMPTY:
+                if i < self.n_min:
+                    return []
+                break
+            drafted.append(t)
+            window.append(t)
+            r = self.pool.roll(r, window[i], t)
+        info.n_draft_last = len(drafted)
+        return drafted
+
+    def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
+        if not mine:
+            return
+        info = self._seq(slot)
+        if info.n_draft_last <= 0:
+            return
+        if n_accepted / info.n_draft_last < LOW_ACCEPT_FRACTION:
+            info.n_low += 1
+            if info.n_low >= LOW_ACCEPT_ROUNDS:
+                self._wipe()
+                info.n_low = 0
+        else:
+            info.n_low = 0
+
+    def end(self, slot: int) -> None:
+        # The slot's counters stay (llama.cpp keeps n_low across requests); begin() resets the rest.
+        return None
