@@ -1,0 +1,40 @@
+"""A minimal third-party drafter: propose what followed the previous occurrence of the last token."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import numpy as np
+from spekula.core.drafter import Draft, DrafterContext, DraftlessDrafter, DraftRequest
+
+
+class LookbackDrafter(DraftlessDrafter):
+    name: ClassVar[str] = "demo-lookback"
+
+    def __init__(self, n_max: int) -> None:
+        self.n_max = n_max
+        self.calls = 0
+
+    @classmethod
+    def create(cls, ctx: DrafterContext) -> LookbackDrafter:
+        return cls(int(ctx.option("demo-lookback-n-max", 4)))
+
+    def begin(self, slot: int, prompt: np.ndarray) -> None:
+        return None
+
+    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        self.calls += 1
+        out = []
+        for r in requests:
+            hits = np.flatnonzero(r.history[:-1] == r.last)
+            if len(hits) == 0:
+                out.append(Draft.empty())
+                continue
+            j = int(hits[-1]) + 1
+            n = min(self.n_max, r.n_max)
+            out.append(Draft([int(t) for t in r.history[j : j + n]]))
+        return out
+
+    def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
+        return None
