@@ -42,10 +42,22 @@ class EngineConfig:
     spec: SpecParams = field(default_factory=SpecParams)
 
 
+# Built-in caps that are constants rather than options (speculative-semantics.md §1.3).
+_FIXED_CAPS = {"ngram-cache": 8}
+
+
 def drafter_cap(drafter: Drafter, spec: SpecParams) -> int:
-    """A drafter's own length cap (§1.3): n-gram drafters expose `n_max`; model drafters use --spec-draft-n-max."""
-    cap = getattr(drafter, "n_max", None)
-    return int(cap) if isinstance(cap, int) else spec.n_max
+    """A drafter's own length cap (§1.3), which sizes synthetic rates and per-position tables.
+
+    A drafter may declare `draft_cap`; the built-in n-gram drafters keep theirs under their option
+    names (ngram-mod `n_max`, ngram-simple `size_m`, ngram-map `m`); model drafters use
+    --spec-draft-n-max.
+    """
+    for attr in ("draft_cap", "n_max", "size_m", "m"):
+        cap = getattr(drafter, attr, None)
+        if isinstance(cap, int) and not isinstance(cap, bool):
+            return cap
+    return _FIXED_CAPS.get(drafter.name, spec.n_max)
 
 
 class Engine:
@@ -192,7 +204,7 @@ class Engine:
             # llama-server feeds the prompt to the sampler's penalty history before generating.
             sampler.accept_many(req.prompt)
             s.start(req, outbox, spec=spec, drafters=drafters, sampler=sampler, synth_rates=synth,
-                    decoder=self.tokenizer.stream_decoder(),
+                    decoder=self.tokenizer.stream_decoder(skip_special=True),
                     n_max_eff=max((drafter_cap(d, spec) for d in drafters), default=0))
             self.backend.truncate(s.seq_id, 0)
             if req.n_predict == 0:

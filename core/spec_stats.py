@@ -59,6 +59,6 @@ class EngineSpecStats:
             "n_tokens_predicted": self.n_tokens_predicted,
         }
 
-    def lines(self) -> list[str]:
+    def lines(self, *, prefix: bool = False) -> list[str]:
         """llama.cpp's `statistics <type>: ...` line for every drafter that was used."""
-        return [st.format_line(name) for name, st in self.drafters.items()]
+        return [st.format_line(name, prefix=prefix) for name, st in self.drafters.items()]

@@ -97,11 +97,12 @@ class ToyBackend(Backend):
 
 
 class _StreamDecoder:
-    def __init__(self, tok: ToyTokenizer) -> None:
+    def __init__(self, tok: ToyTokenizer, skip_special: bool) -> None:
         self._tok = tok
+        self._skip = skip_special
 
     def push(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(ids)
+        return self._tok.decode(ids, skip_special=self._skip)
 
     def flush(self) -> str:
         return ""
@@ -134,8 +135,8 @@ class ToyTokenizer:
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return [self.ALPHABET.index(c) % self.n_vocab for c in text]
 
-    def stream_decoder(self) -> _StreamDecoder:
-        return _StreamDecoder(self)
+    def stream_decoder(self, *, skip_special: bool = False) -> _StreamDecoder:
+        return _StreamDecoder(self, skip_special)
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
         return "".join(m["content"] for m in messages)

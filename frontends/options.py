@@ -1,0 +1,199 @@
+"""Shared CLI options (model, backend, sampling, speculation) with llama.cpp's names and defaults,
+and `build_engine(args)`, which turns parsed options into a ready Engine.
+
+Speculation options follow speculative-semantics.md §6: `--spec-type` accumulates, every per-drafter
+option lands in `SpecParams.drafter_options` under its name without the leading dashes, and the
+options llama.cpp removed fail with its "argument has been removed" message.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from spekula.core.backend import BACKEND_NAMES, BackendOptions, load_backend
+from spekula.core.engine import Engine, EngineConfig
+from spekula.core.errors import ConfigError
+from spekula.core.gguf_file import GGUFFile
+from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
+from spekula.core.registry import parse_spec_types
+
+# name without dashes -> (default, type); llama.cpp's defaults (§6).
+NGRAM_INT_OPTIONS: dict[str, int] = {
+    "spec-ngram-simple-size-n": 12, "spec-ngram-simple-size-m": 48, "spec-ngram-simple-min-hits": 1,
+    "spec-ngram-map-k-size-n": 12, "spec-ngram-map-k-size-m": 48, "spec-ngram-map-k-min-hits": 1,
+    "spec-ngram-map-k4v-size-n": 12, "spec-ngram-map-k4v-size-m": 48, "spec-ngram-map-k4v-min-hits": 1,
+    "spec-ngram-mod-n-match": 24, "spec-ngram-mod-n-min": 48, "spec-ngram-mod-n-max": 64,
+}
+REMOVED_OPTIONS = ("--draft", "--draft-n", "--draft-max", "--draft-min", "--draft-n-min",
+                   "--spec-ngram-size-n", "--spec-ngram-size-m", "--spec-ngram-min-hits")
+
+
+class _Removed(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        raise argparse.ArgumentError(self, "argument has been removed")
+
+
+def _dest(option: str) -> str:
+    return option.replace("-", "_")
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and backend")
+    g.add_argument("-m", "--model", help="target GGUF model (default: the embedded SmolLM2-135M-Instruct Q4_1)")
+    g.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size per slot (default: 4096)")
+    g.add_argument("-np", "--parallel", type=int, default=1, help="number of slots (default: 1)")
+    g.add_argument("-b", "--batch-size", type=int, default=512, help="max tokens per forward (default: 512)")
+    g.add_argument("--backend", choices=BACKEND_NAMES, default="torch", help="runtime (default: torch)")
+    g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default: cpu)")
+    g.add_argument("--dtype", choices=("auto", "f32", "f16", "bf16"), default="auto",
+                   help="auto = f32 on CPU, bf16 on CUDA")
+    g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (<= 0: runtime default)")
+    g.add_argument("--ort-provider", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="onnxruntime execution provider (onnx backend)")
+    g.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    d = SamplingParams()
+    g = p.add_argument_group("sampling")
+    g.add_argument("-n", "--n-predict", type=int, default=-1, help="tokens to generate (-1: until EOS/context)")
+    g.add_argument("--temp", type=float, default=d.temperature, help=f"temperature (default: {d.temperature}; <= 0 greedy)")
+    g.add_argument("--top-k", type=int, default=d.top_k, help=f"(default: {d.top_k})")
+    g.add_argument("--top-p", type=float, default=d.top_p, help=f"(default: {d.top_p})")
+    g.add_argument("--min-p", type=float, default=d.min_p, help=f"(default: {d.min_p})")
+    g.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty, help=f"(default: {d.repeat_penalty})")
+    g.add_argument("--repeat-last-n", type=int, default=d.repeat_last_n, help=f"(default: {d.repeat_last_n})")
+    g.add_argument("-s", "--seed", type=int, default=-1, help="RNG seed (-1: random)")
+    g.add_argument("--jinja", "--chat", dest="chat", action="store_true",
+                   help="render the prompt as a user message through the model's chat template")
+
+
+def add_spec_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding (llama.cpp names)")
+    g.add_argument("--spec-type", action="append", default=[], metavar="LIST",
+                   help="comma-separated drafter types, accumulating: none, ngram-simple, ngram-map-k, "
+                        "ngram-map-k4v, ngram-mod, ngram-cache, draft-simple, draft-eagle3, draft-mtp, "
+                        "draft-dflash, draft-dspark, or a plugin's name")
+    g.add_argument("--spec-default", action="store_true", help="append ngram-mod with n_match 24, n_min 48, n_max 64")
+    g.add_argument("--spec-draft-n-max", type=_non_negative, default=3, help="draft-model cap (default: 3)")
+    g.add_argument("--spec-draft-n-min", type=int, default=0, help="draft-model minimum (default: 0)")
+    g.add_argument("--spec-draft-p-min", "--draft-p-min", type=float, default=0.0,
+                   help="stop drafting when top-1 p < P (default: 0.0)")
+    g.add_argument("--spec-draft-p-split", "--draft-p-split", type=float, default=0.10,
+                   help="parsed for compatibility; unused (as in llama-server)")
+    g.add_argument("--spec-draft-sampling", choices=("greedy", "probabilistic"), default="greedy",
+                   help="probabilistic: sample drafts and verify by rejection sampling when temp > 0")
+    g.add_argument("--spec-synth-rates", type=_rates, default=None, metavar="P0,...",
+                   help="benchmark only: unconditional per-position acceptance rates")
+    g.add_argument("--spec-synth-len", type=float, default=None, metavar="L",
+                   help="benchmark only: mean acceptance length (target token included)")
+    g.add_argument("-md", "--spec-draft-model", "--model-draft", dest="spec_draft_model", help="draft GGUF model")
+    g.add_argument("-hfd", "--spec-draft-hf", "-hfrd", "--hf-repo-draft", dest="spec_draft_hf",
+                   help="not supported: spekula is offline (download the GGUF, pass -md)")
+    g.add_argument("-devd", "--spec-draft-device", "--device-draft", dest="spec_draft_device",
+                   help="draft device (default: follows --device)")
+    g.add_argument("--spec-draft-dtype", choices=("auto", "f32", "f16", "bf16"), default=None,
+                   help="draft dtype (default: follows --dtype)")
+    g.add_argument("-td", "--spec-draft-threads", "--threads-draft", dest="spec_draft_threads", type=int,
+                   default=None, help="draft threads (default: follows --threads)")
+    for name, default in NGRAM_INT_OPTIONS.items():
+        g.add_argument(f"--{name}", type=int, default=default, metavar="N", help=f"(default: {default})")
+    g.add_argument("-lcs", "--lookup-cache-static", default=None, metavar="FILE", help="ngram-cache static file")
+    g.add_argument("-lcd", "--lookup-cache-dynamic", default=None, metavar="FILE", help="ngram-cache dynamic file")
+    for option in REMOVED_OPTIONS:
+        g.add_argument(option, action=_Removed, nargs="?", help=argparse.SUPPRESS)
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """Everything a command that builds an Engine needs."""
+    add_model_options(p)
+    add_sampling_options(p)
+    add_spec_options(p)
+
+
+def spec_params_from_args(args: argparse.Namespace) -> SpecParams:
+    values = list(args.spec_type)
+    options: dict[str, Any] = {name: getattr(args, _dest(name)) for name in NGRAM_INT_OPTIONS}
+    if args.spec_default:
+        values.append("ngram-mod")
+        options.update({"spec-ngram-mod-n-match": 24, "spec-ngram-mod-n-min": 48, "spec-ngram-mod-n-max": 64})
+    for name in ("lookup-cache-static", "lookup-cache-dynamic"):
+        if getattr(args, _dest(name)):
+            options[name] = getattr(args, _dest(name))
+    return SpecParams(types=parse_spec_types(values), n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min,
+                      p_min=args.spec_draft_p_min, draft_sampling=args.spec_draft_sampling,
+                      synth_rates=args.spec_synth_rates, synth_len=args.spec_synth_len, drafter_options=options)
+
+
+def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)
+
+
+def _infer_draft_type(path: str) -> tuple[str, ...]:
+    """llama.cpp infers a type from the draft GGUF only for DFlash/DSpark (and MTP); else none (§3)."""
+    f = GGUFFile(path)
+    if f.get("general.architecture") != "dflash":
+        return ()
+    from spekula.core.draft_models import read_draft_info
+
+    return ("draft-dspark",) if read_draft_info(f).kind == "dspark" else ("draft-dflash",)
+
+
+def resolve_model_path(args: argparse.Namespace) -> str:
+    if args.model:
+        return str(args.model)
+    from spekula.frontends.default_model import ensure_default_model
+
+    return str(ensure_default_model())
+
+
+def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None) -> Engine:
+    """Load the target backend and tokenizer and create the drafters; any problem is a SpekulaError."""
+    from spekula.core.tokenizer import Tokenizer
+
+    if args.spec_draft_hf:
+        raise ConfigError("--spec-draft-hf is not supported: spekula runs offline; download the draft GGUF "
+                          "and pass it with -md/--spec-draft-model")
+    if args.parallel < 1:
+        raise ConfigError(f"--parallel must be >= 1; got {args.parallel}")
+    spec = spec_params_from_args(args)
+    if args.spec_draft_model and not spec.types and not args.spec_type:
+        spec = spec.with_(types=_infer_draft_type(args.spec_draft_model))
+    path = resolve_model_path(args)
+    model_file = GGUFFile(path)  # a corrupt or truncated file fails here, with the path in the message
+    tokenizer = Tokenizer.from_gguf(model_file)
+    opts = BackendOptions(device=args.device, dtype=args.dtype, n_ctx=args.ctx_size, n_seq_max=args.parallel,
+                          threads=args.threads, ort_provider=args.ort_provider)
+    draft_opts = BackendOptions(device=args.spec_draft_device or args.device, dtype=args.spec_draft_dtype or args.dtype,
+                                n_ctx=args.ctx_size, n_seq_max=args.parallel,
+                                threads=args.threads if args.spec_draft_threads is None else args.spec_draft_threads,
+                                ort_provider=args.ort_provider)
+    backend = load_backend(args.backend, path, opts)
+    config = EngineConfig(n_slots=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, spec=spec)
+    try:
+        return Engine(backend, tokenizer, config, drafters=drafters, backend_name=args.backend,
+                      draft_model_path=args.spec_draft_model, draft_backend_options=draft_opts)
+    except BaseException:
+        backend.close()
+        raise
+
+
+def completion_request(args: argparse.Namespace, prompt: list[int], **kw: Any) -> CompletionRequest:
+    return CompletionRequest(prompt=prompt, n_predict=args.n_predict, sampling=sampling_from_args(args), **kw)
