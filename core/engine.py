@@ -80,10 +80,10 @@ class Engine:
                                    draft_backend_options=draft_backend_options,
                                    draft_model_path=draft_model_path)
         self._drafters: dict[str, Drafter] = {}
+        self.spec_stats = EngineSpecStats()
         # Server-wide drafters are created now so that a bad type, plugin or draft model fails start-up.
         spec_drafters = self._drafters_for(config.spec)
         self._synth_rates(config.spec, spec_drafters)
-        self.spec_stats = EngineSpecStats()
         self._scheduler = Scheduler(backend, tokenizer, config.n_batch, self.spec_stats)
         self._slots = [Slot(i, backend.new_seq(), config.n_ctx) for i in range(config.n_slots)]
         self._queue: deque[tuple[CompletionRequest, Outbox]] = deque()
@@ -98,6 +98,7 @@ class Engine:
         for name in spec.types:
             if name not in self._drafters:
                 self._drafters[name] = create_drafter(name, self._ctx, self._extra)
+                self.spec_stats.register(name)
             out.append(self._drafters[name])
         return order_drafters(out)
 

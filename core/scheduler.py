@@ -57,10 +57,16 @@ class Scheduler:
                 for s, n in mine
             ]
             t0 = time.perf_counter()
-            drafts = drafter.draft(reqs)
+            try:
+                drafts = drafter.draft(reqs)
+                if len(drafts) != len(reqs):
+                    raise RuntimeError(f"returned {len(drafts)} drafts for {len(reqs)} requests")
+            except Exception as exc:  # a broken drafter ends the requests it was drafting for, not the engine
+                for s, _ in mine:
+                    s.error = f"drafter {drafter.name!r} failed: {type(exc).__name__}: {exc}"
+                    del looking[s.id]
+                continue
             dt = time.perf_counter() - t0
-            if len(drafts) != len(reqs):
-                raise RuntimeError(f"drafter {drafter.name!r} returned {len(drafts)} drafts for {len(reqs)} requests")
             lengths = []
             for (s, n), d in zip(mine, drafts, strict=True):
                 lengths.append(min(len(d.tokens), n))
@@ -96,6 +102,8 @@ class Scheduler:
         work: list[_Work] = []
         budget = self.n_batch
         for s, _ in reserved:
+            if s.finished:
+                continue
             draft, drafter = chosen.get(s.id, (Draft.empty(), None))
             toks = np.array([s.last, *draft.tokens], dtype=np.int32)
             work.append(_Work(s, SeqInput(s.seq_id, toks, s.n_hist, np.arange(len(toks))), draft, drafter))

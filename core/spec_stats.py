@@ -26,6 +26,10 @@ class EngineSpecStats:
             stats = self.drafters[name] = DrafterStats()
         return stats
 
+    def register(self, name: str) -> None:
+        """List a created drafter in snapshots even before it is first called."""
+        self._get(name)
+
     def on_begin(self, name: str, seconds: float) -> None:
         self._get(name).record_begin(seconds * 1e3)
 

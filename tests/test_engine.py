@@ -254,3 +254,20 @@ async def test_slots_and_props_report_state() -> None:
     [final] = await run_requests(engine, [CompletionRequest(PROMPT, n_predict=4, sampling=GREEDY)])
     assert engine.stats()["n_requests"] == 1 and engine.stats()["n_tokens_predicted"] == 4
     assert isinstance(np.asarray(final.tokens), np.ndarray)
+
+
+class _ExplodingDrafter(GarbageDrafter):
+    name = "test-exploding"
+
+    def draft(self, requests):  # type: ignore[no-untyped-def]
+        raise RuntimeError("boom")
+
+
+@pytest.mark.anyio
+async def test_failing_drafter_ends_only_its_request() -> None:
+    engine = make_engine(ToyBackend(), ToyTokenizer(), n_slots=2, drafters=[_ExplodingDrafter(48)])
+    bad, good = await run_requests(engine, [
+        CompletionRequest(PROMPT, n_predict=20, sampling=GREEDY, spec=SpecParams(types=("test-exploding",))),
+        CompletionRequest([5, 6, 7], n_predict=20, sampling=GREEDY)])
+    assert bad.stop_type == "error" and "boom" in (bad.error or "") and "test-exploding" in (bad.error or "")
+    assert good.tokens == _plain(20, prompt=[5, 6, 7])
