@@ -1,0 +1,50 @@
+"""`spekula convert`: pick the converter for a Hugging Face checkpoint from its config, run it.
+
+numpy + the gguf writer only (no torch), so conversion works on machines without a torch build.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spekula.core.errors import ConfigError, ModelFileError
+
+from .convert_dflash import convert_dflash, dflash_kind
+from .convert_eagle3 import EAGLE3_ARCHS, convert_eagle3, is_eagle3
+from .convert_plain import PLAIN_ARCHS, convert_plain
+from .convert_source import HFCheckpoint
+
+
+def detect_layout(ckpt: HFCheckpoint) -> str:
+    """'plain', 'eagle3', 'dflash' or 'dspark'; a clear error for anything else."""
+    cfg = ckpt.config
+    archs = cfg.get("architectures")
+    if not isinstance(archs, list) or not archs:
+        raise ModelFileError(ckpt.path / "config.json", "missing 'architectures'")
+    if is_eagle3(cfg):
+        return "eagle3"
+    kind = dflash_kind(cfg)
+    if kind is not None:
+        return kind
+    if archs[0] in PLAIN_ARCHS:
+        return "plain"
+    known = ", ".join([*PLAIN_ARCHS, *EAGLE3_ARCHS, "DFlashDraftModel", "Qwen3DSparkModel", "DSparkDraftModel"])
+    raise ModelFileError(ckpt.path / "config.json", f"unknown checkpoint layout {archs[0]!r}; supported: {known}")
+
+
+def convert(checkpoint: str | Path, outfile: str | Path, *, outtype: str = "f16",
+            target_dir: str | Path | None = None, pre: str | None = None) -> tuple[str, Path]:
+    """Convert ``checkpoint`` to ``outfile``; returns (layout, path written)."""
+    ckpt = HFCheckpoint.open(checkpoint)
+    layout = detect_layout(ckpt)
+    out = Path(outfile)
+    if out.is_dir():
+        raise ConfigError(f"--outfile {out} is a directory")
+    if layout == "plain":
+        return layout, convert_plain(ckpt, out, outtype, pre=pre)
+    if target_dir is None:
+        raise ConfigError(f"a {layout} draft needs --target-model-dir (the target's tokenizer and config)")
+    target = HFCheckpoint.open(target_dir)
+    if layout == "eagle3":
+        return layout, convert_eagle3(ckpt, target, out, outtype, pre=pre)
+    return layout, convert_dflash(ckpt, target, out, outtype, pre=pre)

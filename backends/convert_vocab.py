@@ -1,0 +1,142 @@
+"""Tokenizer block of a converted GGUF, built from a Hugging Face ``tokenizer.json`` (byte-level BPE).
+
+llama.cpp's own converter names the pre-tokenizer by hashing the tokenization of a fixed string, so
+any home-made tokenizer fails there; here the caller may name it (``--pre``) or it is read off the
+structure of ``tokenizer.json``'s ``pre_tokenizer`` (model-drafters.md §1.5).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import gguf
+from spekula.core.errors import ConfigError, ModelFileError
+
+from .convert_gguf import GGUFOut
+
+# Pre-tokenizer ids whose regexes llama.cpp (and our tokenizer) knows, for byte-level BPE vocabularies.
+KNOWN_PRE = ("smollm", "qwen2", "llama-bpe", "qwen35", "gpt-2", "starcoder", "refact")
+
+_NORMAL, _CONTROL, _USER, _UNUSED = (
+    gguf.TokenType.NORMAL,
+    gguf.TokenType.CONTROL,
+    gguf.TokenType.USER_DEFINED,
+    gguf.TokenType.UNUSED,
+)
+
+
+def infer_pre(tok: dict[str, Any], where: Path) -> str:
+    """Name the llama.cpp pre-tokenizer equivalent to ``tokenizer.json``'s ``pre_tokenizer``."""
+    pre = tok.get("pre_tokenizer") or {}
+    parts = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    kinds = [p.get("type") for p in parts]
+    if kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits") and parts[1].get("use_regex", True):
+        return "smollm"
+    if kinds == ["ByteLevel"] and parts[0].get("use_regex", True):
+        return "gpt-2"
+    if kinds == ["Split", "ByteLevel"]:
+        pattern = parts[0].get("pattern") or {}
+        regex = str(pattern.get("Regex", pattern.get("String", "")))
+        if r"\p{N}{1,3}" in regex:
+            return "llama-bpe"
+        if r"[\p{L}\p{M}]+" in regex:
+            return "qwen35"
+        if r"\p{N}" in regex and ("(?i:'s|'t" in regex or "'[sS]" in regex):
+            return "qwen2"
+    raise ModelFileError(
+        where / "tokenizer.json",
+        f"cannot infer the pre-tokenizer from {kinds or 'no pre_tokenizer'}; name it with --pre "
+        f"(one of {', '.join(KNOWN_PRE)})",
+    )
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelFileError(path, f"invalid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ModelFileError(path, "not a JSON object")
+    return data
+
+
+def write_vocab(out: GGUFOut, src: Path, *, vocab_size: int | None, pre: str | None) -> int:
+    """Write ``tokenizer.*`` keys from ``src`` (a checkpoint folder); returns the token count written."""
+    tok_path = src / "tokenizer.json"
+    if not tok_path.is_file():
+        raise ModelFileError(src, "no tokenizer.json (only byte-level BPE tokenizers are converted)")
+    tok = _load_json(tok_path)
+    model = tok.get("model") or {}
+    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+        raise ModelFileError(tok_path, f"tokenizer model {model.get('type')!r} is not supported (need BPE)")
+    if pre is None:
+        pre = infer_pre(tok, src)
+    elif pre not in KNOWN_PRE:
+        raise ConfigError(f"unknown --pre {pre!r}; known: {', '.join(KNOWN_PRE)}")
+
+    by_id: dict[int, tuple[str, gguf.TokenType]] = {int(i): (t, _NORMAL) for t, i in model["vocab"].items()}
+    for added in tok.get("added_tokens") or []:
+        text = str(added["content"])
+        special = bool(added.get("special")) or (text.startswith("<|") and text.endswith("|>"))
+        by_id[int(added["id"])] = (text, _CONTROL if special else _USER)
+    n = max(max(by_id) + 1 if by_id else 0, int(vocab_size or 0))
+    if vocab_size is not None and n > vocab_size:
+        raise ModelFileError(tok_path, f"tokenizer has {n} tokens but config vocab_size is {vocab_size}")
+    tokens: list[str] = []
+    types: list[int] = []
+    for i in range(n):
+        text, kind = by_id.get(i, (f"[PAD{i}]", _UNUSED))
+        tokens.append(text)
+        types.append(int(kind))
+
+    merges = []
+    for m in model.get("merges") or []:
+        merges.append(" ".join(m) if isinstance(m, list) else str(m))
+
+    w = out.w
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", pre)
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_array("tokenizer.ggml.token_type", types)
+    w.add_array("tokenizer.ggml.merges", merges)
+
+    index = {t: i for i, t in enumerate(tokens)}
+    cfg_path = src / "tokenizer_config.json"
+    tcfg = _load_json(cfg_path) if cfg_path.is_file() else {}
+    mcfg = _load_json(src / "config.json") if (src / "config.json").is_file() else {}
+    for role in ("bos", "eos", "unk", "pad"):
+        text = _token_text(tcfg.get(f"{role}_token"))
+        tid = index.get(text) if text is not None else None
+        if tid is None and isinstance(mcfg.get(f"{role}_token_id"), int):
+            tid = int(mcfg[f"{role}_token_id"])
+        if tid is not None and 0 <= tid < n:
+            key = "padding" if role == "pad" else ("unknown" if role == "unk" else role)
+            w.add_uint32(f"tokenizer.ggml.{key}_token_id", tid)
+    post = tok.get("post_processor") or {}
+    for role in ("bos", "eos"):
+        flag = tcfg.get(f"add_{role}_token")
+        if flag is None:
+            # A TemplateProcessing post-processor that inserts the token means the tokenizer adds it.
+            text = _token_text(tcfg.get(f"{role}_token"))
+            single = post.get("single") if post.get("type") == "TemplateProcessing" else None
+            flag = bool(single and text and any(
+                isinstance(p, dict) and p.get("SpecialToken", {}).get("id") == text for p in single
+            ))
+        w.add_bool(f"tokenizer.ggml.add_{role}_token", bool(flag))
+    template = tcfg.get("chat_template")
+    jinja = src / "chat_template.jinja"
+    if template is None and jinja.is_file():
+        template = jinja.read_text(encoding="utf-8")
+    if isinstance(template, str):
+        w.add_string("tokenizer.chat_template", template)
+    return n

@@ -1,0 +1,29 @@
+"""`spekula convert`: Hugging Face checkpoint (target, EAGLE-3, DFlash, DSpark) -> GGUF."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from spekula.backends.convert_gguf import OUTTYPES
+from spekula.backends.convert_hf import convert
+from spekula.backends.convert_vocab import KNOWN_PRE
+
+HELP = "Convert a Hugging Face checkpoint (target, EAGLE-3, DFlash, DSpark) to GGUF"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", metavar="CHECKPOINT_DIR", help="folder with config.json and *.safetensors")
+    p.add_argument("--target-model-dir", default=None,
+                   help="the target's HF folder (required for EAGLE-3/DFlash/DSpark: tokenizer, vocab, layers)")
+    p.add_argument("--outtype", choices=list(OUTTYPES), default="f16", help="type of 2-D weights (default f16)")
+    p.add_argument("--outfile", required=True, help="GGUF file to write")
+    p.add_argument("--pre", default=None, choices=list(KNOWN_PRE),
+                   help="llama.cpp pre-tokenizer name (default: inferred from tokenizer.json)")
+
+
+def run(args: argparse.Namespace) -> int:
+    layout, path = convert(args.checkpoint, args.outfile, outtype=args.outtype,
+                           target_dir=args.target_model_dir, pre=args.pre)
+    print(f"wrote {path} ({layout}, {args.outtype})", file=sys.stderr)
+    return 0
