@@ -1,0 +1,169 @@
+"""Typed interface between model drafters and the runtimes of draft architectures (EAGLE-3, DFlash).
+
+No torch here: arrays cross as numpy. A runtime owns a draft GGUF's weights (plus the target's token
+embeddings / output head when the draft borrows them) and one KV cache per sequence, written by
+position like the target's (``truncate`` is O(1)). Implementations live in
+``spekula.backends.<backend>_<arch>`` and export ``runtime_class``; :func:`load_draft_runtime` imports
+them by name, so a drafter never imports torch itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend import BackendOptions, ModelInfo
+from .errors import ConfigError, ModelFileError
+from .gguf_file import GGUFFile
+
+DRAFT_ARCHS = ("eagle3", "dflash")
+
+
+@dataclass(frozen=True, slots=True)
+class DraftModelInfo:
+    """What a drafter needs to know about a loaded draft model."""
+
+    path: str
+    arch: str  # eagle3 | dflash
+    kind: str  # eagle3 | dflash | dspark (dflash with a Markov head)
+    n_embd: int
+    n_vocab: int  # the target vocabulary the logits are expressed in
+    n_vocab_draft: int  # reduced draft vocabulary (== n_vocab without d2t)
+    target_layers: tuple[int, ...]  # layer-input indices of the target to capture, in feature order
+    target_hidden: int
+    block_size: int = 0  # dflash only
+    mask_token_id: int = -1  # dflash only
+    sample_from_anchor: bool = False  # dspark: block [last, MASK*(n-1)] read from index 0
+    has_confidence: bool = False  # dspark confidence head present
+
+
+@dataclass(slots=True)
+class Eagle3Rows:
+    """Rows to decode for one sequence: entry k pairs ``tokens[k]`` with ``hidden[k]`` at ``start + k``."""
+
+    seq_id: int
+    tokens: np.ndarray  # int32 [n]
+    hidden: np.ndarray  # float32 [n, n_embd]: fc output g (first step) or the previous step's pre-norm
+    start: int
+    want_logits: bool = True
+
+
+@dataclass(slots=True)
+class Eagle3Out:
+    logits: np.ndarray | None  # float32 [n, n_vocab], -inf outside the draft vocabulary; None if not wanted
+    prenorm: np.ndarray  # float32 [n, n_embd]: the layer output before output_norm (next step's hidden)
+
+
+@dataclass(slots=True)
+class DFlashBlock:
+    seq_id: int
+    tokens: np.ndarray  # int32 [B]: [last, MASK, ...] at positions start .. start+B-1
+    start: int
+
+
+@dataclass(slots=True)
+class DFlashOut:
+    # float32 [B, n_vocab]; for DSpark the Markov bias is already chained in (greedy), -inf outside the draft vocab
+    logits: np.ndarray
+    confidence: np.ndarray | None  # float32 [B] (DSpark with a confidence head), else None
+
+
+class DraftRuntime(ABC):
+    """Sequence bookkeeping shared by both architectures."""
+
+    info: DraftModelInfo
+
+    @abstractmethod
+    def new_seq(self) -> int: ...
+
+    @abstractmethod
+    def free_seq(self, seq_id: int) -> None: ...
+
+    @abstractmethod
+    def seq_len(self, seq_id: int) -> int: ...
+
+    @abstractmethod
+    def truncate(self, seq_id: int, n_keep: int) -> None:
+        """Keep positions [0, n_keep)."""
+
+
+class Eagle3Runtime(DraftRuntime):
+    @abstractmethod
+    def encode(self, features: np.ndarray) -> np.ndarray:
+        """Fused target features [T, 3*target_hidden] -> g [T, n_embd] (no positions, no cache)."""
+
+    @abstractmethod
+    def decode(self, rows: Sequence[Eagle3Rows]) -> list[Eagle3Out]:
+        """One causal pass of the draft layer over every sequence's rows (written into its KV cache)."""
+
+
+class DFlashRuntime(DraftRuntime):
+    @abstractmethod
+    def inject(self, seq_id: int, features: np.ndarray, start: int) -> None:
+        """Target features [T, len(target_layers)*n_embd] at positions start.. -> context K/V of every layer."""
+
+    @abstractmethod
+    def draft_blocks(self, blocks: Sequence[DFlashBlock]) -> list[DFlashOut]:
+        """One non-causal forward per block (all sequences batched); block K/V are written at their positions."""
+
+
+def read_draft_info(f: GGUFFile) -> DraftModelInfo:
+    """Draft metadata from the GGUF, with clear errors for files that are not EAGLE-3/DFlash drafts."""
+    arch = f.architecture
+    if arch not in DRAFT_ARCHS:
+        raise ModelFileError(f.path, f"architecture {arch!r} is not a model-drafter architecture ({', '.join(DRAFT_ARCHS)})")
+    n_embd = int(f.require(f"{arch}.embedding_length"))
+    tokens = f.get("tokenizer.ggml.tokens")
+    n_vocab = int(f.get(f"{arch}.vocab_size") or (len(tokens) if tokens else 0))
+    if n_vocab <= 0:
+        raise ModelFileError(f.path, "cannot tell the vocabulary size (no vocab_size key, no tokenizer)")
+    layers = tuple(int(x) for x in f.require(f"{arch}.target_layers"))
+    n_vocab_draft = f.tensor("d2t").shape[0] if f.has_tensor("d2t") else n_vocab
+    if arch == "eagle3":
+        if len(layers) != 3:
+            raise ModelFileError(f.path, f"eagle3.target_layers must hold exactly 3 ids, got {list(layers)}")
+        return DraftModelInfo(str(f.path), arch, "eagle3", n_embd, n_vocab, n_vocab_draft, layers,
+                              int(f.require("eagle3.target_hidden_size")))
+    if not layers:
+        raise ModelFileError(f.path, "dflash.target_layers is empty")
+    dspark = f.has_tensor("markov_w1.weight")
+    return DraftModelInfo(
+        str(f.path), arch, "dspark" if dspark else "dflash", n_embd, n_vocab, n_vocab_draft, layers, n_embd,
+        block_size=int(f.require("dflash.block_size")),
+        mask_token_id=int(f.require("tokenizer.ggml.mask_token_id")),
+        sample_from_anchor=bool(f.get("dflash.sample_from_anchor", True)) if dspark else False,
+        has_confidence=f.has_tensor("conf_proj.weight"),
+    )
+
+
+def check_target(info: DraftModelInfo, target: ModelInfo) -> None:
+    """The draft reads the target's hidden states and vocabulary: refuse a target they do not fit."""
+    if info.target_hidden != target.n_embd:
+        raise ConfigError(f"draft model {info.path} expects target hidden size {info.target_hidden}, "
+                          f"target {target.path} has {target.n_embd}")
+    if info.n_vocab != target.n_vocab:
+        raise ConfigError(f"draft model vocabulary {info.n_vocab} != target vocabulary {target.n_vocab}")
+    bad = [x for x in info.target_layers if not 0 <= x <= target.n_layer]
+    if bad:
+        raise ConfigError(f"draft model reads target layers {bad} but the target has {target.n_layer} layers")
+
+
+def load_draft_runtime(backend_name: str, gguf_path: str, target: ModelInfo,
+                       options: BackendOptions | None = None) -> Eagle3Runtime | DFlashRuntime:
+    """Open a draft GGUF and build its runtime on ``backend_name`` (``spekula.backends.<backend>_<arch>``)."""
+    f = GGUFFile(gguf_path)
+    info = read_draft_info(f)
+    check_target(info, target)
+    module_name = f"spekula.backends.{backend_name}_{info.arch}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        raise ConfigError(f"draft architecture {info.arch!r} has no runtime for backend {backend_name!r}") from None
+    runtime: Eagle3Runtime | DFlashRuntime = module.runtime_class(f, info, target, options or BackendOptions())
+    return runtime
