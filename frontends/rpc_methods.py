@@ -89,7 +89,7 @@ class SpekulaMethods:
             async for event in handle:
                 if isinstance(event, PieceEvent):
                     if parsed.stream:
-                        await ctx.notify(CHUNK_METHOD, chunk_params(ctx.id, event))
+                        await ctx.notify(CHUNK_METHOD, chunk_params(ctx.id, event, self.engine.tokenizer))
                 else:
                     final = event
         finally:
@@ -166,12 +166,16 @@ class SpekulaMethods:
         return {"cancelled": ctx.connection.cancel(obj["id"])}
 
 
-def chunk_params(rpc_id: Any, event: PieceEvent) -> dict[str, Any]:
+def chunk_params(rpc_id: Any, event: PieceEvent, tokenizer: Any) -> dict[str, Any]:
+    """`drafters[i]` proposed `tokens[i]` (null: the target's own token). `pieces[i]` is that token's
+    text on its own; the pieces spell `content` except where the engine held text back (a possible
+    stop-string prefix, a UTF-8 character split across tokens), which is what clients colour by."""
     return {
         "id": rpc_id,
         "request_id": event.request_id,
         "content": event.text,
         "tokens": list(event.tokens),
+        "pieces": [tokenizer.decode([t]) for t in event.tokens],
         "drafters": list(event.drafters),
     }
 

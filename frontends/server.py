@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import stat
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,14 @@ log = logging.getLogger("spekula.server")
 
 class SocketInUseError(SpekulaError):
     """Another process serves on the requested socket path, or the path is not ours to replace."""
+
+
+def default_socket_path() -> str:
+    """$XDG_RUNTIME_DIR/spekula.sock when the session has one (private to the user), else /tmp."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return os.path.join(runtime, "spekula.sock")
+    return os.path.join(tempfile.gettempdir(), f"spekula-{os.getuid()}.sock")
 
 
 def prepare_socket_path(path: str) -> None:
@@ -126,7 +135,7 @@ class RpcServer:
                         root.start_soon(self._watch_signals, conns)
                     accept_scope = anyio.CancelScope()
                     conns.start_soon(self._accept_loop, listener, conns, accept_scope)
-                    log.info("serving on %s", path)
+                    log.info("serving on %s (%d slot(s))", path, self.engine.config.n_slots)
                     task_status.started(path)
                     await self._stop.wait()
                     await self._drain(listener, accept_scope, conns)

@@ -135,7 +135,11 @@ class FakeEngine:
                 await send.send(final)
 
     def stats(self) -> dict[str, Any]:
-        return {"drafters": {"ngram-mod": {"n_gen_drafts": 1}}, "histogram": [3, 1]}
+        # The real engine's shape (core/spec_stats.py), with made-up numbers.
+        ngram = {"calls_begin": 1, "calls_draft": 4, "calls_accept": 4, "gen_drafts": 4, "acc_drafts": 3,
+                 "gen_tokens": 12, "acc_tokens": 7, "mean_acc_len": 2.75, "acc_per_pos": [3, 3, 1]}
+        return {"drafters": {"ngram-mod": ngram}, "histogram": [1, 0, 2, 1], "acc_per_pos": [3, 3, 1],
+                "n_rounds": 4, "mean_acc_len": 2.75, "n_requests": len(self.finished)}
 
     def slots(self) -> list[dict[str, Any]]:
         busy = list(self.active)

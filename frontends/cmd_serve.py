@@ -1,0 +1,43 @@
+"""`spekula serve`: the JSON-RPC 2.0 server on a Unix socket (protocol in frontends/rpc_methods.py)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import anyio
+from spekula.frontends.options import add_engine_options, build_engine, sampling_from_args
+from spekula.frontends.rpc_framing import DEFAULT_MAX_LINE_BYTES
+from spekula.frontends.rpc_methods import SpekulaMethods
+from spekula.frontends.rpc_params import ServerDefaults
+from spekula.frontends.server import RpcServer, ServerConfig, default_socket_path, prepare_socket_path
+
+HELP = "Serve a JSON-RPC 2.0 API on a Unix socket"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server")
+    g.add_argument("--socket", default=default_socket_path(), metavar="PATH",
+                   help="Unix socket path, created with mode 0600 (default: %(default)s)")
+    g.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES, metavar="N",
+                   help="longest accepted request line; longer ones get an error reply (default: 8 MiB)")
+    g.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                   help="on SIGTERM/SIGINT, seconds to let in-flight requests finish (default: 30)")
+    add_engine_options(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    # Refuse a live socket before spending seconds loading the model.
+    prepare_socket_path(args.socket)
+    engine = build_engine(args)
+    defaults = ServerDefaults(sampling=sampling_from_args(args), n_predict=args.n_predict)
+    config = ServerConfig(args.socket, max_line_bytes=args.max_line_bytes, drain_timeout=args.drain_timeout)
+    server = RpcServer(engine, config, lambda srv: SpekulaMethods(engine, defaults, server_state=srv.state).table())
+    try:
+        anyio.run(server.serve)
+    finally:
+        engine.backend.close()
+    return 0

@@ -1,0 +1,97 @@
+"""The Textual app driven by Pilot: typing a prompt streams a coloured answer and the statistics update."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from spekula.frontends.tui_app import EmbeddedSource, SpekulaApp
+from spekula.frontends.tui_widgets import AnswerView, DrafterTable, SlotsTable, drafter_style, split_pieces
+
+
+def load_fakes() -> Any:
+    name = "spekula_tests_conftest_rpc"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("conftest_rpc.py"))
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+async def wait_for(pilot: Any, cond: Any, timeout: float = 60.0) -> None:
+    with anyio.fail_after(timeout):
+        while not cond():
+            await pilot.pause(0.05)
+
+
+async def type_prompt_and_wait(app: SpekulaApp, prompt: str, timeout: float = 60.0) -> Any:
+    async with app.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: app.ready, timeout)
+        await pilot.click("#prompt")
+        await pilot.press(*prompt, "enter")
+        await wait_for(pilot, lambda: app.last_result is not None, timeout)
+        updates = app.n_stats_updates
+        await wait_for(pilot, lambda: app.n_stats_updates > updates, timeout)  # the poll after the answer
+        return {
+            "answer": app.query_one(AnswerView).text,
+            "drafter_rows": app.query_one(DrafterTable).row_count,
+            "slot_rows": app.query_one(SlotsTable).row_count,
+            "result": app.last_result,
+            "status": app.status,
+        }
+
+
+def test_split_pieces_colours_tokens_or_falls_back() -> None:
+    assert split_pieces("abc", ["a", "bc"], ["ngram-mod", None]) == [("a", "ngram-mod"), ("bc", None)]
+    # pieces that do not spell the content (held-back text): the chunk takes its last token's origin
+    assert split_pieces("ab", ["a", "bc"], ["ngram-mod", None]) == [("ab", None)]
+    assert drafter_style("ngram-mod") != drafter_style("ngram-simple") != drafter_style(None)
+
+
+def test_prompt_streams_answer_and_updates_stats_fake_engine() -> None:
+    fakes = load_fakes()
+    app = SpekulaApp(EmbeddedSource(lambda: fakes.FakeEngine()), n_predict=20, poll_interval=0.1)
+    out = anyio.run(type_prompt_and_wait, app, "hello")
+    assert out["result"]["content"] == out["answer"].plain
+    assert out["answer"].plain == fakes.expected_text("<user>hello\n<assistant>", 20)
+    styles = {span.style for span in out["answer"].spans}
+    assert drafter_style("ngram-mod") in styles and drafter_style(None) in styles
+    assert out["drafter_rows"] == 1 and out["slot_rows"] == 2
+    assert out["status"].startswith("done")
+
+
+@pytest.mark.slow
+def test_prompt_streams_answer_real_engine_tiny_model() -> None:
+    pytest.importorskip("spekula.backends.torch", reason="torch backend not available")
+    from spekula.fixtures.tiny_gguf import tiny_model_path
+    from spekula.frontends.cli import build_parser
+    from spekula.frontends.options import build_engine
+
+    model = str(tiny_model_path("llama"))
+    args = build_parser(["tui"]).parse_args(["tui", "-m", model, "--spec-type", "ngram-simple",
+                                             "--spec-ngram-simple-size-n", "2", "--temp", "0", "-c", "256"])
+    app = SpekulaApp(EmbeddedSource(lambda: build_engine(args)), n_predict=48, poll_interval=0.2)
+    app_mode = "completion"
+    out = anyio.run(_run_completion_mode, app, app_mode)
+    assert out["result"]["tokens_predicted"] > 0
+    assert out["answer"].plain == out["result"]["content"]
+    assert out["slot_rows"] == 1
+
+
+async def _run_completion_mode(app: SpekulaApp, mode: str) -> Any:
+    async with app.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: app.ready)
+        app.query_one("#mode").value = mode  # type: ignore[attr-defined]
+        await pilot.click("#prompt")
+        await pilot.press(*"the cat sat on the mat. the cat sat on", "enter")
+        await wait_for(pilot, lambda: app.last_result is not None)
+        updates = app.n_stats_updates
+        await wait_for(pilot, lambda: app.n_stats_updates > updates)
+        return {"answer": app.query_one(AnswerView).text, "result": app.last_result,
+                "slot_rows": app.query_one(SlotsTable).row_count}
