@@ -127,6 +127,10 @@ class TorchDFlashRuntime(DFlashRuntime):
                           self.device, self.dtype)
 
     # --- sequences -------------------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return self.kv.n_ctx
+
     def new_seq(self) -> int:
         return self.kv.new_seq()
 

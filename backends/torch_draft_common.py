@@ -14,6 +14,8 @@ from spekula.core.backend import BackendOptions
 from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
 
+from .gguf_weights import dequantize
+
 
 def device_dtype(options: BackendOptions) -> tuple[torch.device, torch.dtype]:
     device = torch.device(options.device)
@@ -28,21 +30,8 @@ def device_dtype(options: BackendOptions) -> tuple[torch.device, torch.dtype]:
 
 
 def tensor_f32(f: GGUFFile, name: str) -> np.ndarray:
-    """One tensor of ``f`` as float32 in PyTorch order (quantized types dequantized)."""
-    entry = f.tensor(name)
-    try:
-        from spekula.backends.gguf_weights import dequantize
-    except ImportError:  # the weights module is optional for draft files, which are written as F32/F16/BF16
-        dequantize = None
-    if dequantize is not None:
-        return dequantize(entry)
-    import gguf
-
-    try:
-        qtype = gguf.GGMLQuantizationType[entry.type_name]
-        return np.asarray(gguf.quants.dequantize(entry.data, qtype), dtype=np.float32).reshape(entry.shape)
-    except (KeyError, NotImplementedError) as exc:
-        raise ModelFileError(f.path, f"tensor {name!r}: unsupported type {entry.type_name} ({exc})") from None
+    """One tensor of ``f`` as float32 in PyTorch order (quantized types dequantized by gguf_weights)."""
+    return dequantize(f.tensor(name), f.path)
 
 
 class Weights:

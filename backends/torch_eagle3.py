@@ -87,6 +87,10 @@ class TorchEagle3Runtime(Eagle3Runtime):
         self.kv = KVStore(1, self.n_head_kv, self.head_dim, options.n_ctx, options.n_seq_max, self.device, self.dtype)
 
     # --- sequences -------------------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return self.kv.n_ctx
+
     def new_seq(self) -> int:
         return self.kv.new_seq()
 

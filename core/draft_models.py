@@ -19,8 +19,11 @@ import numpy as np
 from .backend import BackendOptions, ModelInfo
 from .errors import ConfigError, ModelFileError
 from .gguf_file import GGUFFile
+from .sampling import pick
 
 DRAFT_ARCHS = ("eagle3", "dflash")
+N_CANDIDATES = 10  # llama.cpp's draft sampler keeps the top 10 candidates
+SEED_XOR = 0x85EBCA6B  # probabilistic drafting seeds its sampler with the request seed XOR this
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,11 @@ class DraftRuntime(ABC):
     """Sequence bookkeeping shared by both architectures."""
 
     info: DraftModelInfo
+
+    @property
+    @abstractmethod
+    def n_ctx(self) -> int:
+        """Positions a sequence may hold."""
 
     @abstractmethod
     def new_seq(self) -> int: ...
@@ -167,3 +175,39 @@ def load_draft_runtime(backend_name: str, gguf_path: str, target: ModelInfo,
         raise ConfigError(f"draft architecture {info.arch!r} has no runtime for backend {backend_name!r}") from None
     runtime: Eagle3Runtime | DFlashRuntime = module.runtime_class(f, info, target, options or BackendOptions())
     return runtime
+
+
+@dataclass(slots=True)
+class Choice:
+    token: int
+    p_top: float  # probability of the best candidate (softmax over the top 10): what p_min compares
+    q: np.ndarray | None  # float32 [n_vocab] draft distribution (probabilistic drafting only)
+
+
+def choose(logits: np.ndarray, temperature: float | None, rng: np.random.Generator | None) -> Choice:
+    """llama.cpp's draft pick: top-10, softmax (at ``temperature`` when sampling, else 1), best or sampled.
+
+    ``-inf`` entries (outside a reduced draft vocabulary) never enter the candidate list.
+    """
+    row = np.asarray(logits, dtype=np.float64)
+    finite = np.flatnonzero(np.isfinite(row))
+    n = min(N_CANDIDATES, len(finite))
+    if n == 0:
+        raise ValueError("draft logits have no finite entry")
+    ids = finite[np.argpartition(-row[finite], n - 1)[:n]]
+    ids = ids[np.lexsort((ids, -row[ids]))]  # best first, ties to the lower id
+    scaled = row[ids] / (temperature if (rng is not None and temperature) else 1.0)
+    e = np.exp(scaled - scaled.max())
+    p = e / e.sum()
+    if rng is None:
+        return Choice(int(ids[0]), float(p[0]), None)
+    q = np.zeros(len(row), dtype=np.float32)
+    q[ids] = p
+    return Choice(pick(ids, p, float(rng.random())), float(p[0]), q)
+
+
+def draft_rng(spec_sampling: str, temperature: float, seed: int) -> np.random.Generator | None:
+    """The per-round sampler state for probabilistic drafting, None for greedy drafting."""
+    if spec_sampling != "probabilistic" or temperature <= 0:
+        return None
+    return np.random.default_rng((int(seed) ^ SEED_XOR) & 0xFFFFFFFF)

@@ -1,0 +1,172 @@
+"""draft-dflash: block denoising over the target's hidden states (model-drafters.md §3.3).
+
+Every target forward's captured features are injected as keys/values of every draft layer at their
+positions (prompt chunks and verification rows alike; rejected rows are overwritten later since
+writes go by position). A draft is one non-causal forward of the block ``[x, MASK, ...]`` at
+positions ``pos0..``; block index j proposes the token at pos0+j. The block's own K/V are dropped
+afterwards so only target context persists. ``--spec-draft-n-max`` is clamped to block_size - 1.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+from spekula.core.backend import Capture, SeqInput, SeqOutput
+from spekula.core.draft_models import (
+    DFlashBlock,
+    DFlashOut,
+    DFlashRuntime,
+    choose,
+    draft_rng,
+    load_draft_runtime,
+)
+from spekula.core.drafter import Draft, DrafterContext, DraftRequest
+from spekula.core.errors import ConfigError
+
+from .eagle3 import model_draft_options, require_draft_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Slot:
+    seq: int
+    rng: np.random.Generator | None = None
+    rng_key: tuple[float, int] | None = None
+
+
+@dataclass(slots=True)
+class _Plan:
+    index: int
+    slot: _Slot
+    pos0: int
+    block: np.ndarray
+    n_spec: int  # block drafts before the request's cap
+    cap: int
+
+
+class DFlashDrafter:
+    name: ClassVar[str] = "draft-dflash"
+    model_based: ClassVar[bool] = True
+    kind: ClassVar[str] = "dflash"
+
+    def __init__(self, runtime: DFlashRuntime) -> None:
+        self.runtime = runtime
+        self.info = runtime.info
+        self.layers = runtime.info.target_layers
+        self._slots: dict[int, _Slot] = {}
+        self._warned: set[str] = set()
+
+    @classmethod
+    def create(cls, ctx: DrafterContext) -> DFlashDrafter:
+        path = require_draft_path(ctx, cls.name)
+        runtime = load_draft_runtime("torch", path, ctx.target.info, model_draft_options(ctx, extra_ctx=64))
+        if not isinstance(runtime, DFlashRuntime) or runtime.info.kind != cls.kind:
+            raise ConfigError(f"{path} is a {runtime.info.kind} model, not {cls.kind}; "
+                              f"use --spec-type draft-{runtime.info.kind}")
+        if runtime.info.block_size + 1 > 64:
+            raise ConfigError(f"{path}: block_size {runtime.info.block_size} is larger than this runtime supports (63)")
+        drafter = cls(runtime)
+        drafter.check_spec(ctx.spec.n_max, ctx.spec.p_min)
+        return drafter
+
+    def check_spec(self, n_max: int, p_min: float) -> None:
+        limit = self.max_block_draft()
+        if n_max > limit:
+            self._warn(f"--spec-draft-n-max {n_max} clamped to {limit} (block_size {self.info.block_size})")
+
+    def _warn(self, msg: str) -> None:
+        if msg not in self._warned:
+            self._warned.add(msg)
+            log.warning("%s: %s", self.name, msg)
+
+    # --- protocol --------------------------------------------------------------------------------
+    def capture(self) -> Capture:
+        return Capture(layers=frozenset(self.layers))
+
+    def _state(self, slot: int) -> _Slot:
+        st = self._slots.get(slot)
+        if st is None:
+            st = self._slots[slot] = _Slot(self.runtime.new_seq())
+        return st
+
+    def begin(self, slot: int, prompt: np.ndarray) -> None:
+        st = self._state(slot)
+        st.rng, st.rng_key = None, None
+
+    def observe(self, slot: int, inp: SeqInput, out: SeqOutput) -> None:
+        if len(inp.tokens) == 0:
+            return
+        st = self._state(slot)
+        missing = [layer for layer in self.layers if layer not in out.layer_inputs]
+        if missing:
+            raise ConfigError(f"{self.name}: the target did not return captured layers {missing}")
+        if self.runtime.seq_len(st.seq) < inp.start:
+            return  # a gap (should not happen): leave it; draft() sees the missing context and skips
+        feats = np.concatenate([out.layer_inputs[layer] for layer in self.layers], axis=1)
+        self.runtime.inject(st.seq, feats, inp.start)
+
+    def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
+        # Rejected rows stay injected beyond the committed end; draft() truncates to the context first.
+        return None
+
+    def end(self, slot: int) -> None:
+        st = self._slots.pop(slot, None)
+        if st is not None:
+            self.runtime.free_seq(st.seq)
+
+    # --- block layout (DSpark overrides) ------------------------------------------------------------
+    def max_block_draft(self) -> int:
+        return self.info.block_size - 1
+
+    def block_for(self, last: int, n: int) -> np.ndarray:
+        """[x, MASK * n] for n drafts: index j (1..n) proposes the token at pos0 + j."""
+        return np.array([last] + [self.info.mask_token_id] * n, dtype=np.int32)
+
+    def read_rows(self, n: int) -> range:
+        """Block indices holding the n drafts, in order."""
+        return range(1, n + 1)
+
+    def select(self, plan: _Plan, out: DFlashOut, req: DraftRequest) -> Draft:
+        rng = plan.slot.rng if req.spec.draft_sampling == "probabilistic" and req.temperature > 0 else None
+        tokens: list[int] = []
+        probs: list[np.ndarray] = []
+        for j in self.read_rows(plan.n_spec)[: plan.cap]:
+            c = choose(out.logits[j], req.temperature, rng)
+            if c.p_top < float(req.spec.p_min):
+                break
+            tokens.append(c.token)
+            if c.q is not None:
+                probs.append(c.q)
+        return Draft(tokens, np.stack(probs) if rng is not None and probs else None)
+
+    # --- drafting --------------------------------------------------------------------------------
+    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        plans: list[_Plan] = []
+        for i, r in enumerate(requests):
+            st = self._slots.get(r.slot)
+            n_spec = min(int(r.spec.n_max), self.max_block_draft())
+            pos0 = len(r.history)
+            if st is None or n_spec <= 0 or int(r.n_max) <= 0 or self.runtime.seq_len(st.seq) < pos0:
+                continue
+            block = self.block_for(int(r.last), n_spec)
+            if pos0 + len(block) > self.runtime.n_ctx:
+                continue
+            self.runtime.truncate(st.seq, pos0)
+            if r.spec.draft_sampling == "probabilistic" and r.temperature > 0 and st.rng_key != (r.temperature, r.seed):
+                st.rng, st.rng_key = draft_rng("probabilistic", r.temperature, r.seed), (r.temperature, r.seed)
+            plans.append(_Plan(i, st, pos0, block, n_spec, min(n_spec, int(r.n_max))))
+        outs = self.runtime.draft_blocks([DFlashBlock(p.slot.seq, p.block, p.pos0) for p in plans])
+        result = [Draft.empty() for _ in requests]
+        for plan, out in zip(plans, outs, strict=True):
+            self.runtime.truncate(plan.slot.seq, plan.pos0)  # only target context persists
+            req = requests[plan.index]
+            d = self.select(plan, out, req)
+            n_min = min(int(req.spec.n_min), self.max_block_draft())
+            if d.tokens and len(d.tokens) >= n_min:
+                result[plan.index] = d
+        return result

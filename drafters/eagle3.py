@@ -1,0 +1,175 @@
+"""draft-eagle3: one Llama layer drafts from the target's own hidden states (model-drafters.md §2.6).
+
+Pairing rule: the draft KV entry at position P is computed from (token at P+1, g_P), where g_P is
+the fc projection of the target's three captured layer inputs at P. So after each target forward the
+last row is *pending* (its next token is not known yet): its g is kept, and the draft starts from
+``(x, g_pending)`` at the pending position. Later steps feed the layer's own pre-norm output back as g.
+On verification, ``accept`` rebases the pending row onto the last accepted row (whoever drafted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+import numpy as np
+from spekula.core.backend import BackendOptions, Capture, SeqInput, SeqOutput
+from spekula.core.draft_models import Eagle3Rows, Eagle3Runtime, choose, draft_rng, load_draft_runtime
+from spekula.core.drafter import Draft, DrafterContext, DraftRequest
+from spekula.core.errors import ConfigError
+
+
+@dataclass(slots=True)
+class _Slot:
+    seq: int
+    pending_g: np.ndarray | None = None  # [H] g of the last target row whose successor is unknown
+    pending_pos: int = -1
+    verify_g: np.ndarray | None = None  # [n, H] every row of the last target forward
+    verify_pos: int = 0
+    rng: np.random.Generator | None = None
+    rng_key: tuple[float, int] | None = None
+
+
+@dataclass(slots=True)
+class _Run:
+    index: int
+    slot: _Slot
+    pos: int  # pending position P: step j decodes at P + j
+    cap: int
+    p_min: float
+    temperature: float
+    probabilistic: bool
+    tokens: list[int] = field(default_factory=list)
+    probs: list[np.ndarray] = field(default_factory=list)
+
+
+def model_draft_options(ctx: DrafterContext, extra_ctx: int = 0) -> BackendOptions:
+    """Draft runtime options: the target's device/dtype unless --spec-draft-* said otherwise, one
+    sequence per slot, and the target's context (plus room for a draft block beyond it)."""
+    base = ctx.draft_backend_options or ctx.target.options
+    return replace(base, n_ctx=ctx.target.n_ctx + extra_ctx, n_seq_max=max(ctx.n_seq_max, 1))
+
+
+def require_draft_path(ctx: DrafterContext, name: str) -> str:
+    if not ctx.draft_model_path:
+        raise ConfigError(f"{name} needs a draft model: pass -md/--spec-draft-model FILE.gguf")
+    return str(ctx.draft_model_path)
+
+
+class Eagle3Drafter:
+    name: ClassVar[str] = "draft-eagle3"
+    model_based: ClassVar[bool] = True
+
+    def __init__(self, runtime: Eagle3Runtime) -> None:
+        self.runtime = runtime
+        self.layers = runtime.info.target_layers
+        self._slots: dict[int, _Slot] = {}
+
+    @classmethod
+    def create(cls, ctx: DrafterContext) -> Eagle3Drafter:
+        path = require_draft_path(ctx, cls.name)
+        # Draft runtimes exist for torch only; an onnx target still hands over numpy hidden states.
+        runtime = load_draft_runtime("torch", path, ctx.target.info, model_draft_options(ctx))
+        if not isinstance(runtime, Eagle3Runtime):
+            raise ConfigError(f"{path} is a {runtime.info.kind} model, not EAGLE-3; use --spec-type draft-{runtime.info.kind}")
+        return cls(runtime)
+
+    # --- protocol --------------------------------------------------------------------------------
+    def capture(self) -> Capture:
+        return Capture(layers=frozenset(self.layers))
+
+    def _state(self, slot: int) -> _Slot:
+        st = self._slots.get(slot)
+        if st is None:
+            st = self._slots[slot] = _Slot(self.runtime.new_seq())
+        return st
+
+    def begin(self, slot: int, prompt: np.ndarray) -> None:
+        # The prompt was already mirrored by observe (which runs before begin); only reset sampling.
+        st = self._state(slot)
+        st.rng, st.rng_key = None, None
+
+    def observe(self, slot: int, inp: SeqInput, out: SeqOutput) -> None:
+        n = len(inp.tokens)
+        if n == 0:
+            return
+        st = self._state(slot)
+        if inp.start == 0:  # a new sequence in this slot
+            self.runtime.truncate(st.seq, 0)
+            st.pending_g = None
+        missing = [layer for layer in self.layers if layer not in out.layer_inputs]
+        if missing:
+            raise ConfigError(f"{self.name}: the target did not return captured layers {missing}")
+        feats = np.concatenate([out.layer_inputs[layer] for layer in self.layers], axis=1)
+        g = self.runtime.encode(feats)
+        tokens = np.asarray(inp.tokens, dtype=np.int32)
+        have = self.runtime.seq_len(st.seq)
+        if st.pending_g is not None and st.pending_pos == inp.start - 1 and have <= st.pending_pos:
+            # Bridge: the previous forward's last row pairs with this forward's first token.
+            rows = Eagle3Rows(st.seq, tokens, np.concatenate([st.pending_g[None], g[:-1]]), st.pending_pos, False)
+        else:
+            rows = Eagle3Rows(st.seq, tokens[1:], g[:-1], inp.start, False)
+        if len(rows.tokens) and self.runtime.seq_len(st.seq) >= rows.start:
+            self.runtime.decode([rows])
+        st.pending_g, st.pending_pos = g[-1], inp.start + n - 1
+        st.verify_g, st.verify_pos = g, inp.start
+
+    def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
+        st = self._slots.get(slot)
+        if st is None or st.verify_g is None:
+            return
+        i = min(int(n_accepted), len(st.verify_g) - 1)
+        st.pending_g, st.pending_pos = st.verify_g[i], st.verify_pos + i
+        # Entries from the pending position on pair rejected tokens: drop them.
+        self.runtime.truncate(st.seq, st.pending_pos)
+
+    def end(self, slot: int) -> None:
+        st = self._slots.pop(slot, None)
+        if st is not None:
+            self.runtime.free_seq(st.seq)
+
+    # --- drafting --------------------------------------------------------------------------------
+    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        runs: list[_Run] = []
+        first: list[Eagle3Rows] = []
+        for i, r in enumerate(requests):
+            # step j writes at len(history) - 1 + j: stay inside the draft context
+            cap = min(int(r.spec.n_max), int(r.n_max), self.runtime.n_ctx - len(r.history) + 1)
+            st = self._slots.get(r.slot)
+            if cap <= 0 or st is None or st.pending_g is None:
+                continue
+            pos = len(r.history) - 1  # the row whose successor is x
+            if st.pending_pos != pos or self.runtime.seq_len(st.seq) < pos:
+                continue  # features for the committed history are incomplete: no draft this round
+            self.runtime.truncate(st.seq, pos)
+            prob = r.spec.draft_sampling == "probabilistic" and r.temperature > 0
+            if prob and (st.rng is None or st.rng_key != (r.temperature, r.seed)):
+                st.rng, st.rng_key = draft_rng("probabilistic", r.temperature, r.seed), (r.temperature, r.seed)
+            runs.append(_Run(i, st, pos, cap, float(r.spec.p_min), float(r.temperature), prob))
+            first.append(Eagle3Rows(st.seq, np.array([r.last], dtype=np.int32), st.pending_g[None], pos))
+        active, rows = runs, first
+        while active:
+            outs = self.runtime.decode(rows)
+            nxt: list[_Run] = []
+            rows = []
+            for run, out in zip(active, outs, strict=True):
+                assert out.logits is not None
+                c = choose(out.logits[-1], run.temperature, run.slot.rng if run.probabilistic else None)
+                if c.p_top < run.p_min:
+                    continue  # not confident enough: stop this slot, drop the token
+                run.tokens.append(c.token)
+                if c.q is not None:
+                    run.probs.append(c.q)
+                if len(run.tokens) < run.cap:
+                    nxt.append(run)
+                    rows.append(Eagle3Rows(run.slot.seq, np.array([c.token], dtype=np.int32), out.prenorm[-1:],
+                                           run.pos + len(run.tokens)))
+            active = nxt
+        result = [Draft.empty() for _ in requests]
+        for run in runs:
+            self.runtime.truncate(run.slot.seq, run.pos)  # drafted entries are rewritten from the target
+            if run.tokens and len(run.tokens) >= int(requests[run.index].spec.n_min):
+                probs = np.stack(run.probs) if run.probabilistic and run.probs else None
+                result[run.index] = Draft(run.tokens, probs)
+        return result

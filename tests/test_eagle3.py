@@ -1,0 +1,116 @@
+"""draft-eagle3 through the engine: lossless greedy output, pairing/rebase rules, drafting caps."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest_model_drafters import build_target, drafter_context, engine_vs_plain, target_backend  # noqa: E402
+from spekula.backends.convert_hf import convert  # noqa: E402
+from spekula.core.backend import SeqInput  # noqa: E402
+from spekula.core.drafter import DraftRequest  # noqa: E402
+from spekula.core.errors import ConfigError  # noqa: E402
+from spekula.core.params import SamplingParams, SpecParams  # noqa: E402
+from spekula.drafters.eagle3 import Eagle3Drafter  # noqa: E402
+from spekula.fixtures import tiny_hf  # noqa: E402
+
+SPEC = SpecParams(types=("draft-eagle3",), n_max=4)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("eagle3")
+    hf, target = build_target(root)
+    draft = root / "eagle3.gguf"
+    convert(tiny_hf.write_eagle3(root / "e3-hf", layer_ids=(1, 4, 8)), draft, outtype="f32", target_dir=hf)
+    return {"target": target, "draft": draft, "hf": hf}
+
+
+def test_random_draft_is_lossless_through_the_engine(models: dict[str, Path]) -> None:
+    outs, refs, st = engine_vs_plain(models["target"], models["draft"], Eagle3Drafter.create, SPEC)
+    assert outs == refs
+    assert st["gen_drafts"] > 0 and st["gen_tokens"] >= st["gen_drafts"]
+
+
+def test_sampled_output_is_lossless(models: dict[str, Path]) -> None:
+    sampling = SamplingParams(temperature=0.8, seed=7)
+    outs, refs, _ = engine_vs_plain(models["target"], models["draft"], Eagle3Drafter.create, SPEC, sampling=sampling)
+    assert outs == refs
+
+
+def _observe(drafter: Eagle3Drafter, target, slot: int, seq: int, tokens: list[int], start: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+    from spekula.core.backend import Capture
+
+    inp = SeqInput(seq, np.array(tokens, dtype=np.int32), start)
+    out = target.forward([inp], Capture(layers=frozenset(drafter.layers)))[0]
+    drafter.observe(slot, inp, out)
+    return out.logits[-1]
+
+
+def test_pairing_bridge_and_rebase(models: dict[str, Path]) -> None:
+    """Chunked prompt == one-shot prompt (bridge); accept(n) moves the pending row to the accepted one."""
+    target = target_backend(models["target"])
+    d = Eagle3Drafter.create(drafter_context(target, models["draft"], SPEC))
+    prompt = [5, 17, 200, 33, 99, 120, 7, 8]
+    s0, s1 = target.new_seq(), target.new_seq()
+    _observe(d, target, 0, s0, prompt, 0)
+    _observe(d, target, 1, s1, prompt[:3], 0)
+    _observe(d, target, 1, s1, prompt[3:], 3)
+    for slot in (0, 1):
+        d.begin(slot, np.array(prompt))
+    st0, st1 = d._slots[0], d._slots[1]
+    assert st0.pending_pos == st1.pending_pos == len(prompt) - 1
+    assert d.runtime.seq_len(st0.seq) == d.runtime.seq_len(st1.seq) == len(prompt) - 1
+    np.testing.assert_allclose(st0.pending_g, st1.pending_g, atol=1e-5)
+    reqs = [DraftRequest(s, np.array(prompt), 42, 8, SPEC, 0.0, 0) for s in (0, 1)]
+    a, b = d.draft(reqs)
+    assert a.tokens == b.tokens and len(a.tokens) == SPEC.n_max
+    assert d.runtime.seq_len(st0.seq) == len(prompt) - 1  # drafted entries dropped again
+    # Verification batch [x, d1, d2, d3, d4] at len(prompt); accept 2 -> pending row = index 2.
+    _observe(d, target, 0, s0, [42, *a.tokens], len(prompt))
+    g_rows = st0.verify_g
+    d.accept(0, 2, True)
+    assert st0.pending_pos == len(prompt) + 2
+    np.testing.assert_array_equal(st0.pending_g, g_rows[2])
+    assert d.runtime.seq_len(st0.seq) == len(prompt) + 2
+
+
+def test_caps_p_min_n_min(models: dict[str, Path]) -> None:
+    target = target_backend(models["target"])
+    d = Eagle3Drafter.create(drafter_context(target, models["draft"], SPEC))
+    prompt = [5, 17, 200, 33, 99, 120, 7, 8]
+    _observe(d, target, 0, target.new_seq(), prompt, 0)
+    d.begin(0, np.array(prompt))
+
+    def run(**kw: object) -> list[int]:
+        budget = int(kw.pop("budget", 8))  # type: ignore[call-overload]
+        spec = SPEC.with_(**kw)
+        return d.draft([DraftRequest(0, np.array(prompt), 42, budget, spec, 0.0, 0)])[0].tokens
+
+    full = run(n_max=6)
+    assert len(full) == 6
+    assert run(n_max=6, budget=2) == full[:2]
+    assert run(n_max=3) == full[:3]
+    assert run(n_max=6, n_min=7) == []
+    assert run(n_max=6, p_min=1.01) == []  # top-10 probability never exceeds 1
+    with pytest.raises(ConfigError, match="not EAGLE-3"):
+        Eagle3Drafter.create(drafter_context(target, _dflash_file(models), SPEC))
+
+
+def _dflash_file(models: dict[str, Path]) -> Path:
+    out = models["draft"].with_name("dflash-for-type-check.gguf")
+    if not out.exists():
+        convert(tiny_hf.write_dflash(out.with_suffix(""), layer_ids=(1, 6)), out, outtype="f32", target_dir=models["hf"])
+    return out
+
+
+def test_needs_a_draft_model(models: dict[str, Path]) -> None:
+    from spekula.core.drafter import DrafterContext
+
+    target = target_backend(models["target"])
+    with pytest.raises(ConfigError, match="-md"):
+        Eagle3Drafter.create(DrafterContext(spec=SPEC, target=target, tokenizer=None, n_seq_max=1))
