@@ -136,7 +136,7 @@ def dequantize(entry: TensorEntry, path: object = "<gguf>") -> np.ndarray:
     try:
         raw = entry.data
         if entry.type_name == "F32":
-            out = np.asarray(raw).view(np.float32)
+            out = np.array(np.asarray(raw).view(np.float32))  # a copy: the mmap'd file is read-only
         elif entry.type_name == "F16":
             out = np.asarray(raw).view(np.float16).astype(np.float32)
         elif entry.type_name == "BF16":

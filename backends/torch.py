@@ -1,0 +1,268 @@
+"""PyTorch backend: GGUF llama/qwen2/qwen3 models on CPU or CUDA, with a batch-invariant exact mode.
+
+Exact mode (``BackendOptions.exact``, default): a row's logits are bitwise the same whatever else is
+in the forward and however the sequence was chunked. Measured on this CPU (torch 2.13, MKL sgemm):
+in ``linear(x, W)`` a row's result depends on the row count M only through which micro-kernel
+handles it - rows in whole blocks of 4 always get the same kernel, M = 1, 2, 3 and the last M mod 4
+rows get others. So every GEMM here runs on a row count that is a multiple of ``ROW_ALIGN``, the
+padding rows being throw-away copies. Attention for a row at position p always runs over the same
+key window ``[0, ceil((p+1)/KEY_GRANULE) * KEY_GRANULE)`` with later keys masked, so the softmax and
+the probs @ V reduction have the same length wherever and with whatever the row is computed.
+Rows go through the blocks in tiles of at most ``TILE_ROWS`` rows so no GEMM ever sees a row count
+outside the measured range. The non-exact mode drops the padding and windows (faster, GEMV for one row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
+from ..core.errors import ConfigError, ContextOverflowError
+from ..core.gguf_file import GGUFFile
+from .gguf_weights import ModelHParams, load_model_weights, read_hparams
+from .torch_kv import KVPool, SeqCache
+from .torch_model import AttnGroup, KVWrite, Tile, TorchModel
+
+ROW_ALIGN = 4
+KEY_GRANULE = 64
+TILE_ROWS = 64
+FAST_TILE_ROWS = 512
+
+_NO_CAPTURE = Capture()
+_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def resolve_device(options: BackendOptions) -> torch.device:
+    dev = options.device.strip().lower()
+    if dev == "cpu":
+        return torch.device("cpu")
+    if dev == "cuda" or dev.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {options.device!r} requested but CUDA is not available to torch")
+        device = torch.device(dev)
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"device {options.device!r}: only {torch.cuda.device_count()} CUDA device(s)")
+        return device
+    raise ConfigError(f"unknown device {options.device!r} (cpu, cuda, cuda:N)")
+
+
+def resolve_dtype(options: BackendOptions, device: torch.device) -> torch.dtype:
+    if options.dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if options.dtype not in _DTYPES:
+        raise ConfigError(f"unknown dtype {options.dtype!r} (auto, f32, f16, bf16)")
+    return _DTYPES[options.dtype]
+
+
+@dataclass
+class _Req:
+    """One validated SeqInput."""
+
+    cache: SeqCache
+    tokens: np.ndarray
+    start: int
+    logit_rows: np.ndarray
+    out: SeqOutput
+    logit_slot: dict[int, int]  # row index in tokens -> row in out.logits
+
+
+class TorchBackend(Backend):
+    def __init__(self, model_path: str, options: BackendOptions) -> None:
+        self.options = options
+        if options.n_ctx <= 0 or options.n_seq_max <= 0:
+            raise ConfigError(f"n_ctx and n_seq_max must be positive (got {options.n_ctx}, {options.n_seq_max})")
+        self.device = resolve_device(options)
+        self.dtype = resolve_dtype(options, self.device)
+        if options.threads > 0:
+            torch.set_num_threads(options.threads)
+        f = GGUFFile(model_path)
+        self.hparams: ModelHParams = read_hparams(f)
+        hp = self.hparams
+        self.info = ModelInfo(
+            path=str(model_path),
+            arch=hp.arch,
+            name=str(f.get("general.name", f.path.stem)),
+            n_vocab=hp.n_vocab,
+            n_embd=hp.n_embd,
+            n_layer=hp.n_layer,
+            n_ctx_train=hp.n_ctx_train,
+        )
+        self.exact = options.exact
+        self._align = ROW_ALIGN if self.exact else 1
+        self._tile_rows = TILE_ROWS if self.exact else FAST_TILE_ROWS
+        weights = load_model_weights(f, hp=hp)
+        with torch.inference_mode():
+            self.kv = KVPool(
+                n_layer=hp.n_layer,
+                n_head_kv=hp.n_head_kv,
+                head_dim=hp.head_dim,
+                n_ctx=options.n_ctx,
+                n_seq_max=options.n_seq_max,
+                granule=KEY_GRANULE,
+                dtype=self.dtype,
+                device=self.device,
+            )
+            self.model = TorchModel(hp, weights, dtype=self.dtype, device=self.device, max_pos=self.kv.max_capacity)
+        del weights
+
+    # ---- sequence management ----------------------------------------------------------------------
+
+    def new_seq(self) -> int:
+        with torch.inference_mode():
+            return self.kv.new_seq()
+
+    def free_seq(self, seq_id: int) -> None:
+        self.kv.free(seq_id)
+
+    def seq_len(self, seq_id: int) -> int:
+        return self.kv.get(seq_id).length
+
+    def truncate(self, seq_id: int, n_keep: int) -> None:
+        self.kv.truncate(seq_id, n_keep)
+
+    def close(self) -> None:
+        self.kv.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # ---- forward ----------------------------------------------------------------------------------
+
+    def _validate(self, inputs: Sequence[SeqInput], capture: Capture) -> list[_Req]:
+        hp = self.hparams
+        bad = [layer for layer in capture.layers if not 0 <= layer <= hp.n_layer]
+        if bad:
+            raise ConfigError(f"capture layers {sorted(bad)} out of range [0, {hp.n_layer}]")
+        seen: set[int] = set()
+        reqs: list[_Req] = []
+        for inp in inputs:
+            if inp.seq_id in seen:
+                raise ConfigError(f"sequence {inp.seq_id} appears twice in one forward")
+            seen.add(inp.seq_id)
+            cache = self.kv.get(inp.seq_id)
+            tokens = np.asarray(inp.tokens).reshape(-1)
+            if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
+                raise ConfigError(f"sequence {inp.seq_id}: tokens must be integers, got {tokens.dtype}")
+            tokens = tokens.astype(np.int64)
+            n = int(tokens.size)
+            if n and (tokens.min() < 0 or tokens.max() >= hp.n_vocab):
+                raise ConfigError(f"sequence {inp.seq_id}: token id out of range [0, {hp.n_vocab})")
+            if not 0 <= inp.start <= cache.length:
+                raise ConfigError(f"sequence {inp.seq_id}: start {inp.start} not in [0, {cache.length}]")
+            if inp.start + n > self.options.n_ctx:
+                raise ContextOverflowError(
+                    f"sequence {inp.seq_id}: positions up to {inp.start + n} exceed n_ctx={self.options.n_ctx}"
+                )
+            if inp.logit_rows is None:
+                rows = np.array([n - 1] if n else [], dtype=np.int64)
+            else:
+                rows = np.asarray(inp.logit_rows, dtype=np.int64).reshape(-1)
+                if rows.size and (rows.min() < 0 or rows.max() >= n):
+                    raise ConfigError(f"sequence {inp.seq_id}: logit_rows out of range [0, {n})")
+            out = SeqOutput(logits=np.empty((rows.size, hp.n_vocab), dtype=np.float32))
+            for layer in capture.layers:
+                out.layer_inputs[layer] = np.empty((n, hp.n_embd), dtype=np.float32)
+            if capture.final_norm:
+                out.hidden_final = np.empty((n, hp.n_embd), dtype=np.float32)
+            slots: dict[int, int] = {}
+            for j, r in enumerate(rows.tolist()):
+                slots.setdefault(r, j)
+            reqs.append(_Req(cache, tokens, inp.start, rows, out, slots))
+        return reqs
+
+    def _plan_tiles(self, reqs: list[_Req]) -> list[tuple[Tile, list[tuple[int, int]]]]:
+        """Cut all rows into tiles; each tile comes with its rows' (request index, token index)."""
+        rows = [(ri, j) for ri, r in enumerate(reqs) for j in range(r.tokens.size)]
+        tiles = []
+        for t0 in range(0, len(rows), self._tile_rows):
+            trows = rows[t0 : t0 + self._tile_rows]
+            tiles.append((self._make_tile(reqs, trows), trows))
+        return tiles
+
+    def _make_tile(self, reqs: list[_Req], trows: list[tuple[int, int]]) -> Tile:
+        n_real = len(trows)
+        M = _round_up(n_real, self._align)
+        tokens = np.zeros(M, dtype=np.int64)
+        pos = np.zeros(M, dtype=np.int64)
+        for i, (ri, j) in enumerate(trows):
+            tokens[i] = reqs[ri].tokens[j]
+            pos[i] = reqs[ri].start + j
+        pos_t = torch.from_numpy(pos).to(self.device)
+        tile = Tile(
+            tokens=torch.from_numpy(tokens).to(self.device),
+            cos=self.model.rope_cos[pos_t],
+            sin=self.model.rope_sin[pos_t],
+            n_real=n_real,
+        )
+        r0 = 0
+        while r0 < n_real:  # one segment per request: consecutive rows, consecutive positions
+            ri = trows[r0][0]
+            r1 = r0
+            while r1 < n_real and trows[r1][0] == ri:
+                r1 += 1
+            cache = reqs[ri].cache
+            tile.writes.append(KVWrite(cache, r0, r1, int(pos[r0])))
+            self._add_groups(tile, cache, r0, r1, pos)
+            r0 = r1
+        return tile
+
+    def _add_groups(self, tile: Tile, cache: SeqCache, r0: int, r1: int, pos: np.ndarray) -> None:
+        if self.exact:
+            window = (pos[r0:r1] // KEY_GRANULE + 1) * KEY_GRANULE
+        else:
+            window = np.full(r1 - r0, int(pos[r1 - 1]) + 1)
+        a = r0
+        while a < r1:
+            b = a
+            while b < r1 and window[b - r0] == window[a - r0]:
+                b += 1
+            n_keys = int(window[a - r0])
+            q_rows = _round_up(b - a, self._align)
+            gpos = np.concatenate([pos[a:b], np.full(q_rows - (b - a), pos[b - 1])])
+            mask = torch.arange(n_keys)[None, :] > torch.from_numpy(gpos)[:, None]
+            tile.groups.append(AttnGroup(cache, a, b, n_keys, q_rows, mask.to(self.device)))
+            a = b
+
+    def forward(self, inputs: Sequence[SeqInput], capture: Capture = _NO_CAPTURE) -> list[SeqOutput]:
+        reqs = self._validate(inputs, capture)
+        with torch.inference_mode():
+            for r in reqs:
+                r.cache.length = r.start  # writing at `start` drops anything after it
+                self.kv.reserve_for(r.cache, r.start + r.tokens.size)
+            for tile, trows in self._plan_tiles(reqs):
+                self._run_tile(reqs, tile, trows, capture)
+            for r in reqs:
+                r.cache.length = r.start + r.tokens.size
+        return [r.out for r in reqs]
+
+    def _run_tile(self, reqs: list[_Req], tile: Tile, trows: list[tuple[int, int]], capture: Capture) -> None:
+        hidden, captured = self.model.run_tile(tile, capture.layers)
+        want = [i for i, (ri, j) in enumerate(trows) if j in reqs[ri].logit_slot]
+        if want:
+            sel = hidden[torch.tensor(want + [want[-1]] * (_round_up(len(want), self._align) - len(want)))]
+            logits = self.model.logits(sel)[: len(want)].float().cpu().numpy()
+            for k, i in enumerate(want):
+                ri, j = trows[i]
+                out = reqs[ri].out
+                for slot in np.nonzero(reqs[ri].logit_rows == j)[0]:
+                    out.logits[slot] = logits[k]
+        if not capture:
+            return
+        cap_np = {layer: t.float().cpu().numpy() for layer, t in captured.items()}
+        fin = hidden[: tile.n_real].float().cpu().numpy() if capture.final_norm else None
+        for i, (ri, j) in enumerate(trows):
+            out = reqs[ri].out
+            for layer, arr in cap_np.items():
+                out.layer_inputs[layer][j] = arr[i]
+            if fin is not None and out.hidden_final is not None:
+                out.hidden_final[j] = fin[i]
+
+
+backend_class = TorchBackend
