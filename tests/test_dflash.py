@@ -1,0 +1,100 @@
+"""draft-dflash through the engine: lossless output, block layout and reading, n_max clamp, context injection."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest_model_drafters import build_target, drafter_context, engine_vs_plain, target_backend  # noqa: E402
+from spekula.backends.convert_hf import convert  # noqa: E402
+from spekula.core.backend import Capture, SeqInput  # noqa: E402
+from spekula.core.drafter import DraftRequest  # noqa: E402
+from spekula.core.errors import ConfigError  # noqa: E402
+from spekula.core.params import SamplingParams, SpecParams  # noqa: E402
+from spekula.drafters.dflash import DFlashDrafter  # noqa: E402
+from spekula.fixtures import tiny_hf  # noqa: E402
+
+SPEC = SpecParams(types=("draft-dflash",), n_max=3)
+PROMPT = [5, 17, 200, 33, 99, 120, 7, 8]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("dflash")
+    hf, target = build_target(root)
+    draft = root / "dflash.gguf"
+    convert(tiny_hf.write_dflash(root / "df-hf", layer_ids=(1, 6), block_size=4), draft, outtype="f32", target_dir=hf)
+    return {"target": target, "draft": draft, "hf": hf}
+
+
+def test_random_draft_is_lossless_through_the_engine(models: dict[str, Path]) -> None:
+    outs, refs, st = engine_vs_plain(models["target"], models["draft"], DFlashDrafter.create, SPEC)
+    assert outs == refs
+    assert st["gen_drafts"] > 0
+
+
+def test_sampled_output_is_lossless(models: dict[str, Path]) -> None:
+    sampling = SamplingParams(temperature=0.9, seed=5)
+    spec = SPEC.with_(draft_sampling="probabilistic")
+    outs, refs, st = engine_vs_plain(models["target"], models["draft"], DFlashDrafter.create, spec, sampling=sampling)
+    assert outs == refs and st["gen_drafts"] > 0
+
+
+def _setup(models: dict[str, Path], spec: SpecParams = SPEC) -> tuple[DFlashDrafter, object]:
+    target = target_backend(models["target"])
+    d = DFlashDrafter.create(drafter_context(target, models["draft"], spec))
+    inp = SeqInput(target.new_seq(), np.array(PROMPT, dtype=np.int32), 0)
+    out = target.forward([inp], Capture(layers=frozenset(d.layers)))[0]
+    d.observe(0, inp, out)
+    d.begin(0, np.array(PROMPT))
+    return d, target
+
+
+def test_block_is_read_from_index_one_and_context_persists(models: dict[str, Path]) -> None:
+    d, _ = _setup(models)
+    seq = d._slots[0].seq
+    assert d.runtime.seq_len(seq) == len(PROMPT)  # every prompt row injected
+    req = DraftRequest(0, np.array(PROMPT), 42, 8, SPEC, 0.0, 0)
+    (draft,) = d.draft([req])
+    assert d.runtime.seq_len(seq) == len(PROMPT)  # the block's K/V were dropped again
+    from spekula.core.draft_models import DFlashBlock
+
+    block = np.array([42] + [d.info.mask_token_id] * 3, dtype=np.int32)
+    (out,) = d.runtime.draft_blocks([DFlashBlock(seq, block, len(PROMPT))])
+    assert draft.tokens == [int(np.argmax(out.logits[j])) for j in (1, 2, 3)]
+    (again,) = d.draft([req])
+    assert again.tokens == draft.tokens  # deterministic: nothing leaked from the previous block
+
+
+def test_n_max_clamped_to_block_size_minus_one(models: dict[str, Path], caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        d, _ = _setup(models, SPEC.with_(n_max=10))
+    assert "clamped to 3" in caplog.text
+    (draft,) = d.draft([DraftRequest(0, np.array(PROMPT), 42, 16, SPEC.with_(n_max=10), 0.0, 0)])
+    assert len(draft.tokens) == 3
+    (short,) = d.draft([DraftRequest(0, np.array(PROMPT), 42, 2, SPEC.with_(n_max=10), 0.0, 0)])
+    assert short.tokens == draft.tokens[:2]  # the request budget cuts the same block's reading
+    (none,) = d.draft([DraftRequest(0, np.array(PROMPT), 42, 16, SPEC.with_(n_max=10, n_min=4), 0.0, 0)])
+    assert none.tokens == draft.tokens  # n_min is clamped like n_max, so 3 tokens satisfy it
+    (cut,) = d.draft([DraftRequest(0, np.array(PROMPT), 42, 16, SPEC.with_(p_min=1.01), 0.0, 0)])
+    assert cut.tokens == []
+
+
+def test_missing_context_gives_no_draft(models: dict[str, Path]) -> None:
+    d, _ = _setup(models)
+    longer = np.array([*PROMPT, 1, 2], dtype=np.int32)  # history the draft has not seen
+    (draft,) = d.draft([DraftRequest(0, longer, 42, 8, SPEC, 0.0, 0)])
+    assert draft.tokens == []
+
+
+def test_wrong_type_is_a_config_error(models: dict[str, Path]) -> None:
+    target = target_backend(models["target"])
+    e3 = models["draft"].with_name("e3.gguf")
+    convert(tiny_hf.write_eagle3(e3.with_suffix("")), e3, outtype="f32", target_dir=models["hf"])
+    with pytest.raises(ConfigError, match="draft-eagle3"):
+        DFlashDrafter.create(drafter_context(target, e3, SPEC))

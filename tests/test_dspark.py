@@ -1,0 +1,80 @@
+"""draft-dspark: anchor-first and bonus-anchor block layouts, Markov-chained greedy drafts, confidence gating."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest_model_drafters import build_target, drafter_context, engine_vs_plain, target_backend  # noqa: E402
+from spekula.backends.convert_hf import convert  # noqa: E402
+from spekula.core.backend import Capture, SeqInput  # noqa: E402
+from spekula.core.draft_models import DFlashBlock  # noqa: E402
+from spekula.core.drafter import DraftRequest  # noqa: E402
+from spekula.core.errors import ConfigError  # noqa: E402
+from spekula.core.params import SpecParams  # noqa: E402
+from spekula.drafters.dflash import DFlashDrafter  # noqa: E402
+from spekula.drafters.dspark import DSparkDrafter  # noqa: E402
+from spekula.fixtures import tiny_hf  # noqa: E402
+
+SPEC = SpecParams(types=("draft-dspark",), n_max=4)
+PROMPT = [5, 17, 200, 33, 99, 120, 7, 8]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("dspark")
+    hf, target = build_target(root)
+    out = {"target": target, "hf": hf}
+    for name, kw in {"anchor": {}, "bonus": {"sample_from_anchor": False}, "noconf": {"confidence": False}}.items():
+        out[name] = root / f"{name}.gguf"
+        convert(tiny_hf.write_dflash(root / name, markov_rank=8, **kw), out[name], outtype="f32", target_dir=hf)
+    return out
+
+
+def test_random_draft_is_lossless_through_the_engine(models: dict[str, Path]) -> None:
+    outs, refs, st = engine_vs_plain(models["target"], models["anchor"], DSparkDrafter.create, SPEC)
+    assert outs == refs and st["gen_drafts"] > 0
+
+
+def _ready(models: dict[str, Path], name: str, spec: SpecParams = SPEC) -> DSparkDrafter:
+    target = target_backend(models["target"])
+    d = DSparkDrafter.create(drafter_context(target, models[name], spec))
+    inp = SeqInput(target.new_seq(), np.array(PROMPT, dtype=np.int32), 0)
+    d.observe(0, inp, target.forward([inp], Capture(layers=frozenset(d.layers)))[0])
+    d.begin(0, np.array(PROMPT))
+    return d
+
+
+@pytest.mark.parametrize(("name", "block_len", "rows"), [("anchor", 4, [0, 1, 2, 3]), ("bonus", 4, [1, 2, 3])])
+def test_block_layouts(models: dict[str, Path], name: str, block_len: int, rows: list[int]) -> None:
+    d = _ready(models, name)
+    (draft,) = d.draft([DraftRequest(0, np.array(PROMPT), 42, 8, SPEC, 0.0, 0)])
+    block = np.array([42] + [d.info.mask_token_id] * (block_len - 1), dtype=np.int32)
+    (out,) = d.runtime.draft_blocks([DFlashBlock(d._slots[0].seq, block, len(PROMPT))])
+    assert draft.tokens == [int(np.argmax(out.logits[j])) for j in rows]
+
+
+def test_confidence_gates_p_min(models: dict[str, Path]) -> None:
+    d = _ready(models, "anchor")
+    seq = d._slots[0].seq
+    block = np.array([42] + [d.info.mask_token_id] * 3, dtype=np.int32)
+    (out,) = d.runtime.draft_blocks([DFlashBlock(seq, block, len(PROMPT))])
+    assert out.confidence is not None
+    conf = out.confidence
+    for p in sorted({*conf.tolist(), 0.5}):
+        (draft,) = d.draft([DraftRequest(0, np.array(PROMPT), 42, 8, SPEC.with_(p_min=float(p)), 0.0, 0)])
+        below = np.flatnonzero(conf < p)
+        assert len(draft.tokens) == (int(below[0]) if len(below) else 4)
+
+
+def test_p_min_without_confidence_head_is_an_error(models: dict[str, Path]) -> None:
+    target = target_backend(models["target"])
+    with pytest.raises(ConfigError, match="confidence"):
+        DSparkDrafter.create(drafter_context(target, models["noconf"], SPEC.with_(p_min=0.5)))
+    DSparkDrafter.create(drafter_context(target, models["noconf"], SPEC))  # fine without p_min
+    with pytest.raises(ConfigError, match="draft-dspark"):
+        DFlashDrafter.create(drafter_context(target, models["anchor"], SPEC))
