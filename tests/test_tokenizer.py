@@ -285,3 +285,48 @@ def test_broken_tokenizer_metadata() -> None:
     tok = Tokenizer(meta)
     with pytest.raises(ValueError, match="out of range"):
         tok.decode([tok.n_vocab])
+
+
+# ---- SentencePiece-style vocabularies ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def spm_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    import numpy as np
+    from spekula.fixtures.tiny_spm import spm_tokenizer_metadata
+
+    out = tmp_path_factory.mktemp("spm") / "spm.gguf"
+    write_gguf(out, "llama", {"block_count": 1}, {"x": np.zeros(32, np.float32)}, spm_tokenizer_metadata())
+    return str(out)
+
+
+def test_spm_matches_transformers(spm_path: str) -> None:
+    tok, hf = _tokenizer(spm_path), _hf_tokenizer(spm_path)
+    assert (tok.bos_id, tok.eos_id, tok.add_bos) == (1, 2, True)
+    assert tok.eog_ids == frozenset({2})
+    for text in SAMPLES:
+        ids = tok.encode(text, add_special=False)
+        assert tok.decode(ids) == text
+        if text:  # after a BOS, llama.cpp keeps the prefix space
+            assert tok.decode(tok.encode(text), skip_special=True) == " " + text
+        if text[:1].isspace():
+            continue  # see test_spm_space_prefix_follows_llama_cpp
+        assert ids == hf.encode(text, add_special_tokens=False), text
+        assert tok.encode(text) == hf.encode(text), text
+
+
+def test_spm_space_prefix_follows_llama_cpp(spm_path: str) -> None:
+    """llama.cpp always prefixes one space (transformers skips it when the text starts with one), and
+    prefixes again after every special token; decode() removes only the first."""
+    tok = _tokenizer(spm_path)
+    (sp,) = (i for i in range(tok.n_vocab) if tok.token_text(i) == "\u2581")
+    assert tok.encode(" ", add_special=False) == [sp, sp]
+    assert tok.decode([sp, sp]) == " "
+    ids = tok.encode("</s>x", add_special=False)
+    assert ids[0] == 2 and tok.token_text(ids[1]).startswith("\u2581")
+    assert tok.decode(ids) == "</s> x"
+    # characters outside the pieces fall back to <0xNN> byte tokens and stream back intact
+    ids = tok.encode("\u00e9\U0001f600", add_special=False)
+    assert [tok.token_text(i) for i in ids[-4:]] == ["<0xF0>", "<0x9F>", "<0x98>", "<0x80>"]
+    dec = tok.stream_decoder()
+    assert "".join(dec.push(i) for i in ids) + dec.flush() == " \u00e9\U0001f600"
