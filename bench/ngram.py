@@ -1,0 +1,291 @@
+"""Benchmark the draftless (n-gram) drafters on SmolLM2, side by side with plain decoding in one run.
+
+    .venv/bin/python bench/ngram.py [--quick] [-n 128] [-m MODEL.gguf] [--option NAME=VALUE ...]
+
+Part 1 runs three workloads (code rewrite, repeat-then-summarise, open-ended chat) greedily through
+the engine, first without speculation and then with each drafter, and prints acceptance rate, mean
+acceptance length and the generation tokens/s ratio against the plain run of the same workload.
+Part 2 times the drafters' own calls on synthetic histories of 512 and 4096 tokens (median and p99
+per draft call, including the incremental indexing a growing history triggers).
+A llama-server comparison runs only when `llama-server` is on PATH; otherwise it says it skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+
+_CODE = '''def summarize_orders(orders, tax_rate=0.2, discount_threshold=100.0):
+    """Summarise a list of order dicts into totals per customer."""
+    total = 0.0
+    per_customer = {}
+    skipped = []
+    for order in orders:
+        customer = order.get("customer")
+        if customer is None:
+            skipped.append(order)
+            continue
+        items = order.get("items", [])
+        order_total = 0.0
+        for item in items:
+            price = float(item.get("price", 0.0))
+            quantity = int(item.get("quantity", 1))
+            if quantity <= 0:
+                continue
+            order_total += price * quantity
+        if order_total > discount_threshold:
+            order_total *= 0.95
+        order_total *= 1.0 + tax_rate
+        total += order_total
+        entry = per_customer.setdefault(customer, {"orders": 0, "spent": 0.0})
+        entry["orders"] += 1
+        entry["spent"] += order_total
+    averages = {}
+    for customer, entry in per_customer.items():
+        if entry["orders"] == 0:
+            averages[customer] = 0.0
+        else:
+            averages[customer] = entry["spent"] / entry["orders"]
+    best_customer = None
+    best_spent = -1.0
+    for customer, entry in per_customer.items():
+        if entry["spent"] > best_spent:
+            best_spent = entry["spent"]
+            best_customer = customer
+    report_lines = []
+    for customer in sorted(per_customer):
+        entry = per_customer[customer]
+        line = f"{customer}: {entry['orders']} orders, {entry['spent']:.2f} spent"
+        report_lines.append(line)
+    if skipped:
+        report_lines.append(f"skipped {len(skipped)} orders without a customer")
+    report_lines.append(f"grand total: {total:.2f}")
+    return {
+        "total": total,
+        "per_customer": per_customer,
+        "averages": averages,
+        "best_customer": best_customer,
+        "report": "\\n".join(report_lines),
+        "skipped": len(skipped),
+    }
+'''
+
+_PARAGRAPH = (
+    "The lighthouse on the northern cape was built in 1874 to guide fishing boats through a narrow "
+    "channel between two reefs. For more than a century its keepers lived in a small stone house at "
+    "the foot of the tower, trimming the wick every few hours and winding the clockwork that turned "
+    "the lens. When the light was automated in 1991 the last keeper moved to the village, but he "
+    "still walked up the hill every evening to watch the beam sweep across the water."
+)
+
+WORKLOADS: dict[str, str] = {
+    "code-rewrite": "Rename the variable `total` to `grand_total` and return the whole code.\n\n" + _CODE,
+    "repeat-summarise": "Repeat the following paragraph word for word, then summarise it in one sentence.\n\n"
+    + _PARAGRAPH,
+    "chat": "Tell me a short story about a cat who learns to sail a boat.",
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-m", "--model", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens per workload (default 128)")
+    p.add_argument("--quick", action="store_true", help="-n 32, fewer timing calls: a smoke run")
+    p.add_argument("--drafters", default=",".join(NGRAM_TYPES), help="comma list of drafter types")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list of workloads")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="drafter option by llama.cpp name, e.g. spec-ngram-mod-n-match=16",
+    )
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.add_argument("--timing-only", action="store_true", help="skip the model runs (part 1)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.n_predict = min(args.n_predict, 32)
+    return args
+
+
+def drafter_options(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--option expects NAME=VALUE, got {pair!r}")
+        out[name.strip().lstrip("-")] = value.strip()
+    return out
+
+
+# ---- part 1: the engine on real text ---------------------------------------------------------------
+
+
+def run_workloads(args: argparse.Namespace, types: list[str], options: dict[str, Any]) -> None:
+    import anyio
+    from spekula.backends.torch import TorchBackend
+    from spekula.core.backend import BackendOptions
+    from spekula.core.engine import Engine, EngineConfig
+    from spekula.core.gguf_file import GGUFFile
+    from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
+    from spekula.core.tokenizer import Tokenizer
+
+    if args.model:
+        model = args.model
+    else:
+        from spekula.frontends.default_model import ensure_default_model
+
+        model = str(ensure_default_model())
+    backend = TorchBackend(model, BackendOptions(n_ctx=2048, n_seq_max=1, threads=args.threads))
+    tokenizer = Tokenizer.from_gguf(GGUFFile(model))
+    spec = SpecParams(drafter_options=options)
+    engine = Engine(backend, tokenizer, EngineConfig(n_slots=1, n_ctx=2048, n_batch=512, spec=spec))
+    greedy = SamplingParams(temperature=0.0)
+    print(
+        f"model {os.path.basename(model)}, greedy, n_predict {args.n_predict}, "
+        f"torch threads {args.threads or 'default'}\n"
+    )
+
+    async def generate(prompt: list[int], types_now: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+        before = engine.stats()["drafters"]
+        handle = engine.submit(
+            CompletionRequest(
+                prompt, n_predict=args.n_predict, sampling=greedy, spec=spec.with_(types=types_now)
+            )
+        )
+        final = await handle.result()
+        after = engine.stats()["drafters"]
+        keys = ("calls_accept", "gen_tokens", "acc_tokens", "calls_draft", "dur_draft_ms")
+        delta = {
+            k: sum(after.get(n, {}).get(k, 0) - before.get(n, {}).get(k, 0) for n in types_now) for k in keys
+        }
+        return final, delta
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.run)
+            for wname in args.workloads.split(","):
+                text = tokenizer.apply_chat_template([{"role": "user", "content": WORKLOADS[wname]}])
+                prompt = tokenizer.encode(text, add_special=True, parse_special=True)
+                await generate(prompt, ())  # warm-up: first-call allocations stay out of the ratios
+                plain, _ = await generate(prompt, ())
+                plain_tps = plain.timings["predicted_per_second"]
+                print(f"== {wname}: prompt {len(prompt)} tokens; plain {plain_tps:.1f} tok/s")
+                print(
+                    f"   {'drafter':<15}{'same':>6}{'acc rate':>10}{'mean len':>10}{'tok/s':>9}{'ratio':>8}"
+                    f"{'ms/draft':>10}"
+                )
+                for name in types:
+                    final, d = await generate(prompt, (name,))
+                    tps = final.timings["predicted_per_second"]
+                    rate = d["acc_tokens"] / d["gen_tokens"] if d["gen_tokens"] else 0.0
+                    mean_len = 1.0 + d["acc_tokens"] / d["calls_accept"] if d["calls_accept"] else 1.0
+                    per_draft = d["dur_draft_ms"] / d["calls_draft"] if d["calls_draft"] else 0.0
+                    same = "yes" if final.tokens == plain.tokens else "NO"
+                    print(
+                        f"   {name:<15}{same:>6}{rate:>10.3f}{mean_len:>10.2f}{tps:>9.1f}{tps / plain_tps:>8.2f}"
+                        f"{per_draft:>10.3f}"
+                    )
+                print()
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+
+
+# ---- part 2: drafter cost per call ------------------------------------------------------------------
+
+
+def synthetic_history(size: int, seed: int = 0, vocab: int = 49152) -> np.ndarray:
+    """Text-like tokens: Zipf-distributed words with frequent copies of earlier spans (as in code/chat)."""
+    rng = np.random.default_rng(seed)
+    out: list[int] = []
+    while len(out) < size:
+        if len(out) > 64 and rng.random() < 0.35:
+            length = int(rng.integers(8, 64))
+            start = int(rng.integers(0, len(out) - 8))
+            out.extend(out[start : start + length])
+        else:
+            out.extend((rng.zipf(1.3, int(rng.integers(4, 24))) % vocab).tolist())
+    return np.asarray(out[:size], dtype=np.int32)
+
+
+def time_drafter(name: str, options: dict[str, Any], size: int, calls: int) -> tuple[float, float, float]:
+    """(median ms, p99 ms, drafts per call) over `calls` rounds on a history growing to `size`."""
+    from spekula.core.drafter import DrafterContext, DraftRequest
+    from spekula.core.params import SpecParams
+    from spekula.core.registry import create_drafter
+
+    spec = SpecParams(drafter_options=options)
+    ctx = DrafterContext(spec=spec, target=None, tokenizer=None, n_seq_max=1)  # type: ignore[arg-type]
+    drafter = create_drafter(name, ctx)
+    full = synthetic_history(size + 1)
+    start = size - calls
+    drafter.begin(0, full[:start])
+    times: list[float] = []
+    drafted = 0
+    pos = start
+    while pos < size:
+        req = DraftRequest(
+            slot=0, history=full[:pos], last=int(full[pos]), n_max=64, spec=spec, temperature=0.0, seed=0
+        )
+        t0 = time.perf_counter()
+        draft = drafter.draft([req])[0]
+        times.append(time.perf_counter() - t0)
+        # Accept what the synthetic "target" (the history itself) agrees with, as verification would.
+        truth = full[pos + 1 : pos + 1 + len(draft.tokens)].tolist()
+        n_acc = next(
+            (i for i, (a, b) in enumerate(zip(draft.tokens, truth, strict=False)) if a != b),
+            min(len(draft.tokens), len(truth)),
+        )
+        if draft.tokens:
+            drafted += 1
+            drafter.accept(0, n_acc, True)
+        pos += 1 + n_acc
+    ms = sorted(t * 1e3 for t in times)
+    p99 = ms[min(len(ms) - 1, int(round(0.99 * (len(ms) - 1))))]
+    return statistics.median(ms), p99, drafted / len(ms)
+
+
+def run_timing(args: argparse.Namespace, types: list[str], options: dict[str, Any]) -> None:
+    calls = 100 if args.quick else 400
+    print(f"== drafter time per draft call (synthetic history, last {calls} positions, incl. indexing)")
+    print(f"   {'drafter':<15}{'history':>8}{'median ms':>11}{'p99 ms':>9}{'drafted':>9}")
+    for name in types:
+        for size in (512, 4096):
+            med, p99, frac = time_drafter(name, options, size, min(calls, size // 2))
+            print(f"   {name:<15}{size:>8}{med:>11.4f}{p99:>9.4f}{frac:>9.0%}")
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    types = [t for t in args.drafters.split(",") if t]
+    unknown = [t for t in types if t not in NGRAM_TYPES]
+    if unknown:
+        print(f"unknown drafter(s) {unknown}; choose from {', '.join(NGRAM_TYPES)}", file=sys.stderr)
+        return 2
+    options = drafter_options(args.option)
+    if not args.timing_only:
+        run_workloads(args, types, options)
+    run_timing(args, types, options)
+    if shutil.which("llama-server") is None:
+        print("llama-server comparison: skipped (llama-server is not on PATH)")
+    else:
+        print(
+            f"llama-server comparison: {shutil.which('llama-server')} found, but this script does not drive "
+            "llama-server (not implemented); run it by hand with the same prompts and --spec-type"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
