@@ -31,10 +31,11 @@ _CHUNK = 1 << 22
 
 
 def cache_dir() -> Path:
+    # Same rule as frontends/default_model.py (not imported: backends do not depend on frontends).
     if env := os.environ.get("SPEKULA_CACHE_DIR"):
-        return Path(env)
+        return Path(env).expanduser()
     if xdg := os.environ.get("XDG_CACHE_HOME"):
-        return Path(xdg) / "spekula"
+        return Path(xdg).expanduser() / "spekula"
     return Path.home() / ".cache" / "spekula"
 
 

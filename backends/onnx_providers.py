@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import io
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -58,8 +59,9 @@ def cuda_usable(device_id: int) -> str | None:
     if not _cuda_driver_present():
         return "no CUDA driver (libcuda.so.1 not found)"
     preload = getattr(ort, "preload_dlls", None)  # loads pip-installed CUDA/cuDNN libraries when present
-    if preload is not None:
-        with contextlib.suppress(Exception):
+    if preload is not None:  # it print()s every library it misses: keep that out of the user's terminal
+        with contextlib.suppress(Exception), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
             preload(directory="")
     from onnx import TensorProto, helper
 
