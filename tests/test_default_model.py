@@ -128,3 +128,10 @@ def test_real_default_model() -> None:
     assert f.architecture == "llama"
     assert f.get("tokenizer.ggml.pre") == "smollm"
     assert len(f.get("tokenizer.ggml.tokens")) == 49152
+
+
+def test_cli_dispatch(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from spekula.frontends.cli import main
+
+    assert main(["fetch-default", "--print-path"]) == 0
+    assert capsys.readouterr().out.strip() == str(cache / FILENAME)
