@@ -257,6 +257,8 @@ class Tokenizer:
             tid = self._special_id(meta, name, None)
             if tid is None:
                 tid = next((by_text[t] for t in texts if t in by_text), None)
+                if tid is not None:
+                    self._types[tid] = CONTROL  # found by text: llama.cpp makes it a control token
             if tid is not None:
                 eog.add(tid)
         for text, tid in by_text.items():
@@ -267,10 +269,15 @@ class Tokenizer:
             tid = self.eos_id if name == "eos" else self._special_id(meta, name, None)
             if tid is not None:
                 eog.add(tid)
-        # gpt-oss style vocabularies: "<|end|>" ends a message, not the generation
-        texts = {self._tokens[i] for i in eog}
+        texts = {self._tokens[i]: i for i in eog}
+        # gpt-oss / solar-open: "<|end|>" ends a message, not the generation
         if "<|end|>" in texts and "<|call|>" in texts and ("<|return|>" in texts or "<|flush|>" in texts):
-            eog.discard(by_text["<|end|>"])
+            eog.discard(texts["<|end|>"])
+            self._types[texts["<|end|>"]] = USER_DEFINED
+        # gemma4 / plamo: "</s>" is ordinary text there
+        if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+            eog.discard(texts["</s>"])
+            self._types[texts["</s>"]] = NORMAL
         return frozenset(eog)
 
     def _build_specials(self) -> list[_Special]:

@@ -330,3 +330,15 @@ def test_spm_space_prefix_follows_llama_cpp(spm_path: str) -> None:
     assert [tok.token_text(i) for i in ids[-4:]] == ["<0xF0>", "<0x9F>", "<0x98>", "<0x80>"]
     dec = tok.stream_decoder()
     assert "".join(dec.push(i) for i in ids) + dec.flush() == " \u00e9\U0001f600"
+
+
+def test_eog_exceptions_follow_llama_cpp() -> None:
+    meta = tokenizer_metadata("qwen2", 330)
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    tokens[-5:] = ["<|end|>", "<|call|>", "<|return|>", "</s>", "<|tool_response>"]
+    tok = Tokenizer({**meta, "tokenizer.ggml.tokens": tokens})
+    end, call, ret, s_end, tool = range(tok.n_vocab - 5, tok.n_vocab)
+    assert {call, ret, tool} <= tok.eog_ids
+    assert end not in tok.eog_ids and tok.token_type(end) == USER_DEFINED  # harmony: ends a message only
+    assert s_end not in tok.eog_ids  # gemma4: "</s>" is ordinary text
+    assert tok.encode("a</s>", add_special=False)[-1] != s_end
