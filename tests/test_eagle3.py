@@ -114,3 +114,21 @@ def test_needs_a_draft_model(models: dict[str, Path]) -> None:
     target = target_backend(models["target"])
     with pytest.raises(ConfigError, match="-md"):
         Eagle3Drafter.create(DrafterContext(spec=SPEC, target=target, tokenizer=None, n_seq_max=1))
+
+
+def test_oracle_draft_is_fully_accepted(tmp_path: Path) -> None:
+    """A draft built to compute the target's next-token function: every drafted token is accepted,
+    so acceptance, bonus tokens and the pending-row rebase after full acceptance all get exercised."""
+    target_hf = tiny_hf.write_bigram_target(tmp_path / "bigram")
+    f, gap = tiny_hf.bigram_map(target_hf)
+    assert gap > 1e-4  # no near-ties (fp32 error here is ~1e-6): fp32 and fp64 agree on f
+    assert len(set(f.tolist())) > 20  # a real mapping, not a constant
+    target = tmp_path / "bigram.gguf"
+    convert(target_hf, target, outtype="f32")
+    draft = tmp_path / "oracle.gguf"
+    convert(tiny_hf.write_eagle3_oracle(tmp_path / "oracle", f), draft, outtype="f32", target_dir=target_hf)
+    outs, refs, st = engine_vs_plain(target, draft, Eagle3Drafter.create, SPEC, n_predict=30)
+    assert outs == refs
+    for out in outs:  # the target really follows f
+        assert all(int(f[a]) == b for a, b in zip(out, out[1:], strict=False))
+    assert st["gen_tokens"] > 20 and st["acc_tokens"] == st["gen_tokens"]
