@@ -98,3 +98,17 @@ def test_wrong_type_is_a_config_error(models: dict[str, Path]) -> None:
     convert(tiny_hf.write_eagle3(e3.with_suffix("")), e3, outtype="f32", target_dir=models["hf"])
     with pytest.raises(ConfigError, match="draft-eagle3"):
         DFlashDrafter.create(drafter_context(target, e3, SPEC))
+
+
+def test_oracle_draft_is_fully_accepted(tmp_path: Path) -> None:
+    """A block draft that proposes the anchor at every index, over a target that repeats its last token."""
+    target_hf = tiny_hf.write_bigram_target(tmp_path / "rep", identity=True)
+    f, _ = tiny_hf.bigram_map(target_hf)
+    assert (f == np.arange(len(f))).all()
+    target = tmp_path / "rep.gguf"
+    convert(target_hf, target, outtype="f32")
+    draft = tmp_path / "oracle.gguf"
+    convert(tiny_hf.write_dflash_oracle(tmp_path / "oracle"), draft, outtype="f32", target_dir=target_hf)
+    outs, refs, st = engine_vs_plain(target, draft, DFlashDrafter.create, SPEC, n_predict=20)
+    assert outs == refs
+    assert st["gen_tokens"] >= 3 * (st["gen_drafts"] - 2) and st["acc_tokens"] == st["gen_tokens"] > 0

@@ -78,3 +78,17 @@ def test_p_min_without_confidence_head_is_an_error(models: dict[str, Path]) -> N
     DSparkDrafter.create(drafter_context(target, models["noconf"], SPEC))  # fine without p_min
     with pytest.raises(ConfigError, match="draft-dspark"):
         DFlashDrafter.create(drafter_context(target, models["anchor"], SPEC))
+
+
+def test_oracle_draft_is_fully_accepted(tmp_path: Path) -> None:
+    """Anchor-first DSpark over a target that repeats its last token: block_size drafts per round, all accepted."""
+    target_hf = tiny_hf.write_bigram_target(tmp_path / "rep", identity=True)
+    target = tmp_path / "rep.gguf"
+    convert(target_hf, target, outtype="f32")
+    draft = tmp_path / "oracle.gguf"
+    convert(tiny_hf.write_dflash_oracle(tmp_path / "oracle", markov_rank=4), draft, outtype="f32", target_dir=target_hf)
+    spec = SPEC.with_(p_min=0.9)  # confidence sigmoid(5) ~ 0.993 passes the gate
+    outs, refs, st = engine_vs_plain(target, draft, DSparkDrafter.create, spec, n_predict=20)
+    assert outs == refs
+    assert st["acc_tokens"] == st["gen_tokens"] > 0
+    assert st["gen_tokens"] >= 4 * (st["gen_drafts"] - 2)  # 4 = block_size drafts per round (anchor-first)
