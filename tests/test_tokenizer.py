@@ -342,3 +342,15 @@ def test_eog_exceptions_follow_llama_cpp() -> None:
     assert end not in tok.eog_ids and tok.token_type(end) == USER_DEFINED  # harmony: ends a message only
     assert s_end not in tok.eog_ids  # gemma4: "</s>" is ordinary text
     assert tok.encode("a</s>", add_special=False)[-1] != s_end
+
+
+def test_smollm_isolates_digits_before_whitespace_rules() -> None:
+    """llama.cpp's smollm pre-tokenizer splits every digit off first, so "  12" is "  ", "1", "2".
+
+    transformers' GGUF loader has no smollm entry and uses GPT-2's regex (" 12" stays together), so on
+    runs of spaces before digits it disagrees with llama.cpp; we follow llama.cpp (and SmolLM2's own
+    tokenizer.json, whose pre-tokenizer is Digits(individual) + ByteLevel).
+    """
+    tok = _tokenizer(str(tiny_model_path("llama")))
+    ids = tok.encode("a  12", add_special=False)
+    assert [tok.token_text(i) for i in ids] == ["a", "\u0120\u0120", "1", "2"]
