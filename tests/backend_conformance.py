@@ -1,0 +1,168 @@
+"""One conformance suite for every Backend implementation (torch, onnx, ...).
+
+``available_backends()`` lists every name in ``core.backend.BACKEND_NAMES`` whose module exists, so a
+new backend is picked up without touching the tests. Each check compares a backend with a fresh
+forward of itself and with the torch backend's exact mode as reference. Torch in exact mode must be
+bitwise equal to itself (``same_backend_tol`` = 0); other backends get a small tolerance.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+from spekula.core.backend import (
+    BACKEND_NAMES,
+    Backend,
+    BackendOptions,
+    Capture,
+    SeqInput,
+    SeqOutput,
+    load_backend,
+)
+
+SMOLLM2_FALLBACK = Path("/work/dl/SmolLM2-135M-Instruct.Q4_1.gguf")
+REF_TOL = 1e-3  # |logits - torch reference| in fp32
+# Hidden states grow to ~100 in deep residual streams; compare them relative to their scale.
+HIDDEN_REL_TOL = 1e-3
+N_CTX = 256
+
+
+def available_backends() -> list[str]:
+    return [n for n in BACKEND_NAMES if importlib.util.find_spec(f"spekula.backends.{n}") is not None]
+
+
+def smollm2_path() -> Path:
+    """The default model through the product's own fetcher, else the local copy, else skip saying why."""
+    reason = ""
+    try:
+        from spekula.frontends.default_model import ensure_default_model
+
+        return ensure_default_model(quiet=True)
+    except Exception as exc:  # any failure to fetch: fall back, then skip with the reason
+        reason = f"{type(exc).__name__}: {exc}"
+    if SMOLLM2_FALLBACK.is_file():
+        return SMOLLM2_FALLBACK
+    pytest.skip(f"SmolLM2 unavailable: ensure_default_model failed ({reason}) and {SMOLLM2_FALLBACK} is missing")
+
+
+def model_path(model: str) -> str:
+    if model == "smollm2":
+        return str(smollm2_path())
+    from spekula.fixtures.tiny_gguf import tiny_model_path
+
+    return str(tiny_model_path(model))
+
+
+@cache
+def get_backend(name: str, model: str) -> Backend:
+    opts = BackendOptions(n_ctx=N_CTX, n_seq_max=4, threads=1, exact=True)
+    return load_backend(name, model_path(model), opts)
+
+
+def same_backend_tol(name: str) -> float:
+    """How far a backend may drift from itself across batching/chunking: torch exact must not at all."""
+    return 0.0 if name == "torch" else 1e-4
+
+
+def run_fresh(b: Backend, tokens: np.ndarray, capture: Capture | None = None) -> SeqOutput:
+    s = b.new_seq()
+    try:
+        return b.forward([SeqInput(s, tokens.astype(np.int32), 0, np.arange(tokens.size))], capture or Capture())[0]
+    finally:
+        b.free_seq(s)
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, tol: float, what: str) -> None:
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    if tol == 0.0:
+        assert np.array_equal(got, want), f"{what}: not bitwise equal (max diff {np.abs(got - want).max():.3g})"
+    else:
+        diff = float(np.abs(got - want).max()) if got.size else 0.0
+        assert diff <= tol, f"{what}: max abs diff {diff:.3g} > {tol}"
+
+
+def random_tokens(b: Backend, n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, b.info.n_vocab, n).astype(np.int32)
+
+
+# ---- the checks ----------------------------------------------------------------------------------
+
+
+def check_logits_match_reference(name: str, model: str) -> None:
+    b, ref = get_backend(name, model), get_backend("torch", model)
+    assert b.info.n_vocab == ref.info.n_vocab and b.info.n_layer == ref.info.n_layer
+    tokens = random_tokens(b, 37, seed=10)
+    assert_close(run_fresh(b, tokens).logits, run_fresh(ref, tokens).logits, REF_TOL, f"{name} vs torch logits")
+
+
+def check_truncate_then_continue(name: str, model: str) -> None:
+    b = get_backend(name, model)
+    tokens, junk = random_tokens(b, 30, seed=11), random_tokens(b, 9, seed=12)
+    want = run_fresh(b, tokens).logits
+    s = b.new_seq()
+    try:
+        b.forward([SeqInput(s, np.concatenate([tokens[:21], junk]), 0, np.array([], np.int64))])
+        b.truncate(s, 21)
+        assert b.seq_len(s) == 21
+        got = b.forward([SeqInput(s, tokens[21:], 21, np.arange(9))])[0].logits
+        assert_close(got, want[21:], same_backend_tol(name), f"{name} truncate-then-continue")
+        # and one token at a time, the plain decoding path
+        b.truncate(s, 21)
+        singles = [b.forward([SeqInput(s, tokens[i : i + 1], i)])[0].logits[0] for i in range(21, 30)]
+        assert_close(np.stack(singles), want[21:], same_backend_tol(name), f"{name} single-token decode")
+    finally:
+        b.free_seq(s)
+
+
+def check_batched_equals_alone(name: str, model: str) -> None:
+    b = get_backend(name, model)
+    seqs = [random_tokens(b, n, seed=20 + n) for n in (5, 23, 1)]
+    alone = [run_fresh(b, t).logits for t in seqs]
+    ids = [b.new_seq() for _ in seqs]
+    try:
+        outs = b.forward([SeqInput(i, t, 0, np.arange(t.size)) for i, t in zip(ids, seqs, strict=True)])
+        for k, (o, want) in enumerate(zip(outs, alone, strict=True)):
+            assert_close(o.logits, want, same_backend_tol(name), f"{name} sequence {k} batched vs alone")
+    finally:
+        for i in ids:
+            b.free_seq(i)
+
+
+def check_capture(name: str, model: str) -> None:
+    b, ref = get_backend(name, model), get_backend("torch", model)
+    n_layer = b.info.n_layer
+    cap = Capture(frozenset({0, 1, n_layer // 2, n_layer}), final_norm=True)
+    tokens = random_tokens(b, 19, seed=30)
+    got, want = run_fresh(b, tokens, cap), run_fresh(ref, tokens, cap)
+    assert set(got.layer_inputs) == set(cap.layers)
+    assert got.hidden_final is not None and want.hidden_final is not None
+    for layer in cap.layers:
+        w = want.layer_inputs[layer]
+        tol = HIDDEN_REL_TOL * max(1.0, float(np.abs(w).max()))
+        assert_close(got.layer_inputs[layer], w, tol, f"{name} layer input {layer}")
+    tol = HIDDEN_REL_TOL * max(1.0, float(np.abs(want.hidden_final).max()))
+    assert_close(got.hidden_final, want.hidden_final, tol, f"{name} final hidden")
+    # the same capture split over two forwards
+    s = b.new_seq()
+    try:
+        parts = [b.forward([SeqInput(s, tokens[a:z], a)], cap)[0] for a, z in ((0, 8), (8, 19))]
+        for layer in cap.layers:
+            joined = np.concatenate([p.layer_inputs[layer] for p in parts])
+            assert_close(joined, got.layer_inputs[layer], same_backend_tol(name), f"{name} chunked layer {layer}")
+        joined = np.concatenate([p.hidden_final for p in parts if p.hidden_final is not None])
+        assert_close(joined, got.hidden_final, same_backend_tol(name), f"{name} chunked final hidden")
+    finally:
+        b.free_seq(s)
+
+
+CHECKS: dict[str, Callable[[str, str], None]] = {
+    "logits_match_reference": check_logits_match_reference,
+    "truncate_then_continue": check_truncate_then_continue,
+    "batched_equals_alone": check_batched_equals_alone,
+    "capture": check_capture,
+}

@@ -1,0 +1,32 @@
+"""Runs tests/backend_conformance.py over every installed backend and model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from backend_conformance import CHECKS, available_backends  # noqa: E402
+
+TINY = ("llama", "qwen2", "qwen3")
+BACKENDS = available_backends()
+
+
+def test_torch_backend_is_available() -> None:
+    assert "torch" in BACKENDS
+
+
+@pytest.mark.parametrize("check", sorted(CHECKS))
+@pytest.mark.parametrize("model", TINY)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_conformance_tiny(backend: str, model: str, check: str) -> None:
+    CHECKS[check](backend, model)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", sorted(CHECKS))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_conformance_smollm2(backend: str, check: str) -> None:
+    CHECKS[check](backend, "smollm2")
