@@ -235,3 +235,62 @@ def test_engine_probabilistic_drafting_runs_rejection() -> None:
     assert outs1 == outs2 and len(outs1[0]) == 30  # seeded: reproducible
     ds = stats["drafters"]["draft-simple"]
     assert 0 < ds["acc_tokens"] <= ds["gen_tokens"]
+
+
+# --- real models through the torch backend ---------------------------------------------------------
+
+
+def torch_engine_check(target_path: Path, draft_path: Path, prompt_text: str, n_predict: int,
+                       sampling: SamplingParams) -> dict:
+    """Engine output with draft-simple == plain decoding on the same backend type; returns drafter stats."""
+    pytest.importorskip("spekula.backends.torch")
+    import anyio
+    from spekula.core.backend import BackendOptions, load_backend
+    from spekula.core.gguf_file import GGUFFile
+    from spekula.core.tokenizer import Tokenizer
+
+    # One target backend serves the engine's 2 slots and the plain reference (loading SmolLM2 is slow).
+    target = load_backend("torch", str(target_path), BackendOptions(n_ctx=256, n_seq_max=3))
+    tok = Tokenizer.from_gguf(GGUFFile(target_path))
+    spec = SpecParams(types=("draft-simple",), n_max=4)
+    ctx = DrafterContext(spec=spec, target=target, tokenizer=tok, n_seq_max=2, draft_model_path=str(draft_path))
+    engine = make_engine(target, tok, n_slots=2, spec=spec, drafters=[DraftSimpleDrafter.create(ctx)])
+    prompt = tok.encode(prompt_text)
+    req = CompletionRequest(prompt=prompt, n_predict=n_predict, sampling=sampling, ignore_eos=True)
+    (final,) = anyio.run(run_requests, engine, [req], 300.0)
+    ref = plain_decode(target, prompt, n_predict=n_predict,
+                       sampling=sampling, seed=max(sampling.seed, 0), is_eog=tok.is_eog, n_ctx=256, ignore_eos=True)
+    assert final.tokens == ref
+    return engine.stats()["drafters"]["draft-simple"]
+
+
+def test_tiny_gguf_draft_is_target_accepts_everything() -> None:
+    from spekula.fixtures.tiny_gguf import tiny_model_path
+
+    p = tiny_model_path("llama")
+    ds = torch_engine_check(p, p, "the quick brown fox", 30, GREEDY)
+    assert ds["acc_tokens"] == ds["gen_tokens"] > 0
+
+
+def test_tiny_gguf_truncated_draft_is_lossless(tmp_path: Path) -> None:
+    from spekula.backends.gguf_truncate import truncate_gguf
+    from spekula.fixtures.tiny_gguf import tiny_model_path
+
+    p = tiny_model_path("qwen3")
+    draft = truncate_gguf(p, tmp_path / "draft.gguf", 2).path
+    ds = torch_engine_check(p, draft, "the quick brown fox", 30, SamplingParams(temperature=0.7, seed=11))
+    assert ds["gen_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_smollm2_truncated_draft_greedy_is_lossless(tmp_path: Path) -> None:
+    from spekula.backends.gguf_truncate import truncate_gguf
+    from spekula.frontends.default_model import DefaultModelError, ensure_default_model
+
+    try:
+        target = ensure_default_model(quiet=True)
+    except DefaultModelError as exc:
+        pytest.skip(f"default model unavailable: {exc}")
+    draft = truncate_gguf(target, tmp_path / "smol-draft.gguf", 10).path
+    ds = torch_engine_check(target, draft, "The capital of France is Paris. The capital of Italy is", 24, GREEDY)
+    assert 0 < ds["acc_tokens"] <= ds["gen_tokens"]
