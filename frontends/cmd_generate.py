@@ -117,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out))
     else:
         print()
-    for line in _timing_lines(final.timings):
-        print(line, file=sys.stderr)
+    if final.timings:  # requests rejected before running (bad prompt, context) carry none
+        for line in _timing_lines(final.timings):
+            print(line, file=sys.stderr)
     if engine.config.spec.types:
         for line in statistics_lines(engine, final):
             print(line, file=sys.stderr)
