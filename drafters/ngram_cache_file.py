@@ -160,6 +160,7 @@ def save_cache(cache: NgramCache, path: str | os.PathLike[str]) -> None:
     except OSError as exc:
         raise NgramCacheError(p, f"cannot write: {exc.strerror or exc}") from exc
     try:
+        os.chmod(tmp, _file_mode(p))  # mkstemp creates 0600; give the file ordinary permissions
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.tobytes())
             fh.flush()
@@ -168,6 +169,16 @@ def save_cache(cache: NgramCache, path: str | os.PathLike[str]) -> None:
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise NgramCacheError(p, f"cannot write: {exc.strerror or exc}") from exc
+
+
+def _file_mode(path: Path) -> int:
+    """The existing file's permissions, else 0666 minus the umask (what open() would give)."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
 
 
 def cache_size(cache: NgramCache) -> tuple[int, int]:

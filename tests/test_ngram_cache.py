@@ -86,6 +86,9 @@ def test_file_round_trip_and_layout(tmp_path: Path) -> None:
     save_cache(cache, path)
     assert load_cache(path) == cache
     assert not [p for p in tmp_path.iterdir() if p.name != "lookup.bin"]  # no temp file left
+    path.chmod(0o640)
+    save_cache(cache, path)
+    assert path.stat().st_mode & 0o777 == 0o640  # rewriting keeps the file's permissions
     # Byte layout: 4 ids (-1 padded), ntok, then (token, count) pairs, native int32.
     raw = struct.pack("<7i", 5, 6, -1, -1, 1, 7, 3) + struct.pack("<9i", 9, -1, -1, -1, 2, 1, 4, 2, 1)
     (tmp_path / "hand.bin").write_bytes(raw)
