@@ -62,3 +62,63 @@ def engine_vs_plain(target_path: Path, draft_path: Path, make: Callable[[Drafter
     refs = [plain_decode(plain, p, n_predict=n_predict, sampling=sampling, seed=max(sampling.seed, 0),
                          is_eog=tok.is_eog, n_ctx=N_CTX, ignore_eos=True) for p in prompts]
     return [f.tokens for f in finals], refs, engine.stats()["drafters"][drafter.name]
+
+
+def smollm2_or_skip() -> Path:
+    import pytest
+    from spekula.frontends.default_model import DefaultModelError, ensure_default_model
+
+    try:
+        return ensure_default_model(quiet=True)
+    except DefaultModelError as exc:
+        pytest.skip(f"default model unavailable: {exc}")
+
+
+def random_draft_gguf(path: Path, arch: str, target: Path, *, seed: int = 0, **keys: Any) -> Path:
+    """A random EAGLE-3 or DFlash draft GGUF sized for ``target`` (no HF checkpoint needed), F16 weights.
+
+    EAGLE-3: one layer, reduced 2048-token vocabulary with its own head (d2t), borrowed embeddings.
+    DFlash: two layers, borrowed embeddings and head. Both read three / two target layers.
+    """
+    import numpy as np
+    from spekula.fixtures.tiny_gguf import write_gguf
+
+    f = GGUFFile(target)
+    t_arch = f.architecture
+    H, n_layer_t = int(f.require(f"{t_arch}.embedding_length")), int(f.require(f"{t_arch}.block_count"))
+    n_vocab = len(f.require("tokenizer.ggml.tokens"))
+    rng = np.random.default_rng(seed)
+    n_head, n_kv, hd, ff = 4, 2, 64, 256
+
+    def mat(r: int, c: int) -> tuple[np.ndarray, str]:
+        return (rng.standard_normal((r, c)) / np.sqrt(c)).astype(np.float32), "F16"
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, np.float32)
+
+    width = 2 * H if arch == "eagle3" else H
+    layer = {"attn_norm.weight": ones(H), "attn_q.weight": mat(n_head * hd, width), "attn_k.weight": mat(n_kv * hd, width),
+             "attn_v.weight": mat(n_kv * hd, width), "attn_output.weight": mat(H, n_head * hd), "ffn_norm.weight": ones(H),
+             "ffn_gate.weight": mat(ff, H), "ffn_up.weight": mat(ff, H), "ffn_down.weight": mat(H, ff)}
+    hp: dict[str, Any] = {"embedding_length": H, "feed_forward_length": ff, "attention.head_count": n_head,
+                          "attention.head_count_kv": n_kv, "attention.key_length": hd, "attention.value_length": hd,
+                          "rope.freq_base": 10000.0, "attention.layer_norm_rms_epsilon": 1e-5, "context_length": 2048,
+                          "vocab_size": n_vocab}
+    tensors: dict[str, Any] = {"output_norm.weight": ones(H)}
+    if arch == "eagle3":
+        layers = [2, n_layer_t // 2, n_layer_t - 3]
+        hp.update({"block_count": 1, "target_layers": layers, "target_hidden_size": H, "rope.dimension_count": hd})
+        tensors.update({f"blk.0.{k}": v for k, v in layer.items()})
+        tensors.update({"blk.0.attn_norm_2.weight": ones(H), "fc.weight": mat(H, 3 * H), "output.weight": mat(2048, H),
+                        "d2t": np.sort(rng.choice(n_vocab, 2048, replace=False)).astype(np.int64)})
+        meta: dict[str, Any] = {}
+    else:
+        layers = [2, n_layer_t - 2]
+        hp.update({"block_count": 2, "target_layers": layers, "block_size": 8})
+        for i in range(2):
+            tensors.update({f"blk.{i}.{k}": v for k, v in layer.items()})
+            tensors.update({f"blk.{i}.attn_q_norm.weight": ones(hd), f"blk.{i}.attn_k_norm.weight": ones(hd)})
+        tensors.update({"fc.weight": mat(H, 2 * H), "enc.output_norm.weight": ones(H)})
+        meta = {"tokenizer.ggml.mask_token_id": n_vocab - 1}
+    hp.update(keys)
+    return write_gguf(path, arch, hp, tensors, meta)

@@ -112,3 +112,13 @@ def test_oracle_draft_is_fully_accepted(tmp_path: Path) -> None:
     outs, refs, st = engine_vs_plain(target, draft, DFlashDrafter.create, SPEC, n_predict=20)
     assert outs == refs
     assert st["gen_tokens"] >= 3 * (st["gen_drafts"] - 2) and st["acc_tokens"] == st["gen_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_smollm2_random_draft_is_lossless(tmp_path: Path) -> None:
+    from conftest_model_drafters import random_draft_gguf, smollm2_or_skip
+
+    target = smollm2_or_skip()
+    draft = random_draft_gguf(tmp_path / "df.gguf", "dflash", target)
+    outs, refs, st = engine_vs_plain(target, draft, DFlashDrafter.create, SPEC, n_predict=8)
+    assert outs == refs and st["gen_drafts"] > 0

@@ -132,3 +132,14 @@ def test_oracle_draft_is_fully_accepted(tmp_path: Path) -> None:
     for out in outs:  # the target really follows f
         assert all(int(f[a]) == b for a, b in zip(out, out[1:], strict=False))
     assert st["gen_tokens"] > 20 and st["acc_tokens"] == st["gen_tokens"]
+
+
+@pytest.mark.slow
+def test_smollm2_random_draft_is_lossless(tmp_path: Path) -> None:
+    """Real target (Q4_1/Q8_0): embeddings borrowed from the quantized file, captured layers of a 30-layer model."""
+    from conftest_model_drafters import random_draft_gguf, smollm2_or_skip
+
+    target = smollm2_or_skip()
+    draft = random_draft_gguf(tmp_path / "e3.gguf", "eagle3", target)
+    outs, refs, st = engine_vs_plain(target, draft, Eagle3Drafter.create, SPEC, n_predict=8)
+    assert outs == refs and st["gen_drafts"] > 0
