@@ -209,3 +209,42 @@ def test_cli_reports_errors_without_traceback(target: Path, tmp_path: Path, caps
                    "--outfile", str(tmp_path / "e3.gguf")])
     assert rc == 0 and GGUFFile(tmp_path / "e3.gguf").architecture == "eagle3"
     assert issubclass(ModelFileError, SpekulaError)
+
+
+def _to_bf16_safetensors(path: Path) -> None:
+    """Rewrite a float32 safetensors file as BF16 (numpy has no bfloat16, so by hand: truncate the bits)."""
+    import struct
+
+    t = load_file(str(path))
+    header: dict[str, object] = {}
+    blobs: list[bytes] = []
+    off = 0
+    for name, arr in t.items():
+        if arr.dtype == np.float32:
+            raw, dtype = (arr.view(np.uint32) >> 16).astype("<u2").tobytes(), "BF16"
+        else:
+            raw, dtype = arr.tobytes(), {np.dtype(np.int64): "I64", np.dtype(bool): "BOOL"}[arr.dtype]
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    head = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+
+
+def test_bf16_checkpoint_is_read_without_torch(target: Path, tmp_path: Path) -> None:
+    hf = tiny_hf.write_eagle3(tmp_path / "e3")
+    ref = load_file(str(hf / "model.safetensors"))
+    _to_bf16_safetensors(hf / "model.safetensors")
+    out = tmp_path / "e3.gguf"
+    convert(hf, out, outtype="f32", target_dir=target)
+    got = GGUFFile(out).tensor("fc.weight").data
+    want = (ref["fc.weight"].view(np.uint32) & 0xFFFF0000).view(np.float32)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_truncated_safetensors_is_a_clear_error(tmp_path: Path) -> None:
+    hf = tiny_hf.write_target(tmp_path / "hf", "llama", n_layer=1)
+    data = (hf / "model.safetensors").read_bytes()
+    (hf / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelFileError, match="truncated"):
+        convert(hf, tmp_path / "x.gguf")

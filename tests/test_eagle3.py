@@ -42,6 +42,23 @@ def test_sampled_output_is_lossless(models: dict[str, Path]) -> None:
     assert outs == refs
 
 
+def test_probabilistic_drafting_returns_q_and_stays_lossless(models: dict[str, Path]) -> None:
+    sampling = SamplingParams(temperature=0.8, seed=11)
+    spec = SPEC.with_(draft_sampling="probabilistic")
+    outs, refs, st = engine_vs_plain(models["target"], models["draft"], Eagle3Drafter.create, spec, sampling=sampling)
+    assert outs == refs and st["gen_drafts"] > 0
+    target = target_backend(models["target"])
+    d = Eagle3Drafter.create(drafter_context(target, models["draft"], spec))
+    prompt = [5, 17, 200, 33, 99, 120, 7, 8]
+    _observe(d, target, 0, target.new_seq(), prompt, 0)
+    d.begin(0, np.array(prompt))
+    (draft,) = d.draft([DraftRequest(0, np.array(prompt), 42, 8, spec, 0.8, 11)])
+    assert draft.probs is not None and draft.probs.shape == (len(draft.tokens), tiny_hf.VOCAB)
+    np.testing.assert_allclose(draft.probs.sum(1), 1.0, atol=1e-5)
+    assert all(draft.probs[i, t] > 0 for i, t in enumerate(draft.tokens))
+    assert (np.count_nonzero(draft.probs, axis=1) <= 10).all()  # top-10 candidates only
+
+
 def _observe(drafter: Eagle3Drafter, target, slot: int, seq: int, tokens: list[int], start: int) -> np.ndarray:  # type: ignore[no-untyped-def]
     from spekula.core.backend import Capture
 
