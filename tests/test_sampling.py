@@ -129,3 +129,24 @@ def test_full_vocab_row_top_k_matches_full_sort() -> None:
     ids, probs = Sampler(SamplingParams(top_p=1.0, min_p=0.0), 49152, seed=5).distribution(logits)
     assert ids.tolist() == np.argsort(-logits, kind="stable")[:40].tolist()
     np.testing.assert_allclose(probs, softmax(logits[ids].astype(np.float64) / 0.8), rtol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    temperature=st.floats(0.05, 3.0),
+    top_k=st.integers(0, 12),
+    top_p=st.floats(0.0, 1.0),
+    min_p=st.floats(0.0, 1.0),
+)
+def test_distribution_properties(seed: int, temperature: float, top_k: int, top_p: float, min_p: float) -> None:
+    logits = np.random.default_rng(seed).normal(scale=3.0, size=10).astype(np.float32)
+    s = Sampler(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p), 10, seed)
+    ids, probs = s.distribution(logits)
+    assert 1 <= len(ids) <= (top_k if top_k > 0 else 10)
+    assert len(set(ids.tolist())) == len(ids)
+    assert probs.sum() == pytest.approx(1.0) and np.all(np.diff(probs) <= 1e-12)
+    assert int(ids[0]) == int(np.argmax(logits))  # no filter ever drops the most likely token
+    kept = set(ids.tolist())
+    assert all(logits[i] <= logits[ids].min() for i in range(10) if i not in kept)  # filters keep a top set
+    assert s.sample(logits) in kept
