@@ -102,6 +102,9 @@ def convert_eagle3(ckpt: HFCheckpoint, target: HFCheckpoint, outfile: Path, outt
                 raise ModelFileError(where, "norm_before_fc is set but 'input_norm.weight' is missing")
             out.tensor("enc.output_norm.weight", ckpt.get(top["input_norm.weight"]))
         out.tensor("output_norm.weight", ckpt.get(top["norm.weight"]))
+        if "embed_tokens.weight" not in top and hidden != int(tcfg.get("hidden_size", hidden)):
+            raise ModelFileError(where, f"no embed_tokens and the draft width {hidden} differs from the target's "
+                                 f"embeddings ({tcfg.get('hidden_size')})")
         if "embed_tokens.weight" in top:
             if ckpt.shape(top["embed_tokens.weight"]) != (n_vocab_t, hidden):
                 raise ModelFileError(where, f"embed_tokens shape {ckpt.shape(top['embed_tokens.weight'])} "

@@ -95,7 +95,8 @@ def write_decoder_keys(out: GGUFOut, cfg: dict[str, Any], *, n_layer: int, where
     for field in ("hidden_size", "num_attention_heads", "intermediate_size"):
         if cfg.get(field) is None:
             raise ModelFileError(where / "config.json", f"missing field {field!r}")
-    scaling = cfg.get("rope_scaling") or {}
+    # Newer configs put the scaling into rope_parameters; either way only default/linear are supported.
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     kind = str(scaling.get("rope_type", scaling.get("type", "default")) or "default").lower()
     if kind not in ("default", "linear"):
         raise ModelFileError(where / "config.json", f"rope_scaling type {kind!r} is not supported by this converter")
