@@ -168,6 +168,18 @@ class Engine:
             "available_drafters": sorted(set(available_drafters()) | set(self._extra)),
         }
 
+    def close(self) -> None:
+        """Release the slots' backend sequences (the backend itself stays open: the caller owns it).
+
+        Call only when `run` is not running."""
+        for s in self._slots:
+            if s.busy:
+                for d in s.drafters:
+                    d.end(s.id)
+                s.reset()
+            self.backend.free_seq(s.seq_id)
+        self._slots = []
+
     # -- request checks and admission ---------------------------------------------------------
     def _check(self, req: CompletionRequest) -> str | None:
         """A reason the request cannot run, or None. Bad input ends only this request."""

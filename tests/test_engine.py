@@ -271,3 +271,35 @@ async def test_failing_drafter_ends_only_its_request() -> None:
         CompletionRequest([5, 6, 7], n_predict=20, sampling=GREEDY)])
     assert bad.stop_type == "error" and "boom" in (bad.error or "") and "test-exploding" in (bad.error or "")
     assert good.tokens == _plain(20, prompt=[5, 6, 7])
+
+
+class _ProbsDrafter(GarbageDrafter):
+    """Proposes tokens with a uniform draft distribution q, like a probabilistic model drafter."""
+
+    name = "test-probs"
+    model_based = True
+
+    def draft(self, requests):  # type: ignore[no-untyped-def]
+        drafts = super().draft(requests)
+        for d in drafts:
+            d.probs = np.full((len(d.tokens), self.n_vocab), 1.0 / self.n_vocab, dtype=np.float32)
+        return drafts
+
+
+@pytest.mark.anyio
+async def test_verifier_choice_follows_draft_sampling_mode() -> None:
+    sampling = SamplingParams(temperature=0.8, top_k=0, top_p=1.0, min_p=0.0, seed=99)
+    greedy_mode = SpecParams(types=("test-probs",))
+    prob_mode = greedy_mode.with_(draft_sampling="probabilistic")
+    engine = make_engine(ToyBackend(), ToyTokenizer(), n_slots=3, drafters=[_ProbsDrafter(48)])
+    match_seeded, rejection, match_greedy = await run_requests(engine, [
+        CompletionRequest(PROMPT, n_predict=60, sampling=sampling, spec=greedy_mode),
+        CompletionRequest(PROMPT, n_predict=60, sampling=sampling, spec=prob_mode),
+        CompletionRequest(PROMPT, n_predict=60, sampling=GREEDY, spec=prob_mode)])
+    # sample-and-match (greedy draft mode, or temperature 0) reproduces plain decoding exactly
+    assert match_seeded.tokens == _plain(60, sampling=sampling, seed=99)
+    assert match_greedy.tokens == _plain(60)
+    # rejection sampling accepts a uniform-q draft token with probability min(1, p*V): often, at temp 0.8
+    t = rejection.timings
+    assert len(rejection.tokens) == 60 and 0 < t["draft_n_accepted"] <= t["draft_n"]
+    assert t["draft_n_accepted"] > match_seeded.timings["draft_n_accepted"]
