@@ -235,8 +235,13 @@ class AsyncSpekulaClient:
                 for m in msg if isinstance(msg, list) else [msg]:
                     key = (m.get("params") or {}).get("id") if "method" in m else m.get("id")
                     target = self._pending.get(key)
-                    if target is not None:
+                    if target is None:
+                        continue
+                    try:
                         await target.send(m)
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        # That caller stopped listening (cancelled); the connection is still fine.
+                        self._pending.pop(key, None)
         except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
         finally:

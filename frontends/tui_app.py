@@ -149,7 +149,7 @@ class SpekulaApp(App[None]):
                                  allow_blank=False, id="mode")
                     yield Select([("server default", DEFAULT_SPEC)], value=DEFAULT_SPEC, allow_blank=False,
                                  id="spec-type")
-                    yield Input(placeholder="n_max (default)", type="integer", id="n-max")
+                    yield Input(placeholder="n_max", type="integer", id="n-max", tooltip="draft length cap for the next request")
                 yield Input(placeholder="Type a prompt and press Enter", id="prompt")
                 with VerticalScroll(id="answer-scroll"):
                     yield AnswerView(id="answer")
@@ -199,8 +199,7 @@ class SpekulaApp(App[None]):
         self.post_message(StatsUpdated(stats, slots, health))
 
     @work(exclusive=True, group="generate")
-    async def generate(self, prompt: str) -> None:
-        method, params = self.request(prompt)
+    async def generate(self, method: str, params: dict[str, Any]) -> None:
         self.post_message(GenerationStarted(params))
         window_tokens, window_start = 0, time.monotonic()
         self.request_id = None
@@ -239,7 +238,10 @@ class SpekulaApp(App[None]):
             spec["type"] = spec_type
         n_max = self.query_one("#n-max", Input).value.strip()
         if n_max:
-            spec["n_max"] = int(n_max)
+            try:
+                spec["n_max"] = int(n_max)
+            except ValueError:
+                raise ValueError(f"n_max must be a whole number, got {n_max!r}") from None
         if spec:
             params["speculative"] = spec
         if self.query_one("#mode", Select).value == "chat":
@@ -252,10 +254,18 @@ class SpekulaApp(App[None]):
     def submit_prompt(self, event: Input.Submitted) -> None:
         if not event.value.strip():
             return
+        self.ask(event.value)
+
+    def ask(self, prompt: str) -> None:
         if not self.ready:
             self.status = "not ready yet"
             return
-        self.generate(event.value)
+        try:
+            method, params = self.request(prompt)
+        except ValueError as exc:
+            self.status = f"[red]{exc}[/red]"
+            return
+        self.generate(method, params)
 
     def action_stop(self) -> None:
         self.workers.cancel_group(self, "generate")
@@ -282,7 +292,7 @@ class SpekulaApp(App[None]):
         self.poll_stats()
         if self.initial_prompt:
             self.query_one("#prompt", Input).value = self.initial_prompt
-            self.generate(self.initial_prompt)
+            self.ask(self.initial_prompt)
             self.initial_prompt = None
 
     def on_source_failed(self, message: SourceFailed) -> None:

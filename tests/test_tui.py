@@ -95,3 +95,46 @@ async def _run_completion_mode(app: SpekulaApp, mode: str) -> Any:
         await wait_for(pilot, lambda: app.n_stats_updates > updates)
         return {"answer": app.query_one(AnswerView).text, "result": app.last_result,
                 "slot_rows": app.query_one(SlotsTable).row_count}
+
+
+def test_attached_to_server_controls_reach_the_request_and_escape_cancels(tmp_path: Path) -> None:
+    """RemoteSource against an in-process socket server: spec type and n_max go into the next request."""
+    import anyio.from_thread
+    from spekula.frontends.rpc_methods import SpekulaMethods
+    from spekula.frontends.server import RpcServer, ServerConfig
+    from spekula.frontends.tui_app import RemoteSource
+
+    fakes = load_fakes()
+    engine = fakes.FakeEngine(round_delay=0.02)
+    sock = str(tmp_path / "tui.sock")
+    server = RpcServer(engine, ServerConfig(sock, handle_signals=False),
+                       lambda srv: SpekulaMethods(engine, server_state=srv.state).table())
+
+    async def drive(app: SpekulaApp) -> None:
+        async with app.run_test(size=(140, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready, 20)
+            app.query_one("#spec-type").value = "ngram-simple"  # type: ignore[attr-defined]
+            app.query_one("#mode").value = "completion"  # type: ignore[attr-defined]
+            await pilot.click("#n-max")
+            await pilot.press("5")
+            await pilot.click("#prompt")
+            await pilot.press(*"abc", "enter")
+            await wait_for(pilot, lambda: app.last_result is not None, 20)
+            assert app.last_result["content"] == fakes.expected_text("abc", 12)
+            app.n_predict = 100_000
+            await pilot.press("enter")  # the same prompt again, long this time
+            await wait_for(pilot, lambda: bool(engine.active), 20)
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not engine.active, 20)
+
+    with anyio.from_thread.start_blocking_portal() as portal:
+        future, _ = portal.start_task(server.serve)
+        try:
+            anyio.run(drive, SpekulaApp(RemoteSource(sock), n_predict=12, poll_interval=0.1))
+        finally:
+            portal.call(server.shutdown)
+            future.result(timeout=10)
+    first, second = engine.submitted
+    assert first.spec is not None and first.spec.types == ("ngram-simple",) and first.spec.n_max == 5
+    assert first.prompt == list(b"abc")
+    assert engine.finished[-1].stop_type == "cancel" and len(engine.finished[-1].tokens) < 100_000
