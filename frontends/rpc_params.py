@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spekula.core.errors import ConfigError
-from spekula.core.params import CompletionRequest, SamplingParams, SpecParams, normalize_spec_types
+from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
+from spekula.core.registry import parse_spec_types
 
 from .rpc_protocol import CONTEXT_OVERFLOW, RpcError, invalid_params
 
@@ -124,7 +125,8 @@ def parse_spec(params: dict[str, Any], base: SpecParams) -> SpecParams | None:
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             raise invalid_params("'speculative.type' must be a string or a list of strings")
         try:
-            kw["types"] = normalize_spec_types(values)
+            # The registry knows third-party drafters (entry points) as well as the built-in names.
+            kw["types"] = parse_spec_types(values)
         except ConfigError as exc:
             raise invalid_params(f"'speculative.type': {exc}") from None
     return base.with_(**kw)
