@@ -39,5 +39,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         anyio.run(server.serve)
     finally:
+        engine.close()  # the loop has stopped: release slot sequences, then the model
         engine.backend.close()
     return 0
