@@ -166,8 +166,8 @@ class DraftSimpleDrafter:
 
         out = [Draft.empty() for _ in requests]
         for run in runs:
-            if len(run.tokens) < int(requests[run.index].spec.n_min):
-                continue  # too short: discarded whole, never padded
+            if not run.tokens or len(run.tokens) < int(requests[run.index].spec.n_min):
+                continue  # nothing, or too short: discarded whole, never padded
             probs = np.stack(run.probs).astype(np.float32) if run.probabilistic else None
             out[run.index] = Draft(run.tokens, probs)
         return out

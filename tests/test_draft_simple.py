@@ -171,6 +171,13 @@ def test_probabilistic_drafting_returns_q_and_is_seeded() -> None:
     assert any(run(s)[0] != tokens for s in range(8, 14))  # the seed matters
 
 
+def test_probabilistic_p_min_stop_gives_empty_draft() -> None:
+    drafter = DraftSimpleDrafter(ToyBackend(), target_n_vocab=V)
+    d = drafter.draft([request(0, PROMPT[:-1], PROMPT[-1], temperature=1.0, draft_sampling="probabilistic",
+                               p_min=1.0)])[0]
+    assert d.tokens == [] and d.probs is None
+
+
 def test_vocab_beyond_target_is_never_drafted() -> None:
     # A draft model with 20 more tokens: its logits columns >= the target's vocab are ignored.
     drafter = DraftSimpleDrafter(ToyBackend(n_vocab=V + 20, salt=3), target_n_vocab=V)
