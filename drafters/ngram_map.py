@@ -64,6 +64,7 @@ class _MapState:
     size_last_begin: int = 0
     idx_last_check: int = 0
     keys: list[_Key] = field(default_factory=list)
+    seen: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))  # history at last call
     by_tokens: dict[tuple[int, ...], _Key] = field(default_factory=dict)
     last_value: _Value | None = None  # the value slot the last draft came from (for accept)
 
@@ -99,15 +100,24 @@ class _NgramMapDrafter(DraftlessDrafter):
 
     def begin(self, slot: int, prompt: np.ndarray) -> None:
         st = self._state(slot)
-        self._cleanup(st, len(prompt))
+        self._cleanup(st, prompt)
         st.size_last_begin = len(prompt)
+        st.seen = np.array(prompt, copy=True)
 
-    def _cleanup(self, st: _MapState, size: int) -> None:
+    def _cleanup(self, st: _MapState, hist: np.ndarray) -> None:
+        """Drop index entries, keys and values that a shorter or rewritten history invalidates."""
         n, m = self.n, self.m
+        size = len(hist)
+        common = min(len(st.seen), size)
+        diff = np.flatnonzero(st.seen[:common] != hist[:common])
+        changed = diff.size > 0
         c = st.size_last_begin
         if c > size:
             c = size - n - m if size > n + m else 0
-        if size < st.idx_last_check:
+        if changed:
+            # Everything that reads a token at or after the first difference is stale.
+            c = min(c, max(int(diff[0]) - n - m, 0))
+        if size < st.idx_last_check or changed:
             st.key_map[st.key_map >= c] = 0
             st.key_map_last_idx = max(c - 1, 0)
             kept: list[_Key] = []
@@ -145,9 +155,10 @@ class _NgramMapDrafter(DraftlessDrafter):
             return []
         if length < st.idx_last_check:
             # The history shrank without a begin (context shift): clean up as begin would.
-            self._cleanup(st, length)
+            self._cleanup(st, hist)
             st.size_last_begin = length
         st.idx_last_check = length
+        st.seen = np.array(hist, copy=True)
 
         key = tuple(int(t) for t in hist[length - n + 1 :]) + (int(last),)
         top = length - n - m - 1  # the highest start with m+1 tokens after the key
@@ -157,7 +168,7 @@ class _NgramMapDrafter(DraftlessDrafter):
             p = hashed
         old_hi = st.size_last_begin - n - m - 1  # the range begin() left unindexed, below...
         old_lo = st.key_map_last_idx + 1
-        new_lo = max(st.size_last_begin, st.key_map_last_idx) + 1  # ...and the range since
+        new_lo = max(old_hi, st.key_map_last_idx) + 1  # ...and everything above it
         if p == 0 and st.size_last_begin > n + m + 1:
             p = max(last_match(hist, key, old_lo, old_hi), 0)
         if p == 0:
@@ -249,11 +260,15 @@ class NgramMapKDrafter(_NgramMapDrafter, Drafter):
     Differences from llama.cpp:
       * ``min-hits`` works (llama.cpp returns before the test for key-only maps); the default 1
         gives identical drafts.
+      * begin() also cleans up when the new prompt differs from the slot's previous history (from
+        n+m tokens before the first difference), not only when it is shorter. llama.cpp keeps
+        index entries of the old text there, and after a longer earlier request on the slot it
+        never indexes the first S-n-m positions of a new, different prompt at all, so text in
+        the prompt (e.g. a paragraph to repeat) is never drafted from.
+      * Starts in [S-n-m, S] (S = prompt length) are indexed on the first draft; llama.cpp leaves
+        them out until the next begin().
       * A history shorter than the last one seen inside a request (a context shift) cleans the
         map up as begin() would, where llama.cpp aborts the process.
-      * Key records are found by their tokens through a dict instead of a linear scan that
-        compares against the current history; the two agree unless a history was rewritten in
-        place without getting shorter.
     """
 
     name: ClassVar[str] = "ngram-map-k"
@@ -280,10 +295,15 @@ class NgramMapK4vDrafter(_NgramMapDrafter, Drafter):
     length), and the occurrence at the previous match is counted again on every hit.
 
     Differences from llama.cpp:
+      * begin() also cleans up when the new prompt differs from the slot's previous history (from
+        n+m tokens before the first difference), not only when it is shorter. llama.cpp keeps
+        index entries of the old text there, and after a longer earlier request on the slot it
+        never indexes the first S-n-m positions of a new, different prompt at all, so text in
+        the prompt (e.g. a paragraph to repeat) is never drafted from.
+      * Starts in [S-n-m, S] (S = prompt length) are indexed on the first draft; llama.cpp leaves
+        them out until the next begin().
       * A history shorter than the last one seen inside a request (a context shift) cleans the
         map up as begin() would, where llama.cpp aborts the process.
-      * Key records are found by their tokens through a dict instead of a linear scan (they
-        agree unless a history was rewritten in place without getting shorter).
     """
 
     name: ClassVar[str] = "ngram-map-k4v"

@@ -30,9 +30,9 @@ def ctx(**options: object) -> DrafterContext:
 class RefMap:
     """Plain loops over the definition of speculative-semantics.md §2.2 (no vectorisation, no dicts).
 
-    Two documented spekula differences are built in: min_hits applies to key-only maps too, and a
-    key record is found by its tokens (llama.cpp compares against the current history, which only
-    differs when a history is rewritten in place).
+    spekula's documented differences are built in: min_hits applies to key-only maps too, begin()
+    also cleans up from n+m tokens before the first token that differs from the previous history,
+    and the second scan range starts right above the first (llama.cpp skips starts in [S-n-m, S]).
     """
 
     def __init__(self, n: int, m: int, min_hits: int, key_only: bool) -> None:
@@ -43,13 +43,17 @@ class RefMap:
         self.idx_last_check = 0
         self.keys: list[dict] = []
         self.last: dict | None = None
+        self.seen: list[int] = []
 
     def begin(self, h: list[int]) -> None:
         s = len(h)
         c = self.size_last_begin
         if c > s:
             c = s - self.n - self.m if s > self.n + self.m else 0
-        if s < self.idx_last_check:
+        first_diff = next((i for i, (a, b) in enumerate(zip(self.seen, h, strict=False)) if a != b), None)
+        if first_diff is not None:
+            c = min(c, max(first_diff - self.n - self.m, 0))
+        if s < self.idx_last_check or first_diff is not None:
             self.key_map = {b: v for b, v in self.key_map.items() if v < c}
             self.last_idx = max(c - 1, 0)
             kept = []
@@ -64,6 +68,7 @@ class RefMap:
                 kept.append(key)
             self.keys = kept
         self.idx_last_check = self.size_last_begin = s
+        self.seen = list(h)
 
     def draft(self, h: list[int], x: int) -> list[int]:
         n, m = self.n, self.m
@@ -73,6 +78,7 @@ class RefMap:
             return []
         assert length >= self.idx_last_check
         self.idx_last_check = length
+        self.seen = list(h)
         key = h[length - n + 1 :] + [x]
         top = length - n - m - 1
         p = 0
@@ -82,7 +88,9 @@ class RefMap:
         ranges = []
         if self.size_last_begin > n + m + 1:
             ranges.append(range(self.size_last_begin - n - m - 1, self.last_idx, -1))
-        ranges.append([j for j in range(top, 0, -1) if j > self.size_last_begin and j > self.last_idx])
+        ranges.append(
+            [j for j in range(top, 0, -1) if j > self.size_last_begin - n - m - 1 and j > self.last_idx]
+        )
         for r in ranges:
             for j in r:
                 if p == 0 and h[j : j + n] == key:
@@ -196,6 +204,26 @@ def test_begin_after_shrink_cleans_up_and_slots_are_independent() -> None:
     short = arr([7, 1, 2, 3, 4, 8, 8, 8, 6, 6, 1])
     assert d.draft_one(0, short, 2) == [3, 4]
     assert 1 not in d._states  # slot 1 untouched
+
+
+def test_a_new_different_prompt_on_the_slot_is_indexed() -> None:
+    """After a longer request, llama.cpp never indexes the first S-n-m positions of a new prompt."""
+    d = NgramMapKDrafter(2, 3, 1)
+    first = arr(list(range(100, 160)))
+    d.begin(0, first)
+    d.draft_one(0, first, 160)
+    second = arr([9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 9, 9, 9, 9, 1])
+    d.begin(0, second)
+    assert d.draft_one(0, second, 2) == [3, 4, 5]
+
+
+def test_starts_just_below_the_prompt_end_are_indexed() -> None:
+    # S = 12, n = 2, m = 3: llama.cpp never looks at starts 7..12 until the next begin().
+    d = NgramMapKDrafter(2, 3, 1)
+    prompt = arr([0, 0, 0, 0, 0, 0, 0, 0, 7, 8, 1, 2])
+    d.begin(0, prompt)
+    hist = arr([0, 0, 0, 0, 0, 0, 0, 0, 7, 8, 1, 2, 3, 4, 5, 6, 7])
+    assert d.draft_one(0, hist, 8) == [1, 2, 3]
 
 
 def test_context_shift_without_begin_does_not_abort() -> None:
