@@ -1,0 +1,119 @@
+"""Forward latency of the torch and onnx backends on the same model, side by side in one run.
+
+    .venv/bin/python bench/backends.py [-m MODEL.gguf] [--device cpu|cuda] [--past 256] [--reps 10]
+                                       [--sizes 1,4,8,16] [--threads 1] [--loose] [--json]
+
+For each size n it times one forward of n new tokens on top of a `--past`-token cache with logits for
+every row (n = 1 is a decode step; n > 1 is a verification batch of a draft of n-1 tokens), truncating
+back after each call. The two backends alternate call by call so machine noise hits both alike; the
+median is reported with the onnx/torch ratio (< 1: onnx faster). `--loose` runs both with exact=False.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+BACKENDS = ("torch", "onnx")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-m", "--model", help="GGUF model (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
+    p.add_argument("--past", type=int, default=256, help="tokens already in the cache (default 256)")
+    p.add_argument("--reps", type=int, default=10, help="timed calls per size and backend (default 10)")
+    p.add_argument("--sizes", default="1,4,8,16", help="new tokens per forward (default 1,4,8,16)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per backend (default 1; 0 = runtime default)")
+    p.add_argument("--loose", action="store_true", help="exact=False for both backends")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    return p.parse_args(argv)
+
+
+def _model_path(model: str | None) -> str:
+    if model:
+        return model
+    from spekula.frontends.default_model import ensure_default_model
+
+    return str(ensure_default_model())
+
+
+def run_bench(model: str, *, device: str = "cpu", past: int = 256, reps: int = 10,
+              sizes: tuple[int, ...] = (1, 4, 8, 16), threads: int = 1, exact: bool = True) -> dict[str, Any]:
+    """Median milliseconds per forward, per backend and size, plus onnx/torch ratios."""
+    from spekula.core.backend import BackendOptions, SeqInput, load_backend
+
+    provider = "cuda" if device.startswith("cuda") else "cpu"
+    opts = BackendOptions(device=device, n_ctx=past + max(sizes) + 8, n_seq_max=1, threads=threads,
+                          exact=exact, ort_provider=provider)
+    rng = np.random.default_rng(0)
+    backends, seqs = {}, {}
+    load_s: dict[str, float] = {}
+    for name in BACKENDS:
+        t0 = time.perf_counter()
+        backends[name] = load_backend(name, model, opts)
+        load_s[name] = time.perf_counter() - t0
+    n_vocab = backends["torch"].info.n_vocab
+    prompt = rng.integers(0, n_vocab, past).astype(np.int32)
+    for name, be in backends.items():
+        seqs[name] = be.new_seq()
+        be.forward([SeqInput(seqs[name], prompt, 0, np.array([], dtype=np.int64))])
+    times: dict[str, dict[int, list[float]]] = {name: {n: [] for n in sizes} for name in BACKENDS}
+    for n in sizes:
+        draft = rng.integers(0, n_vocab, n).astype(np.int32)
+        for rep in range(reps + 1):  # the first call per size warms caches and is not counted
+            for name, be in backends.items():
+                inp = SeqInput(seqs[name], draft, past, np.arange(n))
+                t0 = time.perf_counter()
+                be.forward([inp])
+                dt = time.perf_counter() - t0
+                be.truncate(seqs[name], past)
+                if rep:
+                    times[name][n].append(dt * 1e3)
+    med = {name: {n: statistics.median(v) for n, v in per.items()} for name, per in times.items()}
+    for be in backends.values():
+        be.close()
+    return {
+        "model": os.path.basename(model), "device": device, "past": past, "reps": reps, "exact": exact,
+        "threads": threads, "load_s": load_s,
+        "median_ms": {name: {str(n): round(v, 3) for n, v in per.items()} for name, per in med.items()},
+        "ratio_onnx_over_torch": {str(n): round(med["onnx"][n] / med["torch"][n], 3) for n in sizes},
+    }
+
+
+def print_table(res: dict[str, Any]) -> None:
+    print(f"model {res['model']}  device {res['device']}  past {res['past']}  exact {res['exact']}  "
+          f"threads {res['threads']}  reps {res['reps']} (median)")
+    print(f"load: torch {res['load_s']['torch']:.1f} s, onnx {res['load_s']['onnx']:.1f} s")
+    print(f"{'new tokens':>10}  {'torch ms':>9}  {'onnx ms':>9}  {'onnx/torch':>10}")
+    for n, ratio in res["ratio_onnx_over_torch"].items():
+        print(f"{n:>10}  {res['median_ms']['torch'][n]:>9.2f}  {res['median_ms']['onnx'][n]:>9.2f}  {ratio:>10.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from spekula.core.errors import SpekulaError
+
+    try:
+        sizes = tuple(int(s) for s in args.sizes.split(",") if s.strip())
+        res = run_bench(_model_path(args.model), device=args.device, past=args.past, reps=args.reps,
+                        sizes=sizes, threads=args.threads, exact=not args.loose)
+    except (SpekulaError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print_table(res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""One command for a CUDA machine: the backend conformance checks and the backend bench, on the GPU,
+for both backends, with a summary at the end.
+
+    .venv/bin/python bench/cuda_check.py [-m MODEL.gguf] [--device cuda:0] [--reps 10]
+
+Conformance: every check of tests/backend_conformance.py on the tiny fixtures and SmolLM2, with both
+backends built for the GPU in fp32 (the torch backend on CUDA is also the reference there). CUDA
+kernels are not batch-invariant, so a "bitwise" check failing for torch on CUDA is reported, not hidden.
+Bench: bench/backends.py's decode/verification latencies on the GPU.
+Without a usable CUDA GPU it prints "skipped: no CUDA" and exits 0. Exit 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cuda_status(device_id: int) -> dict[str, str | None]:
+    """Per backend: None when it can run on the GPU, else why not."""
+    status: dict[str, str | None] = {}
+    try:
+        import torch
+
+        status["torch"] = None if torch.cuda.is_available() and torch.cuda.device_count() > device_id else (
+            f"torch {torch.__version__} sees no CUDA device {device_id}")
+    except ImportError as exc:
+        status["torch"] = f"torch not importable: {exc}"
+    try:
+        from spekula.backends.onnx_providers import cuda_usable
+
+        status["onnx"] = cuda_usable(device_id)
+    except ImportError as exc:
+        status["onnx"] = f"onnxruntime not importable: {exc}"
+    return status
+
+
+def run_conformance(device: str, backends: list[str], models: list[str]) -> list[tuple[str, str, str, str | None]]:
+    """(backend, model, check, None or the failure) for every combination."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import backend_conformance as bc
+    from spekula.core.backend import BackendOptions, load_backend
+
+    @cache
+    def on_gpu(name: str, model: str):  # noqa: ANN202 - a Backend
+        opts = BackendOptions(device=device, dtype="f32", n_ctx=bc.N_CTX, n_seq_max=4, exact=True,
+                              ort_provider="cuda")
+        return load_backend(name, bc.model_path(model), opts)
+
+    bc.get_backend = on_gpu  # the checks look the factory up at call time
+    results = []
+    for name in backends:
+        for model in models:
+            for check, fn in sorted(bc.CHECKS.items()):
+                try:
+                    fn(name, model)
+                    results.append((name, model, check, None))
+                except Exception as exc:  # report every failure, keep going
+                    last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+                    results.append((name, model, check, last[:300]))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-m", "--model", help="GGUF model for the bench (default: the embedded SmolLM2)")
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--reps", type=int, default=10)
+    args = p.parse_args(argv)
+    device_id = int(args.device.split(":", 1)[1]) if ":" in args.device else 0
+    status = cuda_status(device_id)
+    usable = [name for name, why in status.items() if why is None]
+    if not usable:
+        print("skipped: no CUDA (" + "; ".join(f"{k}: {v}" for k, v in status.items()) + ")")
+        return 0
+    for name, why in status.items():
+        if why is not None:
+            print(f"{name} backend cannot use CUDA: {why}")
+
+    results = run_conformance(args.device, usable, ["llama", "qwen2", "qwen3", "smollm2"])
+    failed = [r for r in results if r[3] is not None]
+    print(f"\nconformance on {args.device}: {len(results) - len(failed)} passed, {len(failed)} failed")
+    for name, model, check, why in failed:
+        print(f"  FAIL {name:6} {model:8} {check}: {why}")
+
+    bench_line = "bench skipped (needs both backends on CUDA)"
+    if set(usable) == {"torch", "onnx"}:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from backends import _model_path, print_table, run_bench
+
+        res = run_bench(_model_path(args.model), device=args.device, reps=args.reps, threads=0)
+        print()
+        print_table(res)
+        bench_line = "onnx/torch latency ratio per new-token count: " + ", ".join(
+            f"{n}: {r:.2f}" for n, r in res["ratio_onnx_over_torch"].items())
+    print("\nsummary:")
+    print(f"  CUDA: {', '.join(usable)} on {args.device}")
+    print(f"  conformance: {len(results) - len(failed)}/{len(results)} passed")
+    print(f"  {bench_line}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
