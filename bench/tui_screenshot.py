@@ -15,7 +15,8 @@ from pathlib import Path
 
 import anyio
 from spekula.frontends.cli import build_parser
-from spekula.frontends.options import build_engine
+from spekula.frontends.options import build_engine, sampling_from_args
+from spekula.frontends.rpc_params import ServerDefaults
 from spekula.frontends.tui_app import EmbeddedSource, SpekulaApp
 
 REQUEST = (
@@ -60,7 +61,9 @@ def main() -> int:
     if a.model:
         argv += ["-m", a.model]
     args = build_parser(argv).parse_args(argv)
-    app = SpekulaApp(EmbeddedSource(lambda: build_engine(args)), n_predict=a.n_predict, poll_interval=0.5)
+    # Greedy (--temp 0 above): the engine's defaults come from the parsed options, as in `spekula tui`.
+    source = EmbeddedSource(lambda: build_engine(args), ServerDefaults(sampling=sampling_from_args(args)))
+    app = SpekulaApp(source, n_predict=a.n_predict, poll_interval=0.5)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     anyio.run(capture, app, a.out, a.timeout)
     print(f"wrote {a.out}")
