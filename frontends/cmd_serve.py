@@ -11,7 +11,7 @@ from spekula.frontends.options import add_engine_options, build_engine, sampling
 from spekula.frontends.rpc_framing import DEFAULT_MAX_LINE_BYTES
 from spekula.frontends.rpc_methods import SpekulaMethods
 from spekula.frontends.rpc_params import ServerDefaults
-from spekula.frontends.server import RpcServer, ServerConfig, default_socket_path, prepare_socket_path
+from spekula.frontends.server import RpcServer, ServerConfig, check_socket_path, default_socket_path
 
 HELP = "Serve a JSON-RPC 2.0 API on a Unix socket"
 
@@ -30,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    # Refuse a live socket before spending seconds loading the model.
-    prepare_socket_path(args.socket)
+    # Refuse a live socket or an unusable path before spending seconds loading the model.
+    check_socket_path(args.socket)
     engine = build_engine(args)
     defaults = ServerDefaults(sampling=sampling_from_args(args), n_predict=args.n_predict)
     config = ServerConfig(args.socket, max_line_bytes=args.max_line_bytes, drain_timeout=args.drain_timeout)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import SocketListener, SocketStream, TaskGroup
-from spekula.core.errors import SpekulaError
+from spekula.core.errors import ConfigError, SpekulaError
 
 from .rpc_dispatch import Handler, RequestTracker, RpcConnection
 from .rpc_framing import DEFAULT_MAX_LINE_BYTES, LineReader, LineWriter
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from spekula.core.engine import Engine
 
 log = logging.getLogger("spekula.server")
+_SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 
 class SocketInUseError(SpekulaError):
@@ -84,11 +85,21 @@ def _umask(mask: int) -> Iterator[None]:
         os.umask(old)
 
 
-async def create_listener(path: str) -> SocketListener:
+def check_socket_path(path: str) -> None:
+    """Everything that can be checked about a socket path before binding it."""
+    if len(os.fsencode(path)) > _SUN_PATH_MAX:
+        raise ConfigError(f"socket path is longer than {_SUN_PATH_MAX} bytes (an AF_UNIX limit): {path}")
     prepare_socket_path(path)
+
+
+async def create_listener(path: str) -> SocketListener:
+    check_socket_path(path)
     # umask makes the file 0600 from the moment it exists; `mode` re-applies it explicitly.
-    with _umask(0o177):
-        return await anyio.create_unix_listener(path, mode=0o600)
+    try:
+        with _umask(0o177):
+            return await anyio.create_unix_listener(path, mode=0o600)
+    except OSError as exc:
+        raise SocketInUseError(f"cannot listen on {path}: {exc.strerror or exc}") from None
 
 
 @dataclass

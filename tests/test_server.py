@@ -184,3 +184,13 @@ def test_shutdown_drains_in_flight_requests(sock_path: str) -> None:
     assert len(stream.result["content"]) == 60 and rest
     assert not os.path.exists(sock_path) and server.tracker.in_flight == 0
     c.close()
+
+
+def test_unusable_socket_paths_are_clear_errors(tmp_path: Path) -> None:
+    from spekula.core.errors import ConfigError
+    from spekula.frontends.server import check_socket_path
+
+    with pytest.raises(ConfigError, match="longer than 107"):
+        check_socket_path(str(tmp_path / ("x" * 120)))
+    with pytest.raises(SocketInUseError, match="does not exist"):
+        check_socket_path(str(tmp_path / "missing" / "s.sock"))
