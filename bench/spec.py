@@ -1,6 +1,6 @@
 """Speculation speed-up under synthetic acceptance, measured side by side in one run.
 
-    .venv/bin/python bench/spec.py [-m MODEL] [-n 32] [--lengths 1.5,2,3,4] [--n-max 4,8] [--device cpu]
+    .venv/bin/python bench/spec.py [-m MODEL] [-n 64] [--lengths 1.5,2,3,4] [--n-max 4,8] [--device cpu]
 
 For each (n_max, mean acceptance length L) the engine runs a bench-local drafter that always
 proposes n_max tokens, verified with llama.cpp's synthetic acceptance (`--spec-synth-len L`), and
@@ -99,12 +99,12 @@ def run_once(backend: Backend, tok: Tokenizer, prompt: list[int], n_predict: int
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default=None, help="GGUF (default: the embedded SmolLM2)")
-    ap.add_argument("-n", "--n-predict", type=int, default=32)
+    ap.add_argument("-n", "--n-predict", type=int, default=64)
     ap.add_argument("--lengths", default="1.5,2,3,4")
     ap.add_argument("--n-max", default="4,8")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("-t", "--threads", type=int, default=0)
+    ap.add_argument("-t", "--threads", type=int, default=1, help="torch threads (default 1: steadier on a shared CPU)")
     ap.add_argument("--reps", type=int, default=5, help="repetitions of each forward-cost measurement")
     ap.add_argument("--fast", action="store_true", help="the backend's non-exact (unpadded) mode")
     args = ap.parse_args(argv)
@@ -122,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     fill_token = next(t for t in range(tok.n_vocab) if not tok.is_eog(t))
 
     run_once(backend, tok, prompt, 4, SpecParams(), [])  # warm-up (allocations, kernels)
-    costs = forward_costs(backend, prompt, sorted({1, *(k + 1 for k in n_maxes)}), args.reps)
+    # Measured from a worker thread, like the engine's forwards (thread pools can behave differently there).
+    rows = sorted({1, *(k + 1 for k in n_maxes)})
+    costs = anyio.run(anyio.to_thread.run_sync, forward_costs, backend, prompt, rows, args.reps)
     print(f"model {backend.info.name} on {args.device}/{args.dtype} (exact={not args.fast}), "
           f"prompt {len(prompt)} tokens, n_predict {args.n_predict}")
     for n, t in costs.items():
@@ -131,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     plain, _ = run_once(backend, tok, prompt, args.n_predict, SpecParams(), [])
     base = plain.timings["predicted_per_second"]
     print(f"plain: {base:8.2f} tokens/s")
-    print(f"{'n_max':>5} {'L asked':>7} {'L measured':>10} {'tokens/s':>9} {'speedup':>8} {'predicted':>9}")
+    print(f"plain per token: {1e3 / base:.2f} ms (a bare 1-row forward: {costs[1] * 1e3:.2f} ms)")
+    print("predicted = L * t(1 row) / t(n_max+1 rows), from the asked and from the measured L")
+    print(f"{'n_max':>5} {'L asked':>7} {'L measured':>10} {'tokens/s':>9} {'speedup':>8} {'pred(asked)':>11} "
+          f"{'pred(meas)':>10}")
     for n_max in n_maxes:
         for length in lengths:
             if length > n_max + 1:
@@ -140,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             final, measured_len = run_once(backend, tok, prompt, args.n_predict, spec,
                                            [FillDrafter(n_max, fill_token)])
             t = final.timings
-            predicted = length * costs[1] / costs[n_max + 1]
+            ratio = costs[1] / costs[n_max + 1]
             print(f"{n_max:5d} {length:7.2f} {measured_len:10.2f} {t['predicted_per_second']:9.2f} "
-                  f"{t['predicted_per_second'] / base:7.2f}x {predicted:8.2f}x")
+                  f"{t['predicted_per_second'] / base:7.2f}x {length * ratio:10.2f}x {measured_len * ratio:9.2f}x")
     backend.close()
     return 0
 
