@@ -225,7 +225,7 @@ class Engine:
 
     def _send_final(self, outbox: Outbox, event: FinalEvent) -> None:
         outbox.put(event, self._tg)
-        outbox.close()
+        outbox.close(self._tg)
 
     def _finish(self, s: Slot, stop_type: StopType | None = None) -> None:
         assert s.request is not None and s.outbox is not None

@@ -50,8 +50,13 @@ class Outbox:
             tg.start_soon(self._drain)
 
     def close(self, tg: TaskGroup | None = None) -> None:
-        """Close once every queued event is delivered (or right away if nothing is queued)."""
+        """Close once every queued event is delivered (or right away if nothing is queued).
+
+        Without a task group (the engine is stopping) an undeliverable backlog is dropped so the
+        reader sees the end of the stream instead of waiting forever."""
         self._closing = True
+        if self._backlog and not self._draining and tg is None:
+            self._backlog.clear()
         if not self._backlog and not self._draining:
             self._send.close()
 

@@ -303,3 +303,21 @@ async def test_verifier_choice_follows_draft_sampling_mode() -> None:
     t = rejection.timings
     assert len(rejection.tokens) == 60 and 0 < t["draft_n_accepted"] <= t["draft_n"]
     assert t["draft_n_accepted"] > match_seeded.timings["draft_n_accepted"]
+
+
+@pytest.mark.anyio
+async def test_slow_reader_gets_every_event_without_stalling_others() -> None:
+    engine = make_engine(ToyBackend(), ToyTokenizer(), n_slots=2)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.run)
+            slow = engine.submit(CompletionRequest(PROMPT, n_predict=200, sampling=GREEDY))
+            fast = await engine.submit(CompletionRequest([5, 6, 7], n_predict=150, sampling=GREEDY)).result()
+            while engine.health()["slots_busy"]:  # the slow request finishes although nobody reads it
+                await anyio.sleep(0.01)
+            events = [ev async for ev in slow]
+            tg.cancel_scope.cancel()
+    assert fast.tokens == _plain(150, prompt=[5, 6, 7])
+    assert len(events) > 64 and isinstance(events[-1], FinalEvent)
+    pieces = [t for ev in events[:-1] for t in ev.tokens]  # type: ignore[union-attr]
+    assert pieces == events[-1].tokens == _plain(200)
