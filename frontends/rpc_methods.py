@@ -2,6 +2,26 @@
 
 Used by the socket server and, in-process, by the TUI's embedded mode, so both speak exactly the
 same request and result shapes.
+
+Protocol (JSON-RPC 2.0, one JSON value per line, named params only, batches allowed):
+  completion        prompt (string | token ids), n_predict, temperature, top_k, top_p, min_p,
+                    repeat_penalty, repeat_last_n, seed, stop, stream, return_tokens, ignore_eos,
+                    speculative.{n_max,n_min,p_min,type} (flat keys or a nested "speculative" object)
+                    -> {request_id, content, stop, stop_type, stopping_word, tokens_predicted,
+                        tokens_evaluated, timings, [tokens]}
+                    stream=true first sends `completion.chunk` notifications
+                    {id (the request's JSON-RPC id), request_id, content, tokens, pieces, drafters}
+  chat.completion   messages [{role, content}] + the same fields except prompt
+                    -> completion's result + message {role: assistant, content} + finish_reason
+  tokenize          content, add_special=false, parse_special=true, with_pieces=false -> {tokens}
+  detokenize        tokens -> {content}
+  cancel            id (a JSON-RPC id of this connection) | request_id (any client's) -> {cancelled};
+                    the cancelled request still answers, with its partial result and stop_type "cancel"
+  stats · slots · health · props   engine and server state (no params)
+Errors: -32700 parse, -32600 invalid request (also a line over --max-line-bytes: it is discarded and
+the connection stays open), -32601 unknown method, -32602 invalid params (the message names the
+field), -32001 prompt does not fit the context, -32002 shutting down, -32003 duplicate in-flight id,
+-32000 engine error, -32603 internal error.
 """
 
 from __future__ import annotations
