@@ -15,7 +15,7 @@ import numpy as np
 from spekula.core.errors import ModelFileError
 
 from .convert_eagle3 import d2t_absolute
-from .convert_gguf import GGUFOut, head_dim, write_decoder_keys
+from .convert_gguf import GGUFOut, head_dim, head_dim_known, write_decoder_keys
 from .convert_plain import _REQUIRED, write_layer
 from .convert_source import HFCheckpoint, merged_text_config, need
 from .convert_vocab import write_vocab
@@ -116,7 +116,7 @@ def convert_dflash(ckpt: HFCheckpoint, target: HFCheckpoint, outfile: Path, outt
     try:
         w = out.w
         w.add_string("general.name", ckpt.path.name)
-        write_decoder_keys(out, cfg, n_layer=n_layer, where=where, llama_style=False)
+        write_decoder_keys(out, cfg, n_layer=n_layer, where=where, llama_style=False, head_dim_keys=head_dim_known(raw))
         w.add_uint32("dflash.block_size", block_size)
         w.add_array("dflash.target_layers", [i + 1 for i in ids])
         causal = cfg.get("is_causal", dcfg.get("causal"))

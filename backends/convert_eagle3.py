@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from spekula.core.errors import ModelFileError
 
-from .convert_gguf import GGUFOut, head_dim, write_decoder_keys
+from .convert_gguf import GGUFOut, head_dim, head_dim_known, write_decoder_keys
 from .convert_plain import write_layer
 from .convert_source import HFCheckpoint, merged_text_config, need
 from .convert_vocab import write_vocab
@@ -89,7 +89,8 @@ def convert_eagle3(ckpt: HFCheckpoint, target: HFCheckpoint, outfile: Path, outt
     try:
         w = out.w
         w.add_string("general.name", ckpt.path.name)
-        write_decoder_keys(out, {**cfg, "vocab_size": n_vocab_t}, n_layer=1, where=where, llama_style=True)
+        write_decoder_keys(out, {**cfg, "vocab_size": n_vocab_t}, n_layer=1, where=where, llama_style=True,
+                           head_dim_keys=head_dim_known(ckpt.config))
         w.add_array("eagle3.target_layers", layers)
         w.add_uint32("eagle3.target_hidden_size", target_hidden)
         w.add_bool("eagle3.norm_before_residual", bool(cfg.get("norm_before_residual", False)))

@@ -86,11 +86,19 @@ def head_dim(cfg: dict[str, Any]) -> int:
     return int(hd) if hd else int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])
 
 
-def write_decoder_keys(out: GGUFOut, cfg: dict[str, Any], *, n_layer: int, where: Path, llama_style: bool) -> None:
+def head_dim_known(raw_config: dict[str, Any]) -> bool:
+    """Whether llama.cpp's converter sees a ``head_dim``: it reads configs through transformers, whose
+    Llama/Mistral/Qwen3 config classes always define one; for other (or unknown) model types only an
+    explicit value counts."""
+    return raw_config.get("model_type") in ("llama", "mistral", "qwen3") or bool(raw_config.get("head_dim"))
+
+
+def write_decoder_keys(out: GGUFOut, cfg: dict[str, Any], *, n_layer: int, where: Path, llama_style: bool,
+                       head_dim_keys: bool) -> None:
     """The generic decoder keys llama.cpp's TextModel writes (plus llama's vocab_size/rope dims).
 
     ``llama_style`` adds ``vocab_size`` and ``rope.dimension_count`` as the llama converter (and so the
-    EAGLE-3 one) does; qwen-style converters write ``key_length``/``value_length`` only when HF has ``head_dim``.
+    EAGLE-3 one) does.
     """
     for field in ("hidden_size", "num_attention_heads", "intermediate_size"):
         if cfg.get(field) is None:
@@ -109,9 +117,9 @@ def write_decoder_keys(out: GGUFOut, cfg: dict[str, Any], *, n_layer: int, where
     w.add_uint32(out.key("attention.head_count_kv"), int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]))
     w.add_float32(out.key("rope.freq_base"), rope_theta(cfg))
     w.add_float32(out.key("attention.layer_norm_rms_epsilon"), float(cfg.get("rms_norm_eps", 1e-6)))
-    if cfg.get("head_dim"):
-        w.add_uint32(out.key("attention.key_length"), int(cfg["head_dim"]))
-        w.add_uint32(out.key("attention.value_length"), int(cfg["head_dim"]))
+    if head_dim_keys:
+        w.add_uint32(out.key("attention.key_length"), head_dim(cfg))
+        w.add_uint32(out.key("attention.value_length"), head_dim(cfg))
     if kind == "linear":
         w.add_string(out.key("rope.scaling.type"), "linear")
         w.add_float32(out.key("rope.scaling.factor"), float(scaling["factor"]))

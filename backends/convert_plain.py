@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from spekula.core.errors import ModelFileError
 
-from .convert_gguf import GGUFOut, permute_qk, write_decoder_keys
+from .convert_gguf import GGUFOut, head_dim_known, permute_qk, write_decoder_keys
 from .convert_source import HFCheckpoint, need
 from .convert_vocab import write_vocab
 
@@ -75,7 +75,8 @@ def convert_plain(ckpt: HFCheckpoint, outfile: Path, outtype: str, *, pre: str |
     out = GGUFOut(outfile, arch, outtype)
     try:
         out.w.add_string("general.name", ckpt.path.name)
-        write_decoder_keys(out, cfg, n_layer=n_layer, where=ckpt.path, llama_style=arch == "llama")
+        write_decoder_keys(out, cfg, n_layer=n_layer, where=ckpt.path, llama_style=arch == "llama",
+                           head_dim_keys=head_dim_known(cfg))
         write_vocab(out, ckpt.path, vocab_size=vocab_size, pre=pre)
         emb = ckpt.get("model.embed_tokens.weight")
         if emb.shape != (vocab_size, int(cfg["hidden_size"])):

@@ -122,17 +122,8 @@ def write_vocab(out: GGUFOut, src: Path, *, vocab_size: int | None, pre: str | N
         if tid is not None and 0 <= tid < n:
             key = "padding" if role == "pad" else ("unknown" if role == "unk" else role)
             w.add_uint32(f"tokenizer.ggml.{key}_token_id", tid)
-    post = tok.get("post_processor") or {}
-    for role in ("bos", "eos"):
-        flag = tcfg.get(f"add_{role}_token")
-        if flag is None:
-            # A TemplateProcessing post-processor that inserts the token means the tokenizer adds it.
-            text = _token_text(tcfg.get(f"{role}_token"))
-            single = post.get("single") if post.get("type") == "TemplateProcessing" else None
-            flag = bool(single and text and any(
-                isinstance(p, dict) and p.get("SpecialToken", {}).get("id") == text for p in single
-            ))
-        w.add_bool(f"tokenizer.ggml.add_{role}_token", bool(flag))
+    for role, flag in _add_special_flags(tok, tcfg).items():
+        w.add_bool(f"tokenizer.ggml.add_{role}_token", flag)
     template = tcfg.get("chat_template")
     jinja = src / "chat_template.jinja"
     if template is None and jinja.is_file():
@@ -140,3 +131,28 @@ def write_vocab(out: GGUFOut, src: Path, *, vocab_size: int | None, pre: str | N
     if isinstance(template, str):
         w.add_string("tokenizer.chat_template", template)
     return n
+
+
+def _add_special_flags(tok: dict[str, Any], tcfg: dict[str, Any]) -> dict[str, bool]:
+    """add_bos/add_eos as llama.cpp's SpecialVocab decides them: the post-processor first (ByteLevel
+    means neither, a TemplateProcessing adds what it starts/ends with), then tokenizer_config's
+    ``add_*_token``; a flag nothing determines is not written (the runtime default applies)."""
+    flags: dict[str, bool] = {}
+    post = tok.get("post_processor") or {}
+    bos, eos = _token_text(tcfg.get("bos_token")), _token_text(tcfg.get("eos_token"))
+    for proc in post.get("processors", [post]) if post else []:
+        if proc.get("type") == "ByteLevel":
+            flags.setdefault("bos", False)
+            flags.setdefault("eos", False)
+        elif proc.get("type") == "TemplateProcessing":
+            single = proc.get("single") or []
+            if len(single) > 1:
+                first = single[0].get("SpecialToken", {}).get("id") if isinstance(single[0], dict) else None
+                last = single[-1].get("SpecialToken", {}).get("id") if isinstance(single[-1], dict) else None
+                flags["bos"] = first is not None and first == bos
+                flags["eos"] = last is not None and last == eos
+    for role in ("bos", "eos"):
+        value = tcfg.get(f"add_{role}_token")
+        if isinstance(value, bool):
+            flags.setdefault(role, value)
+    return flags
