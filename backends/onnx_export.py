@@ -26,7 +26,7 @@ from .onnx_graph import BuiltGraph, build_graph, linear_f32
 log = structlog.get_logger("spekula.onnx")
 
 # Bump whenever the graph or the weight layout changes: old cache entries then stop matching.
-EXPORTER_VERSION = 1
+EXPORTER_VERSION = 2
 WEIGHT_FORMATS = ("f32", "q4")
 _PAGE = 4096  # external tensors start on page boundaries so ORT can memory-map them
 _INLINE_BYTES = 1024  # smaller initializers stay inside the graph file
@@ -114,6 +114,10 @@ def ensure_export(model_path: str | os.PathLike[str], weight_format: str = "f32"
             log.info("onnx export cache entry unusable; rebuilding", path=str(onnx_path), reason=why)
         onnx_cache.remove_export(onnx_path)
         _export(f, hp, weight_format, onnx_path, meta)
+        # Exports of this model and format by other exporter versions are dead weight (hundreds of MB).
+        for old in onnx_path.parent.glob(f"{digest}-v*-{weight_format}.onnx"):
+            if old != onnx_path:
+                onnx_cache.remove_export(old)
     name = str(f.get("general.name", "") or f.path.stem)
     return Export(onnx_path, hp, weight_format, digest, name)
 

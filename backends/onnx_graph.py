@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .gguf_weights import ModelHParams
 
 OPSET = 18
+MS_DOMAIN = "com.microsoft"
 MS_OPSET = 1  # com.microsoft contrib ops (MatMulNBits)
 IR_VERSION = 9  # understood by every onnxruntime >= 1.16
 
@@ -233,7 +234,7 @@ def build_graph(hp: ModelHParams, weights: dict[str, np.ndarray], linear: Linear
         outputs.append(_value_info(name, f32, ["B", "T", hp.n_embd]))
 
     graph = helper.make_graph(g.nodes, f"spekula_{hp.arch}", inputs, outputs)
-    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", MS_OPSET)]
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, MS_OPSET)]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="spekula")
     model.ir_version = IR_VERSION
     return BuiltGraph(model, g.initializers)
