@@ -22,6 +22,7 @@ LCG32 = 2654435761  # near (sqrt(5)-1)/2 * 2**32
 MAX_COUNT = 16380  # saturation of key_num / value_num
 N_VALUES = 4  # value slots per key (k4v)
 _M32 = 0xFFFFFFFF
+_SMALL_INDEX = 16  # new starts per round below which indexing stays in Python
 
 
 def key_hash(tokens: Sequence[int]) -> int:
@@ -197,9 +198,19 @@ class _NgramMapDrafter(DraftlessDrafter):
 
     def _index(self, st: _MapState, hist: np.ndarray, lo1: int, hi1: int, lo2: int, hi2: int) -> None:
         """Store each start of [hi1..lo1] then [hi2..lo2] (descending) in its bucket if it is empty."""
-        parts = [np.arange(hi, lo - 1, -1, dtype=np.int64) for lo, hi in ((lo1, hi1), (lo2, hi2)) if hi >= lo]
-        if parts:
-            starts = np.concatenate(parts)
+        ranges = [(lo, hi) for lo, hi in ((lo1, hi1), (lo2, hi2)) if hi >= lo]
+        count = sum(hi - lo + 1 for lo, hi in ranges)
+        if 0 < count <= _SMALL_INDEX:
+            # The usual round adds a token or a few: plain Python beats numpy's per-call overhead.
+            key_map = st.key_map
+            for lo, hi in ranges:
+                window = hist[lo : hi + self.n].tolist()
+                for j in range(hi, lo - 1, -1):
+                    b = key_hash(window[j - lo : j - lo + self.n]) % KEY_MAP_SIZE
+                    if key_map[b] == 0:
+                        key_map[b] = j
+        elif count:
+            starts = np.concatenate([np.arange(hi, lo - 1, -1, dtype=np.int64) for lo, hi in ranges])
             buckets = window_buckets(hist, starts, self.n)
             # np.unique keeps the first occurrence of each bucket, i.e. the first writer.
             uniq, first = np.unique(buckets, return_index=True)
