@@ -20,13 +20,20 @@ from spekula.frontends.rpc_params import ServerDefaults
 from spekula.frontends.tui_app import EmbeddedSource, SpekulaApp
 
 REQUEST = (
-    "Rewrite this Python function with type hints and a docstring, keep the logic:\n"
+    "Add type hints to every parameter and return value of this Python code. Reply with the complete code.\n"
+    "```python\n"
     "def moving_average(values, window):\n"
     "    result = []\n"
     "    for i in range(len(values) - window + 1):\n"
     "        chunk = values[i:i + window]\n"
     "        result.append(sum(chunk) / window)\n"
     "    return result\n"
+    "\n"
+    "def normalize(values):\n"
+    "    low = min(values)\n"
+    "    high = max(values)\n"
+    "    return [(v - low) / (high - low) for v in values]\n"
+    "```\n"
 )
 
 
@@ -38,7 +45,7 @@ async def capture(app: SpekulaApp, out: Path, timeout: float) -> None:
             # Input is one line: type the request with its newlines shown as spaces would lose the
             # code's shape, so set the value directly and submit it like Enter does.
             app.ask(REQUEST)
-            app.query_one("#prompt").value = "Rewrite this Python function with type hints and a docstring…"  # type: ignore[attr-defined]
+            app.query_one("#prompt").value = "Add type hints to every parameter and return value of this Python code…"  # type: ignore[attr-defined]
             while app.last_result is None:
                 await pilot.pause(0.2)
             seen = app.n_stats_updates
