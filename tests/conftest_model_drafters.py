@@ -122,3 +122,62 @@ def random_draft_gguf(path: Path, arch: str, target: Path, *, seed: int = 0, **k
         meta = {"tokenizer.ggml.mask_token_id": n_vocab - 1}
     hp.update(keys)
     return write_gguf(path, arch, hp, tensors, meta)
+
+
+class Recording:
+    """Wraps a drafter and records every request it answers: (history, last, draft tokens)."""
+
+    model_based = True
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.log: list[tuple[list[int], int, list[int]]] = []
+
+    def capture(self) -> Any:
+        return self.inner.capture()
+
+    def begin(self, slot: int, prompt: Any) -> None:
+        self.inner.begin(slot, prompt)
+
+    def observe(self, slot: int, inp: Any, out: Any) -> None:
+        self.inner.observe(slot, inp, out)
+
+    def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
+        self.inner.accept(slot, n_accepted, mine)
+
+    def end(self, slot: int) -> None:
+        self.inner.end(slot)
+
+    def draft(self, requests: Any) -> Any:
+        drafts = self.inner.draft(requests)
+        for r, d in zip(requests, drafts, strict=True):
+            self.log.append(([int(t) for t in r.history], int(r.last), list(d.tokens)))
+        return drafts
+
+
+def recorded_drafts(target_path: Path, draft_path: Path, make: Callable[[DrafterContext], Drafter], spec: SpecParams,
+                    *, n_predict: int = 16) -> list[tuple[list[int], int, list[int]]]:
+    """Drafts made during a 2-slot engine run, each with the committed history it was made from."""
+    box: list[Recording] = []
+
+    def wrapped(ctx: DrafterContext) -> Drafter:
+        box.append(Recording(make(ctx)))
+        return box[0]  # type: ignore[return-value]
+
+    outs, refs, _ = engine_vs_plain(target_path, draft_path, wrapped, spec, n_predict=n_predict)
+    assert outs == refs
+    return [entry for entry in box[0].log if entry[2]]
+
+
+def agree_unless_near_tie(drafted: list[int], ref_logits: list[Any], gap: float = 1e-3) -> int:
+    """Assert drafted[i] == argmax(ref_logits[i]) up to the first reference near-tie; return how many were checked."""
+    import numpy as np
+
+    for i, (tok, row) in enumerate(zip(drafted, ref_logits, strict=False)):
+        row = np.asarray(row, dtype=np.float64)
+        top2 = np.sort(row[np.isfinite(row)])[-2:]
+        if top2[1] - top2[0] < gap:
+            return i
+        assert tok == int(np.argmax(row)), f"draft token {i}: {tok} != reference {int(np.argmax(row))}"
+    return len(drafted)

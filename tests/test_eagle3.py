@@ -160,3 +160,31 @@ def test_smollm2_random_draft_is_lossless(tmp_path: Path) -> None:
     draft = random_draft_gguf(tmp_path / "e3.gguf", "eagle3", target)
     outs, refs, st = engine_vs_plain(target, draft, Eagle3Drafter.create, SPEC, n_predict=8)
     assert outs == refs and st["gen_drafts"] > 0
+
+
+def test_drafts_made_in_the_engine_equal_a_from_scratch_reference(models: dict[str, Path]) -> None:
+    """Every draft of a 2-slot engine run (prompt chunks, verification rounds, partial acceptance) equals the
+    HF-formulation EAGLE-3 recomputed from scratch over the committed history: pairing, bridge and rebase
+    keep the draft KV cache exactly what a fresh run would build."""
+    import hf_reference as R  # noqa: PLC0415
+    import torch
+    from conftest_model_drafters import agree_unless_near_tie, recorded_drafts
+
+    spec = SPEC.with_(n_max=3)
+    log = recorded_drafts(models["target"], models["draft"], Eagle3Drafter.create, spec)
+    draft_hf = models["draft"].parent / "e3-hf"
+    checked = 0
+    for history, last, tokens in log:
+        _, states = R.target_forward(models["hf"], history)
+        feats = torch.cat([states[i] for i in (1, 4, 8)], dim=-1)
+        cfg, t = R._eagle3_tensors(draft_hf)
+        g = feats.double() @ t["fc.weight"].T
+        toks = [*history[1:], last]
+        rows = []
+        for tok in tokens:
+            logits, prenorm = R.eagle3_layer(draft_hf, models["hf"], g, toks)
+            rows.append(logits[-1].numpy())
+            g = torch.cat([g, prenorm[-1:]])
+            toks = [*toks, tok]
+        checked += agree_unless_near_tie(tokens, rows)
+    assert len(log) > 10 and checked > 2 * len(log)
