@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import structlog
@@ -117,12 +117,15 @@ class OnnxBackend(Backend):
         return self._export
 
     def close(self) -> None:
+        """Drop the session and every cache (device memory included); later calls raise ConfigError."""
         self._session = None
-        self._kv = KVPool(n_layer=1, n_head_kv=1, head_dim=1, n_ctx=1, n_seq_max=0)
+        self._kv.clear()
 
     # ---- sequences ----------------------------------------------------------------------------------
 
     def new_seq(self) -> int:
+        if self._session is None:
+            raise ConfigError("onnx backend is closed")
         return self._kv.new_seq()
 
     def free_seq(self, seq_id: int) -> None:
@@ -215,7 +218,8 @@ class OnnxBackend(Backend):
         seq.length = start + n
         return self._make_output(host_outputs, capture, lambda a: a[0, :n])
 
-    def _make_output(self, outs: dict[str, np.ndarray], capture: Capture, pick) -> SeqOutput:  # noqa: ANN001
+    def _make_output(self, outs: dict[str, np.ndarray], capture: Capture,
+                     pick: Callable[[np.ndarray], np.ndarray]) -> SeqOutput:
         result = SeqOutput(logits=outs["logits"])
         for name, layer in self._capture_names(capture):
             if layer is None:

@@ -80,6 +80,11 @@ class KVPool:
         if seq.host is None:
             self._spare.append(seq.buffer)
 
+    def clear(self) -> None:
+        """Forget every sequence and spare buffer, releasing their memory."""
+        self._seqs.clear()
+        self._spare.clear()
+
     def truncate(self, seq_id: int, n_keep: int) -> None:
         seq = self.get(seq_id)
         if n_keep < 0:

@@ -211,3 +211,14 @@ def test_loose_options_replace() -> None:
     a, b = be.new_seq(), be.new_seq()
     out = be.forward([SeqInput(a, _tokens(3), 0), SeqInput(b, _tokens(7, seed=1), 0)])
     assert [o.logits.shape for o in out] == [(1, 320), (1, 320)]
+
+
+def test_close_releases_and_refuses() -> None:
+    be = _backend()
+    seq = be.new_seq()
+    be.forward([SeqInput(seq, _tokens(3), 0)])
+    be.close()
+    with pytest.raises(ConfigError, match="closed"):
+        be.new_seq()
+    with pytest.raises(ConfigError):
+        be.forward([SeqInput(seq, _tokens(1), 3)])
