@@ -81,10 +81,20 @@ def gguf_sha256(model_path: str | os.PathLike[str]) -> str:
         return str(entry["sha256"])
     digest = sha256_file(path)
     memo[str(path)] = {**stamp, "sha256": digest}
+    if isinstance(entry, dict) and entry.get("sha256") not in (None, digest):
+        _drop_orphans(str(entry["sha256"]), memo)
     with contextlib.suppress(OSError):  # a read-only cache only costs a rehash next time
         memo_path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(memo_path, memo)
     return digest
+
+
+def _drop_orphans(old_digest: str, memo: dict[str, Any]) -> None:
+    """The file at a known path changed: its old exports are garbage unless another path has that content."""
+    if any(isinstance(e, dict) and e.get("sha256") == old_digest for e in memo.values()):
+        return
+    for graph in onnx_dir().glob(f"{old_digest}-v*.onnx"):
+        remove_export(graph)
 
 
 def manifest_path(onnx_path: Path) -> Path:

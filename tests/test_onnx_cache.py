@@ -76,6 +76,16 @@ def test_gguf_is_hashed_once_per_size_and_mtime(cache: Path, tmp_path: Path, mon
     assert len(hashed) == 2
 
 
+def test_exports_of_a_replaced_gguf_are_removed(cache: Path, tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(tiny_model_path("llama").read_bytes())
+    old = onnx_export.ensure_export(model).path
+    model.write_bytes(tiny_model_path("qwen2").read_bytes())  # same path, new content
+    new = onnx_export.ensure_export(model).path
+    assert new != old and new.is_file()
+    assert not old.exists() and not old.with_name(old.name + ".data").exists()
+
+
 def _flip_byte(path: Path, offset: int) -> None:
     data = bytearray(path.read_bytes())
     data[offset] ^= 0x5A
