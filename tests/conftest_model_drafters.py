@@ -125,14 +125,19 @@ def random_draft_gguf(path: Path, arch: str, target: Path, *, seed: int = 0, **k
 
 
 class Recording:
-    """Wraps a drafter and records every request it answers: (history, last, draft tokens)."""
+    """Wraps a drafter and records every request it answers: (history, last, draft tokens, probe).
+
+    ``probe(drafter, request)``, if given, runs just before each draft and may read the draft model's
+    state (e.g. its logits for this request); it must leave the draft caches as it found them.
+    """
 
     model_based = True
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, probe: Callable[[Any, Any], Any] | None = None) -> None:
         self.inner = inner
+        self.probe = probe
         self.name = inner.name
-        self.log: list[tuple[list[int], int, list[int]]] = []
+        self.log: list[tuple[list[int], int, list[int], Any]] = []
 
     def capture(self) -> Any:
         return self.inner.capture()
@@ -150,24 +155,35 @@ class Recording:
         self.inner.end(slot)
 
     def draft(self, requests: Any) -> Any:
+        probes = [self.probe(self.inner, r) if self.probe else None for r in requests]
         drafts = self.inner.draft(requests)
-        for r, d in zip(requests, drafts, strict=True):
-            self.log.append(([int(t) for t in r.history], int(r.last), list(d.tokens)))
+        for r, d, p in zip(requests, drafts, probes, strict=True):
+            self.log.append(([int(t) for t in r.history], int(r.last), list(d.tokens), p))
         return drafts
 
 
 def recorded_drafts(target_path: Path, draft_path: Path, make: Callable[[DrafterContext], Drafter], spec: SpecParams,
-                    *, n_predict: int = 16) -> list[tuple[list[int], int, list[int]]]:
+                    *, n_predict: int = 16, probe: Callable[[Any, Any], Any] | None = None,
+                    ) -> list[tuple[list[int], int, list[int], Any]]:
     """Drafts made during a 2-slot engine run, each with the committed history it was made from."""
     box: list[Recording] = []
 
     def wrapped(ctx: DrafterContext) -> Drafter:
-        box.append(Recording(make(ctx)))
+        box.append(Recording(make(ctx), probe))
         return box[0]  # type: ignore[return-value]
 
     outs, refs, _ = engine_vs_plain(target_path, draft_path, wrapped, spec, n_predict=n_predict)
     assert outs == refs
     return [entry for entry in box[0].log if entry[2]]
+
+
+def assert_logits_close(got: Any, want: Any, atol: float = 1e-4) -> None:
+    import numpy as np
+
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    assert np.array_equal(np.isfinite(got), np.isfinite(want))
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], atol=atol, rtol=0)
 
 
 def agree_unless_near_tie(drafted: list[int], ref_logits: list[Any], gap: float = 1e-3) -> int:
@@ -181,3 +197,17 @@ def agree_unless_near_tie(drafted: list[int], ref_logits: list[Any], gap: float 
             return i
         assert tok == int(np.argmax(row)), f"draft token {i}: {tok} != reference {int(np.argmax(row))}"
     return len(drafted)
+
+
+def block_logits(d: Any, r: Any) -> Any:
+    """The draft block's logits for this request from the drafter's current context (block K/V undone)."""
+    from spekula.core.draft_models import DFlashBlock
+
+    st, pos0 = d._slots.get(r.slot), len(r.history)
+    if st is None or d.runtime.seq_len(st.seq) < pos0:
+        return None
+    d.runtime.truncate(st.seq, pos0)
+    n_spec = min(int(r.spec.n_max), d.max_block_draft())
+    out = d.runtime.draft_blocks([DFlashBlock(st.seq, d.block_for(int(r.last), n_spec), pos0)])[0]
+    d.runtime.truncate(st.seq, pos0)
+    return out.logits

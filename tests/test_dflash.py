@@ -126,17 +126,24 @@ def test_smollm2_random_draft_is_lossless(tmp_path: Path) -> None:
 
 def test_drafts_made_in_the_engine_equal_a_from_scratch_reference(models: dict[str, Path]) -> None:
     """Every draft of a 2-slot engine run equals z-lab's DFlash recomputed from scratch over the committed
-    history: injected context (prompt chunks, verification rows, rejected rows overwritten) is exact."""
+    history (block logits within 1e-4): injected context (prompt chunks, verification rows, rejected rows
+    overwritten) is exactly what a fresh run would build."""
     import hf_reference as R  # noqa: PLC0415
     import torch
-    from conftest_model_drafters import agree_unless_near_tie, recorded_drafts
+    from conftest_model_drafters import (
+        agree_unless_near_tie,
+        assert_logits_close,
+        block_logits,
+        recorded_drafts,
+    )
 
-    log = recorded_drafts(models["target"], models["draft"], DFlashDrafter.create, SPEC)
+    log = recorded_drafts(models["target"], models["draft"], DFlashDrafter.create, SPEC, probe=block_logits)
     draft_hf = models["draft"].parent / "df-hf"
     checked = 0
-    for history, last, tokens in log:
+    for history, last, tokens, probed in log:
         _, states = R.target_forward(models["hf"], history)
         feats = torch.cat([states[i] for i in (2, 7)], dim=-1)
         logits, _ = R.dflash_forward(draft_hf, models["hf"], feats, [last] + [tiny_hf.VOCAB - 1] * SPEC.n_max)
+        assert_logits_close(probed, logits.numpy())
         checked += agree_unless_near_tie(tokens, [logits[j].numpy() for j in range(1, len(tokens) + 1)])
     assert len(log) > 10 and checked > 2 * len(log)

@@ -162,19 +162,33 @@ def test_smollm2_random_draft_is_lossless(tmp_path: Path) -> None:
     assert outs == refs and st["gen_drafts"] > 0
 
 
+def _step0_logits(d: Eagle3Drafter, r: DraftRequest) -> np.ndarray | None:
+    """The draft's first-step logits for this request, computed from its current caches (then undone)."""
+    from spekula.core.draft_models import Eagle3Rows
+
+    st, pos = d._slots.get(r.slot), len(r.history) - 1
+    if st is None or st.pending_g is None or st.pending_pos != pos:
+        return None
+    d.runtime.truncate(st.seq, pos)
+    out = d.runtime.decode([Eagle3Rows(st.seq, np.array([r.last], np.int32), st.pending_g[None], pos)])[0]
+    d.runtime.truncate(st.seq, pos)
+    assert out.logits is not None
+    return out.logits[-1]
+
+
 def test_drafts_made_in_the_engine_equal_a_from_scratch_reference(models: dict[str, Path]) -> None:
     """Every draft of a 2-slot engine run (prompt chunks, verification rounds, partial acceptance) equals the
-    HF-formulation EAGLE-3 recomputed from scratch over the committed history: pairing, bridge and rebase
-    keep the draft KV cache exactly what a fresh run would build."""
+    HF-formulation EAGLE-3 recomputed from scratch over the committed history: first-step logits within
+    1e-4 and the chained tokens; pairing, bridge and rebase keep the draft KV what a fresh run would build."""
     import hf_reference as R  # noqa: PLC0415
     import torch
-    from conftest_model_drafters import agree_unless_near_tie, recorded_drafts
+    from conftest_model_drafters import agree_unless_near_tie, assert_logits_close, recorded_drafts
 
     spec = SPEC.with_(n_max=3)
-    log = recorded_drafts(models["target"], models["draft"], Eagle3Drafter.create, spec)
+    log = recorded_drafts(models["target"], models["draft"], Eagle3Drafter.create, spec, probe=_step0_logits)
     draft_hf = models["draft"].parent / "e3-hf"
     checked = 0
-    for history, last, tokens in log:
+    for history, last, tokens, step0 in log:
         _, states = R.target_forward(models["hf"], history)
         feats = torch.cat([states[i] for i in (1, 4, 8)], dim=-1)
         cfg, t = R._eagle3_tensors(draft_hf)
@@ -186,5 +200,6 @@ def test_drafts_made_in_the_engine_equal_a_from_scratch_reference(models: dict[s
             rows.append(logits[-1].numpy())
             g = torch.cat([g, prenorm[-1:]])
             toks = [*toks, tok]
+        assert_logits_close(step0, rows[0])
         checked += agree_unless_near_tie(tokens, rows)
     assert len(log) > 10 and checked > 2 * len(log)
