@@ -196,7 +196,9 @@ class OnnxBackend(Backend):
             "input_ids": ids,
             "position_ids": np.arange(start, start + m, dtype=np.int64).reshape(1, m),
             "attn_mask": _causal_mask(start, m).reshape(1, 1, 1, m, start + m),
-            "logit_rows": rows,
+            # No rows wanted (a prompt chunk): compute row 0 anyway and drop it, so no kernel ever sees
+            # a zero-sized matrix (cuBLAS/cuDNN paths are not all written for M = 0).
+            "logit_rows": rows if len(rows) else np.zeros(1, dtype=np.int64),
         }
         for name, arr in host_inputs.items():
             binding.bind_cpu_input(name, arr)
@@ -207,15 +209,15 @@ class OnnxBackend(Backend):
                                    kv.ptr(seq, layer, which, 0))
                 binding.bind_output(f"new_{kind}_{layer}", dev, dev_id, np.float32, new_shape,
                                     kv.ptr(seq, layer, which, start))
-        logits = np.empty((len(rows), hp.n_vocab), dtype=np.float32)
+        logits = np.empty((max(len(rows), 1), hp.n_vocab), dtype=np.float32)
         host_outputs: dict[str, np.ndarray] = {"logits": logits}
         for name, _ in self._capture_names(capture):
             host_outputs[name] = np.empty((1, m, hp.n_embd), dtype=np.float32)
-        for name, arr in host_outputs.items():
-            # ORT copies device results into these host arrays; a zero-size one gets a dummy address.
-            binding.bind_output(name, "cpu", 0, np.float32, list(arr.shape), arr.ctypes.data or 1)
+        for name, arr in host_outputs.items():  # ORT copies device results into these host arrays
+            binding.bind_output(name, "cpu", 0, np.float32, list(arr.shape), arr.ctypes.data)
         self._session.run_with_iobinding(binding)
         seq.length = start + n
+        host_outputs["logits"] = logits[: len(rows)]
         return self._make_output(host_outputs, capture, lambda a: a[0, :n])
 
     def _make_output(self, outs: dict[str, np.ndarray], capture: Capture,
