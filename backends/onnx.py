@@ -71,6 +71,11 @@ class OnnxBackend(Backend):
         self.info = ModelInfo(path=self._model_path, arch=hp.arch, name=self._export.name, n_vocab=hp.n_vocab,
                               n_embd=hp.n_embd, n_layer=hp.n_layer, n_ctx_train=hp.n_ctx_train)
         self._session = self._open_session()
+        if self.provider.name == "cuda" and self._session.get_providers()[0] != "CUDAExecutionProvider":
+            # ORT falls back to CPU silently when the CUDA provider fails at session creation; the device
+            # KV buffers would then not match the session.
+            raise ConfigError(f"onnx backend: the CUDA provider did not attach to the session "
+                              f"(got {self._session.get_providers()}); use --ort-provider cpu")
         # Bitwise row invariance is a property of the CPU kernels; on CUDA (cuBLAS picks algorithms by
         # shape) the exact flag cannot be honoured, so rows are not padded there.
         self._row_multiple = EXACT_ROW_MULTIPLE if options.exact and self.provider.name == "cpu" else 1

@@ -92,3 +92,17 @@ def test_backend_without_gpu(tmp_path_factory: pytest.TempPathFactory, monkeypat
     be = OnnxBackend(path, BackendOptions(device="cuda", ort_provider="auto"))
     assert be.provider == ProviderChoice("cpu")
     assert "Failed to load" not in capfd.readouterr().err
+
+
+def test_cuda_choice_that_does_not_attach_is_a_clear_error(tmp_path_factory: pytest.TempPathFactory,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend's CUDA branch on a machine where ORT cannot load CUDA: the session would silently
+    run on CPU with device-side KV buffers; the backend must refuse with a ConfigError instead."""
+    if _machine_has_cuda():
+        pytest.skip("this machine has a usable CUDA GPU")
+    from spekula.backends import onnx as onnx_backend
+
+    monkeypatch.setenv("SPEKULA_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "onnx-cache"))
+    monkeypatch.setattr(onnx_backend, "select_provider", lambda options: ProviderChoice("cuda", 0))
+    with pytest.raises(ConfigError, match="CUDA provider did not attach"):
+        onnx_backend.OnnxBackend(tiny_model_path("llama"), BackendOptions())
