@@ -116,7 +116,7 @@ def convert_dflash(ckpt: HFCheckpoint, target: HFCheckpoint, outfile: Path, outt
     try:
         w = out.w
         w.add_string("general.name", ckpt.path.name)
-        write_decoder_keys(out, cfg, n_layer=n_layer, where=where, llama_style=False, head_dim_keys=head_dim_known(raw))
+        write_decoder_keys(out, cfg, n_layer=n_layer, where=where, llama_style=False, head_dim_keys=head_dim_known(raw, cfg))
         w.add_uint32("dflash.block_size", block_size)
         w.add_array("dflash.target_layers", [i + 1 for i in ids])
         causal = cfg.get("is_causal", dcfg.get("causal"))

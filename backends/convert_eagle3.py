@@ -90,7 +90,7 @@ def convert_eagle3(ckpt: HFCheckpoint, target: HFCheckpoint, outfile: Path, outt
         w = out.w
         w.add_string("general.name", ckpt.path.name)
         write_decoder_keys(out, {**cfg, "vocab_size": n_vocab_t}, n_layer=1, where=where, llama_style=True,
-                           head_dim_keys=head_dim_known(ckpt.config))
+                           head_dim_keys=head_dim_known(ckpt.config, cfg))
         w.add_array("eagle3.target_layers", layers)
         w.add_uint32("eagle3.target_hidden_size", target_hidden)
         w.add_bool("eagle3.norm_before_residual", bool(cfg.get("norm_before_residual", False)))

@@ -86,11 +86,11 @@ def head_dim(cfg: dict[str, Any]) -> int:
     return int(hd) if hd else int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])
 
 
-def head_dim_known(raw_config: dict[str, Any]) -> bool:
-    """Whether llama.cpp's converter sees a ``head_dim``: it reads configs through transformers, whose
-    Llama/Mistral/Qwen3 config classes always define one; for other (or unknown) model types only an
-    explicit value counts."""
-    return raw_config.get("model_type") in ("llama", "mistral", "qwen3") or bool(raw_config.get("head_dim"))
+def head_dim_known(raw_config: dict[str, Any], merged: dict[str, Any]) -> bool:
+    """Whether llama.cpp's converter sees a ``head_dim``: it loads configs through transformers, whose
+    Llama/Mistral/Qwen3 config classes always define one (top-level model_type only); otherwise only an
+    explicit value counts, including one inside a nested ``transformer_layer_config``."""
+    return raw_config.get("model_type") in ("llama", "mistral", "qwen3") or bool(merged.get("head_dim"))
 
 
 def write_decoder_keys(out: GGUFOut, cfg: dict[str, Any], *, n_layer: int, where: Path, llama_style: bool,

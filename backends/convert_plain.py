@@ -76,7 +76,7 @@ def convert_plain(ckpt: HFCheckpoint, outfile: Path, outtype: str, *, pre: str |
     try:
         out.w.add_string("general.name", ckpt.path.name)
         write_decoder_keys(out, cfg, n_layer=n_layer, where=ckpt.path, llama_style=arch == "llama",
-                           head_dim_keys=head_dim_known(cfg))
+                           head_dim_keys=head_dim_known(cfg, cfg))
         write_vocab(out, ckpt.path, vocab_size=vocab_size, pre=pre)
         emb = ckpt.get("model.embed_tokens.weight")
         if emb.shape != (vocab_size, int(cfg["hidden_size"])):

@@ -90,6 +90,7 @@ CASES = {
     "dflash": lambda p: tiny_hf.write_dflash(p),
     "dspark": lambda p: tiny_hf.write_dflash(p, markov_rank=8),
     "dspark-reduced-vocab": lambda p: tiny_hf.write_dflash(p, markov_rank=8, draft_vocab=96, sample_from_anchor=False),
+    "dspark-speculators": lambda p: tiny_hf.write_dflash(p, markov_rank=8, speculators=True),
 }
 
 

@@ -112,6 +112,7 @@ DFLASH_CASES = {
     "dspark-anchor": ({"markov_rank": 8}, "dspark"),
     "dspark-bonus-anchor": ({"markov_rank": 8, "sample_from_anchor": False}, "dspark"),
     "dspark-reduced-vocab": ({"markov_rank": 8, "draft_vocab": 96, "confidence": False}, "dspark"),
+    "dspark-speculators": ({"markov_rank": 8, "speculators": True}, "dspark"),
 }
 
 
