@@ -191,7 +191,7 @@ class TorchDFlashRuntime(DFlashRuntime):
         for b in blocks:
             m = len(b.tokens)
             bl, conf = logits[off:off + m], None
-            if self.markov_w1 is not None and m <= self.info.block_size + (0 if self.info.sample_from_anchor else 1):
+            if self.markov_w1 is not None and m <= self.info.block_size:  # longer blocks skip the head (§4)
                 bl, conf = self._markov(bl, hid[off:off + m].float(), int(b.tokens[0]))
             outs.append(DFlashOut(bl.cpu().numpy(), None if conf is None else conf.cpu().numpy()))
             off += m
