@@ -88,11 +88,19 @@ class RpcConnection:
     writer: LineWriter
     methods: Mapping[str, Handler]
     tracker: RequestTracker = field(default_factory=RequestTracker)
+    # After end-of-input: True when the peer closed entirely; False when it only shut down its
+    # write side and still reads (`nc -N`, `socat`). None: cannot tell, so treat it as gone.
+    peer_closed: Callable[[], bool] | None = None
+    half_close_poll: float = 0.1
     _table: dict[p.RequestId, _InFlight] = field(default_factory=dict)
     _tg: TaskGroup | None = None
+    _busy: int = 0  # lines of this connection not yet answered
 
     async def serve(self) -> None:
-        """Serve until the peer closes; then cancel whatever it still had running."""
+        """Serve until the peer closes; then cancel whatever it still had running.
+
+        A peer that only half-closed (shut down writing, still reading) gets its pending replies;
+        a full close, at EOF or at any time while those are pending, cancels them at once."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
             while True:
@@ -110,8 +118,12 @@ class RpcConnection:
                     # Counted from here until its reply is written, so a draining shutdown never
                     # closes the connection between a result and its delivery.
                     self.tracker.enter()
+                    self._busy += 1
                     tg.start_soon(self._handle_line, line)
-            # The peer is gone (it cannot half-close and wait): free its slots now.
+            if self.peer_closed is not None:
+                while self._busy and not self.peer_closed():
+                    await anyio.sleep(self.half_close_poll)
+            # The peer is gone (or has everything it asked for): free its slots now.
             tg.cancel_scope.cancel()
 
     def cancel(self, rid: p.RequestId) -> bool:
@@ -156,6 +168,7 @@ class RpcConnection:
             if reply is not None:
                 await self._send(reply)
         finally:
+            self._busy -= 1
             self.tracker.exit()
 
     async def _handle_batch(self, items: list[Any]) -> None:

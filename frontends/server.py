@@ -12,6 +12,7 @@ import contextlib
 import errno
 import logging
 import os
+import select
 import signal
 import socket
 import stat
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from anyio.abc import SocketListener, SocketStream, TaskGroup
+from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskGroup
 from spekula.core.errors import ConfigError, SpekulaError
 
 from .rpc_dispatch import Handler, RequestTracker, RpcConnection
@@ -74,6 +75,17 @@ def prepare_socket_path(path: str) -> None:
     finally:
         probe.close()
     raise SocketInUseError(f"a server is already listening on {path}; stop it or choose another --socket")
+
+
+def peer_hung_up(sock: socket.socket) -> bool:
+    """True once the peer closed its end entirely. Linux reports POLLHUP on a Unix stream socket
+    only when both directions are shut, so a peer that merely shut down writing reads False."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLHUP)
+    try:
+        return any(ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, ev in poller.poll(0))
+    except OSError:
+        return True
 
 
 @contextlib.contextmanager
@@ -175,7 +187,9 @@ class RpcServer:
         try:
             async with stream:
                 reader = LineReader(stream, self.config.max_line_bytes)
-                await RpcConnection(reader, LineWriter(stream), self.methods, self.tracker).serve()
+                raw = stream.extra(SocketAttribute.raw_socket)
+                await RpcConnection(reader, LineWriter(stream), self.methods, self.tracker,
+                                    peer_closed=lambda: peer_hung_up(raw)).serve()
         finally:
             self.n_connections -= 1
 

@@ -194,3 +194,27 @@ def test_unusable_socket_paths_are_clear_errors(tmp_path: Path) -> None:
         check_socket_path(str(tmp_path / ("x" * 120)))
     with pytest.raises(SocketInUseError, match="does not exist"):
         check_socket_path(str(tmp_path / "missing" / "s.sock"))
+
+
+def test_half_closed_client_gets_its_replies_full_close_cancels(sock_path: str) -> None:
+    """`nc -N` / socat shut down their write side after sending and still read the answers."""
+    engine = fakes.FakeEngine(round_delay=0.01)
+    with running_server(sock_path, engine):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(sock_path)
+        s.sendall(p.encode(p.request("completion", {"prompt": "half", "n_predict": 30}, 1)))
+        s.shutdown(socket.SHUT_WR)
+        reply = json.loads(s.makefile("rb").readline())
+        assert reply["result"]["content"] == fakes.expected_text("half", 30)
+        s.close()
+        # A full close while a (non-streaming) request runs frees its slot without waiting for it.
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(sock_path)
+        s.sendall(p.encode(p.request("completion", {"prompt": "gone", "n_predict": 100_000}, 2)))
+        threading.Event().wait(0.1)
+        s.close()
+        for _ in range(100):
+            if len(engine.finished) == 2:
+                break
+            threading.Event().wait(0.02)
+        assert engine.finished[-1].stop_type == "cancel"
