@@ -39,8 +39,19 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def normalize_option_names(argv: list[str]) -> list[str]:
+    """llama.cpp accepts `--spec_type` for `--spec-type`: normalise `_` to `-` in long option names."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--") and len(arg) > 2:
+            name, sep, value = arg.partition("=")
+            arg = name.replace("_", "-") + sep + value
+        out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = normalize_option_names(list(sys.argv[1:] if argv is None else argv))
     try:
         parser = build_parser(argv)
         args = parser.parse_args(argv)
