@@ -47,6 +47,8 @@ def _engine(backend: str, spec: list[str]) -> Engine:
     argv = ["-m", str(smollm2_path()), "--backend", backend, "-c", "512", "-np", str(len(PROMPTS)), "--threads", "1"]
     for t in spec:
         argv += ["--spec-type", t]
+    if spec:  # llama.cpp's default 12-token lookup rarely matches within 128 tokens; 3 drafts often
+        argv += ["--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8"]
     return options.build_engine(p.parse_args(argv))
 
 
