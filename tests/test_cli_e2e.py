@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -152,6 +153,56 @@ def test_generation_stops_at_the_context(llama: str) -> None:
     drafted = generate_json(llama, "--temp", "0", "-c", "32", "--spec-type", "draft-simple", "-md", llama,
                             prompt="hello", n=100)
     assert drafted["tokens"] == out["tokens"]
+
+
+def stop_string_from(content: str) -> str | None:
+    """A short alphanumeric run in the middle of the output that does not occur earlier."""
+    for i in range(3, len(content) - 3):
+        cand = content[i:i + 3]
+        if cand.isascii() and cand.isalnum() and cand not in content[: i + 2]:
+            return cand
+    return None
+
+
+def test_stop_string_with_and_without_drafting(llama: str, greedy_ref: dict[str, Any]) -> None:
+    stop = stop_string_from(greedy_ref["content"])
+    assert stop is not None, f"no usable stop string in {greedy_ref['content']!r}"
+    expected = greedy_ref["content"][: greedy_ref["content"].index(stop)]
+    # drafts run past the stop string; the verified output must still end right before it
+    for spec in ([], ["--spec-type", "draft-simple", "-md", llama, "--spec-draft-n-max", "6"]):
+        out = generate_json(llama, "--temp", "0", "--stop", stop, *spec)
+        assert out["stop_type"] == "word" and out["stopping_word"] == stop
+        assert out["content"] == expected
+
+
+def test_n_predict_never_exceeded_by_drafts(llama: str, greedy_ref: dict[str, Any]) -> None:
+    out = generate_json(llama, "--temp", "0", "--spec-type", "draft-simple", "-md", llama,
+                        "--spec-draft-n-max", "8", n=5)
+    assert out["tokens"] == greedy_ref["tokens"][:5] and out["timings"]["predicted_n"] == 5
+    assert out["timings"]["draft_n"] == out["timings"]["draft_n_accepted"] > 0
+
+
+def test_probabilistic_self_draft_at_temperature(llama: str) -> None:
+    """Rejection sampling with draft == target accepts every drafted token."""
+    out = generate_json(llama, "--temp", "0.8", "--seed", "3", "--spec-type", "draft-simple", "-md", llama,
+                        "--spec-draft-sampling", "probabilistic")
+    assert len(out["tokens"]) == N or out["stop_type"] == "eos"
+    assert out["timings"]["draft_n"] == out["timings"]["draft_n_accepted"] > 0
+
+
+def test_ctrl_c_exits_130_quietly(llama: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([*spekula_cmd(), "generate", "-m", llama, "-p", "hello", "-n", "-1", "--temp", "0",
+                             "--ignore-eos"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        proc.stdout.read(1)  # generation has started
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and b"Traceback" not in err, err.decode()
 
 
 def test_truncate_model_gives_a_working_draft(llama: str, greedy_ref: dict[str, Any], tmp_path: Path) -> None:
