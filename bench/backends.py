@@ -1,12 +1,13 @@
 """Forward latency of the torch and onnx backends on the same model, side by side in one run.
 
     .venv/bin/python bench/backends.py [-m MODEL.gguf] [--device cpu|cuda] [--past 256] [--reps 10]
-                                       [--sizes 1,4,8,16] [--threads 1] [--loose] [--json]
+                                       [--sizes 1,4,8,16] [--threads 1] [--loose] [--onnx-dtype f32|q4] [--json]
 
 For each size n it times one forward of n new tokens on top of a `--past`-token cache with logits for
 every row (n = 1 is a decode step; n > 1 is a verification batch of a draft of n-1 tokens), truncating
 back after each call. The two backends alternate call by call so machine noise hits both alike; the
-median is reported with the onnx/torch ratio (< 1: onnx faster). `--loose` runs both with exact=False.
+median is reported with the onnx/torch ratio (< 1: onnx faster). `--loose` runs both with exact=False;
+`--onnx-dtype q4` times the onnx backend's MatMulNBits weights against torch's fp32.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -33,6 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", default="1,4,8,16", help="new tokens per forward (default 1,4,8,16)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads per backend (default 1; 0 = runtime default)")
     p.add_argument("--loose", action="store_true", help="exact=False for both backends")
+    p.add_argument("--onnx-dtype", default="f32", choices=("f32", "q4"), help="onnx weight format (default f32)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     return p.parse_args(argv)
 
@@ -46,7 +49,8 @@ def _model_path(model: str | None) -> str:
 
 
 def run_bench(model: str, *, device: str = "cpu", past: int = 256, reps: int = 10,
-              sizes: tuple[int, ...] = (1, 4, 8, 16), threads: int = 1, exact: bool = True) -> dict[str, Any]:
+              sizes: tuple[int, ...] = (1, 4, 8, 16), threads: int = 1, exact: bool = True,
+              onnx_dtype: str = "f32") -> dict[str, Any]:
     """Median milliseconds per forward, per backend and size, plus onnx/torch ratios."""
     from spekula.core.backend import BackendOptions, SeqInput, load_backend
 
@@ -58,7 +62,7 @@ def run_bench(model: str, *, device: str = "cpu", past: int = 256, reps: int = 1
     load_s: dict[str, float] = {}
     for name in BACKENDS:
         t0 = time.perf_counter()
-        backends[name] = load_backend(name, model, opts)
+        backends[name] = load_backend(name, model, replace(opts, dtype=onnx_dtype) if name == "onnx" else opts)
         load_s[name] = time.perf_counter() - t0
     n_vocab = backends["torch"].info.n_vocab
     prompt = rng.integers(0, n_vocab, past).astype(np.int32)
@@ -82,6 +86,7 @@ def run_bench(model: str, *, device: str = "cpu", past: int = 256, reps: int = 1
         be.close()
     return {
         "model": os.path.basename(model), "device": device, "past": past, "reps": reps, "exact": exact,
+        "onnx_dtype": onnx_dtype,
         "threads": threads, "load_s": load_s,
         "median_ms": {name: {str(n): round(v, 3) for n, v in per.items()} for name, per in med.items()},
         "ratio_onnx_over_torch": {str(n): round(med["onnx"][n] / med["torch"][n], 3) for n in sizes},
@@ -90,7 +95,7 @@ def run_bench(model: str, *, device: str = "cpu", past: int = 256, reps: int = 1
 
 def print_table(res: dict[str, Any]) -> None:
     print(f"model {res['model']}  device {res['device']}  past {res['past']}  exact {res['exact']}  "
-          f"threads {res['threads']}  reps {res['reps']} (median)")
+          f"threads {res['threads']}  onnx weights {res['onnx_dtype']}  reps {res['reps']} (median)")
     print(f"load: torch {res['load_s']['torch']:.1f} s, onnx {res['load_s']['onnx']:.1f} s")
     print(f"{'new tokens':>10}  {'torch ms':>9}  {'onnx ms':>9}  {'onnx/torch':>10}")
     for n, ratio in res["ratio_onnx_over_torch"].items():
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sizes = tuple(int(s) for s in args.sizes.split(",") if s.strip())
         res = run_bench(_model_path(args.model), device=args.device, past=args.past, reps=args.reps,
-                        sizes=sizes, threads=args.threads, exact=not args.loose)
+                        sizes=sizes, threads=args.threads, exact=not args.loose, onnx_dtype=args.onnx_dtype)
     except (SpekulaError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
