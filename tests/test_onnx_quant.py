@@ -73,3 +73,22 @@ def test_q4_format_runs_and_stays_near_f32(tmp_path_factory: pytest.TempPathFact
     agree = float((out["q4"].argmax(-1) == out["f32"].argmax(-1)).mean())
     print(f"q4 vs f32: max diff {np.abs(out['q4'] - out['f32']).max():.3g}, corr {corr:.5f}, argmax agree {agree:.2f}")
     assert corr > 0.99 and agree >= 0.8
+
+
+def test_q4_exact_mode_is_chunking_invariant(tmp_path_factory: pytest.TempPathFactory,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """int8 activations are quantized per row and block, so padded exact-mode runs stay bitwise
+    invariant: speculative decoding on a q4 target is lossless with respect to q4 plain decoding."""
+    monkeypatch.setenv("SPEKULA_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "onnx-cache"))
+    from spekula.backends.onnx import OnnxBackend
+
+    be = OnnxBackend(tiny_model_path("llama"), BackendOptions(dtype="q4", threads=1, n_ctx=64))
+    seq = be.new_seq()
+    ids = np.random.default_rng(4).integers(0, 320, 41).astype(np.int32)
+    whole = be.forward([SeqInput(seq, ids, 0, np.arange(41))])[0].logits
+    be.truncate(seq, 0)
+    parts, start = [], 0
+    for size in (3, 1, 1, 9, 2, 25):
+        parts.append(be.forward([SeqInput(seq, ids[start : start + size], start, np.arange(size))])[0].logits)
+        start += size
+    assert np.array_equal(np.concatenate(parts), whole)
