@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import structlog
@@ -30,6 +31,9 @@ from .onnx_export import Export, ensure_export
 from .onnx_graph import HIDDEN_FINAL, resid_name
 from .onnx_kv import KVPool, SeqKV
 from .onnx_providers import ProviderChoice, select_provider
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 log = structlog.get_logger("spekula.onnx")
 
@@ -87,7 +91,7 @@ class OnnxBackend(Backend):
 
     # ---- session ------------------------------------------------------------------------------------
 
-    def _session_options(self):  # noqa: ANN202 - onnxruntime.SessionOptions, imported lazily
+    def _session_options(self) -> ort.SessionOptions:
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -99,7 +103,7 @@ class OnnxBackend(Backend):
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return so
 
-    def _open_session(self):  # noqa: ANN202 - onnxruntime.InferenceSession
+    def _open_session(self) -> ort.InferenceSession:
         """Load the cached export; if ORT rejects it (corrupt in a way the manifest missed), rebuild once."""
         import onnxruntime as ort
 

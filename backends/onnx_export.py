@@ -21,7 +21,7 @@ from ..core.errors import ConfigError
 from ..core.gguf_file import GGUFFile
 from . import onnx_cache
 from .gguf_weights import ModelHParams, load_model_weights, read_hparams
-from .onnx_graph import BuiltGraph, build_graph, linear_f32
+from .onnx_graph import BuiltGraph, LinearFn, build_graph, linear_f32
 
 log = structlog.get_logger("spekula.onnx")
 
@@ -81,7 +81,7 @@ def write_model(built: BuiltGraph, onnx_path: Path) -> Path:
     return data_path
 
 
-def _linear_for(weight_format: str, f: GGUFFile, weights: dict[str, np.ndarray]):  # noqa: ANN202
+def _linear_for(weight_format: str, f: GGUFFile, weights: dict[str, np.ndarray]) -> LinearFn:
     if weight_format == "f32":
         return linear_f32(weights)
     from .onnx_quant import linear_q4

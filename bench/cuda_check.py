@@ -44,10 +44,10 @@ def run_conformance(device: str, backends: list[str], models: list[str]) -> list
     """(backend, model, check, None or the failure) for every combination."""
     sys.path.insert(0, str(ROOT / "tests"))
     import backend_conformance as bc
-    from spekula.core.backend import BackendOptions, load_backend
+    from spekula.core.backend import Backend, BackendOptions, load_backend
 
     @cache
-    def on_gpu(name: str, model: str):  # noqa: ANN202 - a Backend
+    def on_gpu(name: str, model: str) -> Backend:
         opts = BackendOptions(device=device, dtype="f32", n_ctx=bc.N_CTX, n_seq_max=4, exact=True,
                               ort_provider="cuda")
         return load_backend(name, bc.model_path(model), opts)

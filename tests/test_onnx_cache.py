@@ -8,7 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from spekula.backends.gguf_weights import ModelHParams
 from spekula.core.backend import BackendOptions, SeqInput
+from spekula.core.gguf_file import GGUFFile
 from spekula.fixtures.tiny_gguf import tiny_model_path
 
 pytest.importorskip("onnxruntime")
@@ -28,9 +30,9 @@ def export_count(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     calls: list[Path] = []
     real = onnx_export._export
 
-    def counting(f, hp, fmt, path, meta):  # noqa: ANN001, ANN202
+    def counting(f: GGUFFile, hp: ModelHParams, fmt: str, path: Path, meta: dict[str, object]) -> None:
         calls.append(path)
-        return real(f, hp, fmt, path, meta)
+        real(f, hp, fmt, path, meta)
 
     monkeypatch.setattr(onnx_export, "_export", counting)
     return calls
