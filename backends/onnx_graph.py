@@ -19,6 +19,11 @@ The cache layout [P, n_head_kv, head_dim] per sequence makes "positions 0..P-1" 
 a preallocated buffer, so the backend can hand ORT the cache without copying and let ORT write the
 new keys straight into the buffer at their positions (see backends/onnx.py). The mask is an input so
 that any cache length, padding and batch layout is the caller's business, not the graph's.
+
+Standard ONNX ops only (plus MatMulNBits for the opt-in q4 weights, onnx_quant.py). ORT's
+GroupQueryAttention / RotaryEmbedding contrib ops are not used: their CUDA kernels want a shared
+past/present buffer layout that could not be checked here without a GPU, and on CPU ORT already fuses
+the RMSNorm pattern; GQA is done by broadcasting K/V over each group in MatMul instead of repeating it.
 """
 
 from __future__ import annotations
