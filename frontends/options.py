@@ -61,8 +61,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("-b", "--batch-size", type=int, default=512, help="max tokens per forward (default: 512)")
     g.add_argument("--backend", choices=BACKEND_NAMES, default="torch", help="runtime (default: torch)")
     g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default: cpu)")
-    g.add_argument("--dtype", choices=("auto", "f32", "f16", "bf16"), default="auto",
-                   help="auto = f32 on CPU, bf16 on CUDA")
+    g.add_argument("--dtype", choices=("auto", "f32", "f16", "bf16", "q4"), default="auto",
+                   help="auto = f32 on CPU, bf16 on CUDA; q4 (onnx only): GGUF Q4/Q8 blocks through "
+                        "MatMulNBits, faster but lossy against f32")
     g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (<= 0: runtime default)")
     g.add_argument("--ort-provider", choices=("auto", "cuda", "cpu"), default="auto",
                    help="onnxruntime execution provider (onnx backend)")
