@@ -197,8 +197,8 @@ class TorchBackend(Backend):
         pos_t = torch.from_numpy(pos).to(self.device)
         tile = Tile(
             tokens=torch.from_numpy(tokens).to(self.device),
-            cos=self.model.rope_cos[pos_t],
-            sin=self.model.rope_sin[pos_t],
+            cos=self.model.rope_cos[pos_t].unsqueeze(1),
+            sin=self.model.rope_sin[pos_t].unsqueeze(1),
             n_real=n_real,
         )
         r0 = 0
@@ -225,10 +225,27 @@ class TorchBackend(Backend):
                 b += 1
             n_keys = int(window[a - r0])
             q_rows = _round_up(b - a, self._align)
-            gpos = np.concatenate([pos[a:b], np.full(q_rows - (b - a), pos[b - 1])])
-            mask = torch.arange(n_keys)[None, :] > torch.from_numpy(gpos)[:, None]
-            tile.groups.append(AttnGroup(cache, a, b, n_keys, q_rows, mask.to(self.device)))
+            rows = np.concatenate([np.arange(a, b), np.full(q_rows - (b - a), b - 1)])
+            tile.groups.append(
+                AttnGroup(cache, a, b, n_keys, q_rows, self._mask(pos[rows], n_keys), self._q_index(rows))
+            )
             a = b
+
+    def _mask(self, pos: np.ndarray, n_keys: int) -> torch.Tensor:
+        """Additive mask [g * R, n_keys] in (j, row) order: -inf on keys after each row's position."""
+        hp = self.hparams
+        future = np.arange(n_keys)[None, :] > pos[:, None]
+        add = np.where(future, -np.inf, 0.0).astype(np.float32)
+        add = np.tile(add, (hp.n_head // hp.n_head_kv, 1))
+        return torch.from_numpy(add).to(device=self.device, dtype=self.dtype)
+
+    def _q_index(self, rows: np.ndarray) -> torch.Tensor:
+        """Indices into the tile's [M * (n_head + n_kv), hd] view, ordered (kv head, j, row)."""
+        hp = self.hparams
+        stride = hp.n_head + hp.n_head_kv
+        heads = np.arange(hp.n_head)  # h = kv * g + j, so plain head order is (kv, j)
+        idx = rows[None, :] * stride + heads[:, None]
+        return torch.from_numpy(idx.reshape(-1).astype(np.int64)).to(self.device)
 
     def forward(self, inputs: Sequence[SeqInput], capture: Capture = _NO_CAPTURE) -> list[SeqOutput]:
         reqs = self._validate(inputs, capture)

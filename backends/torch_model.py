@@ -27,7 +27,8 @@ class AttnGroup:
     r1: int
     n_keys: int
     q_rows: int  # rows the attention GEMMs run on (>= r1 - r0; padding repeats the last row)
-    mask: torch.Tensor  # bool [q_rows, n_keys], True where a key is in the row's future
+    mask: torch.Tensor  # additive [g * q_rows, n_keys]: 0 for visible keys, -inf for the row's future
+    q_index: torch.Tensor  # rows of the tile's [M * (n_head + n_kv), hd] q/k view, in (kv, j, row) order
 
 
 @dataclass
@@ -41,7 +42,7 @@ class KVWrite:
 @dataclass
 class Tile:
     tokens: torch.Tensor  # int64 [M] (padded rows hold token 0)
-    cos: torch.Tensor  # [M, n_rot/2] float32
+    cos: torch.Tensor  # [M, 1, n_rot] float32 (see TorchModel.rope_tables)
     sin: torch.Tensor
     n_real: int
     writes: list[KVWrite] = field(default_factory=list)
@@ -65,10 +66,18 @@ class LayerWeights:
 
 
 def _rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    y = y.to(x.dtype)
+    if x.dtype == torch.float32:
+        return torch.rms_norm(x, (x.shape[-1],), w, eps)
+    # Half precision: normalise in float32 as the reference implementations do.
+    y = torch.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
     return y * w if w is not None else y
+
+
+def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """GGUF llama Q/K row order (interleaved rope pairs) back to HF's rotate-half order, per head."""
+    rows = w.shape[0]
+    hd = rows // n_head
+    return w.reshape(n_head, hd // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 class TorchModel:
@@ -76,6 +85,18 @@ class TorchModel:
         self, hp: ModelHParams, weights: dict[str, np.ndarray], *, dtype: torch.dtype, device: torch.device, max_pos: int
     ) -> None:
         self.hp, self.dtype, self.device = hp, dtype, device
+        # llama's rows were permuted for interleaved rope; un-permuting Q and K alike leaves every
+        # q.k score unchanged and lets all archs share the cheaper rotate-half rope.
+        self.unpermuted = not hp.rope_neox and hp.n_rot == hp.head_dim and not hp.has_qk_norm
+        weights = dict(weights)
+        if self.unpermuted:
+            for i in range(hp.n_layer):
+                for kind, n in (("q", hp.n_head), ("k", hp.n_head_kv)):
+                    for suffix in ("weight", "bias"):
+                        name = f"blk.{i}.attn_{kind}.{suffix}"
+                        if name in weights:
+                            weights[name] = _unpermute_rows(weights[name], n)
+        self.neox = hp.rope_neox or self.unpermuted
 
         def t(name: str) -> torch.Tensor:
             return torch.from_numpy(weights[name]).to(device=device, dtype=dtype).contiguous()
@@ -112,11 +133,25 @@ class TorchModel:
                     bdown=opt(b + "ffn_down.bias"),
                 )
             )
-        # Angles in float64 then rounded once, so every position's cos/sin is a fixed table entry.
-        inv = rope_inv_freq(hp, weights)
+        self._build_rope_tables(weights, max_pos)
+
+    def _build_rope_tables(self, weights: dict[str, np.ndarray], max_pos: int) -> None:
+        """cos/sin per position laid out so rope is ``x * cos + swap(x) * sin`` in three tensor ops.
+
+        NEOX: swap(x) = (x2, x1) and sin = (-sin, +sin). NORM: swap exchanges each (2i, 2i+1) pair and
+        sin = (-sin, +sin) interleaved. Angles are computed in float64 and rounded once.
+        """
+        inv = rope_inv_freq(self.hp, weights)
         ang = np.arange(max_pos, dtype=np.float64)[:, None] * inv[None, :]
-        self.rope_cos = torch.from_numpy(np.cos(ang).astype(np.float32)).to(device)
-        self.rope_sin = torch.from_numpy(np.sin(ang).astype(np.float32)).to(device)
+        cos, sin = np.cos(ang), np.sin(ang)
+        if self.neox:
+            cos_full = np.concatenate([cos, cos], axis=1)
+            sin_full = np.concatenate([-sin, sin], axis=1)
+        else:
+            cos_full = np.repeat(cos, 2, axis=1)
+            sin_full = np.stack([-sin, sin], axis=2).reshape(max_pos, -1)
+        self.rope_cos = torch.from_numpy(cos_full.astype(np.float32)).to(self.device)
+        self.rope_sin = torch.from_numpy(sin_full.astype(np.float32)).to(self.device)
 
     def _gate_up_bias(self, weights: dict[str, np.ndarray], b: str) -> torch.Tensor | None:
         g, u = weights.get(b + "ffn_gate.bias"), weights.get(b + "ffn_up.bias")
@@ -129,76 +164,79 @@ class TorchModel:
     # ---- per-tile math ---------------------------------------------------------------------------
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [M, heads, hd]. NORM pairs (2i, 2i+1); NEOX pairs (i, i + n_rot/2)."""
-        hp = self.hp
-        n_rot = hp.n_rot
-        xf = x.float()
-        rot, rest = xf[..., :n_rot], xf[..., n_rot:]
-        c, s = cos[:, None, :], sin[:, None, :]
-        if hp.rope_neox:
-            a, b = rot[..., : n_rot // 2], rot[..., n_rot // 2 :]
-            out = torch.cat((a * c - b * s, a * s + b * c), dim=-1)
+        """x: [M, heads, hd]; cos/sin: [M, 1, n_rot]. Dims >= n_rot pass through."""
+        n_rot = self.hp.n_rot
+        xr = x[..., :n_rot] if n_rot < x.shape[-1] else x
+        if self.neox:
+            half = n_rot // 2
+            swapped = torch.cat((xr[..., half:], xr[..., :half]), dim=-1)
         else:
-            a, b = rot[..., 0::2], rot[..., 1::2]
-            out = torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2)
-        if rest.shape[-1]:
-            out = torch.cat((out, rest), dim=-1)
-        return out.to(x.dtype)
+            swapped = xr.unflatten(-1, (n_rot // 2, 2)).flip(-1).flatten(-2)
+        if x.dtype == torch.float32:
+            out = torch.addcmul(xr * cos, swapped, sin)
+        else:
+            out = torch.addcmul(xr.float() * cos, swapped.float(), sin).to(x.dtype)
+        return torch.cat((out, x[..., n_rot:]), dim=-1) if n_rot < x.shape[-1] else out
 
-    def _attention(self, tile: Tile, layer: int, q: torch.Tensor, out: torch.Tensor) -> None:
-        """q: [M, n_head, hd] (roped). Writes [rows, n_head*hd] into ``out``."""
+    def _attention(self, tile: Tile, layer: int, qk: torch.Tensor, out: torch.Tensor) -> None:
+        """qk: roped [M, n_head + n_kv, hd]. Writes each group's rows of ``out`` [M, n_head, hd]."""
         hp = self.hp
         n_kv, g, hd = hp.n_head_kv, hp.n_head // hp.n_head_kv, hp.head_dim
+        flat = qk.view(-1, hd)
         for grp in tile.groups:
-            n = grp.r1 - grp.r0
-            qg = q[grp.r0 : grp.r1]
-            if grp.q_rows > n:
-                qg = torch.cat((qg, qg[-1:].expand(grp.q_rows - n, -1, -1)), dim=0)
-            R = grp.q_rows
+            n, R = grp.r1 - grp.r0, grp.q_rows
             # heads h = kv*g + j share kv head `kv`: fold (j, row) into the GEMM's M dimension.
-            qh = qg.permute(1, 0, 2).reshape(n_kv, g * R, hd)
+            qg = flat.index_select(0, grp.q_index).view(n_kv, g * R, hd)
             keys = grp.cache.k[layer, :, : grp.n_keys]
             vals = grp.cache.v[layer, :, : grp.n_keys]
-            scores = torch.matmul(qh, keys.transpose(1, 2)).view(n_kv, g, R, grp.n_keys)
-            scores = scores.float() * hp.attn_scale
-            scores.masked_fill_(grp.mask, float("-inf"))
-            probs = torch.softmax(scores, dim=-1).to(vals.dtype).view(n_kv, g * R, grp.n_keys)
-            o = torch.matmul(probs, vals).view(hp.n_head, R, hd)[:, :n]
-            out[grp.r0 : grp.r1] = o.permute(1, 0, 2).reshape(n, hp.n_head * hd)
+            scores = torch.baddbmm(grp.mask, qg, keys.transpose(1, 2), alpha=hp.attn_scale)
+            if scores.dtype == torch.float32:
+                probs = torch.softmax(scores, dim=-1)
+            else:
+                probs = torch.softmax(scores.float(), dim=-1).to(vals.dtype)
+            o = torch.bmm(probs, vals).view(hp.n_head, R, hd)
+            out[grp.r0 : grp.r1] = o[:, :n].transpose(0, 1)
 
     def run_tile(self, tile: Tile, capture: frozenset[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Run every block on one tile; returns (post-norm hidden [M, H], captured layer inputs)."""
         hp = self.hp
-        nq, nkv = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+        nh, nkv, hd = hp.n_head, hp.n_head_kv, hp.head_dim
+        nq = nh * hd
         x = F.embedding(tile.tokens, self.embd)
         M = x.shape[0]
         captured: dict[int, torch.Tensor] = {}
-        attn_out = torch.zeros((M, nq), dtype=self.dtype, device=self.device)
+        attn_out = torch.zeros((M, nh, hd), dtype=self.dtype, device=self.device)
+        attn_flat = attn_out.view(M, nq)
         for li, lw in enumerate(self.layers):
             if li in capture:
                 captured[li] = x[: tile.n_real].clone()
             h = _rms_norm(x, lw.attn_norm, hp.rms_eps)
-            qkv = F.linear(h, lw.wqkv, lw.bqkv)
-            q = qkv[:, :nq].view(M, hp.n_head, hp.head_dim)
-            k = qkv[:, nq : nq + nkv].view(M, hp.n_head_kv, hp.head_dim)
-            v = qkv[:, nq + nkv :].view(M, hp.n_head_kv, hp.head_dim)
+            qkv = F.linear(h, lw.wqkv, lw.bqkv).view(M, nh + 2 * nkv, hd)
+            qk, v = qkv[:, : nh + nkv], qkv[:, nh + nkv :]
             if lw.q_norm is not None and lw.k_norm is not None:
-                q = _rms_norm(q, lw.q_norm, hp.rms_eps)
-                k = _rms_norm(k, lw.k_norm, hp.rms_eps)
-            q = self._rope(q, tile.cos, tile.sin)
-            k = self._rope(k, tile.cos, tile.sin)
+                qk = torch.cat(
+                    (_rms_norm(qk[:, :nh], lw.q_norm, hp.rms_eps), _rms_norm(qk[:, nh:], lw.k_norm, hp.rms_eps)), 1
+                )
+            qk = self._rope(qk, tile.cos, tile.sin)
             for w in tile.writes:
                 n = w.r1 - w.r0
-                w.cache.k[li, :, w.pos0 : w.pos0 + n] = k[w.r0 : w.r1].transpose(0, 1)
+                w.cache.k[li, :, w.pos0 : w.pos0 + n] = qk[w.r0 : w.r1, nh:].transpose(0, 1)
                 w.cache.v[li, :, w.pos0 : w.pos0 + n] = v[w.r0 : w.r1].transpose(0, 1)
-            self._attention(tile, li, q, attn_out)
-            x = x + F.linear(attn_out, lw.wo, lw.bo)
+            self._attention(tile, li, qk, attn_out)
+            x = _residual_linear(x, attn_flat, lw.wo, lw.bo)
             h = _rms_norm(x, lw.ffn_norm, hp.rms_eps)
             gu = F.linear(h, lw.wgu, lw.bgu)
-            x = x + F.linear(F.silu(gu[:, : hp.n_ff]) * gu[:, hp.n_ff :], lw.wdown, lw.bdown)
+            x = _residual_linear(x, F.silu(gu[:, : hp.n_ff]) * gu[:, hp.n_ff :], lw.wdown, lw.bdown)
         if hp.n_layer in capture:
             captured[hp.n_layer] = x[: tile.n_real].clone()
         return _rms_norm(x, self.out_norm, hp.rms_eps), captured
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.lm_head, self.lm_bias)
+
+
+def _residual_linear(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """x + a @ w.T (+ b): one addmm call when there is no bias."""
+    if b is None:
+        return torch.addmm(x, a, w.t())
+    return x + F.linear(a, w, b)
