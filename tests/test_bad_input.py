@@ -187,6 +187,24 @@ def test_prompt_longer_than_context(llama: str) -> None:
     assert out["stop_type"] == "error" and out["tokens"] == [] and "context" in out["error"]
 
 
+def _limit_memory() -> None:
+    import resource
+
+    # keeps a runaway allocation from hurting the shared machine; the fixture run needs well under 2 GiB
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+@pytest.mark.xfail(strict=True, reason="torch_model.py: -c 100000000 precomputes rope tables for every position "
+                                       "(6 GiB of float64 on the tiny model); numpy MemoryError traceback")
+def test_huge_context_is_lazy_or_a_clear_error(llama: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([*spekula_cmd(), "generate", "-m", llama, "-p", "hi", "-n", "2", "-c", "100000000"],
+                          capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL,
+                          preexec_fn=_limit_memory)
+    if proc.returncode != 0:
+        error_line(proc)
+
+
 def test_cuda_without_a_gpu(llama: str) -> None:
     import torch
 
