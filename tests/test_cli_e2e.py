@@ -238,6 +238,26 @@ def test_convert_tiny_hf_checkpoint_then_generate(tmp_path: Path) -> None:
     assert len(out["tokens"]) == 6 and out["stop_type"] == "limit"
 
 
+def test_converted_dspark_draft_is_inferred_from_md_alone(tmp_path: Path) -> None:
+    """convert (target + DSpark checkpoint) -> generate with only -md: the type comes from the GGUF."""
+    from spekula.fixtures import tiny_hf
+
+    target_hf = tiny_hf.write_target(tmp_path / "target-hf", "llama", n_layer=8)
+    target, draft = tmp_path / "target.gguf", tmp_path / "dspark.gguf"
+    assert_ok(run_cli("convert", str(target_hf), "--outfile", str(target), "--outtype", "f32"))
+    proc = run_cli("convert", str(tiny_hf.write_dflash(tmp_path / "dspark-hf", markov_rank=8)),
+                   "--target-model-dir", str(target_hf), "--outfile", str(draft), "--outtype", "f32")
+    assert_ok(proc)
+    assert "dspark" in proc.stderr
+    plain = generate_json(target, "--temp", "0", prompt="hello world", n=12)
+    proc = run_cli("generate", "-m", str(target), "-p", "hello world", "-n", "12", "--temp", "0", "--json",
+                   "-md", str(draft))
+    assert_ok(proc)
+    drafted = json.loads(proc.stdout)
+    assert drafted["tokens"] == plain["tokens"] and drafted["timings"]["draft_n"] > 0
+    assert "statistics     draft-dspark:" in proc.stderr
+
+
 def test_no_command_prints_help() -> None:
     proc = run_cli()
     assert proc.returncode == 2
