@@ -25,7 +25,7 @@ from ..core.errors import ConfigError, ContextOverflowError
 from ..core.gguf_file import GGUFFile
 from .gguf_weights import ModelHParams, load_model_weights, read_hparams
 from .torch_kv import KVPool, SeqCache
-from .torch_model import AttnGroup, KVWrite, Tile, TorchModel
+from .torch_model import AttnGroup, KVWrite, Tile, TorchModel, onednn_packing_available
 
 ROW_ALIGN = 4
 KEY_GRANULE = 64
@@ -96,7 +96,10 @@ class TorchBackend(Backend):
             n_ctx_train=hp.n_ctx_train,
         )
         self.exact = options.exact
-        self._align = ROW_ALIGN if self.exact else 1
+        # oneDNN-packed GEMMs are row-invariant at any row count; MKL's need multiples of ROW_ALIGN.
+        self.packed = self.device.type == "cpu" and self.dtype == torch.float32 and onednn_packing_available()
+        self._align = ROW_ALIGN if self.exact and not self.packed else 1
+        self._attn_align = ROW_ALIGN if self.exact else 1
         self._tile_rows = TILE_ROWS if self.exact else FAST_TILE_ROWS
         weights = load_model_weights(f, hp=hp)
         with torch.inference_mode():
@@ -110,7 +113,9 @@ class TorchBackend(Backend):
                 dtype=self.dtype,
                 device=self.device,
             )
-            self.model = TorchModel(hp, weights, dtype=self.dtype, device=self.device, max_pos=self.kv.max_capacity)
+            self.model = TorchModel(
+                hp, weights, dtype=self.dtype, device=self.device, max_pos=self.kv.max_capacity, packed=self.packed
+            )
         del weights
 
     # ---- sequence management ----------------------------------------------------------------------
@@ -224,7 +229,7 @@ class TorchBackend(Backend):
             while b < r1 and window[b - r0] == window[a - r0]:
                 b += 1
             n_keys = int(window[a - r0])
-            q_rows = _round_up(b - a, self._align)
+            q_rows = _round_up(b - a, self._attn_align)
             rows = np.concatenate([np.arange(a, b), np.full(q_rows - (b - a), b - 1)])
             tile.groups.append(
                 AttnGroup(cache, a, b, n_keys, q_rows, self._mask(pos[rows], n_keys), self._q_index(rows))
