@@ -381,3 +381,14 @@ def test_client_disconnects_mid_stream_then_next_request_succeeds(server: str) -
             c.completion(LONG_PROMPT, n_predict=2)
         assert info.value.code == p.CONTEXT_OVERFLOW
         assert c.health()["slots_busy"] == 0
+
+
+def test_serve_draft_type_without_a_draft_model(server: str) -> None:
+    """Per-request speculative.type that needs -md on a server started without one: an error naming
+    the missing option, and the same connection keeps working."""
+    with SpekulaClient(server, timeout=120) as c:
+        for kind in ("draft-simple", "draft-eagle3"):
+            with pytest.raises(RpcCallError) as info:
+                c.completion("the cat", n_predict=4, speculative={"type": kind})
+            assert kind in info.value.message and "-md" in info.value.message
+        assert c.completion("the cat", n_predict=4, speculative={"type": "ngram-simple"})["tokens_predicted"] == 4
