@@ -7,9 +7,11 @@ greedy losslessness rests on: a row's logits must not depend on what else is in 
 from __future__ import annotations
 
 from functools import cache
+from unittest import mock
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from spekula.backends.torch import KEY_GRANULE, TorchBackend
@@ -23,9 +25,13 @@ HYP = settings(max_examples=12, deadline=None, suppress_health_check=[HealthChec
 
 
 @cache
-def backend(arch: str, exact: bool = True) -> TorchBackend:
+def backend(arch: str, exact: bool = True, onednn: bool = True) -> TorchBackend:
+    """``onednn=False`` forces the fallback exact path (MKL GEMMs on rows padded to ROW_ALIGN)."""
     opts = BackendOptions(n_ctx=N_CTX, n_seq_max=6, threads=1, exact=exact)
-    return TorchBackend(str(tiny_model_path(arch)), opts)
+    with mock.patch("spekula.backends.torch.onednn_packing_available", return_value=onednn):
+        b = TorchBackend(str(tiny_model_path(arch)), opts)
+    assert b.packed == (onednn and torch.backends.mkldnn.is_available())
+    return b
 
 
 def fresh_logits(b: TorchBackend, tokens: np.ndarray, capture: Capture | None = None) -> SeqOutput:
@@ -98,10 +104,11 @@ def test_batched_sequences_equal_each_alone(arch: str, seqs: list[np.ndarray]) -
             b.free_seq(i)
 
 
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "mkl-padded"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_verification_rows_match_single_token_decode(arch: str) -> None:
+def test_verification_rows_match_single_token_decode(arch: str, onednn: bool) -> None:
     """A k+1-row verification chunk next to another sequence's prompt equals token-by-token decode."""
-    b = backend(arch)
+    b = backend(arch, onednn=onednn)
     rng = np.random.default_rng(1)
     prompt, draft, other = rng.integers(0, 320, 70), rng.integers(0, 320, 5), rng.integers(0, 320, 40)
     s, o = b.new_seq(), b.new_seq()
@@ -165,6 +172,24 @@ def test_long_sequence_crosses_key_buckets_and_cache_growth() -> None:
     try:
         got = [b.forward([SeqInput(s, tokens[i : i + 1], i)])[0].logits[0] for i in range(tokens.size)]
         assert np.array_equal(np.stack(got), ref)
+    finally:
+        b.free_seq(s)
+
+
+@HYP
+@given(tokens=tokens_st, data=st.data())
+def test_fallback_padded_path_is_chunking_invariant(tokens: np.ndarray, data: st.DataObject) -> None:
+    b = backend("llama", onednn=False)
+    ref = fresh_logits(b, tokens).logits
+    assert np.abs(ref - fresh_logits(backend("llama"), tokens).logits).max() < 1e-3
+    s = b.new_seq()
+    try:
+        pos, got = 0, []
+        while pos < tokens.size:
+            n = data.draw(st.integers(1, tokens.size - pos), label="chunk")
+            got.append(b.forward([SeqInput(s, tokens[pos : pos + n], pos, np.arange(n))])[0].logits)
+            pos += n
+        assert np.array_equal(np.concatenate(got), ref)
     finally:
         b.free_seq(s)
 
@@ -243,3 +268,19 @@ def test_unusable_files_give_model_file_error(tmp_path: object) -> None:
         TorchBackend(str(cut), BackendOptions())
     with pytest.raises(ModelFileError, match="no such file"):
         TorchBackend(str(d / "missing.gguf"), BackendOptions())
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN not built into this torch")
+@pytest.mark.parametrize("shape", [(3072, 576), (576, 1536), (960, 576)])
+def test_packed_linear_rows_do_not_depend_on_row_count(shape: tuple[int, int]) -> None:
+    """The kernel property exact mode rests on, measured directly at SmolLM2's GEMM shapes."""
+    from spekula.backends.torch_model import Lin
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(shape, generator=g)
+    x = torch.randn(130, shape[1], generator=g)
+    lin = Lin(w, None, packed=True)
+    alone = torch.cat([lin(x[i : i + 1]) for i in range(x.shape[0])])
+    for m in (1, 2, 3, 5, 8, 17, 64, 130):
+        assert torch.equal(lin(x[:m]), alone[:m]), m
+    assert (lin(x) - x @ w.T).abs().max() < 1e-3
