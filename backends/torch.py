@@ -1,15 +1,20 @@
 """PyTorch backend: GGUF llama/qwen2/qwen3 models on CPU or CUDA, with a batch-invariant exact mode.
 
 Exact mode (``BackendOptions.exact``, default): a row's logits are bitwise the same whatever else is
-in the forward and however the sequence was chunked. Measured on this CPU (torch 2.13, MKL sgemm):
-in ``linear(x, W)`` a row's result depends on the row count M only through which micro-kernel
-handles it - rows in whole blocks of 4 always get the same kernel, M = 1, 2, 3 and the last M mod 4
-rows get others. So every GEMM here runs on a row count that is a multiple of ``ROW_ALIGN``, the
-padding rows being throw-away copies. Attention for a row at position p always runs over the same
-key window ``[0, ceil((p+1)/KEY_GRANULE) * KEY_GRANULE)`` with later keys masked, so the softmax and
-the probs @ V reduction have the same length wherever and with whatever the row is computed.
-Rows go through the blocks in tiles of at most ``TILE_ROWS`` rows so no GEMM ever sees a row count
-outside the measured range. The non-exact mode drops the padding and windows (faster, GEMV for one row).
+in the forward and however the sequence was chunked. How, as measured on this CPU (torch 2.13, AVX2):
+
+* Linear layers: plain ``F.linear`` (MKL) gives a row bits that depend on the row count M (GEMV for
+  M=1, other kernels for M=2,3 and for the last M mod 4 rows). oneDNN's prepacked linear gives every
+  row the same bits for any M (1..199 checked) at about GEMV speed for one row, so CPU fp32 uses it.
+  Without oneDNN, GEMMs run on row counts padded to a multiple of ``ROW_ALIGN`` (MKL's invariant case).
+* Attention: a row at position p always attends over the key window
+  ``[0, ceil((p+1)/KEY_GRANULE) * KEY_GRANULE)`` with later keys masked to an exact 0 weight, and its
+  query GEMMs run on ``ROW_ALIGN``-padded row groups, so every reduction has the same length and kernel.
+* Norms, rope and activations are row-wise.
+
+Rows go through the blocks in tiles of at most ``TILE_ROWS`` rows. Proven by tests/test_torch_backend.py
+and the conformance suite (bitwise checks). On CUDA or in f16/bf16 the same code runs but nothing
+guarantees invariance: cuBLAS picks kernels by shape. ``exact=False`` drops the padding and windows.
 """
 
 from __future__ import annotations
@@ -268,7 +273,8 @@ class TorchBackend(Backend):
         hidden, captured = self.model.run_tile(tile, capture.layers)
         want = [i for i, (ri, j) in enumerate(trows) if j in reqs[ri].logit_slot]
         if want:
-            sel = hidden[torch.tensor(want + [want[-1]] * (_round_up(len(want), self._align) - len(want)))]
+            pad = [want[-1]] * (_round_up(len(want), self._align) - len(want))
+            sel = hidden[torch.tensor(want + pad, device=self.device)]
             logits = self.model.logits(sel)[: len(want)].float().cpu().numpy()
             for k, i in enumerate(want):
                 ri, j = trows[i]
