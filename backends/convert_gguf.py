@@ -6,13 +6,15 @@ package's enums lack the draft architectures, so arch strings and draft keys are
 
 from __future__ import annotations
 
-import os
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
 from spekula.core.errors import ConfigError, ModelFileError
+
+from .convert_output import atomic_output, check_output_path
 
 # outtype -> (tensor type of 2-D weights, general.file_type value as llama.cpp numbers it)
 OUTTYPES: dict[str, tuple[gguf.GGMLQuantizationType, int]] = {
@@ -29,10 +31,13 @@ class GGUFOut:
         if outtype not in OUTTYPES:
             raise ConfigError(f"unknown --outtype {outtype!r}; choose one of {', '.join(OUTTYPES)}")
         self.path = Path(path)
+        # Refused now rather than after minutes of converting; atomic_output checks again when writing.
+        check_output_path(self.path, "--outfile")
         self.arch = arch
         self.qtype, file_type = OUTTYPES[outtype]
-        self._tmp = self.path.with_name(self.path.name + ".part")
-        self.w = gguf.GGUFWriter(str(self._tmp), arch)
+        # No path yet: the writer gets its temporary file in finish(), so nothing exists on disk
+        # before the whole conversion has succeeded in memory.
+        self.w = gguf.GGUFWriter(None, arch)
         self.w.add_file_type(file_type)
         self.tensor_names: list[str] = []
 
@@ -58,20 +63,20 @@ class GGUFOut:
         self.tensor_names.append(name)
 
     def finish(self) -> Path:
-        try:
-            self.w.write_header_to_file()
-            self.w.write_kv_data_to_file()
-            self.w.write_tensors_to_file()
-        finally:
-            self.w.close()
-        os.replace(self._tmp, self.path)
+        with atomic_output(self.path, "--outfile") as tmp:
+            try:
+                self.w.write_header_to_file(path=tmp)
+                self.w.write_kv_data_to_file()
+                self.w.write_tensors_to_file()
+            finally:
+                self.w.close()
         return self.path
 
     def abort(self) -> None:
-        try:
+        """Release the writer after a failure; never raises, so the failure itself is what the user sees
+        (finish() has already removed its temporary file by then)."""
+        with contextlib.suppress(OSError):
             self.w.close()
-        finally:
-            self._tmp.unlink(missing_ok=True)
 
 
 def rope_theta(cfg: dict[str, Any]) -> float:

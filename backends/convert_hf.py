@@ -11,8 +11,12 @@ from spekula.core.errors import ConfigError, ModelFileError
 
 from .convert_dflash import convert_dflash, dflash_kind
 from .convert_eagle3 import EAGLE3_ARCHS, convert_eagle3, is_eagle3
+from .convert_output import check_output_path
 from .convert_plain import PLAIN_ARCHS, convert_plain
 from .convert_source import HFCheckpoint
+
+# Layout -> how messages name it, with its article: "a eagle3 draft" read badly.
+_DRAFT_NAMES = {"eagle3": "an EAGLE-3", "dflash": "a DFlash", "dspark": "a DSpark"}
 
 
 def detect_layout(ckpt: HFCheckpoint) -> str:
@@ -38,12 +42,11 @@ def convert(checkpoint: str | Path, outfile: str | Path, *, outtype: str = "f16"
     ckpt = HFCheckpoint.open(checkpoint)
     layout = detect_layout(ckpt)
     out = Path(outfile)
-    if out.is_dir():
-        raise ConfigError(f"--outfile {out} is a directory")
+    check_output_path(out, "--outfile")
     if layout == "plain":
         return layout, convert_plain(ckpt, out, outtype, pre=pre)
     if target_dir is None:
-        raise ConfigError(f"a {layout} draft needs --target-model-dir (the target's tokenizer and config)")
+        raise ConfigError(f"{_DRAFT_NAMES[layout]} draft needs --target-model-dir (the target's tokenizer and config)")
     target = HFCheckpoint.open(target_dir)
     if layout == "eagle3":
         return layout, convert_eagle3(ckpt, target, out, outtype, pre=pre)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
+
+from .convert_output import atomic_output, check_output_path
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
@@ -44,6 +45,8 @@ def truncate_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], n_ke
         raise ConfigError(f"{src}: has MTP (nextn) layers after its trunk; truncating would turn them into trunk layers")
     if dst.resolve() == src.resolve():
         raise ConfigError(f"output {dst} is the input file; choose another path")
+    # Before the (slow) metadata copy: a directory or a path below a file is refused here.
+    check_output_path(dst, "-o")
 
     # The raw reader keeps each key's GGUF value type (u32 vs i32, f32 arrays ...), which the plain
     # values of GGUFFile.metadata would lose. Reuse GGUFFile's own reader when it has one: parsing a
@@ -55,34 +58,29 @@ def truncate_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], n_ke
     if not any(_BLOCK.match(t.name) for t in kept):
         raise ModelFileError(src, "no blk.N.* tensors found; not a layered model")
 
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=dst.name + ".", suffix=".tmp", dir=dst.parent)
-    os.close(fd)
-    try:
+    with atomic_output(dst, "-o") as tmp:
         writer = gguf.GGUFWriter(tmp, arch, endianess=reader.endianess)
-        for field in reader.fields.values():
-            if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-                continue  # written by GGUFWriter itself
-            vtype = field.types[0]
-            sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-            value = field.contents()
-            if field.name == key:
-                value = n_keep
-            elif field.name == "general.name":
-                value = f"{value} (first {n_keep} of {n_layer} layers)"
-            elif field.name.startswith(arch + ".") and isinstance(value, list) and len(value) == n_layer:
-                value = value[:n_keep]  # one entry per block
-            writer.add_key_value(field.name, value, vtype, sub_type=sub)
-        for t in kept:
-            writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for t in kept:
-            writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
-        writer.close()
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        try:
+            for field in reader.fields.values():
+                if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+                    continue  # written by GGUFWriter itself
+                vtype = field.types[0]
+                sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+                value = field.contents()
+                if field.name == key:
+                    value = n_keep
+                elif field.name == "general.name":
+                    value = f"{value} (first {n_keep} of {n_layer} layers)"
+                elif field.name.startswith(arch + ".") and isinstance(value, list) and len(value) == n_layer:
+                    value = value[:n_keep]  # one entry per block
+                writer.add_key_value(field.name, value, vtype, sub_type=sub)
+            for t in kept:
+                writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            for t in kept:
+                writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
+        finally:
+            writer.close()
     return TruncateResult(dst, arch, n_layer, n_keep, len(kept), sum(int(t.n_bytes) for t in kept))

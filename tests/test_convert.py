@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -164,8 +166,62 @@ def test_missing_tensor_leaves_no_file(tmp_path: Path) -> None:
 
 
 def test_draft_needs_target_dir(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="--target-model-dir"):
+    with pytest.raises(ConfigError, match="^an EAGLE-3 draft needs --target-model-dir"):
         convert(tiny_hf.write_eagle3(tmp_path / "e3"), tmp_path / "x.gguf")
+    with pytest.raises(ConfigError, match="^a DFlash draft needs --target-model-dir"):
+        convert(tiny_hf.write_dflash(tmp_path / "df"), tmp_path / "x.gguf")
+
+
+@pytest.mark.parametrize("where", ["directory", "under-file", "under-file-deeper"])
+def test_unwritable_outfile_is_one_clear_error(tmp_path: Path, where: str) -> None:
+    """A directory, or a path below a regular file: one ConfigError naming the path (the cleanup after
+    the failed open used to raise NotADirectoryError over it), and nothing written anywhere."""
+    hf = tiny_hf.write_target(tmp_path / "hf", "llama", n_layer=1)
+    blocker = tmp_path / "out"
+    if where == "directory":
+        blocker.mkdir()
+        outfile, needle = blocker, "is a directory"
+    else:
+        blocker.write_text("keep me")
+        outfile = blocker / "x.gguf" if where == "under-file" else blocker / "sub" / "x.gguf"
+        needle = f"{blocker} is not a directory"
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(ConfigError, match="--outfile") as info:
+        convert(hf, outfile)
+    assert needle in str(info.value) and str(outfile) in str(info.value)
+    assert sorted(tmp_path.rglob("*")) == before
+    if where != "directory":
+        assert blocker.read_text() == "keep me"
+
+
+def test_write_failure_is_a_config_error_and_cleanup_never_raises(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OSError while writing (here: the disk filling up) is reported as such, the temporary file is
+    gone, and a cleanup that itself fails (the file vanished) does not replace that error."""
+    import gguf
+
+    hf = tiny_hf.write_target(tmp_path / "hf", "llama", n_layer=1)
+
+    def full_disk(self: gguf.GGUFWriter) -> None:
+        assert self.path is not None
+        Path(self.path).unlink()  # so that the cleanup finds nothing to remove
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", full_disk)
+    with pytest.raises(ConfigError, match="cannot write --outfile .*x.gguf: No space left on device"):
+        convert(hf, tmp_path / "x.gguf")
+    assert list(tmp_path.glob("x.gguf*")) == []
+
+
+def test_outfile_mode_follows_the_umask_and_parents_are_created(tmp_path: Path) -> None:
+    hf = tiny_hf.write_target(tmp_path / "hf", "llama", n_layer=1)
+    old = os.umask(0o027)
+    try:
+        _, path = convert(hf, tmp_path / "new" / "dir" / "x.gguf")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert [p.name for p in path.parent.iterdir()] == ["x.gguf"]
 
 
 def test_eagle3_shape_mismatch_with_target(target: Path, tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import gguf
@@ -80,3 +82,53 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "1 of 4 layers" in capsys.readouterr().err
     assert main(["truncate-model", str(tiny_model_path("llama")), "--layers", "9", "-o", str(out)]) == 1
     assert "spekula: error: --layers must be in [1, 4]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["directory", "under-file", "under-file-deeper"])
+def test_unwritable_output_is_one_clear_error(tmp_path: Path, where: str) -> None:
+    """-o naming a directory or a path below a regular file: a ConfigError naming the path (these were
+    IsADirectoryError / FileExistsError tracebacks), and nothing created or changed."""
+    blocker = tmp_path / "out"
+    if where == "directory":
+        blocker.mkdir()
+        target, needle = blocker, "is a directory"
+    else:
+        blocker.write_text("keep me")
+        target = blocker / "d.gguf" if where == "under-file" else blocker / "sub" / "d.gguf"
+        needle = f"{blocker} is not a directory"
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(ConfigError, match="-o") as info:
+        truncate_gguf(tiny_model_path("llama"), target, 1)
+    assert needle in str(info.value) and str(target) in str(info.value)
+    assert sorted(tmp_path.rglob("*")) == before
+    if where != "directory":
+        assert blocker.read_text() == "keep me"
+
+
+def test_cli_unwritable_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["truncate-model", str(tiny_model_path("llama")), "--layers", "1", "-o", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("spekula: error: -o ") and "is a directory" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_output_mode_follows_the_umask(tmp_path: Path, umask: int) -> None:
+    """The copy is an ordinary user file (0644 under the usual umask), as `convert` writes, not the
+    0600 of a private temporary file; missing parent folders are created."""
+    old = os.umask(umask)
+    try:
+        out = truncate_gguf(tiny_model_path("llama"), tmp_path / "sub" / "d.gguf", 1).path
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask
+    assert [p.name for p in out.parent.iterdir()] == ["d.gguf"]
+
+
+def test_write_failure_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full_disk(self: gguf.GGUFWriter, *args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", full_disk)
+    with pytest.raises(ConfigError, match="cannot write -o .*d.gguf: No space left on device"):
+        truncate_gguf(tiny_model_path("llama"), tmp_path / "d.gguf", 1)
+    assert list(tmp_path.iterdir()) == []
