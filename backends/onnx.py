@@ -65,8 +65,11 @@ def _causal_mask(start: int, n: int) -> np.ndarray:
 class OnnxBackend(Backend):
     def __init__(self, model_path: str | os.PathLike[str], options: BackendOptions | None = None) -> None:
         self.options = options = options or BackendOptions()
-        if options.n_ctx <= 0 or options.n_seq_max <= 0:
-            raise ConfigError(f"n_ctx and n_seq_max must be positive (got {options.n_ctx}, {options.n_seq_max})")
+        # Named as the user sets them (-c / -np), not by the field names: this is what a CLI user sees.
+        if options.n_ctx <= 0:
+            raise ConfigError(f"context size (-c/--ctx-size) must be at least 1; got {options.n_ctx}")
+        if options.n_seq_max <= 0:
+            raise ConfigError(f"number of sequences (-np/--parallel) must be at least 1; got {options.n_seq_max}")
         self._weight_format = _weight_format(options.dtype)
         self.provider: ProviderChoice = select_provider(options)
         self._model_path = str(model_path)

@@ -5,6 +5,19 @@ libraries exist; asking for it on a machine without them logs an ERROR line and 
 So the choice is made here, once per process and device: no driver -> CPU without touching ORT's CUDA
 provider; otherwise a throwaway one-node session is created with CUDA (ORT's logging silenced for
 just that attempt) and CUDA counts as usable only if the session really got it.
+
+The rule (`--device` x `--ort-provider`), same outcome as the torch backend wherever a device is
+named explicitly:
+
+  ort_provider=cpu          CPU, whatever the device says (forcing CPU never fails).
+  ort_provider=cuda         CUDA device N (from cuda:N, else 0); ConfigError if CUDA is not usable.
+  ort_provider=auto, device=cuda[:N]
+                            CUDA device N; ConfigError if CUDA is not usable. An explicit CUDA device
+                            never degrades to CPU in silence: the torch backend refuses too, and a run
+                            100x slower than asked for is worse than an error.
+  ort_provider=auto, device=cpu (the default)
+                            CUDA device 0 when usable (as README documents: the ONNX backend takes a
+                            GPU when there is one), otherwise CPU without a word. Never an error.
 """
 
 from __future__ import annotations
@@ -16,12 +29,8 @@ import io
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import structlog
-
 from ..core.backend import BackendOptions
 from ..core.errors import ConfigError
-
-log = structlog.get_logger("spekula.onnx")
 
 CUDA_EP = "CUDAExecutionProvider"
 CPU_EP = "CPUExecutionProvider"
@@ -96,8 +105,9 @@ def _device_id(device: str) -> int:
 
 
 def select_provider(options: BackendOptions, probe: Callable[[int], str | None] = cuda_usable) -> ProviderChoice:
-    """CUDA when forced (`ort_provider=cuda`, error if unusable) or when asked for or merely available
-    (`auto`, falling back to CPU with one info line); CPU when `ort_provider=cpu`.
+    """The provider by the rule in the module docstring: a CUDA device asked for (by `--device cuda[:N]`
+    or `--ort-provider cuda`) is CUDA or a ConfigError; `auto` with `--device cpu` takes a usable GPU
+    and otherwise stays on CPU; `--ort-provider cpu` is always CPU.
 
     `probe` is injectable so the decision logic is tested on machines without a GPU.
     """
@@ -116,5 +126,6 @@ def select_provider(options: BackendOptions, probe: Callable[[int], str | None] 
     if forced == "cuda":
         raise ConfigError(f"ORT provider cuda was requested but CUDA is not usable: {why_not}")
     if device != "cpu":
-        log.info("onnx backend: CUDA not usable, running on CPU", device=options.device, reason=why_not)
+        raise ConfigError(f"device {options.device!r} requested but CUDA is not available to onnxruntime: "
+                          f"{why_not}; use --device cpu")
     return ProviderChoice("cpu")

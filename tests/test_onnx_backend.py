@@ -177,6 +177,11 @@ def test_bad_options_and_files(tmp_path: Path) -> None:
         _backend(dtype="bf16")
     with pytest.raises(ConfigError, match="ORT provider"):
         _backend(ort_provider="tensorrt")
+    # -c 0 / -np 0 name the option a user sets, not the field names n_ctx / n_seq_max.
+    with pytest.raises(ConfigError, match=r"^context size \(-c/--ctx-size\) must be at least 1; got 0$"):
+        OnnxBackend(tiny_model_path("llama"), BackendOptions(n_ctx=0))
+    with pytest.raises(ConfigError, match=r"^number of sequences \(-np/--parallel\) must be at least 1; got -1$"):
+        OnnxBackend(tiny_model_path("llama"), BackendOptions(n_seq_max=-1))
     truncated = tmp_path / "cut.gguf"
     truncated.write_bytes(tiny_model_path("llama").read_bytes()[:5000])
     with pytest.raises(ModelFileError):

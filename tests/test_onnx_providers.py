@@ -28,7 +28,6 @@ class _Probe:
     [
         ("cpu", "auto", True, ProviderChoice("cuda", 0)),  # auto takes a usable GPU
         ("cpu", "auto", False, ProviderChoice("cpu")),
-        ("cuda", "auto", False, ProviderChoice("cpu")),  # falls back (one info line), no error
         ("cuda:1", "auto", True, ProviderChoice("cuda", 1)),
         ("cuda:1", "cuda", True, ProviderChoice("cuda", 1)),
         ("cuda", "cpu", True, ProviderChoice("cpu")),  # forced CPU wins over a GPU
@@ -39,6 +38,21 @@ def test_selection(device: str, provider: str, usable: bool, expected: ProviderC
     got = select_provider(BackendOptions(device=device, ort_provider=provider), probe=probe)
     assert got == expected
     assert probe.asked == ([] if provider == "cpu" else [expected.device_id if usable else int(device[5:] or 0)])
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1", "GPU"])
+def test_explicit_cuda_device_without_gpu_is_a_clear_error(device: str) -> None:
+    """`--device cuda` with `--ort-provider auto` used to fall back to CPU with one info line; the torch
+    backend refuses, and so does this one now (naming the device and why CUDA is unusable)."""
+    probe = _Probe("no GPU (test)")
+    with pytest.raises(ConfigError, match=rf"device '{device}' requested but CUDA is not available .*no GPU \(test\)"):
+        select_provider(BackendOptions(device=device, ort_provider="auto"), probe=probe)
+    assert probe.asked == [int(device[5:] or 0) if device.startswith("cuda") else 0]
+
+
+def test_cpu_device_with_auto_never_fails() -> None:
+    """The default (`--device cpu`, `auto`) stays on CPU without a GPU, without an error or a probe error."""
+    assert select_provider(BackendOptions(), probe=_Probe("no GPU (test)")) == ProviderChoice("cpu")
 
 
 def test_forced_cuda_without_gpu_is_a_clear_error() -> None:
@@ -89,7 +103,11 @@ def test_backend_without_gpu(tmp_path_factory: pytest.TempPathFactory, monkeypat
     path = tiny_model_path("llama")
     with pytest.raises(ConfigError, match="CUDA is not usable"):
         OnnxBackend(path, BackendOptions(ort_provider="cuda"))
-    be = OnnxBackend(path, BackendOptions(device="cuda", ort_provider="auto"))
+    # An explicit CUDA device is refused as the torch backend refuses it (it used to run on CPU,
+    # announced by one info line only); the default device with `auto` runs on CPU.
+    with pytest.raises(ConfigError, match="device 'cuda' requested but CUDA is not available to onnxruntime"):
+        OnnxBackend(path, BackendOptions(device="cuda", ort_provider="auto"))
+    be = OnnxBackend(path, BackendOptions(device="cpu", ort_provider="auto"))
     assert be.provider == ProviderChoice("cpu")
     assert "Failed to load" not in capfd.readouterr().err
 
