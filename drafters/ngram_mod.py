@@ -98,7 +98,8 @@ class NgramModDrafter(DraftlessDrafter, Drafter):
 
     One pool (16 MiB) serves every slot, so one request's text helps the others. begin() adds
     every prompt n-gram; draft() adds new history in chunks of more than 32 tokens; a draft is
-    empty or has n_min <= k <= n_max tokens (before the round cap). Five consecutive verified
+    empty or has n_min <= k <= n_max tokens (before the round cap), except that n_min > n_max is
+    accepted as llama.cpp accepts it and a full run of n_max tokens is then still a draft. Five consecutive verified
     drafts with less than a quarter accepted wipe the pool, as does a fill above 25% at begin().
 
     Differences from llama.cpp:
@@ -172,6 +173,10 @@ class NgramModDrafter(DraftlessDrafter, Drafter):
         r = self.pool.index(window)
         entries = self.pool.entries
         drafted: list[int] = []
+        # As llama.cpp (speculative-semantics.md §2.3): n_min only rejects a walk that hits an empty
+        # entry before n_min tokens. n_min <= n_max is not validated there, so with n_min > n_max a
+        # walk that fills all n_max tokens is a draft shorter than n_min; keeping that keeps the same
+        # drafts (and so the same acceptance statistics and pool wipes) as llama.cpp.
         for i in range(self.n_max):
             t = int(entries[r])
             if t == EMPTY:
