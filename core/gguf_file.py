@@ -118,6 +118,8 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise ModelFileError(self.path, "is a directory, not a GGUF file")
         if not self.path.is_file():
             raise ModelFileError(self.path, "no such file")
         size = self.path.stat().st_size

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from typing import NoReturn
 
 from spekula.core.errors import SpekulaError
 
@@ -28,8 +30,22 @@ def _module_name(command: str) -> str:
     return "spekula.frontends.cmd_" + command.replace("-", "_")
 
 
+# What a process killed by SIGPIPE reports through the shell (128 + 13): `spekula ... | head -c1`
+# ends the way `yes | head -c1` does, so `set -o pipefail` scripts see that the reader stopped early.
+EXIT_BROKEN_PIPE = 141
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a rejected command line is one `spekula: error:` line like every other error,
+    rather than the whole usage block followed by `spekula generate: error:`."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"spekula: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spekula", description="Speculative-decoding inference engine")
+    parser = _Parser(prog="spekula", description="Speculative-decoding inference engine")
+    # Subparsers are created with the root parser's class, so they share `_Parser.error`.
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, help_text in COMMANDS.items():
@@ -64,6 +80,21 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader of our stdout went away (`| head`): nothing more can be said there, and
+        # Python's flush at exit must not print a second error about it.
+        silence_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def silence_stdout() -> None:
+    """Point the stdout file descriptor at /dev/null, so the interpreter's final flush succeeds."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout without a descriptor (captured in tests)
+        pass
 
 
 if __name__ == "__main__":

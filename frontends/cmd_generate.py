@@ -2,7 +2,9 @@
 
 stdout carries only the generated text (or, with --json, one llama-server /completion object);
 logs, timings and llama.cpp's speculation statistics go to stderr, as plain lines and as structlog
-events.
+events. A request rejected before generating (bad prompt, context) prints nothing to stdout in text
+mode. When the reader of stdout goes away (`spekula generate ... | head -c1`), generation is cancelled
+and the command exits quietly with 141, the status of a process killed by SIGPIPE.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import structlog
 from spekula.core.engine import Engine
 from spekula.core.errors import ConfigError
 from spekula.core.events import FinalEvent, PieceEvent
+from spekula.frontends.cli import EXIT_BROKEN_PIPE, silence_stdout
+from spekula.frontends.logging_setup import configure_logging
 from spekula.frontends.options import add_engine_options, build_engine, completion_request
 
 HELP = "Generate text from a prompt (optionally with speculative decoding)"
@@ -33,17 +37,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_engine_options(p)
 
 
-def configure_logging(verbose: bool) -> None:
-    """structlog to stderr, so stdout stays the generated text alone."""
-    structlog.configure(
-        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="%H:%M:%S"),
-                    structlog.dev.ConsoleRenderer(colors=False)],
-        wrapper_class=structlog.make_filtering_bound_logger(10 if verbose else 20),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=False,
-    )
-
-
 def _prompt_text(args: argparse.Namespace) -> str:
     if args.prompt is not None and args.file:
         raise ConfigError("give either -p/--prompt or -f/--file, not both")
@@ -53,6 +46,9 @@ def _prompt_text(args: argparse.Namespace) -> str:
                 return fh.read()
         except OSError as exc:
             raise ConfigError(f"cannot read prompt file {args.file}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"prompt file {args.file} is not UTF-8 text (invalid byte 0x{exc.object[exc.start]:02x} "
+                              f"at offset {exc.start}); convert it, e.g. with iconv -t UTF-8") from None
     if args.prompt is None:
         raise ConfigError("no prompt: pass -p TEXT or -f FILE")
     return str(args.prompt)
@@ -80,15 +76,35 @@ def _timing_lines(t: dict[str, Any]) -> list[str]:
     ]
 
 
-async def _generate(engine: Engine, args: argparse.Namespace, prompt: list[int]) -> FinalEvent:
+class _Stdout:
+    """stdout that notices its reader going away instead of raising from inside the task group."""
+
+    def __init__(self) -> None:
+        self.wrote = False  # any text at all (decides the trailing newline)
+        self.gone = False
+
+    def write(self, text: str) -> bool:
+        if self.gone:
+            return False
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            self.gone = True
+            silence_stdout()
+            return False
+        self.wrote = self.wrote or bool(text)
+        return True
+
+
+async def _generate(engine: Engine, args: argparse.Namespace, prompt: list[int], out: _Stdout) -> FinalEvent:
     req = completion_request(args, prompt, stop=list(args.stop), ignore_eos=args.ignore_eos)
     async with anyio.create_task_group() as tg:
         await tg.start(engine.run)
         handle = engine.submit(req)
         async for event in handle:
-            if isinstance(event, PieceEvent) and event.text and not args.json:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
+            if isinstance(event, PieceEvent) and event.text and not args.json and not out.write(event.text):
+                handle.cancel()  # nobody reads the rest; the final event still arrives
         tg.cancel_scope.cancel()
     assert handle.final is not None
     return handle.final
@@ -105,18 +121,21 @@ def run(args: argparse.Namespace) -> int:
         prompt = tok.encode(text, add_special=True, parse_special=True)
         log.info("generate", model=engine.backend.info.name, n_prompt=len(prompt),
                  spec_types=list(engine.config.spec.types))
-        final = anyio.run(_generate, engine, args, prompt)
+        out = _Stdout()
+        final = anyio.run(_generate, engine, args, prompt, out)
     finally:
         engine.backend.close()
     if args.json:
-        out = {"content": final.content, "tokens": final.tokens, "stop_type": final.stop_type,
+        obj = {"content": final.content, "tokens": final.tokens, "stop_type": final.stop_type,
                "stopping_word": final.stopping_word, "tokens_evaluated": final.tokens_evaluated,
                "timings": final.timings}
         if final.error:
-            out["error"] = final.error
-        print(json.dumps(out))
-    else:
-        print()
+            obj["error"] = final.error
+        out.write(json.dumps(obj) + "\n")
+    elif out.wrote or final.stop_type != "error":
+        out.write("\n")
+    if out.gone:
+        return EXIT_BROKEN_PIPE
     if final.timings:  # requests rejected before running (bad prompt, context) carry none
         for line in _timing_lines(final.timings):
             print(line, file=sys.stderr)

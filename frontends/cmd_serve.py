@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 
 import anyio
+from spekula.frontends.logging_setup import configure_logging
 from spekula.frontends.options import add_engine_options, build_engine, sampling_from_args
 from spekula.frontends.rpc_framing import DEFAULT_MAX_LINE_BYTES
 from spekula.frontends.rpc_methods import SpekulaMethods
@@ -14,13 +13,26 @@ from spekula.frontends.rpc_params import ServerDefaults
 from spekula.frontends.server import RpcServer, ServerConfig, check_socket_path, default_socket_path
 
 HELP = "Serve a JSON-RPC 2.0 API on a Unix socket"
+# The smallest useful request line: a completion call with a short prompt and a few fields takes a
+# few hundred bytes, so a lower limit would reject every real request (a negative one all of them).
+MIN_LINE_BYTES = 1024
+
+
+def _line_bytes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes, got {text!r}") from None
+    if value < MIN_LINE_BYTES:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_LINE_BYTES} bytes, got {value}")
+    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--socket", default=default_socket_path(), metavar="PATH",
                    help="Unix socket path, created with mode 0600 (default: %(default)s)")
-    g.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES, metavar="N",
+    g.add_argument("--max-line-bytes", type=_line_bytes, default=DEFAULT_MAX_LINE_BYTES, metavar="N",
                    help="longest accepted request line; longer ones get an error reply (default: 8 MiB)")
     g.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="on SIGTERM/SIGINT, seconds to let in-flight requests finish (default: 30)")
@@ -28,8 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    configure_logging(args.verbose, stdlib=True)
     # Refuse a live socket or an unusable path before spending seconds loading the model.
     check_socket_path(args.socket)
     engine = build_engine(args)

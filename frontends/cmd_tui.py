@@ -1,10 +1,17 @@
-"""`spekula tui`: attach to a running server (--socket) or start an embedded engine (-m ...)."""
+"""`spekula tui`: attach to a running server (--socket) or start an embedded engine (-m ...).
+
+Everything that can fail on bad input (the model file, the drafters, the socket, the terminal) is
+checked before the Textual app starts, so a mistake is one `spekula: error:` line on the shell
+rather than a message inside a full-screen UI that, without a terminal, would never exit.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from spekula.core.errors import ConfigError
+from spekula.frontends.logging_setup import configure_logging
 from spekula.frontends.options import add_engine_options, build_engine, sampling_from_args
 from spekula.frontends.rpc_params import ServerDefaults
 
@@ -18,20 +25,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_engine_options(p)
 
 
-def run(args: argparse.Namespace) -> int:
-    # Imported here so that `spekula --help` never pays for textual.
-    from spekula.frontends.tui_app import EmbeddedSource, RemoteSource, Source, SpekulaApp
+def _check_server(path: str) -> None:
+    """Connect once, so a wrong path or a dead server fails here (ServerGoneError says which)."""
+    from spekula.frontends.client import SpekulaClient
 
-    source: Source
+    with SpekulaClient(path, timeout=10) as client:
+        client.health()
+
+
+def _check_terminal() -> None:
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise ConfigError("spekula tui needs a terminal (stdin and stdout are not both a tty); "
+                          "for scripts use `spekula generate` or `spekula serve`")
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.verbose)
+    if args.socket and args.model:
+        raise ConfigError("give either --socket (attach to a server) or -m (embedded engine), not both")
+    engine = None
     if args.socket:
-        if args.model:
-            raise ConfigError("give either --socket (attach to a server) or -m (embedded engine), not both")
-        source = RemoteSource(args.socket)
+        _check_server(args.socket)
     else:
-        defaults = ServerDefaults(sampling=sampling_from_args(args), n_predict=args.n_predict)
-        source = EmbeddedSource(lambda: build_engine(args), defaults)
-    # -n -1 (the option's default) means "the engine's default", which the server or defaults hold.
-    n_predict = None if args.n_predict == -1 else args.n_predict
-    app = SpekulaApp(source, n_predict=n_predict, initial_prompt=args.prompt)
-    app.run()
+        # Loading takes seconds, but a bad model or drafter must fail before the screen is taken over.
+        engine = build_engine(args)
+    try:
+        _check_terminal()
+        # Imported here so that `spekula --help` never pays for textual.
+        from spekula.frontends.tui_app import EmbeddedSource, RemoteSource, Source, SpekulaApp
+
+        source: Source
+        if engine is None:
+            source = RemoteSource(args.socket)
+        else:
+            defaults = ServerDefaults(sampling=sampling_from_args(args), n_predict=args.n_predict)
+            loaded = engine
+            source = EmbeddedSource(lambda: loaded, defaults)
+        # -n -1 (the option's default) means "the engine's default", which the server or defaults hold.
+        n_predict = None if args.n_predict == -1 else args.n_predict
+        app = SpekulaApp(source, n_predict=n_predict, initial_prompt=args.prompt)
+        app.run()
+    finally:
+        if engine is not None:
+            engine.backend.close()
     return 0

@@ -157,6 +157,12 @@ def ensure_default_model(*, quiet: bool = False) -> Path:
     return target
 
 
+def damaged_default_model(exc: ModelFileError) -> DefaultModelError:
+    """The cached copy exists but cannot be used (a disk error, an edit by hand): say how to repair it."""
+    return DefaultModelError(f"{exc}; the cached default model is damaged: "
+                             "run `spekula fetch-default --force` to download it again")
+
+
 def remove_cached_default_model() -> bool:
     """Delete the cached copy (for `fetch-default --force`); True if there was one."""
     target = default_model_path()

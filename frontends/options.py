@@ -9,14 +9,18 @@ options llama.cpp removed fail with its "argument has been removed" message.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from typing import Any
 
+import structlog
 from spekula.core.backend import BACKEND_NAMES, BackendOptions, load_backend
 from spekula.core.engine import Engine, EngineConfig
-from spekula.core.errors import ConfigError
+from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
-from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
-from spekula.core.registry import parse_spec_types
+from spekula.core.params import SPEC_TYPE_PRIORITY, CompletionRequest, SamplingParams, SpecParams
+from spekula.core.registry import available_drafters, parse_spec_types, priority_key
+
+log = structlog.get_logger("spekula.options")
 
 # name without dashes -> (default, type); llama.cpp's defaults (§6).
 NGRAM_INT_OPTIONS: dict[str, int] = {
@@ -53,11 +57,49 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1], got {text}")
+    return value
+
+
+# The engine needs a few positions beyond the prompt; below this no request can run.
+MIN_CTX = 4
+
+
+def _ctx_size(text: str) -> int:
+    value = int(text)
+    if value == 0:
+        # llama.cpp reads -c 0 as "the model's training context"; spekula needs an explicit size.
+        raise argparse.ArgumentTypeError("0 (the model's training context in llama.cpp) is not supported; "
+                                          f"give a size of at least {MIN_CTX} tokens, e.g. -c 4096")
+    if value < MIN_CTX:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_CTX} tokens, got {value}")
+    return value
+
+
+def _n_slots(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 slot, got {value}")
+    return value
+
+
+def installed_spec_types(extra: Iterable[str] = ()) -> list[str]:
+    """Drafter names that can actually run (entry points plus directly registered ones), by priority."""
+    names = set(available_drafters()) | set(extra)
+    return sorted(names, key=lambda n: priority_key(n, False))
+
+
 def add_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and backend")
     g.add_argument("-m", "--model", help="target GGUF model (default: the embedded SmolLM2-135M-Instruct Q4_1)")
-    g.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size per slot (default: 4096)")
-    g.add_argument("-np", "--parallel", type=int, default=1, help="number of slots (default: 1)")
+    g.add_argument("-c", "--ctx-size", type=_ctx_size, default=4096, help="context size per slot (default: 4096)")
+    g.add_argument("-np", "--parallel", type=_n_slots, default=1, help="number of slots (default: 1)")
     g.add_argument("-b", "--batch-size", type=int, default=512, help="max tokens per forward (default: 512)")
     g.add_argument("--backend", choices=BACKEND_NAMES, default="torch", help="runtime (default: torch)")
     g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default: cpu)")
@@ -88,13 +130,12 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
 def add_spec_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (llama.cpp names)")
     g.add_argument("--spec-type", action="append", default=[], metavar="LIST",
-                   help="comma-separated drafter types, accumulating: none, ngram-simple, ngram-map-k, "
-                        "ngram-map-k4v, ngram-mod, ngram-cache, draft-simple, draft-eagle3, draft-mtp, "
-                        "draft-dflash, draft-dspark, or a plugin's name")
+                   help="comma-separated drafter types, accumulating: "
+                        + ", ".join(["none", *installed_spec_types()]))
     g.add_argument("--spec-default", action="store_true", help="append ngram-mod with n_match 24, n_min 48, n_max 64")
     g.add_argument("--spec-draft-n-max", type=_non_negative, default=3, help="draft-model cap (default: 3)")
     g.add_argument("--spec-draft-n-min", type=int, default=0, help="draft-model minimum (default: 0)")
-    g.add_argument("--spec-draft-p-min", "--draft-p-min", type=float, default=0.0,
+    g.add_argument("--spec-draft-p-min", "--draft-p-min", type=_probability, default=0.0,
                    help="stop drafting when top-1 p < P (default: 0.0)")
     g.add_argument("--spec-draft-p-split", "--draft-p-split", type=float, default=0.10,
                    help="parsed for compatibility; unused (as in llama-server)")
@@ -157,6 +198,17 @@ def _infer_draft_type(path: str) -> tuple[str, ...]:
     return ("draft-dspark",) if read_draft_info(f).kind == "dspark" else ("draft-dflash",)
 
 
+def _check_implemented(types: Iterable[str], drafters: list[Any] | None) -> None:
+    """llama.cpp names that spekula has no drafter for (draft-mtp) get their own message: calling
+    them "unknown" would suggest a typo."""
+    extra = [n for n in (getattr(d, "name", None) for d in drafters or ()) if isinstance(n, str)]
+    installed = installed_spec_types(extra)
+    for name in types:
+        if name in SPEC_TYPE_PRIORITY and name not in installed:
+            raise ConfigError(f"--spec-type {name} is a llama.cpp type that spekula does not implement; "
+                              f"available: {', '.join(['none', *installed])}")
+
+
 def resolve_model_path(args: argparse.Namespace) -> str:
     if args.model:
         return str(args.model)
@@ -175,11 +227,23 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
     if args.parallel < 1:
         raise ConfigError(f"--parallel must be >= 1; got {args.parallel}")
     spec = spec_params_from_args(args)
+    _check_implemented(spec.types, drafters)
     if args.spec_draft_model and not spec.types and not args.spec_type:
         spec = spec.with_(types=_infer_draft_type(args.spec_draft_model))
+    if args.spec_draft_model and not spec.types:
+        # llama.cpp loads nothing for a plain -md either; say so instead of silently drafting nothing.
+        log.warning("draft_model_unused", draft_model=args.spec_draft_model,
+                    hint="draft-simple must be enabled with --spec-type draft-simple")
     path = resolve_model_path(args)
-    model_file = GGUFFile(path)  # a corrupt or truncated file fails here, with the path in the message
-    tokenizer = Tokenizer.from_gguf(model_file)
+    try:
+        model_file = GGUFFile(path)  # a corrupt or truncated file fails here, with the path in the message
+        tokenizer = Tokenizer.from_gguf(model_file)
+    except ModelFileError as exc:
+        if args.model:
+            raise
+        from spekula.frontends.default_model import damaged_default_model
+
+        raise damaged_default_model(exc) from None
     opts = BackendOptions(device=args.device, dtype=args.dtype, n_ctx=args.ctx_size, n_seq_max=args.parallel,
                           threads=args.threads, ort_provider=args.ort_provider)
     draft_opts = BackendOptions(device=args.spec_draft_device or args.device, dtype=args.spec_draft_dtype or args.dtype,

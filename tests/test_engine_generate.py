@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 
 import pytest
+import structlog
 from spekula.core.stats import DrafterStats
 from spekula.frontends.cli import main
 
@@ -45,3 +48,20 @@ def test_generate_errors_are_one_line(tiny_path: str, capsys: pytest.CaptureFixt
     assert "unknown spec type 'ngram-bogus'" in capsys.readouterr().err
     assert main(["generate", "-m", tiny_path, "-p", "x " * 100, "-c", "16"]) == 1
     assert "context" in capsys.readouterr().err
+
+
+def test_logging_follows_sys_stderr_after_a_cli_run(tiny_path: str, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A CLI run in-process configures structlog; a stream replaced (and closed) afterwards, as pytest
+    does between tests, must not break later logging: records go to whatever sys.stderr is now."""
+    assert main(["generate", "-m", tiny_path, "-p", "abc", "-n", "2", "--temp", "0", "-c", "64"]) == 0
+    capsys.readouterr()
+    old = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", old)
+    structlog.get_logger("t").info("first_record")
+    assert "first_record" in old.getvalue()
+    old.close()
+    new = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", new)
+    structlog.get_logger("t").info("second_record")  # raised "I/O operation on closed file" before
+    assert "second_record" in new.getvalue()
