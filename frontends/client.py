@@ -45,6 +45,10 @@ class ServerGoneError(SpekulaError):
     """The connection closed before the reply arrived."""
 
 
+class ClientTimeout(SpekulaError, TimeoutError):
+    """No reply within the client's `timeout` (still a TimeoutError for callers that catch that)."""
+
+
 def _result(msg: dict[str, Any]) -> Any:
     if "error" in msg:
         err = msg["error"]
@@ -65,6 +69,7 @@ class SpekulaClient:
 
     def __init__(self, socket_path: str, *, timeout: float | None = 300.0) -> None:
         self.socket_path = socket_path
+        self.timeout = timeout
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
         try:
@@ -87,12 +92,24 @@ class SpekulaClient:
         self._sock.close()
 
     # plumbing
+    def _io_error(self, exc: OSError, doing: str) -> SpekulaError:
+        if isinstance(exc, TimeoutError):
+            return ClientTimeout(f"{self.socket_path}: no progress {doing} within {self.timeout} s "
+                                 "(a long generation needs a larger timeout: SpekulaClient(..., timeout=None))")
+        return ServerGoneError(f"{self.socket_path}: connection failed {doing}: {exc}")
+
     def _send(self, message: Any) -> None:
-        self._sock.sendall(p.encode(message))
+        try:
+            self._sock.sendall(p.encode(message))
+        except OSError as exc:
+            raise self._io_error(exc, "sending a request") from None
 
     def _read_message(self) -> Any:
         while (nl := self._buf.find(b"\n")) < 0:
-            data = self._sock.recv(65536)
+            try:
+                data = self._sock.recv(65536)
+            except OSError as exc:
+                raise self._io_error(exc, "waiting for a reply") from None
             if not data:
                 raise ServerGoneError("server closed the connection")
             self._buf += data

@@ -120,8 +120,24 @@ class SpekulaMethods:
             raise RpcError(ENGINE_ERROR, "engine ended the request without a final result")
         result = final_result(final, return_tokens=parsed.return_tokens)
         if final.stop_type == "error":
-            raise RpcError(ENGINE_ERROR, final.error or "generation failed", result)
+            raise self._spec_rejection(parsed, final) or RpcError(ENGINE_ERROR, final.error or "generation failed",
+                                                                  result)
         return result
+
+    def _spec_rejection(self, parsed: rp.ParsedCompletion, final: FinalEvent) -> RpcError | None:
+        """A request's own `speculative` settings that the engine refused before running.
+
+        The prompt, context and token checks have all passed by the time the engine sees a request,
+        so an error without timings (nothing ran) on a request carrying its own speculation
+        settings means those settings: a drafter this server cannot create (draft-simple without
+        -md), or rates that do not fit. That is the caller's parameter, not an engine failure."""
+        spec = parsed.request.spec
+        if spec is None or final.timings or final.tokens:
+            return None
+        if spec.types != self.engine.config.spec.types:
+            return invalid_params(f"'speculative.type': {', '.join(spec.types)} cannot run on this server: "
+                                  f"{final.error}")
+        return invalid_params(f"'speculative': these settings cannot run on this server: {final.error}")
 
     # -- tokenizer ------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,8 +12,15 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import pytest
+from spekula.core.errors import SpekulaError
 from spekula.frontends import rpc_protocol as p
-from spekula.frontends.client import AsyncSpekulaClient, RpcCallError, ServerGoneError, SpekulaClient
+from spekula.frontends.client import (
+    AsyncSpekulaClient,
+    ClientTimeout,
+    RpcCallError,
+    ServerGoneError,
+    SpekulaClient,
+)
 from spekula.frontends.rpc_methods import SpekulaMethods
 from spekula.frontends.server import RpcServer, ServerConfig
 
@@ -97,6 +105,18 @@ def test_missing_server_is_a_clear_error(tmp_path: Path) -> None:
 
     with pytest.raises(ServerGoneError, match="cannot connect"):
         anyio.run(body)
+
+
+def test_silent_server_times_out_with_a_clear_error(tmp_path: Path) -> None:
+    """A server that accepts but never answers: a SpekulaError naming the socket and the timeout."""
+    path = str(tmp_path / "mute.sock")
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(path)
+        listener.listen(1)
+        with SpekulaClient(path, timeout=0.2) as c, pytest.raises(ClientTimeout) as info:
+            c.health()
+    assert isinstance(info.value, SpekulaError) and isinstance(info.value, TimeoutError)
+    assert path in str(info.value) and "0.2 s" in str(info.value)
 
 
 def test_sync_client_error_carries_code_and_data(served: tuple[str, Any]) -> None:
