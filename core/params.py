@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from .errors import ConfigError
-
 # Fixed priority (speculative-semantics.md §3): every draftless type before every model type.
 SPEC_TYPE_PRIORITY: tuple[str, ...] = (
     "ngram-simple",
@@ -59,23 +57,6 @@ class SpecParams:
 
     def with_(self, **kw: Any) -> SpecParams:
         return replace(self, **kw)
-
-
-def normalize_spec_types(values: list[str] | tuple[str, ...], known: tuple[str, ...] = SPEC_TYPE_PRIORITY) -> tuple[str, ...]:
-    """Parse accumulated --spec-type values (each may be a comma list) into priority order.
-
-    A `none` inside one comma list collapses that list; unknown names are errors.
-    """
-    chosen: set[str] = set()
-    for value in values:
-        names = [n.strip() for n in str(value).split(",") if n.strip()]
-        if "none" in names:
-            continue
-        for n in names:
-            if n not in known:
-                raise ConfigError(f"unknown spec type {n!r}; available: none, {', '.join(known)}")
-            chosen.add(n)
-    return tuple(n for n in known if n in chosen)
 
 
 @dataclass(slots=True)
