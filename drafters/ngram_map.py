@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
-from spekula.core.drafter import Draft, Drafter, DrafterContext, DraftlessDrafter, DraftRequest
+from spekula.core.drafter import Drafter, DrafterContext
 
-from .ngram_match import int_option, last_match, match_positions, same_tokens
+from .ngram_match import SlotDraftless, int_option, last_match, match_positions, same_tokens
 
 KEY_MAP_SIZE = 262144  # buckets in the hash -> history-index map
 LCG32 = 2654435761  # near (sqrt(5)-1)/2 * 2**32
@@ -70,7 +70,7 @@ class _MapState:
     last_value: _Value | None = None  # the value slot the last draft came from (for accept)
 
 
-class _NgramMapDrafter(DraftlessDrafter):
+class _NgramMapDrafter(SlotDraftless):
     """Shared map logic; the two public classes differ in `key_only` and their option names."""
 
     key_only: ClassVar[bool]
@@ -139,13 +139,6 @@ class _NgramMapDrafter(DraftlessDrafter):
         st.idx_last_check = size
 
     # -- draft -----------------------------------------------------------------------------------
-
-    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        out: list[Draft] = []
-        for req in requests:
-            tokens = self.draft_one(req.slot, req.history, req.last)
-            out.append(Draft(tokens[: max(req.n_max, 0)]))
-        return out
 
     def draft_one(self, slot: int, hist: np.ndarray, last: int) -> list[int]:
         st = self._state(slot)

@@ -1,15 +1,17 @@
 """Vectorised n-gram search over a token history, shared by the draftless drafters.
 
 A Python loop over 4096 positions costs milliseconds; these numpy passes cost tens of microseconds,
-which keeps a drafter call far below one target forward.
+which keeps a drafter call far below one target forward. Also here: the option reader and the
+slot-by-slot `draft` those drafters share.
 """
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Sequence
 
 import numpy as np
-from spekula.core.drafter import DrafterContext
+from spekula.core.drafter import Draft, DrafterContext, DraftlessDrafter, DraftRequest
 from spekula.core.errors import ConfigError
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -80,3 +82,22 @@ def int_option(ctx: DrafterContext, name: str, default: int, lo: int, hi: int | 
         bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
         raise ConfigError(f"--{name} must be in {bound}, got {value}")
     return value
+
+
+class SlotDraftless(DraftlessDrafter):
+    """A draftless drafter whose `draft` asks `draft_one` per request and cuts to its n_max.
+
+    The cut comes after `draft_one`, so what a drafter records about its own draft (its length
+    before the round cap, the value accept() credits) does not depend on the round's n_max.
+    """
+
+    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        out: list[Draft] = []
+        for req in requests:
+            tokens = self.draft_one(req.slot, req.history, req.last)
+            out.append(Draft(tokens[: max(req.n_max, 0)]))
+        return out
+
+    @abstractmethod
+    def draft_one(self, slot: int, hist: np.ndarray, last: int) -> list[int]:
+        """The uncapped draft after (hist, last) for `slot`, updating the slot's state."""

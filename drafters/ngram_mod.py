@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from spekula.core.drafter import Draft, Drafter, DrafterContext, DraftlessDrafter, DraftRequest
+from spekula.core.drafter import Drafter, DrafterContext
 
-from .ngram_match import int_option
+from .ngram_match import SlotDraftless, int_option
 
 POOL_SIZE = 4 * 1024 * 1024
 EMPTY = -1
@@ -88,7 +88,7 @@ class _SeqInfo:
     n_low: int = 0  # consecutive low-acceptance rounds
 
 
-class NgramModDrafter(DraftlessDrafter, Drafter):
+class NgramModDrafter(SlotDraftless, Drafter):
     """ngram-mod: follow the shared successor table from the last n tokens of (H, x).
 
     Options (llama.cpp names):
@@ -151,13 +151,6 @@ class NgramModDrafter(DraftlessDrafter, Drafter):
             self._wipe()
             self.pool.add_range(prompt, 0, len(prompt) - n)
         info.i_last = len(prompt) - n
-
-    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        out: list[Draft] = []
-        for req in requests:
-            tokens = self.draft_one(req.slot, req.history, req.last)
-            out.append(Draft(tokens[: max(req.n_max, 0)]))
-        return out
 
     def draft_one(self, slot: int, hist: np.ndarray, last: int) -> list[int]:
         info = self._seq(slot)
