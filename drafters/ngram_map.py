@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Self
 
 import numpy as np
 from spekula.core.drafter import Drafter, DrafterContext
@@ -71,7 +71,19 @@ class _MapState:
 
 
 class _NgramMapDrafter(SlotDraftless):
-    """Shared map logic; the two public classes differ in `key_only` and their option names."""
+    """Shared map logic; the two public classes differ in `key_only` and their option names.
+
+    Differences from llama.cpp, for both:
+      * begin() also cleans up when the new prompt differs from the slot's previous history (from
+        n+m tokens before the first difference), not only when it is shorter. llama.cpp keeps
+        index entries of the old text there, and after a longer earlier request on the slot it
+        never indexes the first S-n-m positions of a new, different prompt at all, so text in
+        the prompt (e.g. a paragraph to repeat) is never drafted from.
+      * Starts in [S-n-m, S] (S = prompt length) are indexed on the first draft; llama.cpp leaves
+        them out until the next begin().
+      * A history shorter than the last one seen inside a request (a context shift) cleans the
+        map up as begin() would, where llama.cpp aborts the process.
+    """
 
     key_only: ClassVar[bool]
     option_prefix: ClassVar[str]
@@ -83,9 +95,9 @@ class _NgramMapDrafter(SlotDraftless):
         self._states: dict[int, _MapState] = {}
 
     @classmethod
-    def _from_ctx(cls, ctx: DrafterContext) -> tuple[int, int, int]:
+    def create(cls, ctx: DrafterContext) -> Self:
         p = cls.option_prefix
-        return (
+        return cls(
             int_option(ctx, f"{p}-size-n", 12, 1, 1024),
             int_option(ctx, f"{p}-size-m", 48, 1, 1024),
             int_option(ctx, f"{p}-min-hits", 1, 1),
@@ -261,28 +273,14 @@ class NgramMapKDrafter(_NgramMapDrafter, Drafter):
     A draft is at most the key's last accepted length: after an accept of 0 the key never drafts
     again until a begin() cleanup removes it.
 
-    Differences from llama.cpp:
+    Differences from llama.cpp: those of both map drafters (see `_NgramMapDrafter`), and
       * ``min-hits`` works (llama.cpp returns before the test for key-only maps); the default 1
         gives identical drafts.
-      * begin() also cleans up when the new prompt differs from the slot's previous history (from
-        n+m tokens before the first difference), not only when it is shorter. llama.cpp keeps
-        index entries of the old text there, and after a longer earlier request on the slot it
-        never indexes the first S-n-m positions of a new, different prompt at all, so text in
-        the prompt (e.g. a paragraph to repeat) is never drafted from.
-      * Starts in [S-n-m, S] (S = prompt length) are indexed on the first draft; llama.cpp leaves
-        them out until the next begin().
-      * A history shorter than the last one seen inside a request (a context shift) cleans the
-        map up as begin() would, where llama.cpp aborts the process.
     """
 
     name: ClassVar[str] = "ngram-map-k"
     key_only: ClassVar[bool] = True
     option_prefix: ClassVar[str] = "spec-ngram-map-k"
-
-    @classmethod
-    def create(cls, ctx: DrafterContext) -> NgramMapKDrafter:
-        n, m, hits = cls._from_ctx(ctx)
-        return cls(n, m, hits)
 
 
 class NgramMapK4vDrafter(_NgramMapDrafter, Drafter):
@@ -298,23 +296,9 @@ class NgramMapK4vDrafter(_NgramMapDrafter, Drafter):
     the continuation at the matched position (the winner only gates the draft and caps its
     length), and the occurrence at the previous match is counted again on every hit.
 
-    Differences from llama.cpp:
-      * begin() also cleans up when the new prompt differs from the slot's previous history (from
-        n+m tokens before the first difference), not only when it is shorter. llama.cpp keeps
-        index entries of the old text there, and after a longer earlier request on the slot it
-        never indexes the first S-n-m positions of a new, different prompt at all, so text in
-        the prompt (e.g. a paragraph to repeat) is never drafted from.
-      * Starts in [S-n-m, S] (S = prompt length) are indexed on the first draft; llama.cpp leaves
-        them out until the next begin().
-      * A history shorter than the last one seen inside a request (a context shift) cleans the
-        map up as begin() would, where llama.cpp aborts the process.
+    Differences from llama.cpp: those of both map drafters (see `_NgramMapDrafter`).
     """
 
     name: ClassVar[str] = "ngram-map-k4v"
     key_only: ClassVar[bool] = False
     option_prefix: ClassVar[str] = "spec-ngram-map-k4v"
-
-    @classmethod
-    def create(cls, ctx: DrafterContext) -> NgramMapK4vDrafter:
-        n, m, hits = cls._from_ctx(ctx)
-        return cls(n, m, hits)
