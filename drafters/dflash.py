@@ -15,50 +15,33 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from spekula.core.backend import Capture, SeqInput, SeqOutput
-from spekula.core.draft_models import (
-    DFlashBlock,
-    DFlashOut,
-    DFlashRuntime,
-    choose,
-    draft_rng,
-    load_draft_runtime,
-)
+from spekula.core.backend import SeqInput, SeqOutput
+from spekula.core.draft_models import DFlashBlock, DFlashOut, DFlashRuntime, choose, load_draft_runtime
 from spekula.core.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
 
-from .eagle3 import model_draft_options, require_draft_path
+from .hidden_drafter import HiddenSlot, HiddenStateDrafter, model_draft_options, require_draft_path
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class _Slot:
-    seq: int
-    rng: np.random.Generator | None = None
-    rng_key: tuple[float, int] | None = None
-
-
-@dataclass(slots=True)
 class _Plan:
     index: int
-    slot: _Slot
+    slot: HiddenSlot
     pos0: int
     block: np.ndarray
     n_spec: int  # block drafts before the request's cap
     cap: int
 
 
-class DFlashDrafter:
+class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, HiddenSlot]):
     name: ClassVar[str] = "draft-dflash"
-    model_based: ClassVar[bool] = True
     kind: ClassVar[str] = "dflash"
 
     def __init__(self, runtime: DFlashRuntime) -> None:
-        self.runtime = runtime
+        super().__init__(runtime)
         self.info = runtime.info
-        self.layers = runtime.info.target_layers
-        self._slots: dict[int, _Slot] = {}
         self._warned: set[str] = set()
 
     @classmethod
@@ -84,40 +67,22 @@ class DFlashDrafter:
             self._warned.add(msg)
             log.warning("%s: %s", self.name, msg)
 
-    # --- protocol --------------------------------------------------------------------------------
-    def capture(self) -> Capture:
-        return Capture(layers=frozenset(self.layers))
-
-    def _state(self, slot: int) -> _Slot:
-        st = self._slots.get(slot)
-        if st is None:
-            st = self._slots[slot] = _Slot(self.runtime.new_seq())
-        return st
-
-    def begin(self, slot: int, prompt: np.ndarray) -> None:
-        st = self._state(slot)
-        st.rng, st.rng_key = None, None
+    # --- protocol (capture, begin, end: HiddenStateDrafter) ---------------------------------------
+    def new_slot(self, seq: int) -> HiddenSlot:
+        return HiddenSlot(seq)
 
     def observe(self, slot: int, inp: SeqInput, out: SeqOutput) -> None:
         if len(inp.tokens) == 0:
             return
         st = self._state(slot)
-        missing = [layer for layer in self.layers if layer not in out.layer_inputs]
-        if missing:
-            raise ConfigError(f"{self.name}: the target did not return captured layers {missing}")
+        feats = self.features(out)
         if self.runtime.seq_len(st.seq) < inp.start:
             return  # a gap (should not happen): leave it; draft() sees the missing context and skips
-        feats = np.concatenate([out.layer_inputs[layer] for layer in self.layers], axis=1)
         self.runtime.inject(st.seq, feats, inp.start)
 
     def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
         # Rejected rows stay injected beyond the committed end; draft() truncates to the context first.
         return None
-
-    def end(self, slot: int) -> None:
-        st = self._slots.pop(slot, None)
-        if st is not None:
-            self.runtime.free_seq(st.seq)
 
     # --- block layout (DSpark overrides) ------------------------------------------------------------
     def max_block_draft(self) -> int:
@@ -157,8 +122,7 @@ class DFlashDrafter:
             if pos0 + len(block) > self.runtime.n_ctx:
                 continue
             self.runtime.truncate(st.seq, pos0)
-            if r.spec.draft_sampling == "probabilistic" and r.temperature > 0 and st.rng_key != (r.temperature, r.seed):
-                st.rng, st.rng_key = draft_rng("probabilistic", r.temperature, r.seed), (r.temperature, r.seed)
+            self.probabilistic(st, r)
             plans.append(_Plan(i, st, pos0, block, n_spec, min(n_spec, int(r.n_max))))
         outs = self.runtime.draft_blocks([DFlashBlock(p.slot.seq, p.block, p.pos0) for p in plans])
         result = [Draft.empty() for _ in requests]

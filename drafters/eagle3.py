@@ -10,25 +10,24 @@ On verification, ``accept`` rebases the pending row onto the last accepted row (
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
-from spekula.core.backend import BackendOptions, Capture, SeqInput, SeqOutput
-from spekula.core.draft_models import Eagle3Rows, Eagle3Runtime, choose, draft_rng, load_draft_runtime
+from spekula.core.backend import SeqInput, SeqOutput
+from spekula.core.draft_models import Eagle3Rows, Eagle3Runtime, choose, load_draft_runtime
 from spekula.core.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
 
+from .hidden_drafter import HiddenSlot, HiddenStateDrafter, model_draft_options, require_draft_path
+
 
 @dataclass(slots=True)
-class _Slot:
-    seq: int
+class _Slot(HiddenSlot):
     pending_g: np.ndarray | None = None  # [H] g of the last target row whose successor is unknown
     pending_pos: int = -1
     verify_g: np.ndarray | None = None  # [n, H] every row of the last target forward
     verify_pos: int = 0
-    rng: np.random.Generator | None = None
-    rng_key: tuple[float, int] | None = None
 
 
 @dataclass(slots=True)
@@ -44,27 +43,8 @@ class _Run:
     probs: list[np.ndarray] = field(default_factory=list)
 
 
-def model_draft_options(ctx: DrafterContext, extra_ctx: int = 0) -> BackendOptions:
-    """Draft runtime options: the target's device/dtype unless --spec-draft-* said otherwise, one
-    sequence per slot, and the target's context (plus room for a draft block beyond it)."""
-    base = ctx.draft_backend_options or ctx.target.options
-    return replace(base, n_ctx=ctx.target.n_ctx + extra_ctx, n_seq_max=max(ctx.n_seq_max, 1))
-
-
-def require_draft_path(ctx: DrafterContext, name: str) -> str:
-    if not ctx.draft_model_path:
-        raise ConfigError(f"{name} needs a draft model: pass -md/--spec-draft-model FILE.gguf")
-    return str(ctx.draft_model_path)
-
-
-class Eagle3Drafter:
+class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
     name: ClassVar[str] = "draft-eagle3"
-    model_based: ClassVar[bool] = True
-
-    def __init__(self, runtime: Eagle3Runtime) -> None:
-        self.runtime = runtime
-        self.layers = runtime.info.target_layers
-        self._slots: dict[int, _Slot] = {}
 
     @classmethod
     def create(cls, ctx: DrafterContext) -> Eagle3Drafter:
@@ -75,20 +55,9 @@ class Eagle3Drafter:
             raise ConfigError(f"{path} is a {runtime.info.kind} model, not EAGLE-3; use --spec-type draft-{runtime.info.kind}")
         return cls(runtime)
 
-    # --- protocol --------------------------------------------------------------------------------
-    def capture(self) -> Capture:
-        return Capture(layers=frozenset(self.layers))
-
-    def _state(self, slot: int) -> _Slot:
-        st = self._slots.get(slot)
-        if st is None:
-            st = self._slots[slot] = _Slot(self.runtime.new_seq())
-        return st
-
-    def begin(self, slot: int, prompt: np.ndarray) -> None:
-        # The prompt was already mirrored by observe (which runs before begin); only reset sampling.
-        st = self._state(slot)
-        st.rng, st.rng_key = None, None
+    # --- protocol (capture, begin, end: HiddenStateDrafter) ---------------------------------------
+    def new_slot(self, seq: int) -> _Slot:
+        return _Slot(seq)
 
     def observe(self, slot: int, inp: SeqInput, out: SeqOutput) -> None:
         n = len(inp.tokens)
@@ -98,11 +67,7 @@ class Eagle3Drafter:
         if inp.start == 0:  # a new sequence in this slot
             self.runtime.truncate(st.seq, 0)
             st.pending_g = None
-        missing = [layer for layer in self.layers if layer not in out.layer_inputs]
-        if missing:
-            raise ConfigError(f"{self.name}: the target did not return captured layers {missing}")
-        feats = np.concatenate([out.layer_inputs[layer] for layer in self.layers], axis=1)
-        g = self.runtime.encode(feats)
+        g = self.runtime.encode(self.features(out))
         tokens = np.asarray(inp.tokens, dtype=np.int32)
         have = self.runtime.seq_len(st.seq)
         if st.pending_g is not None and st.pending_pos == inp.start - 1 and have <= st.pending_pos:
@@ -124,11 +89,6 @@ class Eagle3Drafter:
         # Entries from the pending position on pair rejected tokens: drop them.
         self.runtime.truncate(st.seq, st.pending_pos)
 
-    def end(self, slot: int) -> None:
-        st = self._slots.pop(slot, None)
-        if st is not None:
-            self.runtime.free_seq(st.seq)
-
     # --- drafting --------------------------------------------------------------------------------
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         runs: list[_Run] = []
@@ -143,9 +103,7 @@ class Eagle3Drafter:
             if st.pending_pos != pos or self.runtime.seq_len(st.seq) < pos:
                 continue  # features for the committed history are incomplete: no draft this round
             self.runtime.truncate(st.seq, pos)
-            prob = r.spec.draft_sampling == "probabilistic" and r.temperature > 0
-            if prob and (st.rng is None or st.rng_key != (r.temperature, r.seed)):
-                st.rng, st.rng_key = draft_rng("probabilistic", r.temperature, r.seed), (r.temperature, r.seed)
+            prob = self.probabilistic(st, r)
             runs.append(_Run(i, st, pos, cap, float(r.spec.p_min), float(r.temperature), prob))
             first.append(Eagle3Rows(st.seq, np.array([r.last], dtype=np.int32), st.pending_g[None], pos))
         active, rows = runs, first
