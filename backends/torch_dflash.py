@@ -20,12 +20,11 @@ from spekula.core.gguf_file import GGUFFile
 
 from .torch_draft_common import (
     KVStore,
+    TorchDraftBase,
     Weights,
     apply_rope,
-    attend,
     device_dtype,
     rms_norm,
-    rope_angles,
     scatter_vocab,
     swiglu,
     target_embeddings,
@@ -53,7 +52,7 @@ class _Layer:
     down: torch.Tensor
 
 
-class TorchDFlashRuntime(DFlashRuntime):
+class TorchDFlashRuntime(TorchDraftBase, DFlashRuntime):
     def __init__(self, f: GGUFFile, info: DraftModelInfo, target: ModelInfo, options: BackendOptions) -> None:
         self.info = info
         self.device, self.dtype = device_dtype(options)
@@ -66,14 +65,7 @@ class TorchDFlashRuntime(DFlashRuntime):
                 raise ModelFileError(f.path, f"tensor {name!r} is not supported by this runtime")
         H = info.n_embd
         self.n_layer = int(f.require(f"{a}.block_count"))
-        self.n_head = int(f.require(f"{a}.attention.head_count"))
-        self.n_head_kv = int(f.get(f"{a}.attention.head_count_kv", self.n_head))
-        self.head_dim = int(f.get(f"{a}.attention.key_length", H // self.n_head))
-        self.n_rot = int(f.get(f"{a}.rope.dimension_count", self.head_dim))
-        self.rope_base = float(f.get(f"{a}.rope.freq_base", 10000.0))
-        scale = float(f.get(f"{a}.rope.scaling.factor", 0.0) or 0.0)
-        self.freq_scale = 1.0 / scale if f.get(f"{a}.rope.scaling.type") == "linear" and scale > 0 else 1.0
-        self.eps = float(f.require(f"{a}.attention.layer_norm_rms_epsilon"))
+        self.read_attention(f, a, H)
         self.causal = bool(f.get(f"{a}.attention.causal", False))
 
         w = Weights(f, self.device, self.dtype)
@@ -126,33 +118,14 @@ class TorchDFlashRuntime(DFlashRuntime):
         self.kv = KVStore(self.n_layer, self.n_head_kv, self.head_dim, options.n_ctx, options.n_seq_max,
                           self.device, self.dtype)
 
-    # --- sequences -------------------------------------------------------------------------------
-    @property
-    def n_ctx(self) -> int:
-        return self.kv.n_ctx
-
-    def new_seq(self) -> int:
-        return self.kv.new_seq()
-
-    def free_seq(self, seq_id: int) -> None:
-        self.kv.free_seq(seq_id)
-
-    def seq_len(self, seq_id: int) -> int:
-        return self.kv.seq_len(seq_id)
-
-    def truncate(self, seq_id: int, n_keep: int) -> None:
-        self.kv.truncate(seq_id, n_keep)
-
     # --- graphs ----------------------------------------------------------------------------------
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos, sin = rope_angles(positions, self.n_rot, self.rope_base, self.freq_scale, self.rope_freqs)
+        cos, sin = self.rope(positions)
         return apply_rope(x, cos, sin, neox=True)
 
     @torch.inference_mode()
     def inject(self, seq_id: int, features: np.ndarray, start: int) -> None:
-        x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)).to(self.device, self.dtype)
-        if x.ndim != 2 or x.shape[1] != self.fc.shape[1]:
-            raise ValueError(f"dflash features must be [T, {self.fc.shape[1]}], got {tuple(x.shape)}")
+        x = self.features_in(features, "dflash")
         c = rms_norm(F.linear(x, self.fc), self.enc_norm, self.eps)
         n = c.shape[0]
         positions = torch.arange(start, start + n, device=self.device)
@@ -169,19 +142,13 @@ class TorchDFlashRuntime(DFlashRuntime):
         positions = torch.cat([torch.arange(b.start, b.start + len(b.tokens)) for b in blocks]).to(self.device)
         x = self.embd[tokens]
         n = x.shape[0]
+        spans = [(b.seq_id, b.start, len(b.tokens)) for b in blocks]
         for li, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, self.eps)
             q = self._rope(rms_norm(F.linear(h, L.wq).view(n, self.n_head, self.head_dim), L.q_norm, self.eps), positions)
             k = self._rope(rms_norm(F.linear(h, L.wk).view(n, self.n_head_kv, self.head_dim), L.k_norm, self.eps), positions)
             v = F.linear(h, L.wv).view(n, self.n_head_kv, self.head_dim)
-            attn = torch.empty(n, self.n_head * self.head_dim, device=self.device, dtype=self.dtype)
-            off = 0
-            for b in blocks:
-                m = len(b.tokens)
-                self.kv.write(b.seq_id, li, b.start, k[off:off + m], v[off:off + m])
-                kc, vc = self.kv.view(b.seq_id, li, b.start + m)
-                attn[off:off + m] = attend(q[off:off + m], kc, vc, b.start, causal=self.causal)
-                off += m
+            attn = self.attend_spans(li, spans, q, k, v, causal=self.causal)
             x = x + F.linear(attn, L.wo)
             x = x + swiglu(rms_norm(x, L.ffn_norm, self.eps), L.gate, L.up, L.down)
         hid = rms_norm(x, self.out_norm, self.eps)

@@ -7,6 +7,7 @@ token, so these runtimes batch freely (all rows of all sequences through each pr
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -184,3 +185,70 @@ def scatter_vocab(z: torch.Tensor, d2t: torch.Tensor | None, n_vocab: int, fill:
     out = torch.full((z.shape[0], n_vocab), fill, dtype=z.dtype, device=z.device)
     out[:, d2t] = z
     return out
+
+
+class TorchDraftBase:
+    """Attention hyperparameters, feature input, per-sequence attention and sequence bookkeeping of
+    both torch draft runtimes (mixed in ahead of their DraftRuntime ABC, whose sequence methods it
+    implements by delegating to the KV store)."""
+
+    device: torch.device
+    dtype: torch.dtype
+    kv: KVStore
+    fc: torch.Tensor
+    rope_freqs: torch.Tensor | None
+
+    def read_attention(self, f: GGUFFile, arch: str, n_embd: int) -> None:
+        """Head counts, head size, rope and norm epsilon from ``{arch}.*`` keys (llama.cpp defaults)."""
+        self.n_head = int(f.require(f"{arch}.attention.head_count"))
+        self.n_head_kv = int(f.get(f"{arch}.attention.head_count_kv", self.n_head))
+        self.head_dim = int(f.get(f"{arch}.attention.key_length", n_embd // self.n_head))
+        self.n_rot = int(f.get(f"{arch}.rope.dimension_count", self.head_dim))
+        self.rope_base = float(f.get(f"{arch}.rope.freq_base", 10000.0))
+        scale = float(f.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+        self.freq_scale = 1.0 / scale if f.get(f"{arch}.rope.scaling.type") == "linear" and scale > 0 else 1.0
+        self.eps = float(f.require(f"{arch}.attention.layer_norm_rms_epsilon"))
+
+    # --- sequences -------------------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return self.kv.n_ctx
+
+    def new_seq(self) -> int:
+        return self.kv.new_seq()
+
+    def free_seq(self, seq_id: int) -> None:
+        self.kv.free_seq(seq_id)
+
+    def seq_len(self, seq_id: int) -> int:
+        return self.kv.seq_len(seq_id)
+
+    def truncate(self, seq_id: int, n_keep: int) -> None:
+        self.kv.truncate(seq_id, n_keep)
+
+    # --- graph pieces ----------------------------------------------------------------------------
+    def features_in(self, features: np.ndarray, arch: str) -> torch.Tensor:
+        """Captured target features [T, fc inputs] on the runtime's device and dtype."""
+        x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)).to(self.device, self.dtype)
+        if x.ndim != 2 or x.shape[1] != self.fc.shape[1]:
+            raise ValueError(f"{arch} features must be [T, {self.fc.shape[1]}], got {tuple(x.shape)}")
+        return x
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_angles(positions, self.n_rot, self.rope_base, self.freq_scale, self.rope_freqs)
+
+    def attend_spans(self, layer: int, spans: Sequence[tuple[int, int, int]], q: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, *, causal: bool) -> torch.Tensor:
+        """Rows of several sequences, concatenated: spans are (seq_id, start, n_rows) in row order.
+
+        Each span's k/v are written at its positions first, so it attends to its own rows as well as
+        its sequence's earlier entries. Returns [rows, n_head * head_dim].
+        """
+        attn = torch.empty(q.shape[0], self.n_head * self.head_dim, device=self.device, dtype=self.dtype)
+        off = 0
+        for seq_id, start, m in spans:
+            self.kv.write(seq_id, layer, start, k[off:off + m], v[off:off + m])
+            kc, vc = self.kv.view(seq_id, layer, start + m)
+            attn[off:off + m] = attend(q[off:off + m], kc, vc, start, causal=causal)
+            off += m
+        return attn

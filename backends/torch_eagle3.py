@@ -18,32 +18,24 @@ from spekula.core.gguf_file import GGUFFile
 
 from .torch_draft_common import (
     KVStore,
+    TorchDraftBase,
     Weights,
     apply_rope,
-    attend,
     device_dtype,
     rms_norm,
-    rope_angles,
     scatter_vocab,
     swiglu,
     target_embeddings,
 )
 
 
-class TorchEagle3Runtime(Eagle3Runtime):
+class TorchEagle3Runtime(TorchDraftBase, Eagle3Runtime):
     def __init__(self, f: GGUFFile, info: DraftModelInfo, target: ModelInfo, options: BackendOptions) -> None:
         self.info = info
         self.device, self.dtype = device_dtype(options)
         a = "eagle3"
         H = info.n_embd
-        self.n_head = int(f.require(f"{a}.attention.head_count"))
-        self.n_head_kv = int(f.get(f"{a}.attention.head_count_kv", self.n_head))
-        self.head_dim = int(f.get(f"{a}.attention.key_length", H // self.n_head))
-        self.n_rot = int(f.get(f"{a}.rope.dimension_count", self.head_dim))
-        self.rope_base = float(f.get(f"{a}.rope.freq_base", 10000.0))
-        scale = float(f.get(f"{a}.rope.scaling.factor", 0.0) or 0.0)
-        self.freq_scale = 1.0 / scale if f.get(f"{a}.rope.scaling.type") == "linear" and scale > 0 else 1.0
-        self.eps = float(f.require(f"{a}.attention.layer_norm_rms_epsilon"))
+        self.read_attention(f, a, H)
         self.norm_before_residual = bool(f.get(f"{a}.norm_before_residual", False))
         norm_before_fc = bool(f.get(f"{a}.norm_before_fc", False))
         if int(f.get(f"{a}.block_count", 1)) != 1:
@@ -86,29 +78,10 @@ class TorchEagle3Runtime(Eagle3Runtime):
             raise ModelFileError(f.path, f"output head {tuple(self.head.shape)} does not fit the draft")
         self.kv = KVStore(1, self.n_head_kv, self.head_dim, options.n_ctx, options.n_seq_max, self.device, self.dtype)
 
-    # --- sequences -------------------------------------------------------------------------------
-    @property
-    def n_ctx(self) -> int:
-        return self.kv.n_ctx
-
-    def new_seq(self) -> int:
-        return self.kv.new_seq()
-
-    def free_seq(self, seq_id: int) -> None:
-        self.kv.free_seq(seq_id)
-
-    def seq_len(self, seq_id: int) -> int:
-        return self.kv.seq_len(seq_id)
-
-    def truncate(self, seq_id: int, n_keep: int) -> None:
-        self.kv.truncate(seq_id, n_keep)
-
     # --- graphs ----------------------------------------------------------------------------------
     @torch.inference_mode()
     def encode(self, features: np.ndarray) -> np.ndarray:
-        x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)).to(self.device, self.dtype)
-        if x.ndim != 2 or x.shape[1] != self.fc.shape[1]:
-            raise ValueError(f"eagle3 features must be [T, {self.fc.shape[1]}], got {tuple(x.shape)}")
+        x = self.features_in(features, "eagle3")
         if self.enc_norm is not None:
             x = rms_norm(x, self.enc_norm, self.eps)
         return F.linear(x, self.fc).float().cpu().numpy()
@@ -128,16 +101,9 @@ class TorchEagle3Runtime(Eagle3Runtime):
         q = F.linear(x, self.wq).view(n, self.n_head, self.head_dim)
         k = F.linear(x, self.wk).view(n, self.n_head_kv, self.head_dim)
         v = F.linear(x, self.wv).view(n, self.n_head_kv, self.head_dim)
-        cos, sin = rope_angles(positions, self.n_rot, self.rope_base, self.freq_scale, self.rope_freqs)
+        cos, sin = self.rope(positions)
         q, k = apply_rope(q, cos, sin, neox=False), apply_rope(k, cos, sin, neox=False)
-        attn = torch.empty(n, self.n_head * self.head_dim, device=self.device, dtype=self.dtype)
-        off = 0
-        for r in rows:
-            m = len(r.tokens)
-            self.kv.write(r.seq_id, 0, r.start, k[off:off + m], v[off:off + m])
-            kc, vc = self.kv.view(r.seq_id, 0, r.start + m)
-            attn[off:off + m] = attend(q[off:off + m], kc, vc, r.start, causal=True)
-            off += m
+        attn = self.attend_spans(0, [(r.seq_id, r.start, len(r.tokens)) for r in rows], q, k, v, causal=True)
         h1 = F.linear(attn, self.wo) + residual
         h2 = h1 + swiglu(rms_norm(h1, self.ffn_norm, self.eps), self.gate, self.up, self.down)
         want = torch.tensor([r.want_logits for r in rows for _ in range(len(r.tokens))], device=self.device)
