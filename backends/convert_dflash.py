@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from spekula.core.errors import ModelFileError
 
-from .convert_eagle3 import d2t_absolute
+from .convert_draft_vocab import write_d2t, write_embeddings, write_head
 from .convert_gguf import GGUFOut, head_dim, head_dim_known, write_decoder_keys
 from .convert_plain import _REQUIRED, write_layer
 from .convert_source import HFCheckpoint, merged_text_config, need
@@ -128,22 +128,11 @@ def convert_dflash(ckpt: HFCheckpoint, target: HFCheckpoint, outfile: Path, outt
         out.tensor("fc.weight", ckpt.get(top["fc.weight"]))
         out.tensor("enc.output_norm.weight", ckpt.get(top["hidden_norm.weight"]))
         out.tensor("output_norm.weight", ckpt.get(top["norm.weight"]))
-        if "embed_tokens.weight" in top:
-            if ckpt.shape(top["embed_tokens.weight"]) != (n_vocab_t, hidden):
-                raise ModelFileError(where, f"embed_tokens shape {ckpt.shape(top['embed_tokens.weight'])} != ({n_vocab_t}, {hidden})")
-            out.tensor("token_embd.weight", ckpt.get(top["embed_tokens.weight"]))
+        write_embeddings(out, ckpt, top, n_vocab_t, hidden, where)
         # DSpark keeps its own head only for a reduced vocabulary (else the target's head is used).
         if "lm_head.weight" in top and (kind == "dflash" or n_vocab_d < n_vocab_t):
-            if ckpt.shape(top["lm_head.weight"]) != (n_vocab_d, hidden):
-                raise ModelFileError(where, f"lm_head shape {ckpt.shape(top['lm_head.weight'])} != ({n_vocab_d}, {hidden})")
-            out.tensor("output.weight", ckpt.get(top["lm_head.weight"]))
-        if "d2t" in top:
-            d2t = ckpt.get(top["d2t"])
-            if d2t.size != n_vocab_d:
-                raise ModelFileError(where, f"d2t has {d2t.size} entries but draft_vocab_size is {n_vocab_d}")
-            out.i64("d2t", d2t_absolute(d2t, n_vocab_t, where))
-        elif n_vocab_d != n_vocab_t:
-            raise ModelFileError(where, f"draft_vocab_size {n_vocab_d} < vocab_size {n_vocab_t} but no d2t table")
+            write_head(out, ckpt, top, n_vocab_d, hidden, where)
+        write_d2t(out, ckpt, top, n_vocab_d, n_vocab_t, where)
         if kind == "dspark":
             w1, w2 = ckpt.get(top["markov_head.markov_w1.weight"]), ckpt.get(top["markov_head.markov_w2.weight"])
             if w1.ndim != 2 or w1.shape[0] != n_vocab_t or w2.shape != (n_vocab_d, w1.shape[1]):

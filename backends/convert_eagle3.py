@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from spekula.core.errors import ModelFileError
 
+from .convert_draft_vocab import write_d2t, write_embeddings, write_head
 from .convert_gguf import GGUFOut, head_dim, head_dim_known, write_decoder_keys
 from .convert_plain import write_layer
 from .convert_source import HFCheckpoint, merged_text_config, need
@@ -33,16 +33,6 @@ def is_eagle3(config: dict[str, Any]) -> bool:
     cfg = eagle3_config(config)
     arch = (cfg.get("architectures") or [""])[0]
     return arch in EAGLE3_ARCHS or ("draft_vocab_size" in cfg and cfg.get("num_hidden_layers") == 1)
-
-
-def d2t_absolute(offsets: np.ndarray, n_vocab_target: int, where: Path) -> np.ndarray:
-    """HF stores ``target_id - draft_id``; llama.cpp stores the target id itself."""
-    ids = offsets.astype(np.int64).reshape(-1) + np.arange(offsets.size, dtype=np.int64)
-    if np.any((ids < 0) | (ids >= n_vocab_target)):
-        raise ModelFileError(where, f"d2t maps to target ids outside [0, {n_vocab_target})")
-    if np.unique(ids).size != ids.size:
-        raise ModelFileError(where, "d2t maps two draft ids to the same target id")
-    return ids
 
 
 def convert_eagle3(ckpt: HFCheckpoint, target: HFCheckpoint, outfile: Path, outtype: str, *, pre: str | None) -> Path:
@@ -106,24 +96,12 @@ def convert_eagle3(ckpt: HFCheckpoint, target: HFCheckpoint, outfile: Path, outt
         if "embed_tokens.weight" not in top and hidden != int(tcfg.get("hidden_size", hidden)):
             raise ModelFileError(where, f"no embed_tokens and the draft width {hidden} differs from the target's "
                                  f"embeddings ({tcfg.get('hidden_size')})")
-        if "embed_tokens.weight" in top:
-            if ckpt.shape(top["embed_tokens.weight"]) != (n_vocab_t, hidden):
-                raise ModelFileError(where, f"embed_tokens shape {ckpt.shape(top['embed_tokens.weight'])} "
-                                     f"!= ({n_vocab_t}, {hidden})")
-            out.tensor("token_embd.weight", ckpt.get(top["embed_tokens.weight"]))
+        write_embeddings(out, ckpt, top, n_vocab_t, hidden, where)
         if "lm_head.weight" in top:
-            if ckpt.shape(top["lm_head.weight"]) != (n_vocab_d, hidden):
-                raise ModelFileError(where, f"lm_head shape {ckpt.shape(top['lm_head.weight'])} != ({n_vocab_d}, {hidden})")
-            out.tensor("output.weight", ckpt.get(top["lm_head.weight"]))
+            write_head(out, ckpt, top, n_vocab_d, hidden, where)
         elif hidden != int(tcfg.get("hidden_size", hidden)):
             raise ModelFileError(where, "no lm_head and the draft width differs from the target's output head")
-        if "d2t" in top:
-            d2t = ckpt.get(top["d2t"])
-            if d2t.size != n_vocab_d:
-                raise ModelFileError(where, f"d2t has {d2t.size} entries but draft_vocab_size is {n_vocab_d}")
-            out.i64("d2t", d2t_absolute(d2t, n_vocab_t, where))
-        elif n_vocab_d != n_vocab_t:
-            raise ModelFileError(where, f"draft_vocab_size {n_vocab_d} < vocab_size {n_vocab_t} but no d2t table")
+        write_d2t(out, ckpt, top, n_vocab_d, n_vocab_t, where)
 
         if ckpt.shape(prefix + "self_attn.q_proj.weight") != (n_head * head_dim(cfg), 2 * hidden):
             raise ModelFileError(where, "q_proj must read [embedding; hidden] (2*hidden_size inputs)")
