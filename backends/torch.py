@@ -204,6 +204,7 @@ class TorchBackend(Backend):
         for i, (ri, j) in enumerate(trows):
             tokens[i] = reqs[ri].tokens[j]
             pos[i] = reqs[ri].start + j
+        self.model.ensure_rope(int(pos.max()) + 1)
         pos_t = torch.from_numpy(pos).to(self.device)
         tile = Tile(
             tokens=torch.from_numpy(tokens).to(self.device),

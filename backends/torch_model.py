@@ -161,20 +161,32 @@ class TorchModel:
         self._build_rope_tables(weights, max_pos)
 
     def _build_rope_tables(self, weights: dict[str, np.ndarray], max_pos: int) -> None:
-        """cos/sin per position laid out so rope is ``x * cos + swap(x) * sin`` in three tensor ops.
+        """Rope tables grow on demand (doubling) up to `max_pos`: a huge -c must not allocate
+        gigabytes up front. An entry depends only on its position, so growth changes no bits."""
+        self._rope_inv = rope_inv_freq(self.hp, weights)
+        self._rope_max = max_pos
+        self.rope_cos = self.rope_sin = torch.empty(0, device=self.device)
+        self.ensure_rope(min(max_pos, 4096))
 
+    def ensure_rope(self, n_pos: int) -> None:
+        """Make rope_cos/rope_sin cover positions [0, n_pos).
+
+        cos/sin per position are laid out so rope is ``x * cos + swap(x) * sin`` in three tensor ops.
         NEOX: swap(x) = (x2, x1) and sin = (-sin, +sin). NORM: swap exchanges each (2i, 2i+1) pair and
         sin = (-sin, +sin) interleaved. Angles are computed in float64 and rounded once.
         """
-        inv = rope_inv_freq(self.hp, weights)
-        ang = np.arange(max_pos, dtype=np.float64)[:, None] * inv[None, :]
+        have = self.rope_cos.shape[0]
+        if n_pos <= have:
+            return
+        size = min(self._rope_max, max(n_pos, 2 * have))
+        ang = np.arange(size, dtype=np.float64)[:, None] * self._rope_inv[None, :]
         cos, sin = np.cos(ang), np.sin(ang)
         if self.neox:
             cos_full = np.concatenate([cos, cos], axis=1)
             sin_full = np.concatenate([-sin, sin], axis=1)
         else:
             cos_full = np.repeat(cos, 2, axis=1)
-            sin_full = np.stack([-sin, sin], axis=2).reshape(max_pos, -1)
+            sin_full = np.stack([-sin, sin], axis=2).reshape(size, -1)
         self.rope_cos = torch.from_numpy(cos_full.astype(np.float32)).to(self.device)
         self.rope_sin = torch.from_numpy(sin_full.astype(np.float32)).to(self.device)
 

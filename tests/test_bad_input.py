@@ -239,8 +239,6 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 
 
-@pytest.mark.xfail(strict=True, reason="torch_model.py: -c 100000000 precomputes rope tables for every position "
-                                       "(6 GiB of float64 on the tiny model); numpy MemoryError traceback")
 def test_huge_context_is_lazy_or_a_clear_error(llama: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([*spekula_cmd(), "generate", "-m", llama, "-p", "hi", "-n", "2", "-c", "100000000"],
