@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import sys
 from collections.abc import Iterator
@@ -24,19 +23,8 @@ from spekula.frontends.client import (
 from spekula.frontends.rpc_methods import SpekulaMethods
 from spekula.frontends.server import RpcServer, ServerConfig
 
-
-def load_fakes() -> Any:
-    name = "spekula_tests_conftest_rpc"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("conftest_rpc.py"))
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-fakes = load_fakes()
+sys.path.insert(0, str(Path(__file__).parent))
+import conftest_rpc as fakes  # noqa: E402
 
 
 @pytest.fixture

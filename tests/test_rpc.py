@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,19 +16,8 @@ from spekula.frontends.rpc_dispatch import RpcConnection
 from spekula.frontends.rpc_framing import LineReader, LineWriter
 from spekula.frontends.rpc_methods import SpekulaMethods
 
-
-def load_fakes() -> Any:
-    name = "spekula_tests_conftest_rpc"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("conftest_rpc.py"))
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-fakes = load_fakes()
+sys.path.insert(0, str(Path(__file__).parent))
+import conftest_rpc as fakes  # noqa: E402
 
 
 class Peer:

@@ -5,7 +5,6 @@ End-to-end tests against a real `spekula serve` process live in test_server_proc
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -25,19 +24,8 @@ from spekula.frontends.client import AsyncSpekulaClient, RpcCallError, SpekulaCl
 from spekula.frontends.rpc_methods import SpekulaMethods
 from spekula.frontends.server import RpcServer, ServerConfig, SocketInUseError, prepare_socket_path
 
-
-def load_fakes() -> Any:
-    name = "spekula_tests_conftest_rpc"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("conftest_rpc.py"))
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-fakes = load_fakes()
+sys.path.insert(0, str(Path(__file__).parent))
+import conftest_rpc as fakes  # noqa: E402
 
 
 @contextmanager

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,16 +11,8 @@ from rich.control import strip_control_codes
 from spekula.frontends.tui_app import EmbeddedSource, SpekulaApp
 from spekula.frontends.tui_widgets import AnswerView, DrafterTable, SlotsTable, drafter_style, split_pieces
 
-
-def load_fakes() -> Any:
-    name = "spekula_tests_conftest_rpc"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("conftest_rpc.py"))
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+sys.path.insert(0, str(Path(__file__).parent))
+import conftest_rpc as fakes  # noqa: E402
 
 
 async def wait_for(pilot: Any, cond: Any, timeout: float = 60.0) -> None:
@@ -55,7 +46,6 @@ def test_split_pieces_colours_tokens_or_falls_back() -> None:
 
 
 def test_prompt_streams_answer_and_updates_stats_fake_engine() -> None:
-    fakes = load_fakes()
     app = SpekulaApp(EmbeddedSource(lambda: fakes.FakeEngine()), n_predict=20, poll_interval=0.1)
     out = anyio.run(type_prompt_and_wait, app, "hello")
     assert out["result"]["content"] == out["answer"].plain
@@ -106,7 +96,6 @@ def test_attached_to_server_controls_reach_the_request_and_escape_cancels(tmp_pa
     from spekula.frontends.server import RpcServer, ServerConfig
     from spekula.frontends.tui_app import RemoteSource
 
-    fakes = load_fakes()
     engine = fakes.FakeEngine(round_delay=0.02)
     sock = str(tmp_path / "tui.sock")
     server = RpcServer(engine, ServerConfig(sock, handle_signals=False),
