@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from spekula.core.drafter import Drafter, DrafterContext, DraftRequest
+from spekula.core.drafter import Drafter
 from spekula.core.errors import SpekulaError
-from spekula.core.params import SpecParams
 from spekula.drafters.ngram_cache import NgramCacheDrafter
 from spekula.drafters.ngram_cache_file import (
     NgramCache,
@@ -22,15 +22,8 @@ from spekula.drafters.ngram_cache_file import (
     update_cache,
 )
 
-
-def arr(tokens: list[int]) -> np.ndarray:
-    return np.asarray(tokens, dtype=np.int32)
-
-
-def ctx(**options: object) -> DrafterContext:
-    return DrafterContext(
-        spec=SpecParams(drafter_options=dict(options)), target=None, tokenizer=None, n_seq_max=2
-    )  # type: ignore[arg-type]
+sys.path.insert(0, str(Path(__file__).parent))
+from ngram_helpers import arr, ctx, request  # noqa: E402
 
 
 @pytest.mark.parametrize("compat", [True, False])
@@ -61,8 +54,7 @@ def test_draft_is_capped_at_8_and_n_max() -> None:
     h = arr([1, 2, 3] * 10)
     d = NgramCacheDrafter()
     assert len(d.draft_one(0, h, 1)) == 8
-    req = DraftRequest(slot=1, history=h, last=1, n_max=3, spec=SpecParams(), temperature=0.0, seed=0)
-    assert d.draft([req])[0].tokens == [2, 3, 1]
+    assert d.draft([request(h, 1, n_max=3, slot=1)])[0].tokens == [2, 3, 1]
 
 
 def test_begin_rewinds_to_the_shared_prefix() -> None:
@@ -161,7 +153,7 @@ def test_context_cache_equals_a_rebuild_and_drafts_are_bounded(data: st.DataObje
     for _ in range(data.draw(st.integers(1, 10))):
         x = data.draw(st.integers(0, 4))
         n_max = data.draw(st.integers(0, 10))
-        got = d.draft([DraftRequest(0, arr(hist), x, n_max, SpecParams(), 0.0, 0)])[0].tokens
+        got = d.draft([request(hist, x, n_max)])[0].tokens
         assert len(got) <= min(8, n_max)
         rebuilt: NgramCache = {}
         update_cache(rebuilt, hist + [x], 0)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from spekula.core.drafter import Drafter, DrafterContext, DraftRequest
+from spekula.core.drafter import Drafter
 from spekula.core.errors import ConfigError
-from spekula.core.params import SpecParams
 from spekula.drafters.ngram_map import (
     KEY_MAP_SIZE,
     NgramMapK4vDrafter,
@@ -16,15 +18,8 @@ from spekula.drafters.ngram_map import (
     key_hash,
 )
 
-
-def arr(tokens: list[int]) -> np.ndarray:
-    return np.asarray(tokens, dtype=np.int32)
-
-
-def ctx(**options: object) -> DrafterContext:
-    return DrafterContext(
-        spec=SpecParams(drafter_options=dict(options)), target=None, tokenizer=None, n_seq_max=2
-    )  # type: ignore[arg-type]
+sys.path.insert(0, str(Path(__file__).parent))
+from ngram_helpers import arr, ctx, request  # noqa: E402
 
 
 class RefMap:
@@ -241,8 +236,7 @@ def test_round_cap_and_options() -> None:
     assert isinstance(d, Drafter) and (d.n, d.m, d.min_hits) == (2, 3, 1)
     h = arr([5, 1, 2, 3, 4, 9, 9, 1])
     d.begin(0, h)
-    req = DraftRequest(slot=0, history=h, last=2, n_max=2, spec=SpecParams(), temperature=0.0, seed=0)
-    assert d.draft([req])[0].tokens == [3, 4]
+    assert d.draft([request(h, 2, n_max=2)])[0].tokens == [3, 4]
     k4v = NgramMapK4vDrafter.create(ctx(**{"spec-ngram-map-k4v-min-hits": 3}))
     assert isinstance(k4v, Drafter) and (k4v.n, k4v.m, k4v.min_hits) == (12, 48, 3)
     with pytest.raises(ConfigError, match="spec-ngram-map-k4v-size-m"):

@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from spekula.core.drafter import Drafter, DrafterContext, DraftRequest
+from spekula.core.drafter import Drafter
 from spekula.core.errors import ConfigError
-from spekula.core.params import SpecParams
 from spekula.drafters import ngram_mod
 from spekula.drafters.ngram_mod import EMPTY, POOL_SIZE, NgramModDrafter, NgramPool
 
-
-def arr(tokens: list[int]) -> np.ndarray:
-    return np.asarray(tokens, dtype=np.int32)
-
-
-def ctx(**options: object) -> DrafterContext:
-    return DrafterContext(
-        spec=SpecParams(drafter_options=dict(options)), target=None, tokenizer=None, n_seq_max=2
-    )  # type: ignore[arg-type]
+sys.path.insert(0, str(Path(__file__).parent))
+from ngram_helpers import arr, ctx, request  # noqa: E402
 
 
 def full_hash(tokens: list[int]) -> int:
@@ -144,8 +139,7 @@ def test_options_and_cap() -> None:
     assert default.pool.entries.nbytes == 16 * 1024 * 1024
     h = arr([1, 2, 3, 4, 5, 6, 1, 2])
     d.begin(0, h)
-    req = DraftRequest(slot=0, history=h, last=3, n_max=3, spec=SpecParams(), temperature=0.0, seed=0)
-    assert d.draft([req])[0].tokens == [4, 5, 6]
+    assert d.draft([request(h, 3, n_max=3)])[0].tokens == [4, 5, 6]
     assert d._seq(0).n_draft_last == 4  # the pre-cap length drives the low-acceptance rule
     for name, bad in (
         ("spec-ngram-mod-n-match", 0),

@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from spekula.core.drafter import Drafter, DrafterContext, DraftRequest
+from spekula.core.drafter import Drafter
 from spekula.core.errors import ConfigError
-from spekula.core.params import SpecParams
 from spekula.drafters.ngram_simple import NgramSimpleDrafter, ngram_simple_draft
 
-
-def arr(tokens: list[int]) -> np.ndarray:
-    return np.asarray(tokens, dtype=np.int32)
-
-
-def ctx(**options: object) -> DrafterContext:
-    return DrafterContext(
-        spec=SpecParams(drafter_options=dict(options)), target=None, tokenizer=None, n_seq_max=2
-    )  # type: ignore[arg-type]
-
-
-def request(hist: list[int], last: int, n_max: int = 1000, slot: int = 0) -> DraftRequest:
-    return DraftRequest(
-        slot=slot, history=arr(hist), last=last, n_max=n_max, spec=SpecParams(), temperature=0.0, seed=0
-    )
+sys.path.insert(0, str(Path(__file__).parent))
+from ngram_helpers import arr, ctx, request  # noqa: E402
 
 
 def naive_draft(hist: list[int], last: int, n: int, m: int, min_hits: int = 1) -> list[int]:
