@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -61,7 +62,8 @@ def supported_spec_types(binary: str, wanted: list[str], timeout: float = 30.0) 
     text = (out.stdout + out.stderr).decode("utf-8", "replace")
     if "--spec-type" not in text:
         return []
-    return [t for t in wanted if t in text]
+    # Whole names only: "ngram-map-k" must not match inside "ngram-map-k4v".
+    return [t for t in wanted if re.search(rf"(?<![\w-]){re.escape(t)}(?![\w-])", text)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,12 @@ class Completion:
     draft_n: int  # draft tokens proposed (absent from timings when 0)
     draft_n_accepted: int
     verif_steps: int | None  # verification rounds, from /metrics; None if the counter is missing
+
+    def same_output(self, other: Completion) -> bool:
+        # Token ids when the server returned them (return_tokens), else the text.
+        if self.tokens and other.tokens:
+            return self.tokens == other.tokens
+        return self.content == other.content
 
     @property
     def acceptance(self) -> float:

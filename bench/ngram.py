@@ -366,7 +366,7 @@ def run_llama_server(
         return
     for wname, result in results.items():
         plain = rows[None][wname]
-        agree = "yes" if plain.tokens == result.plain_tokens else "NO"
+        agree = "n/a" if not plain.tokens else "yes" if plain.tokens == result.plain_tokens else "NO"
         print(
             f"== llama.cpp {wname}: plain {plain.predicted_per_second:.1f} tok/s "
             f"({plain.predicted_n} tokens; same tokens as spekula's plain run: {agree})"
@@ -374,7 +374,7 @@ def run_llama_server(
         print(f"   {'drafter':<15}{'same':>6}{'acc rate':>10}{'mean len':>10}{'tok/s':>9}{'ratio':>8}")
         for name in supported:
             c = rows[name][wname]
-            same = "yes" if c.tokens == plain.tokens else "NO"
+            same = "yes" if c.same_output(plain) else "NO"
             mean_len = "n/a" if c.mean_len is None else f"{c.mean_len:.2f}"
             ratio = c.predicted_per_second / plain.predicted_per_second
             print(
