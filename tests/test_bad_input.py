@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,23 +23,12 @@ from spekula.fixtures.tiny_gguf import tiny_model_path
 from spekula.frontends import rpc_protocol as p
 from spekula.frontends.client import RpcCallError, ServerGoneError, SpekulaClient
 
+sys.path.insert(0, str(Path(__file__).parent))
+from cli_helpers import run_cli, spekula_cmd  # noqa: E402
+
 pytestmark = pytest.mark.timeout(600)
 
 LONG_PROMPT = "hello world " * 40  # 360 tokens with the fixture vocabulary, far over -c 32
-
-
-def spekula_cmd() -> list[str]:
-    script = Path(sys.executable).with_name("spekula")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("spekula")
-    return [found] if found else [sys.executable, "-m", "spekula.frontends.cli"]
-
-
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*spekula_cmd(), *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def error_line(proc: subprocess.CompletedProcess[str]) -> str:

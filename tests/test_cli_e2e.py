@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +18,9 @@ from typing import Any
 import pytest
 from spekula.fixtures.tiny_gguf import tiny_model_path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from cli_helpers import run_cli, spekula_cmd  # noqa: E402
+
 pytestmark = pytest.mark.timeout(600)
 
 # Repetitive enough that n-gram drafters with small n find matches in the tiny model's output.
@@ -26,21 +28,6 @@ PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"
 N = 24
 # ngram-simple with N=1 drafts on this fixture; the defaults (N=12) would never draft and prove nothing.
 NGRAM_SMALL = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1", "--spec-ngram-simple-size-m", "4"]
-
-
-def spekula_cmd() -> list[str]:
-    """The installed console script next to this interpreter, else the module (same entry point)."""
-    script = Path(sys.executable).with_name("spekula")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("spekula")
-    return [found] if found else [sys.executable, "-m", "spekula.frontends.cli"]
-
-
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*spekula_cmd(), *args], capture_output=True, text=True, env=env, cwd=cwd,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:

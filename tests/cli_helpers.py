@@ -1,0 +1,29 @@
+"""Running the real `spekula` console script in a subprocess, as a user would.
+
+Shared by tests/test_cli_e2e.py and test_bad_input.py, which put tests/ on sys.path and import it
+(pytest runs with --import-mode=importlib, so tests/ is not on sys.path by itself).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def spekula_cmd() -> list[str]:
+    """The installed console script next to this interpreter, else the module (same entry point)."""
+    script = Path(sys.executable).with_name("spekula")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("spekula")
+    return [found] if found else [sys.executable, "-m", "spekula.frontends.cli"]
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """One `spekula ARGS...` run with a single OpenMP thread, no stdin, output captured as text."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([*spekula_cmd(), *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
