@@ -4,6 +4,7 @@ bitwise invariance, batched mode within tolerance, hidden-state captures, clear 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import warnings
 from pathlib import Path
 
@@ -14,6 +15,10 @@ from spekula.core.errors import ConfigError, ModelFileError
 from spekula.fixtures.tiny_gguf import ARCHS, hf_config_overrides, tiny_model_path
 
 onnx_backend = pytest.importorskip("spekula.backends.onnx")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from backend_helpers import chunked_logits  # noqa: E402
+
 OnnxBackend = onnx_backend.OnnxBackend
 
 # Batched mode (exact=False) pads sequences into one run; MLAS then takes other kernel paths for some
@@ -66,11 +71,7 @@ def test_exact_mode_is_bitwise_invariant_to_chunking_and_truncation(arch: str) -
     seq = be.new_seq()
     whole = be.forward([SeqInput(seq, ids, 0, np.arange(41))])[0].logits
     be.truncate(seq, 0)
-    parts, start = [], 0
-    for size in (3, 1, 1, 9, 2, 25):
-        parts.append(be.forward([SeqInput(seq, ids[start : start + size], start, np.arange(size))])[0].logits)
-        start += size
-    assert np.array_equal(np.concatenate(parts), whole)
+    assert np.array_equal(chunked_logits(be, seq, ids, (3, 1, 1, 9, 2, 25)), whole)
     # Truncate, then continue with different tokens, then go back to the original ones.
     be.truncate(seq, 20)
     assert be.seq_len(seq) == 20

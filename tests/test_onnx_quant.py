@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import gguf
@@ -15,6 +16,9 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper  # noqa: E402
 from spekula.backends.onnx_graph import IR_VERSION, MS_DOMAIN, MS_OPSET, OPSET, GraphBuilder  # noqa: E402
 from spekula.backends.onnx_quant import linear_q4  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from backend_helpers import chunked_logits  # noqa: E402
 
 N, K = 24, 96  # three 32-blocks per row
 
@@ -87,8 +91,4 @@ def test_q4_exact_mode_is_chunking_invariant(tmp_path_factory: pytest.TempPathFa
     ids = np.random.default_rng(4).integers(0, 320, 41).astype(np.int32)
     whole = be.forward([SeqInput(seq, ids, 0, np.arange(41))])[0].logits
     be.truncate(seq, 0)
-    parts, start = [], 0
-    for size in (3, 1, 1, 9, 2, 25):
-        parts.append(be.forward([SeqInput(seq, ids[start : start + size], start, np.arange(size))])[0].logits)
-        start += size
-    assert np.array_equal(np.concatenate(parts), whole)
+    assert np.array_equal(chunked_logits(be, seq, ids, (3, 1, 1, 9, 2, 25)), whole)
