@@ -69,6 +69,17 @@ def _read_header(path: Path) -> dict[str, _TensorRef]:
     return refs
 
 
+def load_json_object(path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON file (config, tokenizer) that must hold one object; ModelFileError otherwise."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelFileError(path, f"invalid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ModelFileError(path, "not a JSON object")
+    return data
+
+
 @dataclass
 class HFCheckpoint:
     """A checkpoint directory: parsed config and lazily read tensors (float tensors come back as float32)."""
@@ -85,12 +96,7 @@ class HFCheckpoint:
         cfg_path = root / "config.json"
         if not cfg_path.is_file():
             raise ModelFileError(root, "no config.json in the checkpoint folder")
-        try:
-            config = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ModelFileError(cfg_path, f"invalid JSON: {exc}") from None
-        if not isinstance(config, dict):
-            raise ModelFileError(cfg_path, "config.json is not a JSON object")
+        config = load_json_object(cfg_path)
         files = sorted(root.glob("*.safetensors"))
         refs: dict[str, _TensorRef] = {}
         for f in files:

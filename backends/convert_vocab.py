@@ -7,7 +7,6 @@ structure of ``tokenizer.json``'s ``pre_tokenizer`` (model-drafters.md §1.5).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import gguf
 from spekula.core.errors import ConfigError, ModelFileError
 
 from .convert_gguf import GGUFOut
+from .convert_source import load_json_object
 
 # Pre-tokenizer ids whose regexes llama.cpp (and our tokenizer) knows, for byte-level BPE vocabularies.
 KNOWN_PRE = ("smollm", "qwen2", "llama-bpe", "qwen35", "gpt-2", "starcoder", "refact")
@@ -60,22 +60,12 @@ def _token_text(value: Any) -> str | None:
     return None
 
 
-def _load_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelFileError(path, f"invalid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ModelFileError(path, "not a JSON object")
-    return data
-
-
 def write_vocab(out: GGUFOut, src: Path, *, vocab_size: int | None, pre: str | None) -> int:
     """Write ``tokenizer.*`` keys from ``src`` (a checkpoint folder); returns the token count written."""
     tok_path = src / "tokenizer.json"
     if not tok_path.is_file():
         raise ModelFileError(src, "no tokenizer.json (only byte-level BPE tokenizers are converted)")
-    tok = _load_json(tok_path)
+    tok = load_json_object(tok_path)
     model = tok.get("model") or {}
     if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
         raise ModelFileError(tok_path, f"tokenizer model {model.get('type')!r} is not supported (need BPE)")
@@ -112,8 +102,8 @@ def write_vocab(out: GGUFOut, src: Path, *, vocab_size: int | None, pre: str | N
 
     index = {t: i for i, t in enumerate(tokens)}
     cfg_path = src / "tokenizer_config.json"
-    tcfg = _load_json(cfg_path) if cfg_path.is_file() else {}
-    mcfg = _load_json(src / "config.json") if (src / "config.json").is_file() else {}
+    tcfg = load_json_object(cfg_path) if cfg_path.is_file() else {}
+    mcfg = load_json_object(src / "config.json") if (src / "config.json").is_file() else {}
     for role in ("bos", "eos", "unk", "pad"):
         text = _token_text(tcfg.get(f"{role}_token"))
         tid = index.get(text) if text is not None else None
