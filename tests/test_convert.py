@@ -19,6 +19,7 @@ from spekula.fixtures import tiny_hf
 from spekula.frontends.cli import main as cli_main
 
 sys.path.insert(0, str(Path(__file__).parent))
+from output_paths import UNWRITABLE, unwritable_output  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -172,19 +173,12 @@ def test_draft_needs_target_dir(tmp_path: Path) -> None:
         convert(tiny_hf.write_dflash(tmp_path / "df"), tmp_path / "x.gguf")
 
 
-@pytest.mark.parametrize("where", ["directory", "under-file", "under-file-deeper"])
+@pytest.mark.parametrize("where", UNWRITABLE)
 def test_unwritable_outfile_is_one_clear_error(tmp_path: Path, where: str) -> None:
     """A directory, or a path below a regular file: one ConfigError naming the path (the cleanup after
     the failed open used to raise NotADirectoryError over it), and nothing written anywhere."""
     hf = tiny_hf.write_target(tmp_path / "hf", "llama", n_layer=1)
-    blocker = tmp_path / "out"
-    if where == "directory":
-        blocker.mkdir()
-        outfile, needle = blocker, "is a directory"
-    else:
-        blocker.write_text("keep me")
-        outfile = blocker / "x.gguf" if where == "under-file" else blocker / "sub" / "x.gguf"
-        needle = f"{blocker} is not a directory"
+    blocker, outfile, needle = unwritable_output(tmp_path, where, "x.gguf")
     before = sorted(tmp_path.rglob("*"))
     with pytest.raises(ConfigError, match="--outfile") as info:
         convert(hf, outfile)

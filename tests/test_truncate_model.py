@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 import gguf
@@ -16,6 +17,9 @@ from spekula.core.tokenizer import Tokenizer
 from spekula.drafters.draft_simple import check_vocab_compatible
 from spekula.fixtures.tiny_gguf import tiny_model_path, write_gguf
 from spekula.frontends.cli import main
+
+sys.path.insert(0, str(Path(__file__).parent))
+from output_paths import UNWRITABLE, unwritable_output  # noqa: E402
 
 
 def field_types(path: Path) -> dict[str, list[int]]:
@@ -84,18 +88,11 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "spekula: error: --layers must be in [1, 4]" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("where", ["directory", "under-file", "under-file-deeper"])
+@pytest.mark.parametrize("where", UNWRITABLE)
 def test_unwritable_output_is_one_clear_error(tmp_path: Path, where: str) -> None:
     """-o naming a directory or a path below a regular file: a ConfigError naming the path (these were
     IsADirectoryError / FileExistsError tracebacks), and nothing created or changed."""
-    blocker = tmp_path / "out"
-    if where == "directory":
-        blocker.mkdir()
-        target, needle = blocker, "is a directory"
-    else:
-        blocker.write_text("keep me")
-        target = blocker / "d.gguf" if where == "under-file" else blocker / "sub" / "d.gguf"
-        needle = f"{blocker} is not a directory"
+    blocker, target, needle = unwritable_output(tmp_path, where, "d.gguf")
     before = sorted(tmp_path.rglob("*"))
     with pytest.raises(ConfigError, match="-o") as info:
         truncate_gguf(tiny_model_path("llama"), target, 1)
