@@ -90,14 +90,9 @@ def test_named_pre_tokenizer_overrides_inference(target: Path, tmp_path: Path) -
 
 
 def test_plain_target_matches_hf_through_torch_backend(target: Path, tmp_path: Path) -> None:
-    import importlib.util
-
+    import hf_reference as ref  # noqa: PLC0415
     from spekula.core.backend import BackendOptions, Capture, SeqInput, load_backend
 
-    spec = importlib.util.spec_from_file_location("hf_reference", Path(__file__).with_name("hf_reference.py"))
-    assert spec and spec.loader
-    ref = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ref)
     out = tmp_path / "m.gguf"
     convert(target, out, outtype="f32")
     b = load_backend("torch", str(out), BackendOptions(n_ctx=64, n_seq_max=1))

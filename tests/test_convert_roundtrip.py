@@ -7,7 +7,6 @@ agreement checks the converter's permutation, renaming and d2t rewrite, and the 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -19,11 +18,8 @@ from spekula.core.backend import ModelInfo
 from spekula.core.draft_models import DFlashBlock, Eagle3Rows, load_draft_runtime
 from spekula.fixtures import tiny_hf
 
-_spec = importlib.util.spec_from_file_location("hf_reference", Path(__file__).with_name("hf_reference.py"))
-assert _spec and _spec.loader
-R = importlib.util.module_from_spec(_spec)
-sys.modules["hf_reference"] = R
-_spec.loader.exec_module(R)
+sys.path.insert(0, str(Path(__file__).parent))
+import hf_reference as R  # noqa: E402
 
 TOKENS = [5, 17, 200, 33, 99, 120, 7, 8, 250, 11, 64, 3]
 TOL = 1e-4
