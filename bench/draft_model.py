@@ -1,6 +1,6 @@
 """draft-simple on SmolLM2: the target as its own draft, and layer-truncated copies of it.
 
-    .venv/bin/python bench/draft_model.py [--quick] [-n 64] [--layers 8,16,24] [--n-max 4,8] [-t 1]
+    .venv/bin/python bench/draft_model.py [--quick] [-n 48] [--layers 8,16,24] [--n-max 4,8] [-t 1]
                                           [-m MODEL.gguf] [--draft-dir DIR] [--p-min P]
 
 The drafts are the target itself ("self", a plumbing check: at temperature 0 it must accept every
@@ -13,8 +13,12 @@ group, so slow drift in the machine's load cancels. Every output is checked toke
 the plain output (greedy speculation must be lossless); any difference makes the exit status 1.
 
 Columns: acc rate = draft_n_accepted / draft_n; mean len = tokens emitted per verification round
-(1 + accepted / rounds); tok/s = generation tokens per wall second; ratio = tok/s over the bracketing
-plain runs; cpu = plain process-CPU seconds per token over this run's (robust to a loaded machine).
+(1 + accepted / rounds; the n_predict remainder caps the last round's draft, so even a perfect
+draft shows a little under n_max + 1); full = rounds that accepted all n_max tokens / rounds;
+tok/s = generation tokens per wall second; ratio = tok/s over the bracketing plain runs; cpu =
+plain process-CPU seconds per token over this run's, whole request (prompt included, so the
+draft's own prompt prefill counts; with one torch thread CPU time is robust to a loaded machine,
+where wall time mostly measures the neighbours).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class Tally:
     drafted: int = 0
     accepted: int = 0
     rounds: int = 0
+    full_rounds: int = 0
     plain_tokens: int = 0  # the bracketing plain runs, for the ratio
     plain_seconds: float = 0.0
     plain_cpu: float = 0.0
@@ -57,6 +62,7 @@ class Tally:
         self.drafted += run.drafted
         self.accepted += run.accepted
         self.rounds += run.rounds
+        self.full_rounds += run.full_rounds
         for p in (plain_a, plain_b):
             # Half weight each: the pair stands for one plain run at the time of this group.
             self.plain_tokens += len(p.tokens)
@@ -72,12 +78,13 @@ class Run:
     drafted: int
     accepted: int
     rounds: int
+    full_rounds: int  # rounds that accepted n_max draft tokens (a whole full-length draft)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-m", "--model", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("-n", "--n-predict", type=int, help="tokens per generation (default 64)")
+    p.add_argument("-n", "--n-predict", type=int, help="tokens per generation (default 48)")
     p.add_argument("--layers", help="K of each truncated draft, comma list (default 8,16,24)")
     p.add_argument("--no-self", action="store_true", help="skip the target-as-its-own-draft run")
     p.add_argument("--n-max", help="--spec-draft-n-max values, comma list (default 4,8)")
@@ -90,7 +97,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     # Options given explicitly win over --quick's smaller defaults.
     quick = {"n_predict": 32, "layers": "8,24", "n_max": "4", "prompts": "chat"}
-    full = {"n_predict": 64, "layers": "8,16,24", "n_max": "4,8", "prompts": "chat,code"}
+    # 48 tokens keeps the full run (bad drafts at n_max 8 run near 2 tok/s) well under 10 minutes on
+    # a shared 2-core machine; at -n 64 it took about 9.
+    full = {"n_predict": 48, "layers": "8,16,24", "n_max": "4,8", "prompts": "chat,code"}
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -157,8 +166,9 @@ def bench(args: argparse.Namespace, model: str, drafts: list[tuple[str, str]]) -
         if final.error:
             raise SystemExit(f"bench: {final.error}")
         st = engine.request_stats[final.request_id]["spec"]
+        full = st.histogram[n_max] if n_max is not None and len(st.histogram) > n_max else 0
         return Run(final.tokens, final.timings["predicted_ms"] / 1e3, cpu,
-                   st.n_draft_tokens, st.n_draft_accepted, st.n_verif_steps)
+                   st.n_draft_tokens, st.n_draft_accepted, st.n_verif_steps, full)
 
     rows: dict[tuple[str, int], Tally] = {(label, n): Tally() for label, _ in drafts for n in args.n_max_list}
     all_same = True
@@ -190,7 +200,8 @@ def bench(args: argparse.Namespace, model: str, drafts: list[tuple[str, str]]) -
                         row.same &= same
                         all_same &= same
                         print(f"  {label:<9} n_max {n}: same={'yes' if same else 'NO'} "
-                              f"accepted {run.accepted}/{run.drafted} in {run.rounds} rounds, "
+                              f"accepted {run.accepted}/{run.drafted} in {run.rounds} rounds "
+                              f"({run.full_rounds} accepted all {n}), "
                               f"{len(run.tokens) / run.seconds:.2f} tok/s", flush=True)
                     plain = after
             tg.cancel_scope.cancel()
@@ -208,7 +219,7 @@ def bench(args: argparse.Namespace, model: str, drafts: list[tuple[str, str]]) -
 def print_table(args: argparse.Namespace, rows: dict[tuple[str, int], Tally]) -> None:
     print(f"\nsummed over prompts {','.join(args.prompt_list)} (n_predict {args.n_predict}, greedy, "
           f"p_min {args.p_min}, {args.threads} torch thread(s)):")
-    print(f"{'draft':<10}{'n_max':>6}{'same':>6}{'acc rate':>10}{'mean len':>10}{'tok/s':>9}"
+    print(f"{'draft':<10}{'n_max':>6}{'same':>6}{'acc rate':>10}{'mean len':>10}{'full':>8}{'tok/s':>9}"
           f"{'plain tok/s':>13}{'ratio':>8}{'cpu':>7}")
     for (label, n), r in rows.items():
         if not r.rounds:
@@ -218,7 +229,7 @@ def print_table(args: argparse.Namespace, rows: dict[tuple[str, int], Tally]) ->
         # CPU per token, plain over speculative: >1 means speculation spent less CPU per token.
         cpu_ratio = (r.plain_cpu / r.plain_tokens) / (r.cpu / r.tokens)
         print(f"{label:<10}{n:>6}{'yes' if r.same else 'NO':>6}{r.accepted / max(r.drafted, 1):>10.3f}"
-              f"{1 + r.accepted / r.rounds:>10.2f}{tps:>9.2f}{plain_tps:>13.2f}{tps / plain_tps:>7.2f}x"
+              f"{1 + r.accepted / r.rounds:>10.2f}{f'{r.full_rounds}/{r.rounds}':>8}{tps:>9.2f}{plain_tps:>13.2f}{tps / plain_tps:>7.2f}x"
               f"{cpu_ratio:>6.2f}x")
 
 
