@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/spekula generate --chat -n 128 --temp 0 --spec-type ngram-mod,ngram-simple \
-		-p "Write a Python function that checks whether a number is prime, then repeat the function exactly."
+	# A repeat-then-summarise request: text the drafters can copy from the prompt, so the
+	# statistics show speculation at work (the output is what plain decoding gives).
+	$(BIN)/spekula generate --chat -n 128 --temp 0 --spec-type ngram-simple,ngram-mod -f docs/demo-prompt.txt
 
 test: $(STAMP)
 	$(BIN)/ruff check .
