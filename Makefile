@@ -15,9 +15,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# A repeat-then-summarise request: text the drafters can copy from the prompt, so the
+# statistics show speculation at work (the output is what plain decoding gives).
 run: $(STAMP)
-	# A repeat-then-summarise request: text the drafters can copy from the prompt, so the
-	# statistics show speculation at work (the output is what plain decoding gives).
 	$(BIN)/spekula generate --chat -n 128 --temp 0 --spec-type ngram-simple,ngram-mod -f docs/demo-prompt.txt
 
 test: $(STAMP)
