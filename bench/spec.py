@@ -38,6 +38,7 @@ class FillDrafter(DraftlessDrafter):
 
     def __init__(self, n_max: int, token: int) -> None:
         self.n_max = n_max
+        self.draft_cap = n_max  # the engine sizes synthetic rates and tables by it
         self.token = token
 
     @classmethod

@@ -12,7 +12,9 @@ Lifecycle per slot (a slot is one concurrent request's place in the engine):
 
 A drafter instance is shared by all slots of an engine (ngram-mod's pool is global on purpose).
 Drafters are found through the ``spekula.drafters`` entry-point group; the entry point names a class
-with ``create(ctx) -> Drafter``.
+with ``create(ctx) -> Drafter``. A drafter with a length cap of its own (llama.cpp §1.3: size_m,
+ngram-mod's n_max, ngram-cache's 8) declares it as an int attribute ``draft_cap``; without one the
+engine takes --spec-draft-n-max, the model drafters' cap.
 """
 
 from __future__ import annotations

@@ -42,22 +42,11 @@ class EngineConfig:
     spec: SpecParams = field(default_factory=SpecParams)
 
 
-# Built-in caps that are constants rather than options (speculative-semantics.md §1.3).
-_FIXED_CAPS = {"ngram-cache": 8}
-
-
 def drafter_cap(drafter: Drafter, spec: SpecParams) -> int:
-    """A drafter's own length cap (§1.3), which sizes synthetic rates and per-position tables.
-
-    A drafter may declare `draft_cap`; the built-in n-gram drafters keep theirs under their option
-    names (ngram-mod `n_max`, ngram-simple `size_m`, ngram-map `m`); model drafters use
-    --spec-draft-n-max.
-    """
-    for attr in ("draft_cap", "n_max", "size_m", "m"):
-        cap = getattr(drafter, attr, None)
-        if isinstance(cap, int) and not isinstance(cap, bool):
-            return cap
-    return _FIXED_CAPS.get(drafter.name, spec.n_max)
+    """A drafter's own length cap (§1.3), which sizes synthetic rates and per-position tables:
+    its declared `draft_cap`, else --spec-draft-n-max (the model drafters' cap)."""
+    cap = getattr(drafter, "draft_cap", None)
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) else spec.n_max
 
 
 class Engine:

@@ -134,6 +134,7 @@ class NgramCacheDrafter(DraftlessDrafter, Drafter):
     """
 
     name: ClassVar[str] = "ngram-cache"
+    draft_cap: ClassVar[int] = N_DRAFT
 
     def __init__(
         self,

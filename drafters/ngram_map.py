@@ -103,6 +103,10 @@ class _NgramMapDrafter(SlotDraftless):
             int_option(ctx, f"{p}-min-hits", 1, 1),
         )
 
+    @property
+    def draft_cap(self) -> int:
+        return self.m
+
     def _state(self, slot: int) -> _MapState:
         st = self._states.get(slot)
         if st is None:

@@ -121,6 +121,10 @@ class NgramModDrafter(SlotDraftless, Drafter):
         self.pool = NgramPool(n_match)
         self._seqs: dict[int, _SeqInfo] = {}
 
+    @property
+    def draft_cap(self) -> int:
+        return self.n_max
+
     @classmethod
     def create(cls, ctx: DrafterContext) -> NgramModDrafter:
         return cls(

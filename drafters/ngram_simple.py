@@ -56,6 +56,10 @@ class NgramSimpleDrafter(DraftlessDrafter, Drafter):
         self.size_m = size_m
         self.min_hits = min_hits
 
+    @property
+    def draft_cap(self) -> int:
+        return self.size_m
+
     @classmethod
     def create(cls, ctx: DrafterContext) -> NgramSimpleDrafter:
         return cls(

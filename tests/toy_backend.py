@@ -149,6 +149,7 @@ class RepeatDrafter(DraftlessDrafter):
 
     def __init__(self, n_max: int = 6) -> None:
         self.n_max = n_max
+        self.draft_cap = n_max  # the engine sizes synthetic rates and tables by it
         self.accepts: list[tuple[int, int, bool]] = []
         self.begun: list[int] = []
 
@@ -183,6 +184,7 @@ class GarbageDrafter(DraftlessDrafter):
     def __init__(self, n_vocab: int, n_max: int = 4) -> None:
         self.n_vocab = n_vocab
         self.n_max = n_max
+        self.draft_cap = n_max  # the engine sizes synthetic rates and tables by it
         self._rng = np.random.default_rng(7)
 
     @classmethod

@@ -14,6 +14,7 @@ class LookbackDrafter(DraftlessDrafter):
 
     def __init__(self, n_max: int) -> None:
         self.n_max = n_max
+        self.draft_cap = n_max  # the engine sizes synthetic rates and tables by it
         self.calls = 0
 
     @classmethod
