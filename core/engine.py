@@ -103,7 +103,7 @@ class Engine:
         handle, outbox = open_request(req, self.cancel, lambda: self.cancel(req.id))
         problem = self._check(req)
         if problem is not None:
-            self._send_final(outbox, FinalEvent(req.id, "", [], "error", error=problem))
+            self._send_final(outbox, FinalEvent(req.id, "", [], "error", error=problem[0], rejected_spec=problem[1]))
         else:
             self._queue.append((req, outbox))
             self._poke()
@@ -170,22 +170,23 @@ class Engine:
         self._slots = []
 
     # -- request checks and admission ---------------------------------------------------------
-    def _check(self, req: CompletionRequest) -> str | None:
-        """A reason the request cannot run, or None. Bad input ends only this request."""
+    def _check(self, req: CompletionRequest) -> tuple[str, bool] | None:
+        """(reason, whether the request's own speculation settings are at fault) if the request
+        cannot run, else None. Bad input ends only this request."""
         n_vocab = self.backend.info.n_vocab
         if not req.prompt:
-            return "empty prompt"
+            return "empty prompt", False
         if len(req.prompt) >= self.config.n_ctx:
             return str(ContextOverflowError(
                 f"the prompt has {len(req.prompt)} tokens, which does not fit the context of {self.config.n_ctx}"
-                " tokens per slot"))
+                " tokens per slot")), False
         if min(req.prompt) < 0 or max(req.prompt) >= n_vocab:
-            return f"prompt token ids must be in [0, {n_vocab})"
+            return f"prompt token ids must be in [0, {n_vocab})", False
         try:
             spec = req.spec or self.config.spec
             self._synth_rates(spec, self._drafters_for(spec))
         except SpekulaError as exc:
-            return str(exc)
+            return str(exc), req.spec is not None
         return None
 
     def _admit(self) -> None:

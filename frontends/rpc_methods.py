@@ -125,14 +125,11 @@ class SpekulaMethods:
         return result
 
     def _spec_rejection(self, parsed: rp.ParsedCompletion, final: FinalEvent) -> RpcError | None:
-        """A request's own `speculative` settings that the engine refused before running.
-
-        The prompt, context and token checks have all passed by the time the engine sees a request,
-        so an error without timings (nothing ran) on a request carrying its own speculation
-        settings means those settings: a drafter this server cannot create (draft-simple without
+        """A request's own `speculative` settings that the engine refused before running (the engine
+        says so with `rejected_spec`): a drafter this server cannot create (draft-simple without
         -md), or rates that do not fit. That is the caller's parameter, not an engine failure."""
         spec = parsed.request.spec
-        if spec is None or final.timings or final.tokens:
+        if spec is None or not final.rejected_spec:
             return None
         if spec.types != self.engine.config.spec.types:
             return invalid_params(f"'speculative.type': {', '.join(spec.types)} cannot run on this server: "
