@@ -155,7 +155,7 @@ def dequantize(entry: TensorEntry, path: object = "<gguf>") -> np.ndarray:
         raise ModelFileError(path, f"cannot decode tensor {entry.name!r} ({entry.type_name}): {exc}") from None
 
 
-def _expected_shapes(hp: ModelHParams) -> dict[str, tuple[int, ...]]:
+def expected_shapes(hp: ModelHParams) -> dict[str, tuple[int, ...]]:
     """Required tensors with their shapes; qkv may be fused, handled by the caller."""
     H, hd = hp.n_embd, hp.head_dim
     q, kv = hp.n_head * hd, hp.n_head_kv * hd
@@ -180,7 +180,7 @@ def _expected_shapes(hp: ModelHParams) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _optional_shapes(hp: ModelHParams) -> dict[str, tuple[int, ...]]:
+def optional_shapes(hp: ModelHParams) -> dict[str, tuple[int, ...]]:
     H = hp.n_embd
     shapes: dict[str, tuple[int, ...]] = {
         "output.weight": (hp.n_vocab, H),
@@ -218,14 +218,14 @@ def load_model_weights(f: GGUFFile, *, hp: ModelHParams) -> dict[str, np.ndarray
     """GGUF tensor names -> float32 arrays (PyTorch order). ``output.weight`` is absent when tied."""
     out: dict[str, np.ndarray] = {}
     _split_fused_qkv(f, hp, out)
-    for name, shape in _expected_shapes(hp).items():
+    for name, shape in expected_shapes(hp).items():
         if name not in out:
             if not f.has_tensor(name):
                 raise ModelFileError(f.path, f"missing tensor {name!r} (architecture {hp.arch})")
             out[name] = dequantize(f.tensor(name), f.path)
         if out[name].shape != shape:
             raise ModelFileError(f.path, f"tensor {name!r} has shape {out[name].shape}, expected {shape}")
-    for name, shape in _optional_shapes(hp).items():
+    for name, shape in optional_shapes(hp).items():
         if f.has_tensor(name):
             arr = dequantize(f.tensor(name), f.path)
             if arr.shape != shape:

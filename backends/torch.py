@@ -26,9 +26,10 @@ import numpy as np
 import torch
 
 from ..core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
-from ..core.errors import ConfigError, ContextOverflowError
+from ..core.errors import ConfigError
 from ..core.gguf_file import GGUFFile
 from .gguf_weights import ModelHParams, load_model_weights, read_hparams
+from .seq_inputs import check_inputs
 from .torch_kv import KVPool, SeqCache
 from .torch_model import AttnGroup, KVWrite, Tile, TorchModel, onednn_packing_available
 
@@ -147,44 +148,20 @@ class TorchBackend(Backend):
 
     def _validate(self, inputs: Sequence[SeqInput], capture: Capture) -> list[_Req]:
         hp = self.hparams
-        bad = [layer for layer in capture.layers if not 0 <= layer <= hp.n_layer]
-        if bad:
-            raise ConfigError(f"capture layers {sorted(bad)} out of range [0, {hp.n_layer}]")
-        seen: set[int] = set()
+        checked = check_inputs(inputs, capture, n_layer=hp.n_layer, n_vocab=hp.n_vocab, n_ctx=self.options.n_ctx,
+                               seq_len=lambda seq_id: self.kv.get(seq_id).length)
         reqs: list[_Req] = []
-        for inp in inputs:
-            if inp.seq_id in seen:
-                raise ConfigError(f"sequence {inp.seq_id} appears twice in one forward")
-            seen.add(inp.seq_id)
-            cache = self.kv.get(inp.seq_id)
-            tokens = np.asarray(inp.tokens).reshape(-1)
-            if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
-                raise ConfigError(f"sequence {inp.seq_id}: tokens must be integers, got {tokens.dtype}")
-            tokens = tokens.astype(np.int64)
-            n = int(tokens.size)
-            if n and (tokens.min() < 0 or tokens.max() >= hp.n_vocab):
-                raise ConfigError(f"sequence {inp.seq_id}: token id out of range [0, {hp.n_vocab})")
-            if not 0 <= inp.start <= cache.length:
-                raise ConfigError(f"sequence {inp.seq_id}: start {inp.start} not in [0, {cache.length}]")
-            if inp.start + n > self.options.n_ctx:
-                raise ContextOverflowError(
-                    f"sequence {inp.seq_id}: positions up to {inp.start + n} exceed n_ctx={self.options.n_ctx}"
-                )
-            if inp.logit_rows is None:
-                rows = np.array([n - 1] if n else [], dtype=np.int64)
-            else:
-                rows = np.asarray(inp.logit_rows, dtype=np.int64).reshape(-1)
-                if rows.size and (rows.min() < 0 or rows.max() >= n):
-                    raise ConfigError(f"sequence {inp.seq_id}: logit_rows out of range [0, {n})")
-            out = SeqOutput(logits=np.empty((rows.size, hp.n_vocab), dtype=np.float32))
+        for c in checked:
+            n = int(c.tokens.size)
+            out = SeqOutput(logits=np.empty((c.logit_rows.size, hp.n_vocab), dtype=np.float32))
             for layer in capture.layers:
                 out.layer_inputs[layer] = np.empty((n, hp.n_embd), dtype=np.float32)
             if capture.final_norm:
                 out.hidden_final = np.empty((n, hp.n_embd), dtype=np.float32)
             slots: dict[int, int] = {}
-            for j, r in enumerate(rows.tolist()):
+            for j, r in enumerate(c.logit_rows.tolist()):
                 slots.setdefault(r, j)
-            reqs.append(_Req(cache, tokens, inp.start, rows, out, slots))
+            reqs.append(_Req(self.kv.get(c.seq_id), c.tokens, c.start, c.logit_rows, out, slots))
         return reqs
 
     def _plan_tiles(self, reqs: list[_Req]) -> list[tuple[Tile, list[tuple[int, int]]]]:

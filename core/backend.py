@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import ConfigError
 
-BACKEND_NAMES = ("torch", "onnx")
+BACKEND_NAMES = ("auto", "native", "torch", "onnx")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +120,23 @@ class Backend(ABC):
         """Free device memory early (optional)."""
 
 
+def resolve_backend_name(name: str, options: BackendOptions) -> str:
+    """`auto` is the fastest exact path for the device: the native kernels over the GGUF blocks on the
+    CPU, torch on CUDA or when a float dtype is asked for, onnx for its q4 graphs."""
+    if name != "auto":
+        return name
+    if options.device.strip().lower() != "cpu" or options.dtype in ("f32", "f16", "bf16"):
+        return "torch"
+    if options.dtype == "q4":
+        return "onnx"
+    return "native"
+
+
 def load_backend(name: str, model_path: str, options: BackendOptions | None = None) -> Backend:
     """Import ``spekula.backends.<name>`` lazily and build its ``backend_class``."""
     if name not in BACKEND_NAMES:
         raise ConfigError(f"unknown backend {name!r}; available: {', '.join(BACKEND_NAMES)}")
-    module = importlib.import_module(f"spekula.backends.{name}")
+    options = options or BackendOptions()
+    module = importlib.import_module(f"spekula.backends.{resolve_backend_name(name, options)}")
     cls = module.backend_class
-    return cls(model_path, options or BackendOptions())
+    return cls(model_path, options)

@@ -166,7 +166,9 @@ def load_draft_runtime(backend_name: str, gguf_path: str, target: ModelInfo,
     f = GGUFFile(gguf_path)
     info = read_draft_info(f)
     check_target(info, target)
-    module_name = f"spekula.backends.{backend_name}_{info.arch}"
+    # The native kernels run GGUF decoders only; hidden-state draft heads run on torch's CPU path there.
+    runtime_backend = "torch" if backend_name == "native" else backend_name
+    module_name = f"spekula.backends.{runtime_backend}_{info.arch}"
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

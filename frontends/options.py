@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import structlog
-from spekula.core.backend import BACKEND_NAMES, BackendOptions, load_backend
+from spekula.core.backend import BACKEND_NAMES, BackendOptions, load_backend, resolve_backend_name
 from spekula.core.engine import Engine, EngineConfig
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
@@ -101,10 +101,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("-c", "--ctx-size", type=_ctx_size, default=4096, help="context size per slot (default: 4096)")
     g.add_argument("-np", "--parallel", type=_n_slots, default=1, help="number of slots (default: 1)")
     g.add_argument("-b", "--batch-size", type=int, default=512, help="max tokens per forward (default: 512)")
-    g.add_argument("--backend", choices=BACKEND_NAMES, default="torch", help="runtime (default: torch)")
+    g.add_argument("--backend", choices=BACKEND_NAMES, default="auto",
+                   help="runtime: auto (native kernels over the GGUF blocks on CPU, torch on CUDA), native, "
+                        "torch, onnx (default: auto)")
     g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default: cpu)")
     g.add_argument("--dtype", choices=("auto", "f32", "f16", "bf16", "q4"), default="auto",
-                   help="auto = f32 on CPU, bf16 on CUDA; q4 (onnx only): GGUF Q4/Q8 blocks through "
+                   help="auto = the GGUF's own blocks on CPU (native backend), bf16 on CUDA; f32/f16/bf16 pick torch; "
+                        "q4 (onnx only): GGUF Q4/Q8 blocks through "
                         "MatMulNBits, faster but lossy against f32")
     g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (<= 0: runtime default)")
     g.add_argument("--ort-provider", choices=("auto", "cuda", "cpu"), default="auto",
@@ -250,10 +253,11 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
                                 n_ctx=args.ctx_size, n_seq_max=args.parallel,
                                 threads=args.threads if args.spec_draft_threads is None else args.spec_draft_threads,
                                 ort_provider=args.ort_provider)
-    backend = load_backend(args.backend, path, opts)
+    backend_name = resolve_backend_name(args.backend, opts)
+    backend = load_backend(backend_name, path, opts)
     config = EngineConfig(n_slots=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, spec=spec)
     try:
-        return Engine(backend, tokenizer, config, drafters=drafters, backend_name=args.backend,
+        return Engine(backend, tokenizer, config, drafters=drafters, backend_name=backend_name,
                       draft_model_path=args.spec_draft_model, draft_backend_options=draft_opts)
     except BaseException:
         backend.close()

@@ -29,6 +29,11 @@ SMOLLM2_FALLBACK = Path("/work/dl/SmolLM2-135M-Instruct.Q4_1.gguf")
 REF_TOL = 1e-3  # |logits - torch reference| in fp32
 # Hidden states grow to ~100 in deep residual streams; compare them relative to their scale.
 HIDDEN_REL_TOL = 1e-3
+# The native backend quantizes activations to int8 per 32 values before each quantized matmul (as
+# llama.cpp does) and keeps a float16 KV cache, so it is compared with the fp32 reference relative to
+# the values' scale. Measured: logits within 4-6 % of max |logit| (rms 2.5-5 % of their spread) on the
+# fixtures and SmolLM2, hidden states within 2-6 %.
+NATIVE_REL_TOL = 0.1
 N_CTX = 256
 
 
@@ -65,8 +70,15 @@ def get_backend(name: str, model: str) -> Backend:
 
 
 def same_backend_tol(name: str) -> float:
-    """How far a backend may drift from itself across batching/chunking: torch exact must not at all."""
-    return 0.0 if name == "torch" else 1e-4
+    """How far a backend may drift from itself across batching/chunking: the exact ones not at all."""
+    return 0.0 if name in ("torch", "native") else 1e-4
+
+
+def ref_tol(name: str, want: np.ndarray, absolute: float) -> float:
+    """Allowed |difference| from the torch fp32 reference for values `want`."""
+    if name == "native":
+        return NATIVE_REL_TOL * max(1.0, float(np.abs(want).max()))
+    return absolute
 
 
 def run_fresh(b: Backend, tokens: np.ndarray, capture: Capture | None = None) -> SeqOutput:
@@ -97,7 +109,8 @@ def check_logits_match_reference(name: str, model: str) -> None:
     b, ref = get_backend(name, model), get_backend("torch", model)
     assert b.info.n_vocab == ref.info.n_vocab and b.info.n_layer == ref.info.n_layer
     tokens = random_tokens(b, 37, seed=10)
-    assert_close(run_fresh(b, tokens).logits, run_fresh(ref, tokens).logits, REF_TOL, f"{name} vs torch logits")
+    want = run_fresh(ref, tokens).logits
+    assert_close(run_fresh(b, tokens).logits, want, ref_tol(name, want, REF_TOL), f"{name} vs torch logits")
 
 
 def check_truncate_then_continue(name: str, model: str) -> None:
@@ -143,9 +156,9 @@ def check_capture(name: str, model: str) -> None:
     assert got.hidden_final is not None and want.hidden_final is not None
     for layer in cap.layers:
         w = want.layer_inputs[layer]
-        tol = HIDDEN_REL_TOL * max(1.0, float(np.abs(w).max()))
+        tol = ref_tol(name, w, HIDDEN_REL_TOL * max(1.0, float(np.abs(w).max())))
         assert_close(got.layer_inputs[layer], w, tol, f"{name} layer input {layer}")
-    tol = HIDDEN_REL_TOL * max(1.0, float(np.abs(want.hidden_final).max()))
+    tol = ref_tol(name, want.hidden_final, HIDDEN_REL_TOL * max(1.0, float(np.abs(want.hidden_final).max())))
     assert_close(got.hidden_final, want.hidden_final, tol, f"{name} final hidden")
     # the same capture split over two forwards
     s = b.new_seq()

@@ -1,0 +1,144 @@
+/* spekula's native CPU kernels: the shared types.
+ *
+ * Weights stay in their GGUF block layout (the file is memory-mapped; tensors point into it).
+ * Activations entering a quantized matmul are quantized per 32 values to int8 with one float scale
+ * (the scheme llama.cpp uses), in the layout `sk_act` below.
+ *
+ * Exactness rule for every kernel here: the value written for one output element depends only on
+ * that element's inputs (its weight row, its activation row, its position's keys and values), and is
+ * computed by the same instruction sequence whatever the number of rows, columns or threads. So a
+ * row's logits are bitwise independent of the other rows of the forward, of how a sequence was
+ * chunked, and of the thread count. Compile with -ffp-contract=off: no silent fusing of a*b+c.
+ */
+#ifndef SK_H
+#define SK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SK_API __attribute__((visibility("default")))
+
+/* ggml type ids, as stored in GGUF. */
+enum {
+    SK_F32 = 0, SK_F16 = 1, SK_Q4_0 = 2, SK_Q4_1 = 3, SK_Q5_0 = 6, SK_Q5_1 = 7, SK_Q8_0 = 8,
+    SK_Q4_K = 12, SK_Q5_K = 13, SK_Q6_K = 14, SK_BF16 = 30,
+};
+
+/* One 2-D weight: n_rows outputs of n_cols inputs each, rows row_bytes apart (in a kernel table's own
+ * layout, row_bytes is that layout's stride: see the table). */
+typedef struct {
+    const uint8_t *data;
+    int32_t type;
+    int32_t layout; /* 0: GGUF blocks as stored; 1: repacked by the kernel table's pack_rows */
+    int64_t n_rows;
+    int64_t n_cols;
+    int64_t row_bytes;
+    const float *bias; /* [n_rows] or NULL */
+} sk_tensor;
+
+/* Quantized activation rows (kp = n_cols rounded up to 64, zero padded). Per row:
+ *   q[kp]        int8 values
+ *   d[kp/32]     the scale of each 32-block
+ *   s[kp/32]     d * sum(q) of each 32-block (what a block's minimum multiplies)
+ *   qs16[kp/16]  sum of q per 16 values (exact integer offsets for the symmetric types)
+ */
+typedef struct {
+    int8_t *q;
+    float *d;
+    float *s;
+    int32_t *qs16;
+    int64_t kp;
+    int64_t n_rows;
+} sk_act;
+
+/* Kernel table: one implementation per instruction set, chosen once per process. */
+typedef struct {
+    const char *name;
+    void (*quantize_rows)(const float *x, int64_t ldx, int64_t m, int64_t k, sk_act *a, int64_t r0);
+    /* out[r][n] (+)= dot(w row n, act row r) (+ bias[n]) for r in [0, m), n in [n0, n1). */
+    void (*gemm_q)(const sk_tensor *w, int64_t n0, int64_t n1, const sk_act *a, int64_t m, float *out,
+                   int64_t ldo, int accumulate);
+    void (*gemm_f)(const sk_tensor *w, int64_t n0, int64_t n1, const float *x, int64_t ldx, int64_t m,
+                   float *out, int64_t ldo, int accumulate);
+    /* Whether gemm_q/gemm_f of this table handle this tensor (else the generic table does). */
+    int (*supports)(const sk_tensor *w);
+    /* The table's own layout for this tensor: total bytes (0: it reads the GGUF blocks as they are)
+     * and the row_bytes field that layout uses; pack writes it (the same values, moved: lossless).
+     * Work is split between threads in units of `column_unit` output columns. */
+    int64_t (*packed_size)(const sk_tensor *w, int64_t *row_bytes);
+    void (*pack)(const sk_tensor *w, uint8_t *dst);
+    int column_unit;
+    /* One query row's attention over keys [0, n_keys) of one kv head, for n_q query heads. */
+    void (*attend)(const float *q, int n_q, int64_t ldq, const uint16_t *k, const uint16_t *v,
+                   int64_t n_keys, int head_dim, float scale, float *out, int64_t ldout, float *scratch);
+    void (*rms_norm)(const float *x, const float *w, int64_t n, float eps, float *y);
+    void (*silu_mul)(const float *g, const float *u, int64_t n, float *y);
+} sk_kernels;
+
+extern const sk_kernels sk_generic_kernels;
+#if defined(__x86_64__)
+extern const sk_kernels sk_avx512_kernels;
+#endif
+
+/* True for the types whose blocks go through the int8 path. */
+static inline int sk_is_quant(int type) {
+    return type != SK_F32 && type != SK_F16 && type != SK_BF16;
+}
+
+/* Key cache layout: [kv head][key / 16][head_dim][16] f16, so 16 consecutive keys of one dimension
+ * are contiguous. Value cache layout: [kv head][key][head_dim] f16. */
+#define SK_KEY_BLOCK 16
+
+static inline int64_t sk_round_up(int64_t n, int64_t k) { return (n + k - 1) / k * k; }
+
+/* IEEE half <-> float, scalar (the SIMD paths use F16C instructions with the same rounding). */
+static inline float sk_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            man &= 0x3ff;
+            bits = sign | (exp << 23) | (man << 13);
+        }
+    } else if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    union { uint32_t u; float f; } v = {bits};
+    return v.f;
+}
+
+/* Round to nearest even, as vcvtps2ph with rounding mode 0. */
+static inline uint16_t sk_f32_to_f16(float f) {
+    union { float f; uint32_t u; } v = {f};
+    uint32_t x = v.u, sign = (x >> 16) & 0x8000;
+    int32_t exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+    uint32_t man = x & 0x7fffff;
+    if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
+    if (exp >= 0x1f) return (uint16_t)(sign | 0x7c00);
+    if (exp <= 0) {
+        if (exp < -10) return (uint16_t)sign;
+        man |= 0x800000;
+        uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t half = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = (uint32_t)(exp << 10) | (man >> 13), rem = man & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++;
+    return (uint16_t)(sign | half);
+}
+
+static inline float sk_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+/* Dequantize one weight row to float (embedding lookups, tests). */
+void sk_dequant_row(const sk_tensor *w, int64_t row, float *out);
+
+#endif

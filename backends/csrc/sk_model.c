@@ -1,0 +1,517 @@
+/* The llama / qwen2 / qwen3 decoder forward pass over GGUF blocks, on all threads of a pool.
+ *
+ * One call runs every row of a batch (rows of several sequences, each at its own position) through
+ * every block. All threads run `forward_job` and meet at barriers between phases: row-wise phases
+ * (norms, quantization, rope) split rows, matmuls split output columns, attention splits
+ * (row, kv head) pairs. Which thread computes an element never changes how it is computed (see
+ * sk.h), so the result does not depend on the thread count either.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sk.h"
+#include "sk_pool.h"
+
+typedef struct {
+    const float *attn_norm, *ffn_norm, *q_norm, *k_norm; /* q_norm / k_norm: NULL unless the arch has them */
+    sk_tensor wq, wk, wv, wo, w_gate, w_up, w_down;       /* wk.data == NULL: wq is a fused [q; k; v] */
+} sk_layer;
+
+typedef struct {
+    int32_t n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot;
+    int32_t rope_neox, n_ctx, n_seq_max, n_threads;
+    float rms_eps, attn_scale;
+    const double *rope_inv_freq; /* [n_rot / 2], scaling folded in */
+    const float *output_norm;
+    sk_tensor token_embd, output;
+    const sk_layer *layers;
+} sk_config;
+
+typedef struct {
+    int64_t n_rows;
+    const int32_t *tokens, *pos, *seq; /* [n_rows]; rows of one sequence in increasing position */
+    int64_t n_out;
+    const int32_t *out_rows; /* [n_out] rows whose logits are wanted */
+    float *logits;           /* [n_out, n_vocab] */
+    float *const *capture;   /* NULL or [n_layer + 1]: residual entering block l, [n_rows, n_embd] each (or NULL) */
+    float *hidden_final;     /* NULL or [n_rows, n_embd]: after output_norm */
+} sk_batch;
+
+typedef struct {
+    sk_config cfg;
+    sk_layer *layers;
+    const sk_kernels *kern;
+    sk_pool *pool;
+    int64_t n_ctx_pad, kv_head_elems; /* per kv head: n_ctx_pad * head_dim */
+    uint16_t **kv;                    /* [n_seq_max]: keys then values, all layers; NULL until allocated */
+    int64_t cap_rows;                 /* scratch sized for this many rows */
+    float *x, *h, *qkv, *att, *gu, *rope;
+    sk_act act;
+    float **att_scratch; /* per thread */
+    void **packed;       /* weight copies in the kernels' own layout, freed with the context */
+    int n_packed;
+} sk_ctx;
+
+typedef struct {
+    sk_ctx *c;
+    const sk_batch *b;
+} job;
+
+/* Phase timing of thread 0 (SPEKULA_NATIVE_PROFILE=1): where a forward's time goes, for tuning. */
+enum { PH_EMBED, PH_NORM, PH_QKV, PH_ROPE, PH_ATTN, PH_OPROJ, PH_FFN_UP, PH_FFN_DOWN, PH_HEAD, PH_N };
+static const char *const phase_names[PH_N] = {"embed", "norm+quant", "qkv", "rope+kv", "attention", "o-proj",
+                                              "gate+up", "down", "head"};
+static double phase_seconds[PH_N];
+static int profiling = -1;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static inline void phase(int ith, int ph, double *t) {
+    if (profiling != 1 || ith != 0) return;
+    double n = now_s();
+    phase_seconds[ph] += n - *t;
+    *t = n;
+}
+
+SK_API void sk_profile_report(double *out, int n) {
+    for (int i = 0; i < n && i < PH_N; i++) out[i] = phase_seconds[i];
+    memset(phase_seconds, 0, sizeof phase_seconds);
+}
+
+SK_API const char *sk_profile_phase_name(int i) { return i >= 0 && i < PH_N ? phase_names[i] : NULL; }
+
+static const sk_kernels *pick_kernels(int force_generic) {
+#if defined(__x86_64__)
+    if (!force_generic) {
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+            __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma"))
+            return &sk_avx512_kernels;
+    }
+#endif
+    (void)force_generic;
+    return &sk_generic_kernels;
+}
+
+SK_API const char *sk_kernel_name(int force_generic) { return pick_kernels(force_generic)->name; }
+
+/* 64-byte aligned memory (aligned_alloc wants the size rounded to the alignment). */
+static void *xalloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
+
+static int64_t qkv_dim(const sk_config *g) { return (int64_t)(g->n_head + 2 * g->n_head_kv) * g->head_dim; }
+
+static int64_t max3(int64_t a, int64_t b, int64_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+
+static void free_scratch(sk_ctx *c) {
+    free(c->x); free(c->h); free(c->qkv); free(c->att); free(c->gu); free(c->rope);
+    free(c->act.q); free(c->act.d); free(c->act.s); free(c->act.qs16);
+    c->x = c->h = c->qkv = c->att = c->gu = c->rope = NULL;
+    memset(&c->act, 0, sizeof c->act);
+    c->cap_rows = 0;
+}
+
+static int ensure_scratch(sk_ctx *c, int64_t m) {
+    if (m <= c->cap_rows) return 0;
+    free_scratch(c);
+    const sk_config *g = &c->cfg;
+    int64_t qd = (int64_t)g->n_head * g->head_dim, wide = max3(g->n_embd, qd, g->n_ff);
+    int64_t kp = sk_round_up(wide, 64);
+    c->x = malloc((size_t)(m * g->n_embd) * 4);
+    c->h = malloc((size_t)(m * wide) * 4);
+    c->qkv = malloc((size_t)(m * qkv_dim(g)) * 4);
+    c->att = malloc((size_t)(m * qd) * 4);
+    c->gu = malloc((size_t)(m * 2 * g->n_ff) * 4);
+    c->rope = malloc((size_t)(m * g->n_rot) * 4);
+    c->act.q = xalloc((size_t)(m * kp));
+    c->act.d = xalloc((size_t)(m * kp / 8));
+    c->act.s = xalloc((size_t)(m * kp / 8));
+    c->act.qs16 = xalloc((size_t)(m * kp / 4));
+    if (!c->x || !c->h || !c->qkv || !c->att || !c->gu || !c->rope || !c->act.q || !c->act.d || !c->act.s ||
+        !c->act.qs16) {
+        free_scratch(c);
+        return -1;
+    }
+    c->cap_rows = m;
+    return 0;
+}
+
+SK_API void sk_ctx_free(sk_ctx *c) {
+    if (!c) return;
+    if (c->pool) sk_pool_free(c->pool);
+    if (c->kv)
+        for (int s = 0; s < c->cfg.n_seq_max; s++) free(c->kv[s]);
+    free(c->kv);
+    if (c->att_scratch)
+        for (int i = 0; i < c->cfg.n_threads; i++) free(c->att_scratch[i]);
+    free(c->att_scratch);
+    for (int i = 0; i < c->n_packed; i++) free(c->packed[i]);
+    free(c->packed);
+    free_scratch(c);
+    free(c->layers);
+    free(c);
+}
+
+/* Give back the pages of a mapped source range the process no longer reads (they stay in the page
+ * cache; only this process's resident size shrinks). */
+static void drop_pages(const void *start, size_t len) {
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)start + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
+    uintptr_t b = ((uintptr_t)start + len) & ~((uintptr_t)page - 1);
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+/* Rewrite a weight into the kernel table's layout when it has one; -1 when out of memory. */
+static int pack_tensor(sk_ctx *c, sk_tensor *w) {
+    if (!w->data || w->layout != 0 || !c->kern->packed_size) return 0;
+    int64_t row_bytes = 0, size = c->kern->packed_size(w, &row_bytes);
+    if (size <= 0) return 0;
+    uint8_t *dst = xalloc((size_t)size);
+    void **list = realloc(c->packed, sizeof(void *) * (size_t)(c->n_packed + 1));
+    if (list) c->packed = list;
+    if (!dst || !list) { free(dst); return -1; }
+    c->packed[c->n_packed++] = dst;
+    c->kern->pack(w, dst);
+    drop_pages(w->data, (size_t)(w->row_bytes * w->n_rows));
+    w->data = dst;
+    w->row_bytes = row_bytes;
+    w->layout = 1;
+    return 0;
+}
+
+static int pack_weights(sk_ctx *c) {
+    for (int l = 0; l < c->cfg.n_layer; l++) {
+        sk_layer *L = &c->layers[l];
+        sk_tensor *ts[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            if (pack_tensor(c, ts[i]) != 0) return -1;
+    }
+    return pack_tensor(c, &c->cfg.output);
+}
+
+SK_API sk_ctx *sk_ctx_new(const sk_config *cfg, int force_generic) {
+    if (cfg->n_threads < 1 || cfg->n_ctx < 1 || cfg->n_seq_max < 1 || cfg->n_head_kv < 1 ||
+        cfg->n_head % cfg->n_head_kv != 0)
+        return NULL;
+    sk_ctx *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->cfg = *cfg;
+    c->kern = pick_kernels(force_generic);
+    c->layers = malloc(sizeof(sk_layer) * (size_t)cfg->n_layer);
+    c->kv = calloc((size_t)cfg->n_seq_max, sizeof(uint16_t *));
+    c->att_scratch = calloc((size_t)cfg->n_threads, sizeof(float *));
+    c->n_ctx_pad = sk_round_up(cfg->n_ctx, SK_KEY_BLOCK);
+    c->kv_head_elems = c->n_ctx_pad * cfg->head_dim;
+    if (!c->layers || !c->kv || !c->att_scratch) { sk_ctx_free(c); return NULL; }
+    memcpy(c->layers, cfg->layers, sizeof(sk_layer) * (size_t)cfg->n_layer);
+    c->cfg.layers = c->layers;
+    int g = cfg->n_head / cfg->n_head_kv;
+    for (int i = 0; i < cfg->n_threads; i++) {
+        c->att_scratch[i] = xalloc((size_t)(g * c->n_ctx_pad) * 4);
+        if (!c->att_scratch[i]) { sk_ctx_free(c); return NULL; }
+    }
+    c->pool = sk_pool_new(cfg->n_threads);
+    if (!c->pool || sk_pool_size(c->pool) != cfg->n_threads || pack_weights(c) != 0) { sk_ctx_free(c); return NULL; }
+    return c;
+}
+
+SK_API const char *sk_ctx_kernel_name(const sk_ctx *c) { return c->kern->name; }
+
+/* Keys and values of one sequence, all layers. calloc: pages become resident only when written. */
+SK_API int sk_kv_alloc(sk_ctx *c, int slot) {
+    if (slot < 0 || slot >= c->cfg.n_seq_max) return -1;
+    if (c->kv[slot]) return 0;
+    size_t n = (size_t)c->cfg.n_layer * (size_t)c->cfg.n_head_kv * (size_t)c->kv_head_elems * 2;
+    c->kv[slot] = calloc(n, sizeof(uint16_t));
+    return c->kv[slot] ? 0 : -1;
+}
+
+SK_API void sk_kv_release(sk_ctx *c, int slot) {
+    if (slot < 0 || slot >= c->cfg.n_seq_max) return;
+    free(c->kv[slot]);
+    c->kv[slot] = NULL;
+}
+
+static uint16_t *kcache(sk_ctx *c, int slot, int layer, int head) {
+    int64_t per_layer = (int64_t)c->cfg.n_head_kv * c->kv_head_elems;
+    return c->kv[slot] + ((int64_t)layer * 2) * per_layer + head * c->kv_head_elems;
+}
+
+static uint16_t *vcache(sk_ctx *c, int slot, int layer, int head) {
+    return kcache(c, slot, layer, head) + (int64_t)c->cfg.n_head_kv * c->kv_head_elems;
+}
+
+static const sk_kernels *kern_for(const sk_ctx *c, const sk_tensor *w) {
+    return c->kern->supports(w) ? c->kern : &sk_generic_kernels;
+}
+
+static void split(int64_t n, int ith, int nth, int64_t *a, int64_t *b) {
+    *a = n * ith / nth;
+    *b = n * (ith + 1) / nth;
+}
+
+/* x rows [r0, r1) of width k into the shared activation buffer (which then holds width k). */
+static void quantize(sk_ctx *c, const float *x, int64_t ldx, int64_t k, int64_t r0, int64_t r1) {
+    c->act.kp = sk_round_up(k, 64);
+    if (r1 > r0) c->kern->quantize_rows(x + r0 * ldx, ldx, r1 - r0, k, &c->act, r0);
+}
+
+typedef struct {
+    const sk_tensor *w;
+    float *out;
+    int64_t ldo;
+    int accumulate;
+} part;
+
+/* This thread's share of several matmuls over the same input: whole units of output columns
+ * (groups of 16: the kernels' layout, and no two threads write one cache line), split evenly. */
+static void gemm_parts(sk_ctx *c, const part *parts, int np, const float *x, int64_t ldx, int64_t m, int ith, int nth) {
+    const int64_t unit = c->kern->column_unit;
+    int64_t total = 0;
+    for (int i = 0; i < np; i++) total += (parts[i].w->n_rows + unit - 1) / unit;
+    int64_t u0, u1, off = 0;
+    split(total, ith, nth, &u0, &u1);
+    for (int i = 0; i < np; i++) {
+        const sk_tensor *w = parts[i].w;
+        int64_t units = (w->n_rows + unit - 1) / unit;
+        int64_t a = u0 > off ? u0 - off : 0, b = u1 - off < units ? u1 - off : units;
+        if (b > a) {
+            int64_t n0 = a * unit, n1 = b * unit < w->n_rows ? b * unit : w->n_rows;
+            const sk_kernels *k = kern_for(c, w);
+            if (sk_is_quant(w->type)) k->gemm_q(w, n0, n1, &c->act, m, parts[i].out, parts[i].ldo, parts[i].accumulate);
+            else k->gemm_f(w, n0, n1, x, ldx, m, parts[i].out, parts[i].ldo, parts[i].accumulate);
+        }
+        off += units;
+    }
+}
+
+static int any_quant(const part *parts, int np) {
+    for (int i = 0; i < np; i++)
+        if (sk_is_quant(parts[i].w->type)) return 1;
+    return 0;
+}
+
+/* Rope on one head: NORM pairs (2i, 2i+1) or NEOX pairs (i, i + n_rot/2); cs = [cos | sin] per pair. */
+static void rope_head(float *v, const float *cs, int n_rot, int neox) {
+    int half = n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        float x0 = v[i0], x1 = v[i1], co = cs[i], si = cs[half + i];
+        v[i0] = x0 * co - x1 * si;
+        v[i1] = x0 * si + x1 * co;
+    }
+}
+
+static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int64_t r0, int64_t r1) {
+    const sk_config *g = &c->cfg;
+    const sk_layer *L = &c->layers[layer];
+    const int hd = g->head_dim;
+    const int64_t qkvd = qkv_dim(g);
+    for (int64_t r = r0; r < r1; r++) {
+        float *row = c->qkv + r * qkvd, *cs = c->rope + r * g->n_rot;
+        for (int h = 0; h < g->n_head + g->n_head_kv; h++) {
+            float *v = row + (int64_t)h * hd;
+            const float *nw = h < g->n_head ? L->q_norm : L->k_norm;
+            if (nw) c->kern->rms_norm(v, nw, hd, g->rms_eps, v);
+            rope_head(v, cs, g->n_rot, g->rope_neox);
+        }
+        int slot = b->seq[r];
+        int64_t t = b->pos[r];
+        for (int h = 0; h < g->n_head_kv; h++) {
+            const float *kv = row + (int64_t)(g->n_head + h) * hd, *vv = kv + (int64_t)g->n_head_kv * hd;
+            uint16_t *kd = kcache(c, slot, layer, h) + (t / SK_KEY_BLOCK) * hd * SK_KEY_BLOCK + t % SK_KEY_BLOCK;
+            uint16_t *vd = vcache(c, slot, layer, h) + t * hd;
+            for (int d = 0; d < hd; d++) {
+                kd[d * SK_KEY_BLOCK] = sk_f32_to_f16(kv[d]);
+                vd[d] = sk_f32_to_f16(vv[d]);
+            }
+        }
+    }
+}
+
+/* Work items are (row, kv head) pairs, whose query heads share the key loads; with few rows (decode)
+ * they are (row, query head) so that both threads get work. A head's result is the same either way. */
+static void attention(sk_ctx *c, const sk_batch *b, int layer, int ith, int nth) {
+    const sk_config *g = &c->cfg;
+    const int hd = g->head_dim, gq = g->n_head / g->n_head_kv;
+    const int64_t qkvd = qkv_dim(g), qd = (int64_t)g->n_head * hd;
+    const int per_head = b->n_rows * g->n_head_kv < 4 * nth;
+    const int heads_per_item = per_head ? 1 : gq, items_per_row = g->n_head / heads_per_item;
+    int64_t i0, i1;
+    split(b->n_rows * items_per_row, ith, nth, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t r = i / items_per_row;
+        int h0 = (int)(i % items_per_row) * heads_per_item, kvh = h0 / gq;
+        const float *q = c->qkv + r * qkvd + (int64_t)h0 * hd;
+        c->kern->attend(q, heads_per_item, hd, kcache(c, b->seq[r], layer, kvh), vcache(c, b->seq[r], layer, kvh),
+                        b->pos[r] + 1, hd, g->attn_scale, c->att + r * qd + (int64_t)h0 * hd, hd, c->att_scratch[ith]);
+    }
+}
+
+static void forward_job(void *arg, int ith, int nth) {
+    job *j = arg;
+    sk_ctx *c = j->c;
+    const sk_batch *b = j->b;
+    const sk_config *g = &c->cfg;
+    const int64_t m = b->n_rows, E = g->n_embd, qd = (int64_t)g->n_head * g->head_dim, ff = g->n_ff;
+    const int64_t qkvd = qkv_dim(g);
+    int64_t r0, r1;
+    split(m, ith, nth, &r0, &r1);
+    double t = profiling == 1 ? now_s() : 0.0;
+
+    for (int64_t r = r0; r < r1; r++) {
+        sk_dequant_row(&g->token_embd, b->tokens[r], c->x + r * E);
+        float *cs = c->rope + r * g->n_rot;
+        for (int i = 0; i < g->n_rot / 2; i++) {
+            double th = (double)b->pos[r] * g->rope_inv_freq[i];
+            cs[i] = (float)cos(th);
+            cs[g->n_rot / 2 + i] = (float)sin(th);
+        }
+    }
+    sk_pool_barrier(c->pool);
+    phase(ith, PH_EMBED, &t);
+
+    for (int l = 0; l < g->n_layer; l++) {
+        const sk_layer *L = &c->layers[l];
+        if (b->capture && b->capture[l]) memcpy(b->capture[l] + r0 * E, c->x + r0 * E, (size_t)((r1 - r0) * E) * 4);
+        part qkv[3] = {{&L->wq, c->qkv, qkvd, 0}, {&L->wk, c->qkv + qd, qkvd, 0},
+                       {&L->wv, c->qkv + qd + (int64_t)g->n_head_kv * g->head_dim, qkvd, 0}};
+        int nq = L->wk.data ? 3 : 1;
+        for (int64_t r = r0; r < r1; r++) c->kern->rms_norm(c->x + r * E, L->attn_norm, E, g->rms_eps, c->h + r * E);
+        if (any_quant(qkv, nq)) quantize(c, c->h, E, E, r0, r1);
+        sk_pool_barrier(c->pool);
+        phase(ith, PH_NORM, &t);
+        gemm_parts(c, qkv, nq, c->h, E, m, ith, nth);
+        sk_pool_barrier(c->pool);
+        phase(ith, PH_QKV, &t);
+        qkv_post(c, b, l, r0, r1);
+        sk_pool_barrier(c->pool);
+        phase(ith, PH_ROPE, &t);
+        attention(c, b, l, ith, nth);
+        sk_pool_barrier(c->pool);
+        phase(ith, PH_ATTN, &t);
+        part o = {&L->wo, c->x, E, 1};
+        if (any_quant(&o, 1)) quantize(c, c->att, qd, qd, r0, r1);
+        sk_pool_barrier(c->pool);
+        phase(ith, PH_NORM, &t);
+        gemm_parts(c, &o, 1, c->att, qd, m, ith, nth);
+        sk_pool_barrier(c->pool);
+        phase(ith, PH_OPROJ, &t);
+        part gu[2] = {{&L->w_gate, c->gu, 2 * ff, 0}, {&L->w_up, c->gu + ff, 2 * ff, 0}};
+        for (int64_t r = r0; r < r1; r++) c->kern->rms_norm(c->x + r * E, L->ffn_norm, E, g->rms_eps, c->h + r * E);
+        if (any_quant(gu, 2)) quantize(c, c->h, E, E, r0, r1);
+        sk_pool_barrier(c->pool);
+        phase(ith, PH_NORM, &t);
+        gemm_parts(c, gu, 2, c->h, E, m, ith, nth);
+        sk_pool_barrier(c->pool);
+        phase(ith, PH_FFN_UP, &t);
+        part dn = {&L->w_down, c->x, E, 1};
+        for (int64_t r = r0; r < r1; r++) c->kern->silu_mul(c->gu + r * 2 * ff, c->gu + r * 2 * ff + ff, ff, c->h + r * ff);
+        if (any_quant(&dn, 1)) quantize(c, c->h, ff, ff, r0, r1);
+        sk_pool_barrier(c->pool);
+        phase(ith, PH_NORM, &t);
+        gemm_parts(c, &dn, 1, c->h, ff, m, ith, nth);
+        sk_pool_barrier(c->pool);
+        phase(ith, PH_FFN_DOWN, &t);
+    }
+    if (b->capture && b->capture[g->n_layer])
+        memcpy(b->capture[g->n_layer] + r0 * E, c->x + r0 * E, (size_t)((r1 - r0) * E) * 4);
+    if (b->hidden_final)
+        for (int64_t r = r0; r < r1; r++) c->kern->rms_norm(c->x + r * E, g->output_norm, E, g->rms_eps, b->hidden_final + r * E);
+    if (b->n_out == 0) return;
+    /* The logits rows, compacted: row i of this matmul is batch row out_rows[i]. */
+    int64_t o0, o1;
+    split(b->n_out, ith, nth, &o0, &o1);
+    for (int64_t i = o0; i < o1; i++) c->kern->rms_norm(c->x + b->out_rows[i] * E, g->output_norm, E, g->rms_eps, c->h + i * E);
+    part head = {&g->output, b->logits, g->n_vocab, 0};
+    if (any_quant(&head, 1)) quantize(c, c->h, E, E, o0, o1);
+    sk_pool_barrier(c->pool);
+    gemm_parts(c, &head, 1, c->h, E, b->n_out, ith, nth);
+    phase(ith, PH_HEAD, &t);
+}
+
+/* 0 on success, -1 when scratch memory cannot be had, -2 for a bad batch (checked again here so a
+ * caller's mistake cannot write out of bounds). */
+SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
+    const sk_config *g = &c->cfg;
+    if (b->n_rows < 1 || b->n_out < 0 || b->n_out > b->n_rows) return -2;
+    for (int64_t r = 0; r < b->n_rows; r++) {
+        if (b->tokens[r] < 0 || b->tokens[r] >= g->n_vocab || b->pos[r] < 0 || b->pos[r] >= g->n_ctx ||
+            b->seq[r] < 0 || b->seq[r] >= g->n_seq_max || !c->kv[b->seq[r]])
+            return -2;
+    }
+    for (int64_t i = 0; i < b->n_out; i++)
+        if (b->out_rows[i] < 0 || b->out_rows[i] >= b->n_rows) return -2;
+    if (ensure_scratch(c, b->n_rows) != 0) return -1;
+    if (profiling < 0) {
+        const char *env = getenv("SPEKULA_NATIVE_PROFILE");
+        profiling = env && env[0] == '1';
+    }
+    job j = {c, b};
+    sk_pool_run(c->pool, forward_job, &j);
+    return 0;
+}
+
+/* ---- single-kernel entry points for tests ----------------------------------------------------- */
+
+SK_API void sk_test_quantize(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s, int32_t *qs16,
+                             int force_generic) {
+    sk_act a = {q, d, s, qs16, sk_round_up(k, 64), m};
+    pick_kernels(force_generic)->quantize_rows(x, k, m, k, &a, 0);
+}
+
+/* out[m, w->n_rows] = x[m, n_cols] times w transposed, through the path the model would use. */
+/* out[m, w->n_rows] = x[m, n_cols] times w transposed, through the path the model would use, `reps`
+ * times (one thread); *seconds gets the time of one quantize + matmul, packing excluded. */
+SK_API int sk_test_gemm(const sk_tensor *w_in, const float *x, int64_t m, float *out, int force_generic, int reps,
+                        double *seconds) {
+    const sk_kernels *base = pick_kernels(force_generic);
+    sk_tensor packed = *w_in;
+    const sk_tensor *w = w_in;
+    uint8_t *buf = NULL;
+    int64_t row_bytes = 0, size = base->packed_size ? base->packed_size(w_in, &row_bytes) : 0;
+    if (size > 0) {
+        buf = xalloc((size_t)size);
+        if (!buf) return -2;
+        base->pack(w_in, buf);
+        packed.data = buf;
+        packed.row_bytes = row_bytes;
+        packed.layout = 1;
+        w = &packed;
+    }
+    const sk_kernels *k = base->supports(w) ? base : &sk_generic_kernels;
+    if (!k->supports(w)) { free(buf); return -1; }
+    int64_t kp = sk_round_up(w->n_cols, 64);
+    sk_act a = {xalloc((size_t)(m * kp)), xalloc((size_t)(m * kp / 8)),
+                xalloc((size_t)(m * kp / 8)), xalloc((size_t)(m * kp / 4)), kp, m};
+    int rc = 0;
+    if (!a.q || !a.d || !a.s || !a.qs16) {
+        rc = -2;
+    } else {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (int i = 0; i < (reps > 0 ? reps : 1); i++) {
+            if (sk_is_quant(w->type)) {
+                base->quantize_rows(x, w->n_cols, m, w->n_cols, &a, 0);
+                k->gemm_q(w, 0, w->n_rows, &a, m, out, w->n_rows, 0);
+            } else {
+                k->gemm_f(w, 0, w->n_rows, x, w->n_cols, m, out, w->n_rows, 0);
+            }
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (seconds) *seconds = ((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec)) / (reps > 0 ? reps : 1);
+    }
+    free(a.q); free(a.d); free(a.s); free(a.qs16); free(buf);
+    return rc;
+}
+
+SK_API void sk_test_dequant(const sk_tensor *w, int64_t row, float *out) { sk_dequant_row(w, row, out); }

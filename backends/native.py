@@ -1,0 +1,236 @@
+"""Native CPU backend: spekula's own C kernels reading the GGUF blocks in place.
+
+The file is memory-mapped and the matmuls read its quantized blocks directly (F32, F16, BF16, Q4_0,
+Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K): no float copy of any matmul weight exists, so memory is
+about the file's size plus the KV cache. Activations entering a quantized matmul are quantized to
+int8 per 32 values, as llama.cpp does, so logits differ from the float32 dequantized reference by
+that rounding (tests state the tolerance).
+
+Always exact in the project's sense: every output element is computed by one fixed instruction
+sequence whatever the batch, the chunking or the thread count (see backends/csrc/sk.h), so a row's
+logits are bitwise the same alone or inside any verification batch. The KV cache is float16.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
+from ..core.errors import ConfigError, ModelFileError
+from ..core.gguf_file import GGUFFile, TensorEntry
+from . import native_lib as nl
+from .gguf_weights import (
+    ModelHParams,
+    dequantize,
+    expected_shapes,
+    optional_shapes,
+    read_hparams,
+    rope_inv_freq,
+)
+from .seq_inputs import check_inputs
+
+_NO_CAPTURE = Capture()
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+class _Weights:
+    """ctypes descriptions of the model's tensors; keeps every array they point into alive."""
+
+    def __init__(self, f: GGUFFile, hp: ModelHParams) -> None:
+        self.f, self.hp = f, hp
+        self.keep: list[np.ndarray] = []
+        self.shapes = expected_shapes(hp) | optional_shapes(hp)
+
+    def entry(self, name: str, shape: tuple[int, ...] | None = None) -> TensorEntry:
+        if not self.f.has_tensor(name):
+            raise ModelFileError(self.f.path, f"missing tensor {name!r} (architecture {self.hp.arch})")
+        e = self.f.tensor(name)
+        want = shape or self.shapes.get(name)
+        if want is not None and e.shape != want:
+            raise ModelFileError(self.f.path, f"tensor {name!r} has shape {e.shape}, expected {want}")
+        return e
+
+    def vector(self, name: str, required: bool = True) -> np.ndarray | None:
+        """A small float32 vector (norm weight, bias) as its own array."""
+        if not required and not self.f.has_tensor(name):
+            return None
+        arr = np.ascontiguousarray(dequantize(self.entry(name), self.f.path), dtype=np.float32).reshape(-1)
+        self.keep.append(arr)
+        return arr
+
+    def matrix(self, name: str, bias: str | None = None, shape: tuple[int, ...] | None = None) -> nl.Tensor:
+        e = self.entry(name, shape)
+        if e.type_name not in nl.TYPE_IDS:
+            raise ModelFileError(
+                self.f.path, f"tensor {name!r} has type {e.type_name}, which the native backend does not read "
+                f"(it reads {', '.join(nl.TYPE_IDS)}); use --backend torch")
+        data = np.ascontiguousarray(e.data)  # a view into the mapped file (already contiguous)
+        self.keep.append(data)
+        b = self.vector(bias, required=False) if bias else None
+        return nl.tensor(data, e.type_name, e.shape[0], e.shape[1], b)
+
+
+def _build_layer(w: _Weights, i: int) -> nl.Layer:
+    hp, b = w.hp, f"blk.{i}."
+    layer = nl.Layer()
+    layer.attn_norm = nl.ptr(w.vector(b + "attn_norm.weight"))
+    layer.ffn_norm = nl.ptr(w.vector(b + "ffn_norm.weight"))
+    if hp.has_qk_norm:
+        layer.q_norm = nl.ptr(w.vector(b + "attn_q_norm.weight"))
+        layer.k_norm = nl.ptr(w.vector(b + "attn_k_norm.weight"))
+    if w.f.has_tensor(b + "attn_qkv.weight") and not w.f.has_tensor(b + "attn_q.weight"):
+        qkv_rows = (hp.n_head + 2 * hp.n_head_kv) * hp.head_dim
+        layer.wq = w.matrix(b + "attn_qkv.weight", b + "attn_qkv.bias", shape=(qkv_rows, hp.n_embd))
+    else:
+        layer.wq = w.matrix(b + "attn_q.weight", b + "attn_q.bias")
+        layer.wk = w.matrix(b + "attn_k.weight", b + "attn_k.bias")
+        layer.wv = w.matrix(b + "attn_v.weight", b + "attn_v.bias")
+    layer.wo = w.matrix(b + "attn_output.weight", b + "attn_output.bias")
+    layer.w_gate = w.matrix(b + "ffn_gate.weight", b + "ffn_gate.bias")
+    layer.w_up = w.matrix(b + "ffn_up.weight", b + "ffn_up.bias")
+    layer.w_down = w.matrix(b + "ffn_down.weight", b + "ffn_down.bias")
+    return layer
+
+
+class NativeBackend(Backend):
+    def __init__(self, model_path: str, options: BackendOptions) -> None:
+        self.options = options
+        if options.device.strip().lower() != "cpu":
+            raise ConfigError(f"the native backend runs on the CPU only (got --device {options.device}); "
+                              "use --backend torch for CUDA")
+        if options.dtype not in ("auto", "native"):
+            raise ConfigError(f"the native backend computes on the GGUF's own block types (got --dtype {options.dtype});"
+                              " use --backend torch for f32/f16/bf16 or --backend onnx for q4")
+        if options.n_ctx <= 0 or options.n_seq_max <= 0:
+            raise ConfigError(f"n_ctx and n_seq_max must be positive (got {options.n_ctx}, {options.n_seq_max})")
+        f = GGUFFile(model_path)
+        hp = self.hparams = read_hparams(f)
+        self.info = ModelInfo(path=str(model_path), arch=hp.arch, name=str(f.get("general.name", f.path.stem)),
+                              n_vocab=hp.n_vocab, n_embd=hp.n_embd, n_layer=hp.n_layer, n_ctx_train=hp.n_ctx_train)
+        self._file = f
+        w = self._weights = _Weights(f, hp)
+        self._layers = (nl.Layer * hp.n_layer)(*[_build_layer(w, i) for i in range(hp.n_layer)])
+        rope_freqs = w.vector("rope_freqs.weight", required=False)
+        inv = np.ascontiguousarray(rope_inv_freq(hp, {} if rope_freqs is None else {"rope_freqs.weight": rope_freqs}),
+                                   dtype=np.float64)
+        w.keep.append(inv)
+        embd = w.matrix("token_embd.weight")
+        # A tied head is the embedding matrix again (its own descriptor, which may carry output.bias).
+        head = "output.weight" if f.has_tensor("output.weight") else "token_embd.weight"
+        output = w.matrix(head, "output.bias")
+        self.threads = options.threads if options.threads > 0 else default_threads()
+        cfg = nl.Config(
+            n_vocab=hp.n_vocab, n_embd=hp.n_embd, n_layer=hp.n_layer, n_head=hp.n_head, n_head_kv=hp.n_head_kv,
+            head_dim=hp.head_dim, n_ff=hp.n_ff, n_rot=hp.n_rot, rope_neox=int(hp.rope_neox), n_ctx=options.n_ctx,
+            n_seq_max=options.n_seq_max, n_threads=self.threads, rms_eps=hp.rms_eps, attn_scale=hp.attn_scale,
+            rope_inv_freq=nl.ptr(inv), output_norm=nl.ptr(w.vector("output_norm.weight")),
+            token_embd=embd, output=output, layers=self._layers)
+        self._cfg = cfg
+        self._lib = nl.lib()
+        self._ctx = self._lib.sk_ctx_new(ctypes.byref(cfg), int(os.environ.get("SPEKULA_NATIVE_GENERIC", "0") == "1"))
+        if not self._ctx:
+            raise ConfigError(f"cannot create the native runtime ({self.threads} threads, n_ctx {options.n_ctx}, "
+                              f"{options.n_seq_max} sequences): out of memory or threads")
+        self.kernels = self._lib.sk_ctx_kernel_name(self._ctx).decode()
+        self._slot_of: dict[int, int] = {}  # seq id -> KV slot
+        self._len: dict[int, int] = {}
+        self._next_id = 0
+
+    # ---- sequences ---------------------------------------------------------------------------------
+
+    def new_seq(self) -> int:
+        used = set(self._slot_of.values())
+        free = next((s for s in range(self.options.n_seq_max) if s not in used), None)
+        if free is None:
+            raise ConfigError(f"too many live sequences (n_seq_max={self.options.n_seq_max})")
+        if self._lib.sk_kv_alloc(self._ctx, free) != 0:
+            raise MemoryError(f"cannot allocate the KV cache for n_ctx {self.options.n_ctx}")
+        seq_id = self._next_id
+        self._next_id += 1
+        self._slot_of[seq_id], self._len[seq_id] = free, 0
+        return seq_id
+
+    def _slot(self, seq_id: int) -> int:
+        if seq_id not in self._slot_of:
+            raise ConfigError(f"unknown sequence {seq_id}")
+        return self._slot_of[seq_id]
+
+    def free_seq(self, seq_id: int) -> None:
+        slot = self._slot(seq_id)
+        self._lib.sk_kv_release(self._ctx, slot)
+        del self._slot_of[seq_id], self._len[seq_id]
+
+    def seq_len(self, seq_id: int) -> int:
+        self._slot(seq_id)
+        return self._len[seq_id]
+
+    def truncate(self, seq_id: int, n_keep: int) -> None:
+        self._slot(seq_id)
+        self._len[seq_id] = max(0, min(int(n_keep), self._len[seq_id]))
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            self._lib.sk_ctx_free(self._ctx)
+            self._ctx = None
+            self._slot_of.clear()
+            self._len.clear()
+
+    def __del__(self) -> None:
+        self.close()
+
+    # ---- forward -----------------------------------------------------------------------------------
+
+    def forward(self, inputs: Sequence[SeqInput], capture: Capture = _NO_CAPTURE) -> list[SeqOutput]:
+        if not self._ctx:
+            raise ConfigError("the native backend is closed")
+        hp = self.hparams
+        checked = check_inputs(inputs, capture, n_layer=hp.n_layer, n_vocab=hp.n_vocab, n_ctx=self.options.n_ctx,
+                               seq_len=self.seq_len)
+        sizes = [int(c.tokens.size) for c in checked]
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        m = int(offsets[-1])
+        outs = [SeqOutput(logits=np.empty((c.logit_rows.size, hp.n_vocab), np.float32)) for c in checked]
+        if m == 0:
+            return outs
+        tokens = np.concatenate([c.tokens for c in checked]).astype(np.int32)
+        pos = np.concatenate([np.arange(c.start, c.start + n, dtype=np.int32) for c, n in zip(checked, sizes, strict=True)])
+        seq = np.repeat(np.array([self._slot_of[c.seq_id] for c in checked], np.int32), sizes)
+        wanted = [c.logit_rows + offsets[i] for i, c in enumerate(checked)]
+        out_rows = np.unique(np.concatenate(wanted)).astype(np.int32) if wanted else np.zeros(0, np.int32)
+        logits = np.empty((out_rows.size, hp.n_vocab), np.float32)
+        cap_arrays = {layer: np.empty((m, hp.n_embd), np.float32) for layer in sorted(capture.layers)}
+        cap_ptrs = None
+        if cap_arrays:
+            cap_ptrs = (ctypes.c_void_p * (hp.n_layer + 1))(*[nl.ptr(cap_arrays.get(i)) for i in range(hp.n_layer + 1)])
+        hidden = np.empty((m, hp.n_embd), np.float32) if capture.final_norm else None
+        batch = nl.Batch(n_rows=m, tokens=nl.ptr(tokens), pos=nl.ptr(pos), seq=nl.ptr(seq), n_out=out_rows.size,
+                         out_rows=nl.ptr(out_rows) if out_rows.size else None, logits=nl.ptr(logits),
+                         capture=ctypes.cast(cap_ptrs, ctypes.c_void_p) if cap_ptrs is not None else None,
+                         hidden_final=nl.ptr(hidden))
+        rc = self._lib.sk_forward(self._ctx, ctypes.byref(batch))
+        if rc == -1:
+            raise MemoryError(f"native forward of {m} rows: out of memory for its scratch buffers")
+        if rc != 0:
+            raise ConfigError(f"native forward rejected the batch (rc={rc})")
+        for i, (c, n) in enumerate(zip(checked, sizes, strict=True)):
+            self._len[c.seq_id] = c.start + n
+            o0, o1 = int(offsets[i]), int(offsets[i + 1])
+            outs[i].logits[:] = logits[np.searchsorted(out_rows, wanted[i])]
+            for layer, arr in cap_arrays.items():
+                outs[i].layer_inputs[layer] = arr[o0:o1]
+            if hidden is not None:
+                outs[i].hidden_final = hidden[o0:o1]
+        return outs
+
+
+backend_class = NativeBackend

@@ -1,0 +1,161 @@
+"""ctypes binding of spekula's native CPU kernels (``backends/csrc``, built with the package).
+
+Only this module knows the C structures. Arrays handed to the library are numpy arrays (or the
+memory-mapped GGUF file) that the caller keeps alive for as long as the library may read them;
+every call that takes a while releases the GIL (ctypes does so for foreign calls).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from ..core.errors import ConfigError
+
+# ggml type ids of the block formats the kernels read (as stored in GGUF files).
+TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
+            "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
+KEY_BLOCK = 16
+
+_f32p = ctypes.POINTER(ctypes.c_float)
+_i32p = ctypes.POINTER(ctypes.c_int32)
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("type", ctypes.c_int32), ("layout", ctypes.c_int32),
+                ("n_rows", ctypes.c_int64), ("n_cols", ctypes.c_int64), ("row_bytes", ctypes.c_int64),
+                ("bias", ctypes.c_void_p)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
+                ("k_norm", ctypes.c_void_p), ("wq", Tensor), ("wk", Tensor), ("wv", Tensor), ("wo", Tensor),
+                ("w_gate", Tensor), ("w_up", Tensor), ("w_down", Tensor)]
+
+
+class Config(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int32) for name in (
+        "n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "head_dim", "n_ff", "n_rot",
+        "rope_neox", "n_ctx", "n_seq_max", "n_threads")] + [
+        ("rms_eps", ctypes.c_float), ("attn_scale", ctypes.c_float),
+        ("rope_inv_freq", ctypes.c_void_p), ("output_norm", ctypes.c_void_p),
+        ("token_embd", Tensor), ("output", Tensor), ("layers", ctypes.POINTER(Layer))]
+
+
+class Batch(ctypes.Structure):
+    _fields_ = [("n_rows", ctypes.c_int64), ("tokens", ctypes.c_void_p), ("pos", ctypes.c_void_p),
+                ("seq", ctypes.c_void_p), ("n_out", ctypes.c_int64), ("out_rows", ctypes.c_void_p),
+                ("logits", ctypes.c_void_p), ("capture", ctypes.c_void_p), ("hidden_final", ctypes.c_void_p)]
+
+
+def library_path() -> Path:
+    here = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = here / f"_sk{suffix}"
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(
+        f"spekula's native kernels are not built (no _sk*.so in {here}); reinstall the package with a C "
+        "compiler present (pip install -e .), or choose --backend torch")
+
+
+@cache
+def lib() -> ctypes.CDLL:
+    so = ctypes.CDLL(str(library_path()))
+    so.sk_kernel_name.restype = ctypes.c_char_p
+    so.sk_kernel_name.argtypes = [ctypes.c_int]
+    so.sk_ctx_new.restype = ctypes.c_void_p
+    so.sk_ctx_new.argtypes = [ctypes.POINTER(Config), ctypes.c_int]
+    so.sk_ctx_free.restype = None
+    so.sk_ctx_free.argtypes = [ctypes.c_void_p]
+    so.sk_ctx_kernel_name.restype = ctypes.c_char_p
+    so.sk_ctx_kernel_name.argtypes = [ctypes.c_void_p]
+    so.sk_kv_alloc.restype = ctypes.c_int
+    so.sk_kv_alloc.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    so.sk_kv_release.restype = None
+    so.sk_kv_release.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    so.sk_forward.restype = ctypes.c_int
+    so.sk_forward.argtypes = [ctypes.c_void_p, ctypes.POINTER(Batch)]
+    so.sk_test_quantize.restype = None
+    so.sk_test_quantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    so.sk_test_gemm.restype = ctypes.c_int
+    so.sk_test_gemm.argtypes = [ctypes.POINTER(Tensor), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
+                                ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+    so.sk_test_dequant.restype = None
+    so.sk_test_dequant.argtypes = [ctypes.POINTER(Tensor), ctypes.c_int64, ctypes.c_void_p]
+    so.sk_profile_report.restype = None
+    so.sk_profile_report.argtypes = [ctypes.POINTER(ctypes.c_double), ctypes.c_int]
+    so.sk_profile_phase_name.restype = ctypes.c_char_p
+    so.sk_profile_phase_name.argtypes = [ctypes.c_int]
+    return so
+
+
+def profile_report() -> dict[str, float]:
+    """Seconds per forward phase on thread 0 since the last report (SPEKULA_NATIVE_PROFILE=1 at start)."""
+    names = []
+    while (n := lib().sk_profile_phase_name(len(names))) is not None:
+        names.append(n.decode())
+    out = (ctypes.c_double * len(names))()
+    lib().sk_profile_report(out, len(names))
+    return dict(zip(names, out, strict=True))
+
+
+def kernel_name(force_generic: bool = False) -> str:
+    """Which kernel set this CPU gets: 'avx512-vnni' or 'generic'."""
+    return str(lib().sk_kernel_name(int(force_generic)).decode())
+
+
+def ptr(a: np.ndarray | None) -> int | None:
+    """Address of a C-contiguous array's first element (None for None)."""
+    if a is None:
+        return None
+    if not a.flags.c_contiguous:
+        raise ValueError("array must be C-contiguous")
+    return int(a.ctypes.data)
+
+
+def tensor(data: np.ndarray, type_name: str, n_rows: int, n_cols: int, bias: np.ndarray | None = None) -> Tensor:
+    """Describe a weight whose rows are the rows of `data` (raw bytes or a typed array)."""
+    if type_name not in TYPE_IDS:
+        raise ConfigError(f"tensor type {type_name} has no native kernel")
+    row_bytes = data.nbytes // n_rows if n_rows else 0
+    return Tensor(ptr(data), TYPE_IDS[type_name], 0, n_rows, n_cols, row_bytes, ptr(bias))
+
+
+def quantize_rows(x: np.ndarray, *, generic: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The activation quantization the matmuls use: (q int8 [m, kp], d and s float32 [m, kp/32],
+    qs16 int32 [m, kp/16]); kp = n_cols rounded up to 64."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    m, k = x.shape
+    kp = -(-k // 64) * 64
+    q = np.zeros((m, kp), np.int8)
+    d, s, qs16 = np.zeros((m, kp // 32), np.float32), np.zeros((m, kp // 32), np.float32), np.zeros((m, kp // 16), np.int32)
+    lib().sk_test_quantize(ptr(x), m, k, ptr(q), ptr(d), ptr(s), ptr(qs16), int(generic))
+    return q, d, s, qs16
+
+
+def matmul(w: Tensor, x: np.ndarray, *, generic: bool = False) -> np.ndarray:
+    """x [m, n_cols] times the weight transposed -> [m, n_rows], through the kernel the model uses."""
+    return timed_matmul(w, x, generic=generic)[0]
+
+
+def timed_matmul(w: Tensor, x: np.ndarray, *, generic: bool = False, reps: int = 1) -> tuple[np.ndarray, float]:
+    """matmul run `reps` times on one thread; also the seconds of one run (weight repacking excluded)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty((x.shape[0], w.n_rows), np.float32)
+    seconds = ctypes.c_double(0.0)
+    rc = lib().sk_test_gemm(ctypes.byref(w), ptr(x), x.shape[0], ptr(out), int(generic), reps, ctypes.byref(seconds))
+    if rc != 0:
+        raise ConfigError(f"no kernel for this tensor (rc={rc})")
+    return out, seconds.value
+
+
+def dequant_row(w: Tensor, row: int) -> np.ndarray:
+    out = np.empty(w.n_cols, np.float32)
+    lib().sk_test_dequant(ctypes.byref(w), row, ptr(out))
+    return out

@@ -1,0 +1,24 @@
+"""Build spekula's native CPU kernels (backends/csrc) with the package; everything else is in pyproject.toml.
+
+The library is loaded with ctypes (spekula.backends.native_lib), not imported as a Python module.
+-ffp-contract=off keeps the compiler from fusing a*b+c on its own, which the kernels' bitwise
+row-invariance relies on; the AVX-512 file selects its instruction set itself and is only called
+after a CPU check, so the build stays portable.
+"""
+
+from setuptools import Extension, setup
+
+SOURCES = ["sk_model.c", "sk_pool.c", "sk_generic.c", "sk_avx512.c", "sk_avx512_gemm.c"]
+
+setup(
+    ext_modules=[
+        Extension(
+            "spekula.backends._sk",
+            sources=[f"backends/csrc/{name}" for name in SOURCES],
+            depends=["backends/csrc/sk.h", "backends/csrc/sk_pool.h", "backends/csrc/sk_avx512.h"],
+            extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread", "-std=gnu11"],
+            extra_link_args=["-pthread"],
+            libraries=["m"],
+        )
+    ]
+)

@@ -1,0 +1,105 @@
+"""Native kernels, one block type at a time, against plain dequantize-then-matmul references.
+
+Weights of every supported type are built here (gguf's quantizer for the 32-value types, the fixture
+K-quantizer for Q4_K/Q5_K/Q6_K) and decoded by gguf's own dequantizer, an implementation independent
+of ours. Two references per type: float64 matmul with the *same* int8-quantized activations the
+kernels use (tight: only float rounding differs), and with float32 activations (the int8 rounding of
+activations, about 1 % of the output's scale). The SIMD and generic kernels are both checked, and
+the property exact mode rests on: a row's result is bitwise the same whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from gguf.quants import dequantize, quantize
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from spekula.backends import native_lib as nl
+from spekula.fixtures.kquant import quantize_k
+
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+FLOAT_TYPES = ("F32", "F16", "BF16")
+KERNELS = ["generic"] + (["avx512-vnni"] if nl.kernel_name() != "generic" else [])
+SAME_ACT_TOL = 2e-6  # relative to the output's max |value|, float rounding only
+F32_ACT_TOL = 2e-2  # int8 activations vs float32 activations
+
+
+def make_weight(type_name: str, n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(stored data as the GGUF holds it, its float32 values decoded by gguf)."""
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    if type_name == "F32":
+        return w, w
+    if type_name == "F16":
+        h = w.astype(np.float16)
+        return h, h.astype(np.float32)
+    qtype = gguf.GGMLQuantizationType[type_name]
+    raw = quantize_k(w, type_name) if type_name.endswith("_K") else quantize(w, qtype)
+    return np.ascontiguousarray(raw), dequantize(raw, qtype).reshape(n, k).astype(np.float32)
+
+
+def quantized_activations(x: np.ndarray) -> np.ndarray:
+    q, d, _, _ = nl.quantize_rows(x)
+    k = x.shape[1]
+    return q[:, :k].astype(np.float64) * np.repeat(d, 32, axis=1)[:, :k].astype(np.float64)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("type_name", QUANT_TYPES + FLOAT_TYPES)
+def test_matmul_matches_dequantized_reference(type_name: str, kernel: str) -> None:
+    n, k = 37, 512
+    raw, wf = make_weight(type_name, n, k, seed=1)
+    t = nl.tensor(raw, type_name, n, k)
+    x = np.random.default_rng(2).standard_normal((9, k)).astype(np.float32)
+    got = nl.matmul(t, x, generic=kernel == "generic")
+    scale = float(np.abs(x @ wf.T).max())
+    exact_act = type_name in FLOAT_TYPES
+    same = (x.astype(np.float64) if exact_act else quantized_activations(x)) @ wf.T.astype(np.float64)
+    assert np.abs(got - same).max() <= SAME_ACT_TOL * scale * (50 if kernel == "generic" else 1)
+    assert np.abs(got - x @ wf.T).max() <= F32_ACT_TOL * scale
+
+
+@pytest.mark.parametrize("type_name", QUANT_TYPES + FLOAT_TYPES)
+def test_dequant_row_is_ggufs(type_name: str) -> None:
+    raw, wf = make_weight(type_name, 5, 256, seed=3)
+    t = nl.tensor(raw, type_name, 5, 256)
+    for r in range(5):
+        assert np.array_equal(nl.dequant_row(t, r), wf[r])
+
+
+@settings(max_examples=30, deadline=None)
+@given(x=st.lists(st.floats(-1e4, 1e4, width=32), min_size=1, max_size=200), m=st.integers(1, 3))
+def test_activation_quantization_is_the_same_on_every_kernel(x: list[float], m: int) -> None:
+    arr = np.tile(np.array(x, np.float32), (m, 1))
+    a, b = nl.quantize_rows(arr), nl.quantize_rows(arr, generic=True)
+    for u, v in zip(a, b, strict=True):
+        assert np.array_equal(u, v)
+    q, d, s, qs16 = a
+    k = len(x)
+    assert np.array_equal(qs16, q.reshape(m, -1, 16).astype(np.int32).sum(axis=2))
+    assert np.array_equal(s, d * qs16.reshape(m, -1, 2).sum(axis=2).astype(np.float32))
+    assert np.abs(q[:, :k].astype(np.float32) * np.repeat(d, 32, axis=1)[:, :k] - arr).max() <= (
+        np.abs(arr).max() / 127 / 2 * 1.0001 + 1e-30)
+
+
+@pytest.mark.parametrize("type_name", QUANT_TYPES + FLOAT_TYPES)
+@settings(max_examples=8, deadline=None)
+@given(m=st.integers(1, 70), seed=st.integers(0, 2**16))
+def test_a_row_is_bitwise_the_same_in_any_batch(type_name: str, m: int, seed: int) -> None:
+    n, k = 21, 256
+    raw, _ = make_weight(type_name, n, k, seed=4)
+    t = nl.tensor(raw, type_name, n, k)
+    x = np.random.default_rng(seed).standard_normal((m, k)).astype(np.float32)
+    batched = nl.matmul(t, x)
+    for r in {0, m // 2, m - 1}:
+        assert np.array_equal(nl.matmul(t, x[r : r + 1])[0], batched[r])
+
+
+def test_unsupported_shape_is_refused() -> None:
+    raw, _ = make_weight("Q8_0", 4, 96, seed=5)  # 96 columns: a whole number of blocks, not of 64-chunks
+    t = nl.tensor(raw, "Q8_0", 4, 96)
+    x = np.ones((2, 96), np.float32)
+    _, wf = make_weight("Q8_0", 4, 96, seed=5)
+    # falls back to the generic kernel, which reads any whole number of blocks
+    assert np.abs(nl.matmul(t, x) - quantized_activations(x) @ wf.T.astype(np.float64)).max() < 1e-3
