@@ -154,7 +154,10 @@ class NativeBackend(Backend):
         if free is None:
             raise ConfigError(f"too many live sequences (n_seq_max={self.options.n_seq_max})")
         if self._lib.sk_kv_alloc(self._ctx, free) != 0:
-            raise MemoryError(f"cannot allocate the KV cache for n_ctx {self.options.n_ctx}")
+            hp = self.hparams
+            gib = hp.n_layer * hp.n_head_kv * hp.head_dim * 2 * 2 * self.options.n_ctx / 2**30
+            raise ConfigError(f"cannot reserve the KV cache of one sequence ({gib:.1f} GiB for --ctx-size "
+                              f"{self.options.n_ctx}); use a smaller --ctx-size")
         seq_id = self._next_id
         self._next_id += 1
         self._slot_of[seq_id], self._len[seq_id] = free, 0

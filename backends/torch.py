@@ -1,15 +1,17 @@
 """PyTorch backend: GGUF llama/qwen2/qwen3 models on CPU or CUDA, with a batch-invariant exact mode.
 
 Exact mode (``BackendOptions.exact``, default): a row's logits are bitwise the same whatever else is
-in the forward and however the sequence was chunked. How, as measured on this CPU (torch 2.13, AVX2):
+in the forward and however the sequence was chunked. How (CPU fp32):
 
 * Linear layers: plain ``F.linear`` (MKL) gives a row bits that depend on the row count M (GEMV for
-  M=1, other kernels for M=2,3 and for the last M mod 4 rows). oneDNN's prepacked linear gives every
-  row the same bits for any M (1..199 checked) at about GEMV speed for one row, so CPU fp32 uses it.
-  Without oneDNN, GEMMs run on row counts padded to a multiple of ``ROW_ALIGN`` (MKL's invariant case).
+  M=1, other kernels for small M and for the last rows of a micro-kernel). Which library path avoids
+  that depends on the CPU, so it is measured when the model loads (``torch_exact_probe``): oneDNN's
+  prepacked linear when it is row-invariant at every shape of the model (it was on an AVX2 machine,
+  not at every shape on an AVX-512/AMX one), else MKL on row counts padded to the measured multiple.
 * Attention: a row at position p always attends over the key window
   ``[0, ceil((p+1)/KEY_GRANULE) * KEY_GRANULE)`` with later keys masked to an exact 0 weight, and its
-  query GEMMs run on ``ROW_ALIGN``-padded row groups, so every reduction has the same length and kernel.
+  query GEMMs run on row groups padded to the same measured multiple, so every reduction has the same
+  length and kernel.
 * Norms, rope and activations are row-wise.
 
 Rows go through the blocks in tiles of at most ``TILE_ROWS`` rows. Proven by tests/test_torch_backend.py
@@ -30,10 +32,10 @@ from ..core.errors import ConfigError
 from ..core.gguf_file import GGUFFile
 from .gguf_weights import ModelHParams, load_model_weights, read_hparams
 from .seq_inputs import check_inputs
+from .torch_exact_probe import choose_exact_gemm, onednn_packing_available, padded_align
 from .torch_kv import KVPool, SeqCache
-from .torch_model import AttnGroup, KVWrite, Tile, TorchModel, onednn_packing_available
+from .torch_model import AttnGroup, KVWrite, Tile, TorchModel, model_gemm_shapes
 
-ROW_ALIGN = 4
 KEY_GRANULE = 64
 TILE_ROWS = 64
 FAST_TILE_ROWS = 512
@@ -102,10 +104,18 @@ class TorchBackend(Backend):
             n_ctx_train=hp.n_ctx_train,
         )
         self.exact = options.exact
-        # oneDNN-packed GEMMs are row-invariant at any row count; MKL's need multiples of ROW_ALIGN.
-        self.packed = self.device.type == "cpu" and self.dtype == torch.float32 and onednn_packing_available()
-        self._align = ROW_ALIGN if self.exact and not self.packed else 1
-        self._attn_align = ROW_ALIGN if self.exact else 1
+        cpu_f32 = self.device.type == "cpu" and self.dtype == torch.float32
+        self.packed, self._align, self._attn_align = False, 1, 1
+        if self.exact and cpu_f32:
+            packed, align = choose_exact_gemm(model_gemm_shapes(hp), allow_packed=onednn_packing_available())
+            attn = [padded_align(n, hp.head_dim) for n in (KEY_GRANULE, 4 * KEY_GRANULE)]
+            if align is None or None in attn:
+                raise ConfigError("no fp32 GEMM path of this torch build is row-invariant on this CPU, so the torch "
+                                  "backend cannot be exact here; use --backend native (exact by construction)")
+            self.packed, self._align = packed, align
+            self._attn_align = max([align, *[a for a in attn if a is not None]])
+        elif self.exact:
+            self._align = self._attn_align = 4  # CUDA / half precision: fixed shapes, no bitwise claim
         self._tile_rows = TILE_ROWS if self.exact else FAST_TILE_ROWS
         weights = load_model_weights(f, hp=hp)
         with torch.inference_mode():

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .gguf_weights import ModelHParams, rope_inv_freq
+from .torch_exact_probe import ONEDNN_PACK_HINT
 from .torch_kv import SeqCache
 
 
@@ -49,15 +50,11 @@ class Tile:
     groups: list[AttnGroup] = field(default_factory=list)
 
 
-# Batch-size hint for oneDNN's weight reordering. Measured here (torch 2.13, AVX2, 1-2 threads): with
-# hints 2, 4 and 16 the packed kernel gives every row the same bits for any row count 1..199, and one
-# row costs about what MKL's GEMV does; plain F.linear (MKL) only does so for row counts that are
-# multiples of 4, and a padded 4-row GEMM costs ~2x a GEMV.
-ONEDNN_PACK_HINT = 4
-
-
-def onednn_packing_available() -> bool:
-    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def model_gemm_shapes(hp: ModelHParams) -> list[tuple[int, int]]:
+    """[n, k] of every linear the model runs (fused qkv and gate/up, as built below)."""
+    qkv = (hp.n_head + 2 * hp.n_head_kv) * hp.head_dim
+    return [(qkv, hp.n_embd), (hp.n_embd, hp.n_head * hp.head_dim), (2 * hp.n_ff, hp.n_embd),
+            (hp.n_embd, hp.n_ff), (hp.n_vocab, hp.n_embd)]
 
 
 class Lin:

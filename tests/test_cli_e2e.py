@@ -170,9 +170,11 @@ def test_n_predict_never_exceeded_by_drafts(llama: str, greedy_ref: dict[str, An
 
 
 def test_probabilistic_self_draft_at_temperature(llama: str) -> None:
-    """Rejection sampling with draft == target accepts every drafted token."""
-    out = generate_json(llama, "--temp", "0.8", "--seed", "3", "--spec-type", "draft-simple", "-md", llama,
-                        "--spec-draft-sampling", "probabilistic")
+    """Rejection sampling with draft == target accepts every drafted token. The draft proposes from its
+    top 10 at the temperature, so the target's chain is set to the same (top-k 10, no top-p / min-p):
+    then p == q exactly and every min(1, p/q) is 1."""
+    out = generate_json(llama, "--temp", "0.8", "--seed", "3", "--top-k", "10", "--top-p", "1", "--min-p", "0",
+                        "--spec-type", "draft-simple", "-md", llama, "--spec-draft-sampling", "probabilistic")
     assert len(out["tokens"]) == N or out["stop_type"] == "eos"
     assert out["timings"]["draft_n"] == out["timings"]["draft_n_accepted"] > 0
 

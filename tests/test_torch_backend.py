@@ -15,6 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from spekula.backends.torch import KEY_GRANULE, TorchBackend
+from spekula.backends.torch_exact_probe import packed_is_invariant, padded_align
 from spekula.core.backend import BackendOptions, Capture, SeqInput, SeqOutput
 from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError
 from spekula.fixtures.tiny_gguf import tiny_model_path
@@ -26,11 +27,12 @@ HYP = settings(max_examples=12, deadline=None, suppress_health_check=[HealthChec
 
 @cache
 def backend(arch: str, exact: bool = True, onednn: bool = True) -> TorchBackend:
-    """``onednn=False`` forces the fallback exact path (MKL GEMMs on rows padded to ROW_ALIGN)."""
+    """``onednn=False`` forces the fallback exact path (MKL GEMMs on rows padded to the probed multiple)."""
     opts = BackendOptions(n_ctx=N_CTX, n_seq_max=6, threads=1, exact=exact)
     with mock.patch("spekula.backends.torch.onednn_packing_available", return_value=onednn):
         b = TorchBackend(str(tiny_model_path(arch)), opts)
-    assert b.packed == (onednn and torch.backends.mkldnn.is_available())
+    if not onednn:
+        assert not b.packed
     return b
 
 
@@ -270,20 +272,32 @@ def test_unusable_files_give_model_file_error(tmp_path: object) -> None:
         TorchBackend(str(d / "missing.gguf"), BackendOptions())
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN not built into this torch")
-@pytest.mark.parametrize("shape", [(3072, 576), (576, 1536), (960, 576)])
-def test_packed_linear_rows_do_not_depend_on_row_count(shape: tuple[int, int]) -> None:
-    """The kernel property exact mode rests on, measured directly at SmolLM2's GEMM shapes."""
-    from spekula.backends.torch_model import Lin
+@pytest.mark.parametrize("shape", [(3072, 576), (576, 1536), (960, 576), (49152, 576)])
+def test_probe_verdicts_hold_on_fresh_rows(shape: tuple[int, int]) -> None:
+    """The load-time probe picks the exact GEMM path per shape; its verdict must hold on rows and
+    weights it never saw, at SmolLM2's shapes (the head on its probed width)."""
+    n, k = min(shape[0], 4096), shape[1]
+    g = torch.Generator().manual_seed(99)
+    w, x = torch.randn(n, k, generator=g), torch.randn(130, k, generator=g)
+    if packed_is_invariant(*shape):
+        from spekula.backends.torch_model import Lin
 
-    g = torch.Generator().manual_seed(0)
-    w = torch.randn(shape, generator=g)
-    x = torch.randn(130, shape[1], generator=g)
-    lin = Lin(w, None, packed=True)
-    alone = torch.cat([lin(x[i : i + 1]) for i in range(x.shape[0])])
+        lin = Lin(w, None, packed=True)
+        alone = torch.cat([lin(x[i : i + 1]) for i in range(x.shape[0])])
+        for m in (1, 2, 3, 5, 8, 17, 64, 130):
+            assert torch.equal(lin(x[:m]), alone[:m]), m
+        assert (lin(x) - x @ w.T).abs().max() < 1e-3
+    align = padded_align(*shape)
+    assert align is not None, "no padded alignment is row-invariant: exact mode would refuse to load"
+
+    def padded(rows: torch.Tensor) -> torch.Tensor:
+        m = rows.shape[0]
+        extra = -(-m // align) * align - m
+        return torch.nn.functional.linear(torch.cat([rows, rows[-1:].expand(extra, -1)]) if extra else rows, w)[:m]
+
+    alone = torch.cat([padded(x[i : i + 1]) for i in range(x.shape[0])])
     for m in (1, 2, 3, 5, 8, 17, 64, 130):
-        assert torch.equal(lin(x[:m]), alone[:m]), m
-    assert (lin(x) - x @ w.T).abs().max() < 1e-3
+        assert torch.equal(padded(x[:m]), alone[:m]), m
 
 
 def test_rope_tables_grow_lazily_without_changing_bits() -> None:

@@ -1,0 +1,115 @@
+"""One spekula configuration measured in a process of its own, for bench/vs_llama_server.py.
+
+    python bench/spekula_worker.py --model M --path native --threads 2 --job JOB.json
+
+JOB.json: {"workloads": {name: [token ids]}, "n_predict": N, "specs": ["none", "ngram-mod", ...],
+"prompt_512": [token ids]}. Prints one JSON object: per spec and workload the generated tokens and
+tok/s, the engine's own time per round next to the forward's, the 512-token prompt's tok/s, the load
+time and the process's peak RSS (VmHWM). A fresh Engine per spec (drafter state carries across the
+workloads of one spec, as it does across requests on one llama-server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PATHS = {  # spekula path name -> (backend, dtype)
+    "native": ("native", "auto"),
+    "torch": ("torch", "auto"),
+    "onnx": ("onnx", "auto"),
+    "onnx-q4": ("onnx", "q4"),
+}
+
+
+def peak_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--path", choices=sorted(PATHS), required=True)
+    p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--job", required=True)
+    p.add_argument("--n-ctx", type=int, default=2048)
+    args = p.parse_args(argv)
+    job = json.loads(Path(args.job).read_text())
+
+    import anyio
+    from spekula.core.backend import BackendOptions, load_backend
+    from spekula.core.engine import Engine, EngineConfig
+    from spekula.core.gguf_file import GGUFFile
+    from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
+    from spekula.core.registry import parse_spec_types
+    from spekula.core.tokenizer import Tokenizer
+
+    t0 = time.perf_counter()
+    backend_name, dtype = PATHS[args.path]
+    backend = load_backend(backend_name, args.model,
+                           BackendOptions(n_ctx=args.n_ctx, n_seq_max=1, threads=args.threads, dtype=dtype))
+    tokenizer = Tokenizer.from_gguf(GGUFFile(args.model))
+    load_s = time.perf_counter() - t0
+    forward_s = [0.0, 0]
+    inner = backend.forward
+
+    def timed_forward(*a: Any, **kw: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return inner(*a, **kw)
+        finally:
+            forward_s[0] += time.perf_counter() - t
+            forward_s[1] += 1
+
+    backend.forward = timed_forward  # type: ignore[method-assign]
+    greedy = SamplingParams(temperature=0.0)
+    out: dict[str, Any] = {"path": args.path, "threads": args.threads, "load_s": load_s, "specs": {}}
+
+    async def run_spec(spec_name: str) -> dict[str, Any]:
+        types = () if spec_name == "none" else tuple(parse_spec_types(spec_name.split("+")))
+        spec = SpecParams(types=types, drafter_options=job.get("drafter_options", {}))
+        engine = Engine(backend, tokenizer, EngineConfig(n_slots=1, n_ctx=args.n_ctx, spec=spec),
+                        backend_name=backend_name)
+        result: dict[str, Any] = {}
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.run)
+            # warm-up: first-call allocations (scratch buffers, rope tables) stay out of the numbers
+            await engine.submit(CompletionRequest(job["prompt_512"][:64], n_predict=4, sampling=greedy)).result()
+            for name, prompt in job["workloads"].items():
+                forward_s[0], forward_s[1] = 0.0, 0
+                final = await engine.submit(
+                    CompletionRequest(list(prompt), n_predict=job["n_predict"], sampling=greedy)).result()
+                t = final.timings
+                rounds = max(1, forward_s[1] - 1)  # the prompt's forwards are one chunk (n_prompt <= 512)
+                decode_s = t["predicted_ms"] / 1e3
+                result[name] = {
+                    "tokens": final.tokens, "tps": t["predicted_per_second"], "n": t["predicted_n"],
+                    "draft_n": t.get("draft_n", 0), "draft_n_accepted": t.get("draft_n_accepted", 0),
+                    "rounds": rounds, "forward_ms_per_round": 1e3 * (forward_s[0] - t["prompt_ms"] / 1e3) / rounds,
+                    "engine_ms_per_round": 1e3 * max(0.0, decode_s - (forward_s[0] - t["prompt_ms"] / 1e3)) / rounds,
+                    "error": final.error,
+                }
+            if spec_name == "none":
+                final = await engine.submit(CompletionRequest(list(job["prompt_512"]), n_predict=1, sampling=greedy)).result()
+                out["prompt_512_tps"] = final.timings["prompt_per_second"]
+            tg.cancel_scope.cancel()
+        engine.close()
+        return result
+
+    for spec_name in job["specs"]:
+        out["specs"][spec_name] = anyio.run(run_spec, spec_name)
+    out["peak_rss_mb"] = peak_rss_mb()
+    backend.close()
+    json.dump(out, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

