@@ -34,6 +34,10 @@ from .gguf_weights import (
 from .seq_inputs import check_inputs
 
 _NO_CAPTURE = Capture()
+# Bounds of the C structures' 32-bit fields, with room for positions and counts computed from them.
+MAX_CTX = 1 << 26
+MAX_SEQS = 4096
+MAX_THREADS = 1024
 
 
 def default_threads() -> int:
@@ -113,6 +117,9 @@ class NativeBackend(Backend):
                               " use --backend torch for f32/f16/bf16 or --backend onnx for q4")
         if options.n_ctx <= 0 or options.n_seq_max <= 0:
             raise ConfigError(f"n_ctx and n_seq_max must be positive (got {options.n_ctx}, {options.n_seq_max})")
+        if options.n_ctx > MAX_CTX or options.n_seq_max > MAX_SEQS or options.threads > MAX_THREADS:
+            raise ConfigError(f"the native backend supports --ctx-size up to {MAX_CTX}, up to {MAX_SEQS} sequences "
+                              f"and {MAX_THREADS} threads (got {options.n_ctx}, {options.n_seq_max}, {options.threads})")
         f = GGUFFile(model_path)
         hp = self.hparams = read_hparams(f)
         self.info = ModelInfo(path=str(model_path), arch=hp.arch, name=str(f.get("general.name", f.path.stem)),

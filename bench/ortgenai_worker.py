@@ -35,8 +35,15 @@ def build(gguf: str, out: str) -> None:
 
     path = Path(gguf).resolve()
     with tempfile.TemporaryDirectory() as hf_dir, tempfile.TemporaryDirectory() as cache:
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+        loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        # transformers marks a GGUF-loaded model as quantized and refuses to save it: copy the (float32,
+        # dequantized) weights into a plain model of the same config.
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config)
+        model.load_state_dict(loaded.state_dict())
         model.save_pretrained(hf_dir)
         tok.save_pretrained(hf_dir)
         subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", "HuggingFaceTB/SmolLM2-135M-Instruct",

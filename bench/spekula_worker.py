@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                            BackendOptions(n_ctx=args.n_ctx, n_seq_max=1, threads=args.threads, dtype=dtype))
     tokenizer = Tokenizer.from_gguf(GGUFFile(args.model))
     load_s = time.perf_counter() - t0
-    forward_s = [0.0, 0]
+    forward_s: list[float] = []  # each forward's seconds during the current request
     inner = backend.forward
 
     def timed_forward(*a: Any, **kw: Any) -> Any:
@@ -65,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return inner(*a, **kw)
         finally:
-            forward_s[0] += time.perf_counter() - t
-            forward_s[1] += 1
+            forward_s.append(time.perf_counter() - t)
 
     backend.forward = timed_forward  # type: ignore[method-assign]
     greedy = SamplingParams(temperature=0.0)
@@ -83,18 +82,20 @@ def main(argv: list[str] | None = None) -> int:
             # warm-up: first-call allocations (scratch buffers, rope tables) stay out of the numbers
             await engine.submit(CompletionRequest(job["prompt_512"][:64], n_predict=4, sampling=greedy)).result()
             for name, prompt in job["workloads"].items():
-                forward_s[0], forward_s[1] = 0.0, 0
+                forward_s.clear()
                 final = await engine.submit(
                     CompletionRequest(list(prompt), n_predict=job["n_predict"], sampling=greedy)).result()
                 t = final.timings
-                rounds = max(1, forward_s[1] - 1)  # the prompt's forwards are one chunk (n_prompt <= 512)
-                decode_s = t["predicted_ms"] / 1e3
+                # The first forwards are the prompt's chunks (n_batch tokens each); the rest are the
+                # decode rounds, which the engine's decode time (predicted_ms) spans.
+                decode_fwd = forward_s[-(-len(prompt) // engine.config.n_batch):]
+                rounds = max(1, len(decode_fwd))
+                engine_s = t["predicted_ms"] / 1e3 - sum(decode_fwd)
                 result[name] = {
                     "tokens": final.tokens, "tps": t["predicted_per_second"], "n": t["predicted_n"],
                     "draft_n": t.get("draft_n", 0), "draft_n_accepted": t.get("draft_n_accepted", 0),
-                    "rounds": rounds, "forward_ms_per_round": 1e3 * (forward_s[0] - t["prompt_ms"] / 1e3) / rounds,
-                    "engine_ms_per_round": 1e3 * max(0.0, decode_s - (forward_s[0] - t["prompt_ms"] / 1e3)) / rounds,
-                    "error": final.error,
+                    "rounds": rounds, "forward_ms_per_round": 1e3 * sum(decode_fwd) / rounds,
+                    "engine_ms_per_round": 1e3 * engine_s / rounds, "error": final.error,
                 }
             if spec_name == "none":
                 final = await engine.submit(CompletionRequest(list(job["prompt_512"]), n_predict=1, sampling=greedy)).result()

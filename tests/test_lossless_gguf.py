@@ -1,7 +1,8 @@
-"""Lossless harness on real GGUF models through the torch backend (exact CPU fp32 mode).
+"""Lossless harness on real GGUF models through the exact CPU backends (torch fp32, native).
 
-Tiny deterministic fixtures (llama, qwen2, qwen3) run property-based; SmolLM2 runs a few fixed
-prompts under @pytest.mark.slow. Reference: one token per forward over a separate backend instance.
+Tiny deterministic fixtures (llama, qwen2, qwen3; for the native backend also with every matrix in
+each block type it reads) run property-based; SmolLM2 runs a few fixed prompts under
+@pytest.mark.slow on both backends. Reference: one token per forward over a separate backend instance.
 """
 
 from __future__ import annotations
@@ -27,37 +28,45 @@ SMALL_NGRAMS = {"spec-ngram-simple-size-n": 2, "spec-ngram-simple-size-m": 5, "s
                 "spec-ngram-mod-n-min": 1, "spec-ngram-mod-n-max": 5}
 
 
+# None: the fixture's default mix (F32/F16 attention, Q8_0 feed-forward, F16 embedding)
+WEIGHT_TYPES = (None, "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16")
+
+
 @cache
-def _tiny(arch: str) -> tuple[str, Tokenizer]:
+def _tiny(arch: str, weight_type: str | None = None) -> tuple[str, Tokenizer]:
     from spekula.fixtures.tiny_gguf import tiny_model_path
 
-    path = str(tiny_model_path(arch))
+    path = str(tiny_model_path(arch, weight_type=weight_type))
     return path, Tokenizer.from_gguf(GGUFFile(path))
 
 
-def _backend(path: str, n_seq: int):  # type: ignore[no-untyped-def]
-    return load_backend("torch", path, BackendOptions(n_ctx=N_CTX, n_seq_max=n_seq, threads=1))
+def _backend(path: str, n_seq: int, name: str = "torch", threads: int = 1):  # type: ignore[no-untyped-def]
+    return load_backend(name, path, BackendOptions(n_ctx=N_CTX, n_seq_max=n_seq, threads=threads))
 
 
 # No shrinking: each example loads a model; a failure report with the raw example is enough.
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+@settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(arch=st.sampled_from(["llama", "qwen2", "qwen3"]),
        prompts=st.lists(st.lists(st.integers(3, 300), min_size=1, max_size=6), min_size=1, max_size=3),
        repeats=st.integers(1, 3), n_predict=st.integers(1, 24),
        types=st.lists(st.sampled_from(["ngram-simple", "ngram-mod", "test-repeat", "test-garbage"]),
                       min_size=1, max_size=3, unique=True),
-       temperature=st.sampled_from([0.0, 0.8]), n_slots=st.integers(1, 2), seed=st.integers(0, 2**31))
-def test_tiny_models_lossless(arch, prompts, repeats, n_predict, types, temperature, n_slots, seed) -> None:  # type: ignore[no-untyped-def]
-    path, tok = _tiny(arch)
-    backend = _backend(path, n_slots)
+       temperature=st.sampled_from([0.0, 0.8]), n_slots=st.integers(1, 2), seed=st.integers(0, 2**31),
+       runtime=st.sampled_from([("torch", None), *[("native", t) for t in WEIGHT_TYPES]]),
+       threads=st.integers(1, 2))
+def test_tiny_models_lossless(arch, prompts, repeats, n_predict, types, temperature, n_slots, seed, runtime,  # type: ignore[no-untyped-def]
+                              threads) -> None:
+    name, weight_type = runtime
+    path, tok = _tiny(arch, weight_type)
+    backend = _backend(path, n_slots, name, threads)
     spec = SpecParams(types=tuple(types), drafter_options=dict(SMALL_NGRAMS))
     engine = make_engine(backend, tok, n_slots=n_slots, n_ctx=N_CTX, n_batch=64, spec=spec,
                          drafters=[RepeatDrafter(), GarbageDrafter(backend.info.n_vocab, n_max=3)])
     sampling = SamplingParams(temperature=temperature, seed=seed)
     reqs = [CompletionRequest(p * repeats, n_predict=n_predict, sampling=sampling, ignore_eos=True) for p in prompts]
     finals = anyio.run(run_requests, engine, reqs, 120.0)
-    ref_backend = _backend(path, 1)
+    ref_backend = _backend(path, 1, name, 1)
     for req, final in zip(reqs, finals, strict=True):
         assert final.error is None
         ref = plain_decode(ref_backend, req.prompt, n_predict=n_predict, sampling=sampling, seed=seed,
@@ -67,7 +76,8 @@ def test_tiny_models_lossless(arch, prompts, repeats, n_predict, types, temperat
 
 
 @pytest.mark.slow
-def test_smollm2_greedy_lossless_with_ngram_drafters() -> None:
+@pytest.mark.parametrize("backend_name", ["torch", "native"])
+def test_smollm2_greedy_lossless_with_ngram_drafters(backend_name: str) -> None:
     from spekula.frontends.default_model import ensure_default_model
 
     try:
@@ -78,7 +88,7 @@ def test_smollm2_greedy_lossless_with_ngram_drafters() -> None:
     text = tok.apply_chat_template([{"role": "user", "content": "Count: one two three one two three one two"}])
     prompt = tok.encode(text)
     n_ctx, n_predict = 256, 24
-    backend = load_backend("torch", path, BackendOptions(n_ctx=n_ctx, n_seq_max=2))  # engine slot + reference
+    backend = load_backend(backend_name, path, BackendOptions(n_ctx=n_ctx, n_seq_max=2))  # engine slot + reference
     spec = SpecParams(types=("ngram-simple", "ngram-mod"),
                       drafter_options={"spec-ngram-simple-size-n": 3, "spec-ngram-mod-n-match": 3,
                                        "spec-ngram-mod-n-min": 1, "spec-ngram-mod-n-max": 8})

@@ -63,10 +63,11 @@ typedef struct {
     /* Whether gemm_q/gemm_f of this table handle this tensor (else the generic table does). */
     int (*supports)(const sk_tensor *w);
     /* The table's own layout for this tensor: total bytes (0: it reads the GGUF blocks as they are)
-     * and the row_bytes field that layout uses; pack writes it (the same values, moved: lossless).
-     * Work is split between threads in units of `column_unit` output columns. */
+     * and the row_bytes field that layout uses, which covers `column_unit` output columns; pack
+     * writes units [u0, u1) of it (the same values, moved: lossless). Work is split between threads
+     * in whole units too. */
     int64_t (*packed_size)(const sk_tensor *w, int64_t *row_bytes);
-    void (*pack)(const sk_tensor *w, uint8_t *dst);
+    void (*pack)(const sk_tensor *w, int64_t u0, int64_t u1, uint8_t *dst);
     int column_unit;
     /* One query row's attention over keys [0, n_keys) of one kv head, for n_q query heads. */
     void (*attend)(const float *q, int n_q, int64_t ldq, const uint16_t *k, const uint16_t *v,

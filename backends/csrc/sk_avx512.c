@@ -98,7 +98,7 @@ static int64_t packed_size(const sk_tensor *w, int64_t *row_bytes) {
     return gb * ((w->n_rows + 15) / 16);
 }
 
-static void pack(const sk_tensor *w, uint8_t *dst) { sk_avx512_pack_groups(w, 0, (w->n_rows + 15) / 16, dst); }
+static void pack(const sk_tensor *w, int64_t u0, int64_t u1, uint8_t *dst) { sk_avx512_pack_groups(w, u0, u1, dst); }
 
 /* ---- activation quantization (bitwise the same numbers as the generic version) ----------------- */
 

@@ -52,7 +52,8 @@ typedef struct {
     int64_t cap_rows;                 /* scratch sized for this many rows */
     float *x, *h, *qkv, *att, *gu, *rope;
     sk_act act;
-    float **att_scratch; /* per thread */
+    float **att_scratch; /* per thread, for att_keys keys of every query head of a kv group */
+    int64_t att_keys;
     void **packed;       /* weight copies in the kernels' own layout, freed with the context */
     int n_packed;
 } sk_ctx;
@@ -120,6 +121,19 @@ static void free_scratch(sk_ctx *c) {
     c->cap_rows = 0;
 }
 
+/* Attention scratch for keys [0, n_keys) (grown in whole 256-key steps, never shrunk). */
+static int ensure_att_scratch(sk_ctx *c, int64_t n_keys) {
+    if (n_keys <= c->att_keys) return 0;
+    int64_t keys = sk_round_up(n_keys, 256), g = c->cfg.n_head / c->cfg.n_head_kv;
+    for (int i = 0; i < c->cfg.n_threads; i++) {
+        free(c->att_scratch[i]);
+        c->att_scratch[i] = xalloc((size_t)(g * keys) * 4);
+        if (!c->att_scratch[i]) { c->att_keys = 0; return -1; }
+    }
+    c->att_keys = keys;
+    return 0;
+}
+
 static int ensure_scratch(sk_ctx *c, int64_t m) {
     if (m <= c->cap_rows) return 0;
     free_scratch(c);
@@ -180,8 +194,15 @@ static int pack_tensor(sk_ctx *c, sk_tensor *w) {
     if (list) c->packed = list;
     if (!dst || !list) { free(dst); return -1; }
     c->packed[c->n_packed++] = dst;
-    c->kern->pack(w, dst);
-    drop_pages(w->data, (size_t)(w->row_bytes * w->n_rows));
+    /* In steps of ~1 MiB of source rows, giving their pages back as we go: the peak stays near the
+     * packed size instead of packed + source. */
+    const int64_t unit = c->kern->column_unit, units = (w->n_rows + unit - 1) / unit;
+    const int64_t step = 1 + (1 << 20) / (unit * w->row_bytes);
+    for (int64_t u = 0; u < units; u += step) {
+        int64_t u1 = u + step < units ? u + step : units, r0 = u * unit, r1 = u1 * unit < w->n_rows ? u1 * unit : w->n_rows;
+        c->kern->pack(w, u, u1, dst + u * row_bytes);
+        drop_pages(w->data + r0 * w->row_bytes, (size_t)((r1 - r0) * w->row_bytes));
+    }
     w->data = dst;
     w->row_bytes = row_bytes;
     w->layout = 1;
@@ -214,11 +235,6 @@ SK_API sk_ctx *sk_ctx_new(const sk_config *cfg, int force_generic) {
     if (!c->layers || !c->kv || !c->att_scratch) { sk_ctx_free(c); return NULL; }
     memcpy(c->layers, cfg->layers, sizeof(sk_layer) * (size_t)cfg->n_layer);
     c->cfg.layers = c->layers;
-    int g = cfg->n_head / cfg->n_head_kv;
-    for (int i = 0; i < cfg->n_threads; i++) {
-        c->att_scratch[i] = xalloc((size_t)(g * c->n_ctx_pad) * 4);
-        if (!c->att_scratch[i]) { sk_ctx_free(c); return NULL; }
-    }
     c->pool = sk_pool_new(cfg->n_threads);
     if (!c->pool || sk_pool_size(c->pool) != cfg->n_threads || pack_weights(c) != 0) { sk_ctx_free(c); return NULL; }
     return c;
@@ -451,7 +467,9 @@ SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
     }
     for (int64_t i = 0; i < b->n_out; i++)
         if (b->out_rows[i] < 0 || b->out_rows[i] >= b->n_rows) return -2;
-    if (ensure_scratch(c, b->n_rows) != 0) return -1;
+    int64_t max_pos = 0;
+    for (int64_t r = 0; r < b->n_rows; r++) max_pos = b->pos[r] > max_pos ? b->pos[r] : max_pos;
+    if (ensure_scratch(c, b->n_rows) != 0 || ensure_att_scratch(c, max_pos + 1) != 0) return -1;
     if (profiling < 0) {
         const char *env = getenv("SPEKULA_NATIVE_PROFILE");
         profiling = env && env[0] == '1';
@@ -482,7 +500,7 @@ SK_API int sk_test_gemm(const sk_tensor *w_in, const float *x, int64_t m, float 
     if (size > 0) {
         buf = xalloc((size_t)size);
         if (!buf) return -2;
-        base->pack(w_in, buf);
+        base->pack(w_in, 0, (w_in->n_rows + base->column_unit - 1) / base->column_unit, buf);
         packed.data = buf;
         packed.row_bytes = row_bytes;
         packed.layout = 1;
