@@ -120,7 +120,7 @@ class NativeBackend(Backend):
         if options.n_ctx > MAX_CTX or options.n_seq_max > MAX_SEQS or options.threads > MAX_THREADS:
             raise ConfigError(f"the native backend supports --ctx-size up to {MAX_CTX}, up to {MAX_SEQS} sequences "
                               f"and {MAX_THREADS} threads (got {options.n_ctx}, {options.n_seq_max}, {options.threads})")
-        f = GGUFFile(model_path)
+        f = GGUFFile.shared(model_path)
         hp = self.hparams = read_hparams(f)
         self.info = ModelInfo(path=str(model_path), arch=hp.arch, name=str(f.get("general.name", f.path.stem)),
                               n_vocab=hp.n_vocab, n_embd=hp.n_embd, n_layer=hp.n_layer, n_ctx_train=hp.n_ctx_train)
@@ -149,6 +149,7 @@ class NativeBackend(Backend):
             raise ConfigError(f"cannot create the native runtime ({self.threads} threads, n_ctx {options.n_ctx}, "
                               f"{options.n_seq_max} sequences): out of memory or threads")
         self.kernels = self._lib.sk_ctx_kernel_name(self._ctx).decode()
+        self._rows = np.zeros((3, 64), np.int32)
         self._slot_of: dict[int, int] = {}  # seq id -> KV slot
         self._len: dict[int, int] = {}
         self._next_id = 0
@@ -200,31 +201,47 @@ class NativeBackend(Backend):
 
     # ---- forward -----------------------------------------------------------------------------------
 
+    def _row_buffers(self, m: int) -> np.ndarray:
+        """int32 [3, >= m]: tokens, positions and KV slots of a forward's rows (kept between calls)."""
+        if self._rows.shape[1] < m:
+            self._rows = np.zeros((3, max(m, 2 * self._rows.shape[1])), np.int32)
+        return self._rows
+
     def forward(self, inputs: Sequence[SeqInput], capture: Capture = _NO_CAPTURE) -> list[SeqOutput]:
         if not self._ctx:
             raise ConfigError("the native backend is closed")
         hp = self.hparams
         checked = check_inputs(inputs, capture, n_layer=hp.n_layer, n_vocab=hp.n_vocab, n_ctx=self.options.n_ctx,
                                seq_len=self.seq_len)
-        sizes = [int(c.tokens.size) for c in checked]
-        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        m = int(offsets[-1])
-        outs = [SeqOutput(logits=np.empty((c.logit_rows.size, hp.n_vocab), np.float32)) for c in checked]
+        m = sum(int(c.tokens.size) for c in checked)
         if m == 0:
-            return outs
-        tokens = np.concatenate([c.tokens for c in checked]).astype(np.int32)
-        pos = np.concatenate([np.arange(c.start, c.start + n, dtype=np.int32) for c, n in zip(checked, sizes, strict=True)])
-        seq = np.repeat(np.array([self._slot_of[c.seq_id] for c in checked], np.int32), sizes)
-        wanted = [c.logit_rows + offsets[i] for i, c in enumerate(checked)]
-        out_rows = np.unique(np.concatenate(wanted)).astype(np.int32) if wanted else np.zeros(0, np.int32)
+            return [SeqOutput(logits=np.empty((c.logit_rows.size, hp.n_vocab), np.float32)) for c in checked]
+        rows = self._row_buffers(m)
+        wanted, offsets, o, ordered = [], [], 0, True
+        for c in checked:
+            n = int(c.tokens.size)
+            rows[0, o : o + n] = c.tokens
+            rows[1, o : o + n] = np.arange(c.start, c.start + n, dtype=np.int32)
+            rows[2, o : o + n] = self._slot_of[c.seq_id]
+            lr = c.logit_rows
+            ordered = ordered and (lr.size < 2 or bool(np.all(lr[1:] > lr[:-1])))
+            wanted.append(lr + o)
+            offsets.append(o)
+            o += n
+        offsets.append(m)
+        # Rows of each sequence strictly increasing (the scheduler's case): they are already the sorted
+        # distinct rows the C side computes, and each sequence's logits are a view of one array.
+        out_rows = np.concatenate(wanted).astype(np.int32) if ordered else np.unique(np.concatenate(wanted)).astype(np.int32)
         logits = np.empty((out_rows.size, hp.n_vocab), np.float32)
         cap_arrays = {layer: np.empty((m, hp.n_embd), np.float32) for layer in sorted(capture.layers)}
         cap_ptrs = None
         if cap_arrays:
             cap_ptrs = (ctypes.c_void_p * (hp.n_layer + 1))(*[nl.ptr(cap_arrays.get(i)) for i in range(hp.n_layer + 1)])
         hidden = np.empty((m, hp.n_embd), np.float32) if capture.final_norm else None
-        batch = nl.Batch(n_rows=m, tokens=nl.ptr(tokens), pos=nl.ptr(pos), seq=nl.ptr(seq), n_out=out_rows.size,
-                         out_rows=nl.ptr(out_rows) if out_rows.size else None, logits=nl.ptr(logits),
+        stride = rows.strides[0]
+        base = rows.ctypes.data
+        batch = nl.Batch(n_rows=m, tokens=base, pos=base + stride, seq=base + 2 * stride, n_out=out_rows.size,
+                         out_rows=out_rows.ctypes.data if out_rows.size else None, logits=logits.ctypes.data,
                          capture=ctypes.cast(cap_ptrs, ctypes.c_void_p) if cap_ptrs is not None else None,
                          hidden_final=nl.ptr(hidden))
         rc = self._lib.sk_forward(self._ctx, ctypes.byref(batch))
@@ -232,14 +249,19 @@ class NativeBackend(Backend):
             raise MemoryError(f"native forward of {m} rows: out of memory for its scratch buffers")
         if rc != 0:
             raise ConfigError(f"native forward rejected the batch (rc={rc})")
-        for i, (c, n) in enumerate(zip(checked, sizes, strict=True)):
-            self._len[c.seq_id] = c.start + n
-            o0, o1 = int(offsets[i]), int(offsets[i + 1])
-            outs[i].logits[:] = logits[np.searchsorted(out_rows, wanted[i])]
+        outs, k = [], 0
+        for i, c in enumerate(checked):
+            self._len[c.seq_id] = c.start + int(c.tokens.size)
+            n_out = int(c.logit_rows.size)
+            lg = logits[k : k + n_out] if ordered else logits[np.searchsorted(out_rows, wanted[i])]
+            k += n_out
+            out = SeqOutput(logits=lg)
+            o0, o1 = offsets[i], offsets[i + 1]
             for layer, arr in cap_arrays.items():
-                outs[i].layer_inputs[layer] = arr[o0:o1]
+                out.layer_inputs[layer] = arr[o0:o1]
             if hidden is not None:
-                outs[i].hidden_final = hidden[o0:o1]
+                out.hidden_final = hidden[o0:o1]
+            outs.append(out)
         return outs
 
 

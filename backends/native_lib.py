@@ -88,6 +88,10 @@ def lib() -> ctypes.CDLL:
                                 ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
     so.sk_test_dequant.restype = None
     so.sk_test_dequant.argtypes = [ctypes.POINTER(Tensor), ctypes.c_int64, ctypes.c_void_p]
+    so.sk_test_attend.restype = ctypes.c_int
+    so.sk_test_attend.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                  ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                  ctypes.POINTER(ctypes.c_double)]
     so.sk_profile_report.restype = None
     so.sk_profile_report.argtypes = [ctypes.POINTER(ctypes.c_double), ctypes.c_int]
     so.sk_profile_phase_name.restype = ctypes.c_char_p
@@ -152,6 +156,31 @@ def timed_matmul(w: Tensor, x: np.ndarray, *, generic: bool = False, reps: int =
     rc = lib().sk_test_gemm(ctypes.byref(w), ptr(x), x.shape[0], ptr(out), int(generic), reps, ctypes.byref(seconds))
     if rc != 0:
         raise ConfigError(f"no kernel for this tensor (rc={rc})")
+    return out, seconds.value
+
+
+def key_layout(keys: np.ndarray) -> np.ndarray:
+    """float [n_keys, head_dim] -> the cache's float16 key layout [n_keys/16, head_dim, 16] (zero padded)."""
+    n, hd = keys.shape
+    nb = -(-n // KEY_BLOCK)
+    padded = np.zeros((nb * KEY_BLOCK, hd), np.float16)
+    padded[:n] = keys
+    return np.ascontiguousarray(padded.reshape(nb, KEY_BLOCK, hd).transpose(0, 2, 1))
+
+
+def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, *, generic: bool = False,
+           reps: int = 1) -> tuple[np.ndarray, float]:
+    """Attention of query heads q [n_q, hd] over keys/values [n_keys, hd] (rounded to float16 as the
+    cache holds them) through the model's kernel; also the seconds of one call."""
+    q = np.ascontiguousarray(q, np.float32)
+    k = key_layout(keys)
+    v = np.ascontiguousarray(values, np.float16)
+    out = np.empty_like(q)
+    seconds = ctypes.c_double(0.0)
+    rc = lib().sk_test_attend(ptr(q), q.shape[0], ptr(k), ptr(v), keys.shape[0], q.shape[1], scale, ptr(out),
+                              int(generic), reps, ctypes.byref(seconds))
+    if rc != 0:
+        raise MemoryError("attention scratch")
     return out, seconds.value
 
 

@@ -91,7 +91,7 @@ class TorchBackend(Backend):
         self.dtype = resolve_dtype(options, self.device)
         if options.threads > 0:
             torch.set_num_threads(options.threads)
-        f = GGUFFile(model_path)
+        f = GGUFFile.shared(model_path)
         self.hparams: ModelHParams = read_hparams(f)
         hp = self.hparams
         self.info = ModelInfo(

@@ -89,7 +89,9 @@ def synthetic_1b(llama_server: str | None) -> Path:
     print(f"writing {f16} ...", file=sys.stderr)
     write_f16(f16)
     tmp = out.with_suffix(".tmp")
-    subprocess.run([str(quantize), str(f16), str(tmp), "Q4_K_M"], check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run([str(quantize), str(f16), str(tmp), "Q4_K_M"], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"llama-quantize failed:\n{done.stderr[-3000:]}")
     tmp.replace(out)
     f16.unlink()
     return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -41,6 +42,10 @@ _SCALARS: dict[int, tuple[str, str]] = {
     12: ("<d", "<f8"),
 }
 _STRING, _ARRAY, _BOOL = 8, 9, 7
+_SHARED: dict[tuple[str, int, int], GGUFFile] = {}
+_SHARED_LOCK = threading.Lock()
+_SHARED_MAX = 4
+_U64 = struct.Struct("<Q")
 
 # ggml types stored as plain typed arrays (everything else is exposed as raw bytes per row)
 _PLAIN_TENSOR_DTYPES: dict[str, str] = {
@@ -95,13 +100,31 @@ class _Cursor:
         n = self.scalar("<Q")
         return bytes(self.take(n)).decode("utf-8", errors="replace")
 
+    def strings(self, count: int) -> list[str]:
+        """`count` strings in a row (vocabularies: one tight loop instead of a call chain per string)."""
+        buf, pos, end = self.buf, self.pos, len(self.buf)
+        length = _U64.unpack_from
+        out: list[str] = []
+        append = out.append
+        for _ in range(count):
+            if pos + 8 > end:
+                raise ModelFileError(self.path, f"truncated header: string length at offset {pos}")
+            (n,) = length(buf, pos)
+            pos += 8
+            if n > end - pos:
+                raise ModelFileError(self.path, f"truncated header: wanted {n} bytes at offset {pos}")
+            append(bytes(buf[pos : pos + n]).decode("utf-8", errors="replace"))
+            pos += n
+        self.pos = pos
+        return out
+
     def value(self, vtype: int) -> Any:
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
             etype, count = self.scalar("<I"), self.scalar("<Q")
             if etype == _STRING:
-                return [self.string() for _ in range(count)]
+                return self.strings(count)
             if etype not in _SCALARS:
                 raise ModelFileError(self.path, f"unknown array element type {etype}")
             dtype = np.dtype(_SCALARS[etype][1])
@@ -172,6 +195,27 @@ class GGUFFile:
                     self.path, f"truncated: tensor {name!r} ends at byte {end} but the file has {file_size}"
                 )
             self._infos[name] = info
+
+    @classmethod
+    def shared(cls, path: str | os.PathLike[str]) -> GGUFFile:
+        """One parsed header per file (same path, size and mtime) for the whole process: the CLI reads
+        the vocabulary for the tokenizer and the tensors for the backend from one parse."""
+        p = Path(path)
+        try:
+            st = p.stat()
+            key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+        except OSError:
+            return cls(path)  # the constructor says what is wrong with the path
+        with _SHARED_LOCK:
+            hit = _SHARED.get(key)
+        if hit is not None:
+            return hit
+        f = cls(path)
+        with _SHARED_LOCK:
+            _SHARED[key] = f
+            while len(_SHARED) > _SHARED_MAX:
+                _SHARED.pop(next(iter(_SHARED)))
+        return f
 
     @property
     def metadata(self) -> dict[str, Any]:

@@ -239,7 +239,7 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
                     hint="draft-simple must be enabled with --spec-type draft-simple")
     path = resolve_model_path(args)
     try:
-        model_file = GGUFFile(path)  # a corrupt or truncated file fails here, with the path in the message
+        model_file = GGUFFile.shared(path)  # a corrupt or truncated file fails here, with the path in the message
         tokenizer = Tokenizer.from_gguf(model_file)
     except ModelFileError as exc:
         if args.model:

@@ -69,9 +69,12 @@ typedef struct {
     int64_t (*packed_size)(const sk_tensor *w, int64_t *row_bytes);
     void (*pack)(const sk_tensor *w, int64_t u0, int64_t u1, uint8_t *dst);
     int column_unit;
-    /* One query row's attention over keys [0, n_keys) of one kv head, for n_q query heads. */
-    void (*attend)(const float *q, int n_q, int64_t ldq, const uint16_t *k, const uint16_t *v,
-                   int64_t n_keys, int head_dim, float scale, float *out, int64_t ldout, float *scratch);
+    /* Attention of n_q query heads (sharing one kv head) over keys [t0, t1) of the cache (t0 a multiple
+     * of SK_ATTN_CHUNK): per head h, part + h * ldpart = [max score m, sum of exp(score - m),
+     * sum of exp(score - m) * value (head_dim)]. sk_model.c merges a row's chunks in key order, so the
+     * result depends on the key count alone, not on how the work was split. */
+    void (*attend_part)(const float *q, int n_q, int64_t ldq, const uint16_t *k, const uint16_t *v, int64_t t0,
+                        int64_t t1, int head_dim, float scale, float *part, int64_t ldpart, float *scratch);
     void (*rms_norm)(const float *x, const float *w, int64_t n, float eps, float *y);
     void (*silu_mul)(const float *g, const float *u, int64_t n, float *y);
 } sk_kernels;
@@ -89,6 +92,8 @@ static inline int sk_is_quant(int type) {
 /* Key cache layout: [kv head][key / 16][head_dim][16] f16, so 16 consecutive keys of one dimension
  * are contiguous. Value cache layout: [kv head][key][head_dim] f16. */
 #define SK_KEY_BLOCK 16
+/* Keys per attention work item: long contexts split into chunks that threads share. */
+#define SK_ATTN_CHUNK 256
 
 static inline int64_t sk_round_up(int64_t n, int64_t k) { return (n + k - 1) / k * k; }
 

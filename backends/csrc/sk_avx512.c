@@ -176,67 +176,146 @@ static void silu_mul(const float *g, const float *u, int64_t n, float *y) {
 
 /* ---- attention --------------------------------------------------------------------------------- */
 
-enum { HEADS_PER_PASS = 4 };
+enum { HEADS_PER_PASS = 4, KEY_BLOCKS_PER_PASS = 4, PV_HEADS = 2 };
 
 /* Scores per 16-key block as an fma chain over the head dimension, max, exponentials masked to an
- * exact 0 past n_keys, and values accumulated key by key: every step's order depends only on the
- * key index, never on how many rows or heads are processed together. */
-static void attend(const float *q, int n_q, int64_t ldq, const uint16_t *k, const uint16_t *v, int64_t n_keys,
-                   int head_dim, float scale, float *out, int64_t ldout, float *scratch) {
+ * exact 0 past t1, and values accumulated key by key into two running sums (even and odd keys) added
+ * at the end. Several key blocks and heads are processed side by side only so that independent
+ * chains overlap; each score and each sum follows an order fixed by the key index alone, never by how
+ * many rows, heads or blocks run together. */
+/* Scores of NB 16-key blocks for G heads (compile-time counts, so the accumulators live in registers). */
+INLINE void qk_blocks(const int G, const int NB, const float *const *qh, const uint16_t *kb, int head_dim, int64_t b0,
+                      int64_t n_keys, __m512 vscale, float *const *sh, __m512 *vmax) {
+    __m512 acc[HEADS_PER_PASS][KEY_BLOCKS_PER_PASS];
+    for (int h = 0; h < G; h++)
+        for (int j = 0; j < NB; j++) acc[h][j] = _mm512_setzero_ps();
+    for (int d = 0; d < head_dim; d++) {
+        __m512 kv[KEY_BLOCKS_PER_PASS];
+        for (int j = 0; j < NB; j++)
+            kv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kb + (j * head_dim + d) * 16)));
+        for (int h = 0; h < G; h++) {
+            const __m512 qd = _mm512_set1_ps(qh[h][d]);
+            for (int j = 0; j < NB; j++) acc[h][j] = _mm512_fmadd_ps(qd, kv[j], acc[h][j]);
+        }
+    }
+    for (int j = 0; j < NB; j++) {
+        const int64_t b = b0 + j;
+        const __mmask16 live = tail_mask(n_keys - b * 16);
+        for (int h = 0; h < G; h++) {
+            __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, _mm512_mul_ps(acc[h][j], vscale));
+            vmax[h] = _mm512_max_ps(vmax[h], s);
+            _mm512_storeu_ps(sh[h] + b * 16, s);
+        }
+    }
+}
+
+/* Weighted values for G heads over 16 * ND dimensions from d0: even and odd keys in two running sums. */
+INLINE void pv_dims(const int G, const int ND, const uint16_t *v, int head_dim, int d0, int64_t n_keys,
+                    float *const *sh, float *const *po) {
+    __m512 even[PV_HEADS][4], odd[PV_HEADS][4];
+    for (int h = 0; h < G; h++)
+        for (int i = 0; i < ND; i++) even[h][i] = odd[h][i] = _mm512_setzero_ps();
+    int64_t t = 0;
+    for (; t + 1 < n_keys; t += 2) {
+        __m512 ve[4], vo[4];
+        for (int i = 0; i < ND; i++) {
+            ve[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + t * head_dim + d0 + 16 * i)));
+            vo[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + (t + 1) * head_dim + d0 + 16 * i)));
+        }
+        for (int h = 0; h < G; h++) {
+            const __m512 we = _mm512_set1_ps(sh[h][t]), wo = _mm512_set1_ps(sh[h][t + 1]);
+            for (int i = 0; i < ND; i++) {
+                even[h][i] = _mm512_fmadd_ps(we, ve[i], even[h][i]);
+                odd[h][i] = _mm512_fmadd_ps(wo, vo[i], odd[h][i]);
+            }
+        }
+    }
+    if (t < n_keys) {
+        for (int i = 0; i < ND; i++) {
+            const __m512 ve = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + t * head_dim + d0 + 16 * i)));
+            for (int h = 0; h < G; h++) even[h][i] = _mm512_fmadd_ps(_mm512_set1_ps(sh[h][t]), ve, even[h][i]);
+        }
+    }
+    for (int h = 0; h < G; h++)
+        for (int i = 0; i < ND; i++) _mm512_storeu_ps(po[h] + d0 + 16 * i, _mm512_add_ps(even[h][i], odd[h][i]));
+}
+
+INLINE void pv_heads(const int G, const uint16_t *v, int head_dim, int64_t n_keys, float *const *sh, float *const *po) {
+    int d0 = 0;
+    for (; d0 + 64 <= head_dim; d0 += 64) pv_dims(G, 4, v, head_dim, d0, n_keys, sh, po);
+    switch ((head_dim - d0) / 16) {
+    case 3: pv_dims(G, 3, v, head_dim, d0, n_keys, sh, po); break;
+    case 2: pv_dims(G, 2, v, head_dim, d0, n_keys, sh, po); break;
+    case 1: pv_dims(G, 1, v, head_dim, d0, n_keys, sh, po); break;
+    default: break;
+    }
+}
+
+INLINE void attend_heads(const int G, const float *const *qh, const uint16_t *k, const uint16_t *v, int64_t n_keys,
+                         int head_dim, __m512 vscale, float *const *sh, float *const *po, float *mxs, float *sums) {
+    const int64_t nb = (n_keys + 15) / 16;
+    __m512 vmax[HEADS_PER_PASS], vsum[HEADS_PER_PASS];
+    for (int h = 0; h < G; h++) vmax[h] = _mm512_set1_ps(-INFINITY);
+    int64_t b0 = 0;
+    for (; b0 + KEY_BLOCKS_PER_PASS <= nb; b0 += KEY_BLOCKS_PER_PASS)
+        qk_blocks(G, KEY_BLOCKS_PER_PASS, qh, k + b0 * head_dim * 16, head_dim, b0, n_keys, vscale, sh, vmax);
+    switch (nb - b0) {
+    case 3: qk_blocks(G, 3, qh, k + b0 * head_dim * 16, head_dim, b0, n_keys, vscale, sh, vmax); break;
+    case 2: qk_blocks(G, 2, qh, k + b0 * head_dim * 16, head_dim, b0, n_keys, vscale, sh, vmax); break;
+    case 1: qk_blocks(G, 1, qh, k + b0 * head_dim * 16, head_dim, b0, n_keys, vscale, sh, vmax); break;
+    default: break;
+    }
+    for (int h = 0; h < G; h++) {
+        mxs[h] = _mm512_reduce_max_ps(vmax[h]);
+        const __m512 mx = _mm512_set1_ps(mxs[h]);
+        vsum[h] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            float *s = sh[h] + b * 16;
+            __m512 e = _mm512_maskz_mov_ps(tail_mask(n_keys - b * 16), exp512(_mm512_sub_ps(_mm512_loadu_ps(s), mx)));
+            _mm512_storeu_ps(s, e);
+            vsum[h] = _mm512_add_ps(vsum[h], e);
+        }
+        sums[h] = _mm512_reduce_add_ps(vsum[h]);
+    }
+    for (int h = 0; h < G; h += PV_HEADS) {
+        if (G - h >= 2) pv_heads(2, v, head_dim, n_keys, sh + h, po + h);
+        else pv_heads(1, v, head_dim, n_keys, sh + h, po + h);
+    }
+}
+
+/* Scores per 16-key block as an fma chain over the head dimension, max, exponentials masked to an
+ * exact 0 past t1, and values accumulated key by key into two running sums (even and odd keys) added
+ * at the end. Key blocks and heads are processed side by side only so that independent chains
+ * overlap; each score and each sum follows an order fixed by the key index alone, never by how many
+ * rows, heads or blocks run together. */
+static void attend_part(const float *q, int n_q, int64_t ldq, const uint16_t *k, const uint16_t *v, int64_t t0,
+                        int64_t t1, int head_dim, float scale, float *part, int64_t ldpart, float *scratch) {
     if (head_dim % 16 != 0) {
-        sk_generic_kernels.attend(q, n_q, ldq, k, v, n_keys, head_dim, scale, out, ldout, scratch);
+        sk_generic_kernels.attend_part(q, n_q, ldq, k, v, t0, t1, head_dim, scale, part, ldpart, scratch);
         return;
     }
-    const int64_t nb = (n_keys + 15) / 16, stride = nb * 16;
+    const int64_t n_keys = t1 - t0, stride = (n_keys + 15) / 16 * 16;
+    k += (t0 / 16) * head_dim * 16;
+    v += t0 * head_dim;
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int h0 = 0; h0 < n_q; h0 += HEADS_PER_PASS) {
         const int G = n_q - h0 < HEADS_PER_PASS ? n_q - h0 : HEADS_PER_PASS;
-        __m512 vmax[HEADS_PER_PASS], vsum[HEADS_PER_PASS];
-        for (int h = 0; h < G; h++) vmax[h] = _mm512_set1_ps(-INFINITY);
-        for (int64_t b = 0; b < nb; b++) {
-            __m512 acc[HEADS_PER_PASS];
-            for (int h = 0; h < G; h++) acc[h] = _mm512_setzero_ps();
-            const uint16_t *kb = k + b * head_dim * 16;
-            for (int d = 0; d < head_dim; d++) {
-                __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kb + d * 16)));
-                for (int h = 0; h < G; h++)
-                    acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[(h0 + h) * ldq + d]), kv, acc[h]);
-            }
-            __mmask16 live = tail_mask(n_keys - b * 16);
-            for (int h = 0; h < G; h++) {
-                __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, _mm512_mul_ps(acc[h], vscale));
-                vmax[h] = _mm512_max_ps(vmax[h], s);
-                _mm512_storeu_ps(scratch + h * stride + b * 16, s);
-            }
+        const float *qh[HEADS_PER_PASS];
+        float *sh[HEADS_PER_PASS], *po[HEADS_PER_PASS], mxs[HEADS_PER_PASS], sums[HEADS_PER_PASS];
+        for (int h = 0; h < G; h++) {
+            qh[h] = q + (h0 + h) * ldq;
+            sh[h] = scratch + h * stride;
+            po[h] = part + (h0 + h) * ldpart + 2;
+        }
+        switch (G) {
+        case 4: attend_heads(4, qh, k, v, n_keys, head_dim, vscale, sh, po, mxs, sums); break;
+        case 3: attend_heads(3, qh, k, v, n_keys, head_dim, vscale, sh, po, mxs, sums); break;
+        case 2: attend_heads(2, qh, k, v, n_keys, head_dim, vscale, sh, po, mxs, sums); break;
+        default: attend_heads(1, qh, k, v, n_keys, head_dim, vscale, sh, po, mxs, sums); break;
         }
         for (int h = 0; h < G; h++) {
-            __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax[h]));
-            vsum[h] = _mm512_setzero_ps();
-            for (int64_t b = 0; b < nb; b++) {
-                float *s = scratch + h * stride + b * 16;
-                __m512 e = _mm512_maskz_mov_ps(tail_mask(n_keys - b * 16), exp512(_mm512_sub_ps(_mm512_loadu_ps(s), mx)));
-                _mm512_storeu_ps(s, e);
-                vsum[h] = _mm512_add_ps(vsum[h], e);
-            }
-        }
-        for (int d0 = 0; d0 < head_dim; d0 += 64) {
-            const int nd = head_dim - d0 >= 64 ? 4 : (head_dim - d0) / 16;
-            __m512 o[HEADS_PER_PASS][4];
-            for (int h = 0; h < G; h++)
-                for (int i = 0; i < nd; i++) o[h][i] = _mm512_setzero_ps();
-            for (int64_t t = 0; t < n_keys; t++) {
-                __m512 vv[4];
-                for (int i = 0; i < nd; i++)
-                    vv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + t * head_dim + d0 + 16 * i)));
-                for (int h = 0; h < G; h++) {
-                    __m512 wt = _mm512_set1_ps(scratch[h * stride + t]);
-                    for (int i = 0; i < nd; i++) o[h][i] = _mm512_fmadd_ps(wt, vv[i], o[h][i]);
-                }
-            }
-            for (int h = 0; h < G; h++) {
-                __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum[h]));
-                for (int i = 0; i < nd; i++) _mm512_storeu_ps(out + (h0 + h) * ldout + d0 + 16 * i, _mm512_mul_ps(o[h][i], inv));
-            }
+            part[(h0 + h) * ldpart] = mxs[h];
+            part[(h0 + h) * ldpart + 1] = sums[h];
         }
     }
 }
@@ -250,7 +329,7 @@ const sk_kernels sk_avx512_kernels = {
     .packed_size = packed_size,
     .pack = pack,
     .column_unit = 16,
-    .attend = attend,
+    .attend_part = attend_part,
     .rms_norm = rms_norm,
     .silu_mul = silu_mul,
 };

@@ -215,25 +215,24 @@ static inline float kget(const uint16_t *k, int64_t t, int d, int head_dim) {
     return sk_f16_to_f32(k[(t / SK_KEY_BLOCK) * head_dim * SK_KEY_BLOCK + d * SK_KEY_BLOCK + t % SK_KEY_BLOCK]);
 }
 
-static void attend(const float *q, int n_q, int64_t ldq, const uint16_t *k, const uint16_t *v, int64_t n_keys,
-                   int head_dim, float scale, float *out, int64_t ldout, float *scratch) {
+static void attend_part(const float *q, int n_q, int64_t ldq, const uint16_t *k, const uint16_t *v, int64_t t0,
+                        int64_t t1, int head_dim, float scale, float *part, int64_t ldpart, float *scratch) {
     for (int h = 0; h < n_q; h++) {
         const float *qh = q + h * ldq;
         float mx = -INFINITY;
-        for (int64_t t = 0; t < n_keys; t++) {
+        for (int64_t t = t0; t < t1; t++) {
             float s = 0.0f;
             for (int d = 0; d < head_dim; d++) s += qh[d] * kget(k, t, d, head_dim);
-            scratch[t] = s * scale;
-            mx = scratch[t] > mx ? scratch[t] : mx;
+            scratch[t - t0] = s * scale;
+            mx = scratch[t - t0] > mx ? scratch[t - t0] : mx;
         }
-        float sum = 0.0f;
-        for (int64_t t = 0; t < n_keys; t++) { scratch[t] = expf(scratch[t] - mx); sum += scratch[t]; }
-        float *o = out + h * ldout;
+        float sum = 0.0f, *o = part + h * ldpart + 2;
+        for (int64_t t = t0; t < t1; t++) { scratch[t - t0] = expf(scratch[t - t0] - mx); sum += scratch[t - t0]; }
         for (int d = 0; d < head_dim; d++) o[d] = 0.0f;
-        for (int64_t t = 0; t < n_keys; t++)
-            for (int d = 0; d < head_dim; d++) o[d] += scratch[t] * sk_f16_to_f32(v[t * head_dim + d]);
-        float inv = 1.0f / sum;
-        for (int d = 0; d < head_dim; d++) o[d] *= inv;
+        for (int64_t t = t0; t < t1; t++)
+            for (int d = 0; d < head_dim; d++) o[d] += scratch[t - t0] * sk_f16_to_f32(v[t * head_dim + d]);
+        part[h * ldpart] = mx;
+        part[h * ldpart + 1] = sum;
     }
 }
 
@@ -257,7 +256,7 @@ const sk_kernels sk_generic_kernels = {
     .packed_size = NULL,
     .pack = NULL,
     .column_unit = 16,
-    .attend = attend,
+    .attend_part = attend_part,
     .rms_norm = rms_norm,
     .silu_mul = silu_mul,
 };

@@ -52,8 +52,10 @@ typedef struct {
     int64_t cap_rows;                 /* scratch sized for this many rows */
     float *x, *h, *qkv, *att, *gu, *rope;
     sk_act act;
-    float **att_scratch; /* per thread, for att_keys keys of every query head of a kv group */
-    int64_t att_keys;
+    float **att_scratch;  /* per thread: scores of one chunk for every query head of a kv group */
+    int64_t *att_prefix;  /* [rows + 1]: first attention work item of each row (kv heads x chunks) */
+    float *att_parts;     /* per work item and query head: [max, sum, values] of one key chunk */
+    int64_t att_rows_cap, att_parts_cap;
     void **packed;       /* weight copies in the kernels' own layout, freed with the context */
     int n_packed;
 } sk_ctx;
@@ -121,16 +123,30 @@ static void free_scratch(sk_ctx *c) {
     c->cap_rows = 0;
 }
 
-/* Attention scratch for keys [0, n_keys) (grown in whole 256-key steps, never shrunk). */
-static int ensure_att_scratch(sk_ctx *c, int64_t n_keys) {
-    if (n_keys <= c->att_keys) return 0;
-    int64_t keys = sk_round_up(n_keys, 256), g = c->cfg.n_head / c->cfg.n_head_kv;
-    for (int i = 0; i < c->cfg.n_threads; i++) {
-        free(c->att_scratch[i]);
-        c->att_scratch[i] = xalloc((size_t)(g * keys) * 4);
-        if (!c->att_scratch[i]) { c->att_keys = 0; return -1; }
+static int64_t n_chunks(int64_t n_keys) { return (n_keys + SK_ATTN_CHUNK - 1) / SK_ATTN_CHUNK; }
+
+/* Work items of a batch's attention: (row, kv head, key chunk), numbered row by row. */
+static int plan_attention(sk_ctx *c, const sk_batch *b) {
+    const sk_config *g = &c->cfg;
+    if (b->n_rows + 1 > c->att_rows_cap) {
+        free(c->att_prefix);
+        c->att_prefix = malloc(sizeof(int64_t) * (size_t)(b->n_rows + 1));
+        c->att_rows_cap = c->att_prefix ? b->n_rows + 1 : 0;
+        if (!c->att_prefix) return -1;
     }
-    c->att_keys = keys;
+    int64_t items = 0;
+    for (int64_t r = 0; r < b->n_rows; r++) {
+        c->att_prefix[r] = items;
+        items += (int64_t)g->n_head_kv * n_chunks(b->pos[r] + 1);
+    }
+    c->att_prefix[b->n_rows] = items;
+    int64_t need = items * (g->n_head / g->n_head_kv) * (g->head_dim + 2);
+    if (need > c->att_parts_cap) {
+        free(c->att_parts);
+        c->att_parts = xalloc((size_t)need * 4);
+        c->att_parts_cap = c->att_parts ? need : 0;
+        if (!c->att_parts) return -1;
+    }
     return 0;
 }
 
@@ -168,6 +184,8 @@ SK_API void sk_ctx_free(sk_ctx *c) {
     if (c->att_scratch)
         for (int i = 0; i < c->cfg.n_threads; i++) free(c->att_scratch[i]);
     free(c->att_scratch);
+    free(c->att_prefix);
+    free(c->att_parts);
     for (int i = 0; i < c->n_packed; i++) free(c->packed[i]);
     free(c->packed);
     free_scratch(c);
@@ -235,6 +253,10 @@ SK_API sk_ctx *sk_ctx_new(const sk_config *cfg, int force_generic) {
     if (!c->layers || !c->kv || !c->att_scratch) { sk_ctx_free(c); return NULL; }
     memcpy(c->layers, cfg->layers, sizeof(sk_layer) * (size_t)cfg->n_layer);
     c->cfg.layers = c->layers;
+    for (int i = 0; i < cfg->n_threads; i++) {
+        c->att_scratch[i] = xalloc((size_t)(cfg->n_head / cfg->n_head_kv) * SK_ATTN_CHUNK * 4);
+        if (!c->att_scratch[i]) { sk_ctx_free(c); return NULL; }
+    }
     c->pool = sk_pool_new(cfg->n_threads);
     if (!c->pool || sk_pool_size(c->pool) != cfg->n_threads || pack_weights(c) != 0) { sk_ctx_free(c); return NULL; }
     return c;
@@ -354,22 +376,53 @@ static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int64_t r0, int64_
     }
 }
 
-/* Work items are (row, kv head) pairs, whose query heads share the key loads; with few rows (decode)
- * they are (row, query head) so that both threads get work. A head's result is the same either way. */
+/* Work items are (row, kv head, key chunk): the query heads of a kv head share its key and value
+ * loads, and long contexts spread over every thread. Each item leaves one partial per query head. */
 static void attention(sk_ctx *c, const sk_batch *b, int layer, int ith, int nth) {
     const sk_config *g = &c->cfg;
     const int hd = g->head_dim, gq = g->n_head / g->n_head_kv;
-    const int64_t qkvd = qkv_dim(g), qd = (int64_t)g->n_head * hd;
-    const int per_head = b->n_rows * g->n_head_kv < 4 * nth;
-    const int heads_per_item = per_head ? 1 : gq, items_per_row = g->n_head / heads_per_item;
-    int64_t i0, i1;
-    split(b->n_rows * items_per_row, ith, nth, &i0, &i1);
+    const int64_t qkvd = qkv_dim(g), ldpart = hd + 2;
+    int64_t i0, i1, r = 0;
+    split(c->att_prefix[b->n_rows], ith, nth, &i0, &i1);
     for (int64_t i = i0; i < i1; i++) {
-        int64_t r = i / items_per_row;
-        int h0 = (int)(i % items_per_row) * heads_per_item, kvh = h0 / gq;
-        const float *q = c->qkv + r * qkvd + (int64_t)h0 * hd;
-        c->kern->attend(q, heads_per_item, hd, kcache(c, b->seq[r], layer, kvh), vcache(c, b->seq[r], layer, kvh),
-                        b->pos[r] + 1, hd, g->attn_scale, c->att + r * qd + (int64_t)h0 * hd, hd, c->att_scratch[ith]);
+        while (c->att_prefix[r + 1] <= i) r++;
+        const int64_t n_keys = b->pos[r] + 1, nc = n_chunks(n_keys), local = i - c->att_prefix[r];
+        const int kvh = (int)(local / nc);
+        const int64_t t0 = (local % nc) * SK_ATTN_CHUNK, t1 = t0 + SK_ATTN_CHUNK < n_keys ? t0 + SK_ATTN_CHUNK : n_keys;
+        const float *q = c->qkv + r * qkvd + (int64_t)kvh * gq * hd;
+        c->kern->attend_part(q, gq, hd, kcache(c, b->seq[r], layer, kvh), vcache(c, b->seq[r], layer, kvh), t0, t1, hd,
+                             g->attn_scale, c->att_parts + i * gq * ldpart, ldpart, c->att_scratch[ith]);
+    }
+}
+
+/* Merge each (row, query head)'s chunk partials in key order: out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) s_c. */
+static void attention_merge(sk_ctx *c, const sk_batch *b, int ith, int nth) {
+    const sk_config *g = &c->cfg;
+    const int hd = g->head_dim, gq = g->n_head / g->n_head_kv;
+    const int64_t qd = (int64_t)g->n_head * hd, ldpart = hd + 2;
+    int64_t i0, i1;
+    split(b->n_rows * g->n_head, ith, nth, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++) {
+        const int64_t r = i / g->n_head, nc = n_chunks(b->pos[r] + 1);
+        const int h = (int)(i % g->n_head), kvh = h / gq;
+        const float *p0 = c->att_parts + ((c->att_prefix[r] + (int64_t)kvh * nc) * gq + h % gq) * ldpart;
+        const int64_t step = gq * ldpart;
+        float *out = c->att + r * qd + (int64_t)h * hd;
+        if (nc == 1) {
+            const float inv = 1.0f / p0[1];
+            for (int d = 0; d < hd; d++) out[d] = p0[2 + d] * inv;
+            continue;
+        }
+        float m = -INFINITY, s = 0.0f;
+        for (int64_t k = 0; k < nc; k++) m = p0[k * step] > m ? p0[k * step] : m;
+        for (int d = 0; d < hd; d++) out[d] = 0.0f;
+        for (int64_t k = 0; k < nc; k++) {
+            const float *p = p0 + k * step, w = expf(p[0] - m);
+            s += w * p[1];
+            for (int d = 0; d < hd; d++) out[d] += w * p[2 + d];
+        }
+        const float inv = 1.0f / s;
+        for (int d = 0; d < hd; d++) out[d] *= inv;
     }
 }
 
@@ -413,6 +466,8 @@ static void forward_job(void *arg, int ith, int nth) {
         sk_pool_barrier(c->pool);
         phase(ith, PH_ROPE, &t);
         attention(c, b, l, ith, nth);
+        sk_pool_barrier(c->pool);
+        attention_merge(c, b, ith, nth);
         sk_pool_barrier(c->pool);
         phase(ith, PH_ATTN, &t);
         part o = {&L->wo, c->x, E, 1};
@@ -467,9 +522,7 @@ SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
     }
     for (int64_t i = 0; i < b->n_out; i++)
         if (b->out_rows[i] < 0 || b->out_rows[i] >= b->n_rows) return -2;
-    int64_t max_pos = 0;
-    for (int64_t r = 0; r < b->n_rows; r++) max_pos = b->pos[r] > max_pos ? b->pos[r] : max_pos;
-    if (ensure_scratch(c, b->n_rows) != 0 || ensure_att_scratch(c, max_pos + 1) != 0) return -1;
+    if (ensure_scratch(c, b->n_rows) != 0 || plan_attention(c, b) != 0) return -1;
     if (profiling < 0) {
         const char *env = getenv("SPEKULA_NATIVE_PROFILE");
         profiling = env && env[0] == '1';
@@ -533,3 +586,37 @@ SK_API int sk_test_gemm(const sk_tensor *w_in, const float *x, int64_t m, float 
 }
 
 SK_API void sk_test_dequant(const sk_tensor *w, int64_t row, float *out) { sk_dequant_row(w, row, out); }
+
+/* One row's attention (keys in the cache layout) through the model's chunking and merge, `reps`
+ * times; *seconds gets the time of one. */
+SK_API int sk_test_attend(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int64_t n_keys, int head_dim,
+                          float scale, float *out, int force_generic, int reps, double *seconds) {
+    sk_ctx c;
+    memset(&c, 0, sizeof c);
+    c.cfg.n_head = n_q;
+    c.cfg.n_head_kv = 1;
+    c.cfg.head_dim = head_dim;
+    c.cfg.attn_scale = scale;
+    c.kern = pick_kernels(force_generic);
+    int32_t pos = (int32_t)(n_keys - 1), zero = 0;
+    sk_batch b = {.n_rows = 1, .pos = &pos, .seq = &zero};
+    float *scratch = xalloc((size_t)n_q * SK_ATTN_CHUNK * 4);
+    int rc = scratch && plan_attention(&c, &b) == 0 ? 0 : -1;
+    c.att_scratch = &scratch;
+    c.att = out;
+    double t0 = now_s();
+    for (int i = 0; rc == 0 && i < (reps > 0 ? reps : 1); i++) {
+        const int64_t nc = n_chunks(n_keys);
+        for (int64_t ch = 0; ch < nc; ch++) {
+            int64_t t1 = (ch + 1) * SK_ATTN_CHUNK < n_keys ? (ch + 1) * SK_ATTN_CHUNK : n_keys;
+            c.kern->attend_part(q, n_q, head_dim, k, v, ch * SK_ATTN_CHUNK, t1, head_dim, scale,
+                                c.att_parts + ch * n_q * (head_dim + 2), head_dim + 2, scratch);
+        }
+        attention_merge(&c, &b, 0, 1);
+    }
+    if (seconds) *seconds = (now_s() - t0) / (reps > 0 ? reps : 1);
+    free(scratch);
+    free(c.att_prefix);
+    free(c.att_parts);
+    return rc;
+}
