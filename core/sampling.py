@@ -63,6 +63,11 @@ class Sampler:
         return self.params.greedy
 
     @property
+    def plain_greedy(self) -> bool:
+        """Greedy with no repetition penalty: every row's token is its argmax, whatever came before."""
+        return self.params.greedy and not self._penalize
+
+    @property
     def _penalize(self) -> bool:
         return self.params.repeat_penalty != 1.0 and self.params.repeat_last_n != 0
 

@@ -53,6 +53,8 @@ def verify_match(
     """
     _check_shapes(draft, target_logits)
     k = len(draft)
+    if sampler.plain_greedy:
+        return _verify_argmax(draft, target_logits, is_eog)
     out: list[int] = []
     for i in range(k):
         t = sampler.sample(target_logits[i])
@@ -64,6 +66,19 @@ def verify_match(
             return VerifyResult(out, i)
     _take(sampler, out, sampler.sample(target_logits[k]))
     return VerifyResult(out, k)
+
+
+def _verify_argmax(draft: Sequence[int], target_logits: np.ndarray, is_eog: Callable[[int], bool]) -> VerifyResult:
+    """verify_match for a plain greedy sampler, with one argmax over all rows instead of k + 1 samples:
+    the same tokens, since each row's sample is its argmax whatever was accepted before it."""
+    k = len(draft)
+    targets = np.argmax(target_logits, axis=1)
+    mismatch = np.flatnonzero(targets[:k] != np.asarray(draft, dtype=targets.dtype)) if k else np.zeros(0, np.int64)
+    n_acc = int(mismatch[0]) if mismatch.size else k
+    for i in range(min(n_acc, k - 1)):  # a matched EOG before the last position ends the round there
+        if is_eog(int(targets[i])):
+            return VerifyResult([int(t) for t in targets[: i + 1]], i)
+    return VerifyResult([int(t) for t in targets[: n_acc + 1]], n_acc)
 
 
 def acceptance_probability(px: float, qx: float) -> float:

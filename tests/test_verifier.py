@@ -260,3 +260,26 @@ def test_rejection_verifier_frequencies_match_target(with_probs: bool) -> None:
         df += 1
     assert chi2 < chi2_threshold(df)
     assert accepted_total > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(k=st.integers(0, 8), seed=st.integers(0, 2**32 - 1), ties=st.booleans())
+def test_plain_greedy_argmax_path_equals_sampling_row_by_row(k: int, seed: int, ties: bool) -> None:
+    """verify_match's one-argmax path for a plain greedy sampler gives what sampling each row in turn
+    gives (the loop a penalised sampler still takes, written out here), EOG rule and ties included."""
+    rng = np.random.default_rng(seed)
+    logits = rng.integers(0, 3 if ties else 1000, (k + 1, V)).astype(np.float32)
+    draft = [int(np.argmax(r)) if rng.random() < 0.7 else int(rng.integers(0, V)) for r in logits[:k]]
+    fast = verify_match(draft, logits, Sampler(GREEDY, V, 0), is_eog)
+    slow_sampler = Sampler(GREEDY, V, 0)
+    out: list[int] = []
+    n_acc = k
+    for i in range(k):
+        t = slow_sampler.sample(logits[i])
+        out.append(t)
+        if t != draft[i] or (is_eog(t) and i < k - 1):
+            n_acc = i
+            break
+    else:
+        out.append(slow_sampler.sample(logits[k]))
+    assert (fast.emitted, fast.n_accepted) == (out, n_acc)
