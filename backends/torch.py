@@ -105,17 +105,26 @@ class TorchBackend(Backend):
         )
         self.exact = options.exact
         cpu_f32 = self.device.type == "cpu" and self.dtype == torch.float32
-        self.packed, self._align, self._attn_align = False, 1, 1
+        self.gemm_plan: dict[tuple[int, int], tuple[bool, int]] = {}
+        self._align, self._attn_align = 1, 1
         if self.exact and cpu_f32:
-            packed, align = choose_exact_gemm(model_gemm_shapes(hp), allow_packed=onednn_packing_available())
+            # Per weight shape: oneDNN packing where it is row-invariant, else MKL padded to what was
+            # measured, so one shape that needs padding does not make every GEMM pay for it.
+            allow = onednn_packing_available()
+            for shape in model_gemm_shapes(hp):
+                packed, align = choose_exact_gemm([shape], allow_packed=allow)
+                if align is None:
+                    raise ConfigError(f"no fp32 GEMM path of this torch build is row-invariant on this CPU at {shape}, "
+                                      "so the torch backend cannot be exact here; use --backend native")
+                self.gemm_plan[shape] = (packed, align)
             attn = [padded_align(n, hp.head_dim) for n in (KEY_GRANULE, 4 * KEY_GRANULE)]
-            if align is None or None in attn:
-                raise ConfigError("no fp32 GEMM path of this torch build is row-invariant on this CPU, so the torch "
-                                  "backend cannot be exact here; use --backend native (exact by construction)")
-            self.packed, self._align = packed, align
-            self._attn_align = max([align, *[a for a in attn if a is not None]])
+            if None in attn:
+                raise ConfigError("no fp32 attention GEMM of this torch build is row-invariant on this CPU; "
+                                  "use --backend native")
+            self._attn_align = max(a for a in attn if a is not None)
         elif self.exact:
             self._align = self._attn_align = 4  # CUDA / half precision: fixed shapes, no bitwise claim
+        self.packed = any(p for p, _ in self.gemm_plan.values())
         self._tile_rows = TILE_ROWS if self.exact else FAST_TILE_ROWS
         weights = load_model_weights(f, hp=hp)
         with torch.inference_mode():
@@ -130,7 +139,8 @@ class TorchBackend(Backend):
                 device=self.device,
             )
             self.model = TorchModel(
-                hp, weights, dtype=self.dtype, device=self.device, max_pos=self.kv.max_capacity, packed=self.packed
+                hp, weights, dtype=self.dtype, device=self.device, max_pos=self.kv.max_capacity,
+                gemm=lambda n, k: self.gemm_plan.get((n, k), (False, 1))
             )
         del weights
 

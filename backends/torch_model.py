@@ -8,6 +8,7 @@ planner fixed, so a row meets the same kernels wherever it sits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,11 +58,20 @@ def model_gemm_shapes(hp: ModelHParams) -> list[tuple[int, int]]:
             (hp.n_embd, hp.n_ff), (hp.n_vocab, hp.n_embd)]
 
 
-class Lin:
-    """y = x @ w.T (+ b), through a prepacked oneDNN kernel when ``packed`` (CPU fp32)."""
+GemmPlan = Callable[[int, int], tuple[bool, int]]
 
-    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, *, packed: bool) -> None:
+
+def plain_gemm(n: int, k: int) -> tuple[bool, int]:
+    return False, 1
+
+
+class Lin:
+    """y = x @ w.T (+ b): through a prepacked oneDNN kernel when ``packed`` (CPU fp32), else plain
+    F.linear on row counts padded to a multiple of ``align`` (what makes MKL row-invariant here)."""
+
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, *, packed: bool, align: int = 1) -> None:
         self.b = b
+        self.align = align
         self.w: torch.Tensor | None = None if packed else w
         self.packed = torch.ops.mkldnn._reorder_linear_weight(w, ONEDNN_PACK_HINT) if packed else None
 
@@ -69,7 +79,12 @@ class Lin:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.b, "none", [], "")
         assert self.w is not None
-        return F.linear(x, self.w, self.b)
+        m = x.shape[0]
+        extra = -m % self.align
+        if not extra:
+            return F.linear(x, self.w, self.b)
+        padded = torch.cat([x, x[-1:].expand(extra, -1)])
+        return F.linear(padded, self.w, self.b)[:m]
 
 
 @dataclass
@@ -108,10 +123,10 @@ class TorchModel:
         dtype: torch.dtype,
         device: torch.device,
         max_pos: int,
-        packed: bool = False,
+        gemm: GemmPlan = plain_gemm,
     ) -> None:
         self.hp, self.dtype, self.device = hp, dtype, device
-        self.packed = packed
+        self.gemm = gemm
         # llama's rows were permuted for interleaved rope; un-permuting Q and K alike leaves every
         # q.k score unchanged and lets all archs share the cheaper rotate-half rope.
         self.unpermuted = not hp.rope_neox and hp.n_rot == hp.head_dim and not hp.has_qk_norm
@@ -137,7 +152,7 @@ class TorchModel:
             return torch.from_numpy(np.concatenate(parts, axis=0)).to(device=device, dtype=dtype).contiguous()
 
         self.embd = t("token_embd.weight")
-        self.lm_head = Lin(self.embd if hp.tied_output else t("output.weight"), opt("output.bias"), packed=packed)
+        self.lm_head = self._lin(self.embd if hp.tied_output else t("output.weight"), opt("output.bias"))
         self.out_norm = t("output_norm.weight")
         self.layers: list[LayerWeights] = []
         for i in range(hp.n_layer):
@@ -146,16 +161,20 @@ class TorchModel:
             self.layers.append(
                 LayerWeights(
                     attn_norm=t(b + "attn_norm.weight"),
-                    qkv=Lin(cat(b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"), bias, packed=packed),
+                    qkv=self._lin(cat(b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"), bias),
                     q_norm=opt(b + "attn_q_norm.weight"),
                     k_norm=opt(b + "attn_k_norm.weight"),
-                    out=Lin(t(b + "attn_output.weight"), opt(b + "attn_output.bias"), packed=packed),
+                    out=self._lin(t(b + "attn_output.weight"), opt(b + "attn_output.bias")),
                     ffn_norm=t(b + "ffn_norm.weight"),
-                    gate_up=Lin(cat(b + "ffn_gate.weight", b + "ffn_up.weight"), self._gate_up_bias(weights, b), packed=packed),
-                    down=Lin(t(b + "ffn_down.weight"), opt(b + "ffn_down.bias"), packed=packed),
+                    gate_up=self._lin(cat(b + "ffn_gate.weight", b + "ffn_up.weight"), self._gate_up_bias(weights, b)),
+                    down=self._lin(t(b + "ffn_down.weight"), opt(b + "ffn_down.bias")),
                 )
             )
         self._build_rope_tables(weights, max_pos)
+
+    def _lin(self, w: torch.Tensor, b: torch.Tensor | None) -> Lin:
+        packed, align = self.gemm(int(w.shape[0]), int(w.shape[1]))
+        return Lin(w, b, packed=packed, align=align)
 
     def _build_rope_tables(self, weights: dict[str, np.ndarray], max_pos: int) -> None:
         """Rope tables grow on demand (doubling) up to `max_pos`: a huge -c must not allocate

@@ -89,6 +89,7 @@ def main() -> int:
         return 0
     import onnxruntime_genai as og
 
+    result_out, sys.stdout = sys.stdout, sys.stderr
     job = json.loads(Path(args.job).read_text())
     set_threads(args.model_dir, args.threads)
     t0 = time.perf_counter()
@@ -103,7 +104,8 @@ def main() -> int:
     out["prompt_512_tps"] = len(job["prompt_512"]) / prompt_s
     out["specs"] = {"none": runs}
     out["peak_rss_mb"] = peak_rss_mb()
-    json.dump(out, sys.stdout)
+    json.dump(out, result_out)
+    result_out.write("\n")
     return 0
 
 

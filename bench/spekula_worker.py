@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-ctx", type=int, default=2048)
     args = p.parse_args(argv)
     job = json.loads(Path(args.job).read_text())
+    # Only the result goes to stdout: anything the runtimes print (exporter progress) goes to stderr.
+    result_out, sys.stdout = sys.stdout, sys.stderr
 
     import anyio
     from spekula.core.backend import BackendOptions, load_backend
@@ -108,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         out["specs"][spec_name] = anyio.run(run_spec, spec_name)
     out["peak_rss_mb"] = peak_rss_mb()
     backend.close()
-    json.dump(out, sys.stdout)
+    json.dump(out, result_out)
+    result_out.write("\n")
     return 0
 
 

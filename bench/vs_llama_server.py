@@ -90,7 +90,7 @@ def run_spekula(model: str, path: str, threads: int, job_file: str) -> dict[str,
                           env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     if proc.returncode != 0:
         raise RuntimeError(f"spekula {path} failed:\n{proc.stderr[-3000:]}")
-    return dict(json.loads(proc.stdout))
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 def llama_peak_rss_mb(server: LlamaServer) -> float:
@@ -133,7 +133,7 @@ def run_ortgenai(python: str, model_dir: str, threads: int, job_file: str) -> di
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"onnxruntime-genai failed:\n{proc.stderr[-3000:]}")
-    return dict(json.loads(proc.stdout))
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 def first_token_seconds(cmd: list[str]) -> float:
@@ -258,7 +258,7 @@ def measure(model: str, args: argparse.Namespace, label: str, paths: list[str], 
                             runs[name].append(run_ortgenai(args.ortgenai_python, args.ortgenai_model, threads, job_file))
                         else:
                             runs[name].append(run_spekula(model, str(path), threads, job_file))
-                    except (RuntimeError, LlamaServerError, subprocess.TimeoutExpired) as exc:
+                    except (RuntimeError, LlamaServerError, subprocess.TimeoutExpired, ValueError) as exc:
                         print(f"   {name} failed: {exc}", file=sys.stderr)
                     if name in cmds:
                         starts.setdefault(name, []).append(first_token_seconds(cmds[name]))

@@ -135,10 +135,10 @@ def test_prompt_from_file_and_chat_template(llama: str, greedy_ref: dict[str, An
 
 
 def test_generation_stops_at_the_context(llama: str) -> None:
-    out = generate_json(llama, "--temp", "0", "-c", "32", prompt="hello", n=100)
+    out = generate_json(llama, "--temp", "0", "-c", "32", "--ignore-eos", prompt="hello", n=100)
     assert out["tokens_evaluated"] + len(out["tokens"]) <= 32 and out["stop_type"] == "limit"
-    drafted = generate_json(llama, "--temp", "0", "-c", "32", "--spec-type", "draft-simple", "-md", llama,
-                            prompt="hello", n=100)
+    drafted = generate_json(llama, "--temp", "0", "-c", "32", "--ignore-eos", "--spec-type", "draft-simple", "-md",
+                            llama, prompt="hello", n=100)
     assert drafted["tokens"] == out["tokens"]
 
 

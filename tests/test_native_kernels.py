@@ -23,6 +23,10 @@ QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 FLOAT_TYPES = ("F32", "F16", "BF16")
 KERNELS = ["generic"] + (["avx512-vnni"] if nl.kernel_name() != "generic" else [])
 SAME_ACT_TOL = 2e-6  # relative to the output's max |value|, float rounding only
+# Types with a per-block minimum also use each activation block's sum, kept as float16 (as llama.cpp's
+# q8_1 keeps it): that rounding (2^-11 relative) is not in the float64 reference.
+ASYM_TYPES = ("Q4_1", "Q5_1", "Q4_K", "Q5_K")
+SAME_ACT_TOL_ASYM = 2e-3
 F32_ACT_TOL = 2e-2  # int8 activations vs float32 activations
 
 
@@ -56,7 +60,8 @@ def test_matmul_matches_dequantized_reference(type_name: str, kernel: str) -> No
     scale = float(np.abs(x @ wf.T).max())
     exact_act = type_name in FLOAT_TYPES
     same = (x.astype(np.float64) if exact_act else quantized_activations(x)) @ wf.T.astype(np.float64)
-    assert np.abs(got - same).max() <= SAME_ACT_TOL * scale * (50 if kernel == "generic" else 1)
+    tol = SAME_ACT_TOL_ASYM if type_name in ASYM_TYPES else SAME_ACT_TOL * (50 if kernel == "generic" else 1)
+    assert np.abs(got - same).max() <= tol * scale
     assert np.abs(got - x @ wf.T).max() <= F32_ACT_TOL * scale
 
 
@@ -78,9 +83,11 @@ def test_activation_quantization_is_the_same_on_every_kernel(x: list[float], m: 
     q, d, s, qs16 = a
     k = len(x)
     assert np.array_equal(qs16, q.reshape(m, -1, 16).astype(np.int32).sum(axis=2))
-    assert np.array_equal(s, d * qs16.reshape(m, -1, 2).sum(axis=2).astype(np.float32))
+    assert np.array_equal(d, d.astype(np.float16).astype(np.float32))  # float16 scales, as llama.cpp keeps them
+    assert np.allclose(s, d * qs16.reshape(m, -1, 2).sum(axis=2), rtol=2e-3, atol=0)
+    # half a step, plus up to 127 steps' share of the scale's float16 rounding (2^-11)
     assert np.abs(q[:, :k].astype(np.float32) * np.repeat(d, 32, axis=1)[:, :k] - arr).max() <= (
-        np.abs(arr).max() / 127 / 2 * 1.0001 + 1e-30)
+        np.abs(arr).max() / 127 * (0.5 + 127 / 2048) * 1.001 + 1e-30)
 
 
 @pytest.mark.parametrize("type_name", QUANT_TYPES + FLOAT_TYPES)

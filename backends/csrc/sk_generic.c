@@ -123,8 +123,8 @@ void sk_dequant_row(const sk_tensor *w, int64_t row, float *out) {
     }
 }
 
-/* Per 32 values: d = max|x| / 127, q = round-to-nearest-even(x / d). The AVX-512 version computes the
- * same numbers bit for bit (tests check it), so both paths quantize identically. */
+/* Per 32 values: d = max|x| / 127, q = round-to-nearest-even(x * (1 / d)), d then rounded to float16.
+ * The AVX-512 version computes the same numbers bit for bit (tests check it). */
 static void quantize_rows(const float *x, int64_t ldx, int64_t m, int64_t k, sk_act *a, int64_t r0) {
     int64_t kp = a->kp;
     for (int64_t r = 0; r < m; r++) {
@@ -145,8 +145,10 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t m, int64_t k, sk_
                 q[32 * b + l] = (int8_t)(int)nearbyintf(xs[l] * id);
                 sum[l / 16] += q[32 * b + l];
             }
-            a->d[row * (kp / 32) + b] = d;
-            a->s[row * (kp / 32) + b] = d * (float)(sum[0] + sum[1]);
+            /* The scale and the block sum are kept as float16 values, as llama.cpp's q8_0/q8_1 blocks
+             * keep them, so products with the weights round the way llama.cpp's do. */
+            a->d[row * (kp / 32) + b] = sk_f16_to_f32(sk_f32_to_f16(d));
+            a->s[row * (kp / 32) + b] = sk_f16_to_f32(sk_f32_to_f16(d * (float)(sum[0] + sum[1])));
             a->qs16[row * (kp / 16) + 2 * b] = sum[0];
             a->qs16[row * (kp / 16) + 2 * b + 1] = sum[1];
         }
