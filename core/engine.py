@@ -8,7 +8,8 @@ or on the loop while no step is running, so the backend is used by one thread at
 
 from __future__ import annotations
 
-import itertools
+import logging
+import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
@@ -32,6 +33,7 @@ from .spec_stats import EngineSpecStats
 from .synthetic import conditional_rates, resolve_synthetic_rates
 
 _KEEP_REQUEST_STATS = 256
+log = logging.getLogger("spekula.engine")
 
 
 @dataclass
@@ -47,6 +49,15 @@ def drafter_cap(drafter: Drafter, spec: SpecParams) -> int:
     its declared `draft_cap`, else --spec-draft-n-max (the model drafters' cap)."""
     cap = getattr(drafter, "draft_cap", None)
     return cap if isinstance(cap, int) and not isinstance(cap, bool) else spec.n_max
+
+
+def end_drafter(drafter: Drafter, slot: int) -> None:
+    """A drafter's end-of-request work (e.g. saving a cache) never takes the engine down: the answer
+    is already complete, so a failure there is logged and the request still returns."""
+    try:
+        drafter.end(slot)
+    except Exception as exc:  # noqa: BLE001 - side work; the request's result does not depend on it
+        log.warning("drafter %s failed at the end of a request: %s: %s", drafter.name, type(exc).__name__, exc)
 
 
 class Engine:
@@ -76,7 +87,6 @@ class Engine:
         self._scheduler = Scheduler(backend, tokenizer, config.n_batch, self.spec_stats)
         self._slots = [Slot(i, backend.new_seq(), config.n_ctx) for i in range(config.n_slots)]
         self._queue: deque[tuple[CompletionRequest, Outbox]] = deque()
-        self._ids = itertools.count(1)
         self._wake: anyio.Event | None = None
         self._tg: TaskGroup | None = None
         self.request_stats: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -99,7 +109,8 @@ class Engine:
     # -- public API ---------------------------------------------------------------------------
     def submit(self, req: CompletionRequest) -> RequestHandle:
         if not req.id:
-            req.id = f"req-{next(self._ids)}"
+            # Random, so one client cannot name (cancel, look up) another client's request.
+            req.id = secrets.token_hex(8)
         handle, outbox = open_request(req, self.cancel, lambda: self.cancel(req.id))
         problem = self._check(req)
         if problem is not None:
@@ -164,7 +175,7 @@ class Engine:
         for s in self._slots:
             if s.busy:
                 for d in s.drafters:
-                    d.end(s.id)
+                    end_drafter(d, s.id)
                 s.reset()
             self.backend.free_seq(s.seq_id)
         self._slots = []
@@ -201,8 +212,9 @@ class Engine:
                 drafters = self._drafters_for(spec)
                 sampler = Sampler(req.sampling, self.backend.info.n_vocab, resolve_seed(req.sampling.seed))
                 synth = self._synth_rates(spec, drafters)
-            except SpekulaError as exc:
-                self._send_final(outbox, FinalEvent(req.id, "", [], "error", error=str(exc)))
+            except Exception as exc:  # a request the engine cannot start ends alone, never the loop
+                error = str(exc) if isinstance(exc, SpekulaError) else f"cannot start request: {type(exc).__name__}: {exc}"
+                self._send_final(outbox, FinalEvent(req.id, "", [], "error", error=error))
                 continue
             # llama-server feeds the prompt to the sampler's penalty history before generating.
             sampler.accept_many(req.prompt)
@@ -234,7 +246,7 @@ class Engine:
         self.spec_stats.n_requests += 1
         self.spec_stats.n_tokens_predicted += len(s.generated)
         for d in s.drafters:
-            d.end(s.id)
+            end_drafter(d, s.id)
         self._send_final(s.outbox, final)
         s.reset()
 

@@ -38,8 +38,10 @@ def _validate(params: SamplingParams) -> None:
             raise ConfigError(f"sampling parameter {name} must be finite; got {value}")
     if params.repeat_penalty <= 0.0:
         raise ConfigError(f"repeat_penalty must be > 0; got {params.repeat_penalty}")
-    if params.repeat_last_n < -1:
-        raise ConfigError(f"repeat_last_n must be >= -1; got {params.repeat_last_n}")
+    if not -1 <= params.repeat_last_n < 2**31:
+        raise ConfigError(f"repeat_last_n must be in [-1, 2^31); got {params.repeat_last_n}")
+    if not -(2**31) <= params.top_k < 2**31:
+        raise ConfigError(f"top_k must be a 32-bit integer; got {params.top_k}")
 
 
 class Sampler:

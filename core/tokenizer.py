@@ -26,6 +26,7 @@ from .stream_decode import StreamDecoder
 
 # tokenizer.ggml.token_type values
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+_GIL_FREE_CHARS = 4096
 
 _QWEN2_SPLIT = (
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
@@ -344,6 +345,10 @@ class Tokenizer:
             if self._add_space_prefix and prev_special:
                 fragment = " " + fragment
             fragment = fragment.replace(" ", "\u2581")
+        if len(fragment) > _GIL_FREE_CHARS:
+            # The batch call releases the GIL while it works, so a long text does not stall the
+            # event loop of a server tokenizing it in a worker thread.
+            return self._core.encode_batch([fragment], add_special_tokens=False)[0].ids
         return self._core.encode(fragment, add_special_tokens=False).ids
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:

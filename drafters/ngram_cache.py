@@ -8,6 +8,7 @@ dynamic cache with strict ones, else the static cache alone; static counts re-we
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,17 +16,22 @@ from typing import ClassVar
 
 import numpy as np
 from spekula.core.drafter import Draft, Drafter, DrafterContext, DraftlessDrafter, DraftRequest
+from spekula.core.errors import ConfigError, SpekulaError
 
 from .ngram_cache_file import (
     NGRAM_MAX,
     PAD,
     NgramCache,
+    NgramCacheError,
+    check_writable,
     load_cache,
     merge_cache,
     ngram_key,
     save_cache,
     update_cache,
 )
+
+log = logging.getLogger("spekula.drafters.ngram_cache")
 
 N_DRAFT = 8  # fixed draft length (llama.cpp has no option for it)
 # Per n-gram size 1..4: minimum sample count and minimum percentage of the best candidate.
@@ -156,6 +162,11 @@ class NgramCacheDrafter(DraftlessDrafter, Drafter):
         dynamic_path = str(ctx.option("lookup-cache-dynamic", "") or "")
         static = load_cache(static_path) if static_path else {}
         dynamic = load_cache(dynamic_path) if dynamic_path and Path(dynamic_path).exists() else {}
+        if dynamic_path:
+            try:
+                check_writable(dynamic_path)
+            except NgramCacheError as exc:
+                raise ConfigError(f"-lcd/--lookup-cache-dynamic: {exc}") from None
         return cls(static=static, dynamic=dynamic, dynamic_path=dynamic_path or None)
 
     def _slot(self, slot: int) -> _SlotCache:
@@ -214,4 +225,8 @@ class NgramCacheDrafter(DraftlessDrafter, Drafter):
             return
         merge_cache(self.dynamic, st.delta)
         st.delta = {}
-        save_cache(self.dynamic, self.dynamic_path)
+        try:
+            save_cache(self.dynamic, self.dynamic_path)
+        except (OSError, SpekulaError) as exc:
+            # The request's answer is complete; the counts stay in memory and the next save retries.
+            log.warning("could not save the dynamic n-gram cache to %s: %s", self.dynamic_path, exc)

@@ -171,6 +171,19 @@ def save_cache(cache: NgramCache, path: str | os.PathLike[str]) -> None:
         raise NgramCacheError(p, f"cannot write: {exc.strerror or exc}") from exc
 
 
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Refuse at start-up a cache path that could not be saved later (missing directory, a directory
+    in its place, no write permission), so the failure is one clear error instead of a lost save."""
+    p = Path(path)
+    directory = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise NgramCacheError(p, "is a directory, not a cache file")
+    if not directory.is_dir():
+        raise NgramCacheError(p, f"cannot be saved: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise NgramCacheError(p, "cannot be saved: no write permission")
+
+
 def _file_mode(path: Path) -> int:
     """The existing file's permissions, else 0666 minus the umask (what open() would give)."""
     try:

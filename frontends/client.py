@@ -1,5 +1,7 @@
 """Python clients for `spekula serve`: blocking (`SpekulaClient`) and anyio (`AsyncSpekulaClient`).
 
+    with SpekulaClient() as c:        # the default socket, in the user's private runtime directory
+        print(c.completion("def fib(n):", n_predict=64, temperature=0)["content"])
     with SpekulaClient("/tmp/spekula.sock") as c:
         print(c.completion("def fib(n):", n_predict=64, temperature=0)["content"])
         for chunk in (s := c.stream_completion("Once", n_predict=32)):
@@ -7,13 +9,16 @@
         print(s.result["timings"])
 
 Generation parameters use llama-server's names as keyword arguments; per-request speculation goes in
-`speculative={"n_max": 8, "type": "ngram-mod"}`.
+`speculative={"n_max": 8, "type": "ngram-mod"}`. Before sending anything both clients check that the
+server process runs as `server_uid` (default: this user; None skips the check), so a socket another
+user placed on the path never receives a prompt.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import socket
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Iterator
@@ -21,14 +26,20 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-from anyio.abc import ByteStream, TaskGroup
+from anyio.abc import ByteStream, SocketAttribute, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from spekula.core.errors import SpekulaError
 
 from . import rpc_protocol as p
+from .socket_identity import SocketIdentityError, default_socket_path, verify_server
 
 _MAX_REPLY_BYTES = 256 * 1024 * 1024
+_OWN_UID = -1  # "the uid of this process", resolved at connect time
+
+
+def _expected_uid(server_uid: int | None) -> int | None:
+    return os.getuid() if server_uid == _OWN_UID else server_uid
 
 
 class RpcCallError(SpekulaError):
@@ -67,7 +78,9 @@ class SpekulaClient:
     """One connection; not thread-safe. Notifications and replies for other ids are queued, so a
     stream may be cancelled (`stream.cancel()`) from inside its own loop."""
 
-    def __init__(self, socket_path: str, *, timeout: float | None = 300.0) -> None:
+    def __init__(self, socket_path: str | None = None, *, timeout: float | None = 300.0,
+                 server_uid: int | None = _OWN_UID) -> None:
+        socket_path = socket_path or default_socket_path()
         self.socket_path = socket_path
         self.timeout = timeout
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -77,6 +90,11 @@ class SpekulaClient:
         except OSError as exc:
             self._sock.close()
             raise ServerGoneError(f"cannot connect to {socket_path}: {exc}") from None
+        try:
+            self.server = verify_server(self._sock, socket_path, _expected_uid(server_uid))
+        except SocketIdentityError:
+            self._sock.close()
+            raise
         self._buf = bytearray()
         self._ids = itertools.count(1)
         self._replies: dict[Any, dict[str, Any]] = {}
@@ -231,11 +249,18 @@ class AsyncSpekulaClient:
 
     @classmethod
     @asynccontextmanager
-    async def connect(cls, socket_path: str) -> AsyncIterator[AsyncSpekulaClient]:
+    async def connect(cls, socket_path: str | None = None, *,
+                      server_uid: int | None = _OWN_UID) -> AsyncIterator[AsyncSpekulaClient]:
+        socket_path = socket_path or default_socket_path()
         try:
             stream = await anyio.connect_unix(socket_path)
         except OSError as exc:
             raise ServerGoneError(f"cannot connect to {socket_path}: {exc}") from None
+        try:
+            verify_server(stream.extra(SocketAttribute.raw_socket), socket_path, _expected_uid(server_uid))
+        except SocketIdentityError:
+            await stream.aclose()
+            raise
         async with stream, anyio.create_task_group() as tg:
             client = cls(stream, tg)
             tg.start_soon(client._read_loop)

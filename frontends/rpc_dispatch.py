@@ -22,6 +22,7 @@ from .rpc_framing import LineReader, LineWriter, OversizedLine
 log = logging.getLogger("spekula.server")
 
 REQUEST_CANCELLED = -32800  # the code LSP uses for a request cancelled before it produced a result
+DEFAULT_MAX_PENDING = 64
 
 
 @dataclass(slots=True)
@@ -92,9 +93,18 @@ class RpcConnection:
     # write side and still reads (`nc -N`, `socat`). None: cannot tell, so treat it as gone.
     peer_closed: Callable[[], bool] | None = None
     half_close_poll: float = 0.1
+    # Unanswered request lines allowed at once: at the limit the connection is not read from until
+    # replies go out, so a client that pipelines without reading cannot grow the server.
+    max_pending: int = DEFAULT_MAX_PENDING
+    peer: Any = None  # PeerCred of the client, when known
+    dropped_reason: str = ""
+    # Engine request ids this connection started -> their JSON-RPC ids: only these can be cancelled
+    # or seen by id from here.
+    owned_requests: dict[str, p.RequestId] = field(default_factory=dict)
     _table: dict[p.RequestId, _InFlight] = field(default_factory=dict)
     _tg: TaskGroup | None = None
     _busy: int = 0  # lines of this connection not yet answered
+    _room: anyio.Event | None = None  # set when _busy drops below max_pending
 
     async def serve(self) -> None:
         """Serve until the peer closes; then cancel whatever it still had running.
@@ -104,6 +114,9 @@ class RpcConnection:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             while True:
+                while self._busy >= self.max_pending:
+                    self._room = anyio.Event()
+                    await self._room.wait()
                 try:
                     line = await self.reader.receive_line()
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -150,8 +163,9 @@ class RpcConnection:
                     raise
                 err = p.RpcError(p.INTERNAL_ERROR, f"internal error: result is not JSON-serialisable: {exc}")
                 await self.writer.send(p.error_response(message["id"], err))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            # A write to a vanished peer: stop its requests at once rather than compute unread text.
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            # A vanished or non-reading peer: stop its requests at once rather than compute unread text.
+            self.dropped_reason = self.dropped_reason or (str(exc) or "write failed: the client went away")
             self.cancel_all()
 
     async def _handle_line(self, line: bytes) -> None:
@@ -170,6 +184,8 @@ class RpcConnection:
         finally:
             self._busy -= 1
             self.tracker.exit()
+            if self._room is not None and self._busy < self.max_pending:
+                self._room.set()
 
     async def _handle_batch(self, items: list[Any]) -> None:
         if not items:

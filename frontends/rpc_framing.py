@@ -16,6 +16,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from .rpc_protocol import encode
 
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
+DEFAULT_WRITE_TIMEOUT = 60.0
 _DISCARD_CHUNK = 64 * 1024
 
 
@@ -62,14 +63,26 @@ class LineReader:
                 return True
 
 
-class LineWriter:
-    """Serialises whole frames from concurrent tasks onto one stream."""
+class WriteTimeout(anyio.BrokenResourceError):
+    """The peer read nothing for `write_timeout` seconds while a frame waited: treated as gone."""
 
-    def __init__(self, stream: ByteSendStream) -> None:
+
+class LineWriter:
+    """Serialises whole frames from concurrent tasks onto one stream. A frame that cannot be written
+    within `write_timeout` (the client stopped reading) breaks the stream instead of waiting forever."""
+
+    def __init__(self, stream: ByteSendStream, *, write_timeout: float | None = DEFAULT_WRITE_TIMEOUT) -> None:
         self._stream = stream
         self._lock = anyio.Lock()
+        self.write_timeout = write_timeout
 
     async def send(self, message: Any) -> None:
         data = encode(message)
         async with self._lock:
-            await self._stream.send(data)
+            if self.write_timeout is None:
+                await self._stream.send(data)
+                return
+            with anyio.move_on_after(self.write_timeout) as scope:
+                await self._stream.send(data)
+            if scope.cancelled_caught:
+                raise WriteTimeout(f"client read nothing for {self.write_timeout:g} s")

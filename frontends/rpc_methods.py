@@ -15,8 +15,9 @@ Protocol (JSON-RPC 2.0, one JSON value per line, named params only, batches allo
                     -> completion's result + message {role: assistant, content} + finish_reason
   tokenize          content, add_special=false, parse_special=true, with_pieces=false -> {tokens}
   detokenize        tokens -> {content}
-  cancel            id (a JSON-RPC id of this connection) | request_id (any client's) -> {cancelled};
-                    the cancelled request still answers, with its partial result and stop_type "cancel"
+  cancel            id (a JSON-RPC id of this connection) | request_id (an engine id this connection
+                    started) -> {cancelled}; the cancelled request still answers, with its partial
+                    result and stop_type "cancel". Another client's requests cannot be cancelled.
   stats · slots · health · props   engine and server state (no params)
 Errors: -32700 parse, -32600 invalid request (also a line over --max-line-bytes: it is discarded and
 the connection stays open), -32601 unknown method, -32602 invalid params (the message names the
@@ -34,7 +35,8 @@ from spekula.core.events import FinalEvent, PieceEvent
 
 from . import rpc_params as rp
 from .rpc_dispatch import CallContext, Handler
-from .rpc_protocol import ENGINE_ERROR, RpcError, invalid_params
+from .rpc_params import invalid_params
+from .rpc_protocol import CONTEXT_OVERFLOW, ENGINE_ERROR, RpcError
 
 if TYPE_CHECKING:
     from spekula.core.engine import Engine
@@ -42,6 +44,9 @@ if TYPE_CHECKING:
 CHUNK_METHOD = "completion.chunk"
 # Tokenizing megabytes of text takes long enough to stall other clients; do it off the loop.
 _THREAD_TOKENIZE_CHARS = 16_384
+# Texts are capped before tokenizing: no tokenizer in use packs more characters than this into one
+# token, so a longer text cannot fit the context whatever it holds.
+MAX_CHARS_PER_TOKEN = 64
 
 
 class SpekulaMethods:
@@ -55,6 +60,7 @@ class SpekulaMethods:
         self.engine = engine
         self.defaults = defaults or rp.ServerDefaults()
         self._server_state = server_state or dict
+        self._clients: dict[str, Any] = {}  # engine request id -> the client's PeerCred (or None)
 
     def table(self) -> dict[str, Handler]:
         return {
@@ -95,15 +101,29 @@ class SpekulaMethods:
         cfg = self.engine.config
         return rp.parse_completion(obj, prompt, defaults=self.defaults, spec_base=cfg.spec, n_ctx=cfg.n_ctx)
 
-    async def _encode(self, text: str) -> list[int]:
+    async def _encode(self, text: str, *, add_special: bool = True, parse_special: bool = True,
+                      prompt: bool = True) -> list[int]:
+        """Token ids of `text`; long texts off the event loop (the tokenizer releases the GIL there). A
+        prompt that could not fit any slot is refused before any tokenizing (at most
+        MAX_CHARS_PER_TOKEN characters per context position); `tokenize` has no such cap."""
         tok = self.engine.tokenizer
+        limit = MAX_CHARS_PER_TOKEN * self.engine.config.n_ctx
+        if prompt and len(text) > limit:
+            raise RpcError(CONTEXT_OVERFLOW, f"text of {len(text)} characters cannot fit a context of "
+                           f"{self.engine.config.n_ctx} tokens (the limit is {limit} characters)",
+                           {"n_chars": len(text), "n_ctx": self.engine.config.n_ctx})
         if len(text) > _THREAD_TOKENIZE_CHARS:
-            return await anyio.to_thread.run_sync(lambda: tok.encode(text, add_special=True, parse_special=True))
-        return tok.encode(text, add_special=True, parse_special=True)
+            return await anyio.to_thread.run_sync(
+                lambda: tok.encode(text, add_special=add_special, parse_special=parse_special))
+        return tok.encode(text, add_special=add_special, parse_special=parse_special)
 
     async def _generate(self, parsed: rp.ParsedCompletion, ctx: CallContext) -> dict[str, Any]:
         handle = self.engine.submit(parsed.request)
         ctx.on_cancel = handle.cancel
+        owned = ctx.connection.owned_requests if ctx.connection is not None else None
+        if owned is not None:
+            owned[handle.id] = ctx.id
+            self._clients[handle.id] = ctx.connection.peer if ctx.connection is not None else None
         final: FinalEvent | None = None
         try:
             async for event in handle:
@@ -113,6 +133,9 @@ class SpekulaMethods:
                 else:
                     final = event
         finally:
+            if owned is not None:
+                owned.pop(handle.id, None)
+                self._clients.pop(handle.id, None)
             if final is None:
                 # Disconnect, shutdown or a failed write: give the slot back now, not at n_predict.
                 handle.cancel()
@@ -143,13 +166,10 @@ class SpekulaMethods:
         rp.reject_unknown(obj, {"content", "add_special", "parse_special", "with_pieces"}, "tokenize")
         content = obj.get("content")
         if not isinstance(content, str):
-            raise invalid_params("'content' must be a string")
+            raise invalid_params("'content' must be a string", "content")
+        ids = await self._encode(content, add_special=rp.get_bool(obj, "add_special", False),
+                                 parse_special=rp.get_bool(obj, "parse_special", True), prompt=False)
         tok = self.engine.tokenizer
-        ids = tok.encode(
-            content,
-            add_special=rp.get_bool(obj, "add_special", False),
-            parse_special=rp.get_bool(obj, "parse_special", True),
-        )
         if rp.get_bool(obj, "with_pieces", False):
             return {"tokens": [{"id": t, "piece": tok.decode([t])} for t in ids]}
         return {"tokens": ids}
@@ -165,13 +185,30 @@ class SpekulaMethods:
     async def stats(self, params: Any, ctx: CallContext) -> dict[str, Any]:
         rp.reject_unknown(rp.as_object(params, "stats"), set(), "stats")
         out = dict(self.engine.stats())
-        out.setdefault("slots", self.engine.slots())
+        out["slots"] = self._visible_slots(ctx)
         out["server"] = self._server_state()
         return out
 
     async def slots(self, params: Any, ctx: CallContext) -> list[dict[str, Any]]:
+        """Slot states; a request id is shown only to the connection that started the request."""
         rp.reject_unknown(rp.as_object(params, "slots"), set(), "slots")
-        return list(self.engine.slots())
+        return self._visible_slots(ctx)
+
+    def _visible_slots(self, ctx: CallContext) -> list[dict[str, Any]]:
+        owned = ctx.connection.owned_requests if ctx.connection is not None else None
+        out = []
+        for slot in self.engine.slots():
+            slot = dict(slot)
+            rid = slot.get("request_id")
+            if rid is not None and owned is not None:
+                mine = rid in owned
+                peer = self._clients.get(rid)
+                slot["request_id"] = rid if mine else None
+                slot["owner"] = "this connection" if mine else "another client"
+                if peer is not None:
+                    slot["client"] = {"pid": peer.pid, "uid": peer.uid} if mine else {"uid": peer.uid}
+            out.append(slot)
+        return out
 
     async def health(self, params: Any, ctx: CallContext) -> dict[str, Any]:
         rp.reject_unknown(rp.as_object(params, "health"), set(), "health")
@@ -184,18 +221,21 @@ class SpekulaMethods:
         return {**self.engine.props(), "default_generation_settings": settings, "server": self._server_state()}
 
     async def cancel(self, params: Any, ctx: CallContext) -> dict[str, Any]:
-        """By JSON-RPC `id` (a request of this connection) or by engine `request_id` (any client)."""
+        """By JSON-RPC `id` or by engine `request_id`, of a request this connection started: another
+        client's request answers {cancelled: false}, exactly as an unknown id does."""
         obj = rp.as_object(params, "cancel")
         rp.reject_unknown(obj, {"id", "request_id"}, "cancel")
         if ("id" in obj) == ("request_id" in obj):
-            raise invalid_params("cancel: give exactly one of 'id' (JSON-RPC id) or 'request_id' (engine id)")
+            raise invalid_params("cancel: give exactly one of 'id' (JSON-RPC id) or 'request_id' (engine id)", "id")
         if "request_id" in obj:
             rid = obj["request_id"]
             if not isinstance(rid, str):
-                raise invalid_params("'request_id' must be a string")
+                raise invalid_params("'request_id' must be a string", "request_id")
+            if ctx.connection is not None and rid not in ctx.connection.owned_requests:
+                return {"cancelled": False}
             return {"cancelled": self.engine.cancel(rid)}
         if ctx.connection is None:
-            raise invalid_params("'id' cancels only work over a connection; use 'request_id'")
+            raise invalid_params("'id' cancels only work over a connection; use 'request_id'", "id")
         return {"cancelled": ctx.connection.cancel(obj["id"])}
 
 

@@ -1,8 +1,10 @@
 """Request parameters in llama-server's /completion vocabulary -> a validated CompletionRequest.
 
-Every rejection names the offending field, so a client sees `'top_k' must be an integer` rather
-than a traceback. Unknown fields are rejected too: a misspelt `temprature` silently ignored would
-produce a different answer than the caller asked for.
+The one schema every frontend shares: each field's type and explicit range live in RANGES below,
+and every rejection is a ParamError naming the field (-32602 on the socket; an HTTP layer maps the
+same error to 400), so a client sees `'top_k' must be an integer` rather than a traceback or an
+engine error. Unknown fields are rejected too: a misspelt `temprature` silently ignored would produce
+a different answer than the caller asked for.
 """
 
 from __future__ import annotations
@@ -15,7 +17,39 @@ from spekula.core.errors import ConfigError
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.registry import parse_spec_types
 
-from .rpc_protocol import CONTEXT_OVERFLOW, RpcError, invalid_params
+from .rpc_protocol import CONTEXT_OVERFLOW, INVALID_PARAMS, RpcError
+
+I32_MAX = 2**31 - 1
+# Every numeric request field with its inclusive range. Beyond these a value is refused before it
+# reaches the engine (a repeat_last_n of 2^63, say, would overflow the penalty window).
+RANGES: dict[str, tuple[float, float]] = {
+    "n_predict": (-1, I32_MAX),
+    "temperature": (-100.0, 100.0),  # <= 0 is greedy
+    "top_k": (-1, I32_MAX),  # <= 0 disables top-k
+    "top_p": (0.0, 1.0),
+    "min_p": (0.0, 1.0),
+    "repeat_penalty": (1e-6, 100.0),
+    "repeat_last_n": (-1, I32_MAX),  # -1: the whole context
+    "seed": (-1, 2**32 - 1),  # -1: random
+    "speculative.n_max": (0, 1024),
+    "speculative.n_min": (0, 1024),
+    "speculative.p_min": (0.0, 1.0),
+}
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
+MAX_TOKEN_LIST = 16_777_216
+
+
+class ParamError(RpcError):
+    """A request field the server cannot accept; `field` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(INVALID_PARAMS, message)
+        self.field = field
+
+
+def invalid_params(message: str, field: str = "") -> ParamError:
+    return ParamError(field, message)
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed")
 SPEC_FIELDS = ("n_max", "n_min", "p_min", "type")
@@ -46,47 +80,53 @@ def as_object(params: Any, method: str) -> dict[str, Any]:
     if params is None:
         return {}
     if not isinstance(params, dict):
-        raise invalid_params(f"{method}: params must be an object with named fields")
+        raise invalid_params(f"{method}: params must be an object with named fields", "params")
     return params
 
 
 def reject_unknown(params: dict[str, Any], allowed: frozenset[str] | set[str], method: str) -> None:
     unknown = sorted(set(params) - set(allowed))
     if unknown:
-        raise invalid_params(f"{method}: unknown field(s) {', '.join(repr(u) for u in unknown)}")
+        raise invalid_params(f"{method}: unknown field(s) {', '.join(repr(u)[:80] for u in unknown[:8])}", unknown[0])
 
 
-def get_int(params: dict[str, Any], name: str, default: int, *, minimum: int | None = None) -> int:
+def get_int(params: dict[str, Any], name: str, default: int) -> int:
+    """An integer field within RANGES[name]."""
     value = params.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid_params(f"'{name}' must be an integer")
-    if minimum is not None and value < minimum:
-        raise invalid_params(f"'{name}' must be >= {minimum}, got {value}")
+        raise invalid_params(f"'{name}' must be an integer", name)
+    lo, hi = RANGES[name]
+    if not lo <= value <= hi:
+        raise invalid_params(f"'{name}' must be in [{int(lo)}, {int(hi)}], got {value}", name)
     return value
 
 
-def get_float(params: dict[str, Any], name: str, default: float, *, lo: float | None = None, hi: float | None = None) -> float:
+def get_float(params: dict[str, Any], name: str, default: float) -> float:
+    """A finite number within RANGES[name]."""
     value = params.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise invalid_params(f"'{name}' must be a finite number")
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise invalid_params(f"'{name}' must be in [{lo}, {hi}], got {value}")
+        raise invalid_params(f"'{name}' must be a finite number", name)
+    lo, hi = RANGES[name]
+    if not lo <= value <= hi:
+        raise invalid_params(f"'{name}' must be in [{lo}, {hi}], got {value}", name)
     return float(value)
 
 
 def get_bool(params: dict[str, Any], name: str, default: bool) -> bool:
     value = params.get(name, default)
     if not isinstance(value, bool):
-        raise invalid_params(f"'{name}' must be true or false")
+        raise invalid_params(f"'{name}' must be true or false", name)
     return value
 
 
 def get_token_list(value: Any, name: str, n_vocab: int) -> list[int]:
     if not isinstance(value, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in value):
-        raise invalid_params(f"'{name}' must be a list of token ids")
+        raise invalid_params(f"'{name}' must be a list of token ids", name)
+    if len(value) > MAX_TOKEN_LIST:
+        raise invalid_params(f"'{name}' holds {len(value)} tokens (at most {MAX_TOKEN_LIST})", name)
     bad = next((t for t in value if not 0 <= t < n_vocab), None)
     if bad is not None:
-        raise invalid_params(f"'{name}' holds token id {bad} outside the vocabulary [0, {n_vocab})")
+        raise invalid_params(f"'{name}' holds token id {bad} outside the vocabulary [0, {n_vocab})", name)
     return list(value)
 
 
@@ -96,7 +136,7 @@ def _spec_overrides(params: dict[str, Any]) -> dict[str, Any]:
     nested = params.get("speculative")
     if nested is not None:
         if not isinstance(nested, dict):
-            raise invalid_params("'speculative' must be an object")
+            raise invalid_params("'speculative' must be an object", "speculative")
         reject_unknown(nested, set(SPEC_FIELDS), "speculative")
         merged.update(nested)
     for f in SPEC_FIELDS:
@@ -114,34 +154,33 @@ def parse_spec(params: dict[str, Any], base: SpecParams) -> SpecParams | None:
     named = {f"speculative.{k}": v for k, v in over.items()}
     kw: dict[str, Any] = {}
     if "n_max" in over:
-        kw["n_max"] = get_int(named, "speculative.n_max", base.n_max, minimum=0)
+        kw["n_max"] = get_int(named, "speculative.n_max", base.n_max)
     if "n_min" in over:
-        kw["n_min"] = get_int(named, "speculative.n_min", base.n_min, minimum=0)
+        kw["n_min"] = get_int(named, "speculative.n_min", base.n_min)
     if "p_min" in over:
-        kw["p_min"] = get_float(named, "speculative.p_min", base.p_min, lo=0.0, hi=1.0)
+        kw["p_min"] = get_float(named, "speculative.p_min", base.p_min)
     if "type" in over:
         value = over["type"]
         values = [value] if isinstance(value, str) else value
-        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise invalid_params("'speculative.type' must be a string or a list of strings")
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values) or len(values) > 64:
+            raise invalid_params("'speculative.type' must be a string or a list of strings", "speculative.type")
         try:
             # The registry knows third-party drafters (entry points) as well as the built-in names.
             kw["types"] = parse_spec_types(values)
         except ConfigError as exc:
-            raise invalid_params(f"'speculative.type': {exc}") from None
+            raise invalid_params(f"'speculative.type': {exc}", "speculative.type") from None
     return base.with_(**kw)
 
 
 def parse_sampling(params: dict[str, Any], base: SamplingParams) -> SamplingParams:
-    seed = get_int(params, "seed", base.seed, minimum=-1)
     return base.with_(
         temperature=get_float(params, "temperature", base.temperature),
         top_k=get_int(params, "top_k", base.top_k),
-        top_p=get_float(params, "top_p", base.top_p, lo=0.0, hi=1.0),
-        min_p=get_float(params, "min_p", base.min_p, lo=0.0, hi=1.0),
-        repeat_penalty=get_float(params, "repeat_penalty", base.repeat_penalty, lo=0.0),
-        repeat_last_n=get_int(params, "repeat_last_n", base.repeat_last_n, minimum=-1),
-        seed=seed,
+        top_p=get_float(params, "top_p", base.top_p),
+        min_p=get_float(params, "min_p", base.min_p),
+        repeat_penalty=get_float(params, "repeat_penalty", base.repeat_penalty),
+        repeat_last_n=get_int(params, "repeat_last_n", base.repeat_last_n),
+        seed=get_int(params, "seed", base.seed),
     )
 
 
@@ -150,13 +189,16 @@ def parse_stop(params: dict[str, Any]) -> list[str]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise invalid_params("'stop' must be a string or a list of strings")
+        raise invalid_params("'stop' must be a string or a list of strings", "stop")
+    if len(value) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in value):
+        raise invalid_params(f"'stop' takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} "
+                             "characters", "stop")
     return [s for s in value if s]
 
 
 def check_context(prompt: list[int], n_ctx: int) -> None:
     if not prompt:
-        raise invalid_params("'prompt' is empty (after tokenization)")
+        raise invalid_params("'prompt' is empty (after tokenization)", "prompt")
     # The slot must hold the prompt and at least one generated token.
     if len(prompt) >= n_ctx:
         raise RpcError(
@@ -178,7 +220,7 @@ def parse_completion(
     check_context(prompt, n_ctx)
     request = CompletionRequest(
         prompt=prompt,
-        n_predict=get_int(params, "n_predict", defaults.n_predict, minimum=-1),
+        n_predict=get_int(params, "n_predict", defaults.n_predict),
         sampling=parse_sampling(params, defaults.sampling),
         stop=parse_stop(params),
         ignore_eos=get_bool(params, "ignore_eos", False),
@@ -194,7 +236,7 @@ def parse_completion(
 def prompt_field(params: dict[str, Any], n_vocab: int) -> str | list[int]:
     """The raw `prompt`: a string to tokenize, or token ids used as they are."""
     if "prompt" not in params:
-        raise invalid_params("'prompt' is required")
+        raise invalid_params("'prompt' is required", "prompt")
     value = params["prompt"]
     if isinstance(value, str):
         return value
@@ -204,11 +246,11 @@ def prompt_field(params: dict[str, Any], n_vocab: int) -> str | list[int]:
 def messages_field(params: dict[str, Any]) -> list[dict[str, str]]:
     value = params.get("messages")
     if not isinstance(value, list) or not value:
-        raise invalid_params("'messages' must be a non-empty list of {role, content} objects")
+        raise invalid_params("'messages' must be a non-empty list of {role, content} objects", "messages")
     out: list[dict[str, str]] = []
     for i, m in enumerate(value):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise invalid_params(f"'messages[{i}]' must be an object with string 'role' and 'content'")
+            raise invalid_params(f"'messages[{i}]' must be an object with string 'role' and 'content'", "messages")
         out.append({"role": m["role"], "content": m["content"]})
     return out
 

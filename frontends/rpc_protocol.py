@@ -7,6 +7,7 @@ lives in this module so the dispatcher and the client agree on one vocabulary.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ ENGINE_ERROR = -32000
 CONTEXT_OVERFLOW = -32001
 SHUTTING_DOWN = -32002
 DUPLICATE_ID = -32003
+SERVER_BUSY = -32004  # connection limit reached
 
 RequestId = str | int | None
 
@@ -57,12 +59,62 @@ class Request:
     is_notification: bool
 
 
+# Limits checked while parsing, so hostile input fails as one -32700 reply: JSON nests no deeper than
+# MAX_DEPTH arrays/objects, a number has at most MAX_NUMBER_CHARS characters (a 5000-digit integer
+# would otherwise raise from int() and a huge exponent become infinity), and NaN / Infinity, which
+# Python's json accepts, are refused as the JSON they are not.
+MAX_DEPTH = 64
+MAX_NUMBER_CHARS = 64
+
+
+def _parse_int(text: str) -> int:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise RpcError(PARSE_ERROR, f"parse error: number with {len(text)} characters (at most {MAX_NUMBER_CHARS})")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise RpcError(PARSE_ERROR, f"parse error: number with {len(text)} characters (at most {MAX_NUMBER_CHARS})")
+    value = float(text)
+    if not math.isfinite(value):
+        raise RpcError(PARSE_ERROR, f"parse error: number {text[:32]} is out of range")
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise RpcError(PARSE_ERROR, f"parse error: {name} is not valid JSON")
+
+
+_DECODER = json.JSONDecoder(parse_int=_parse_int, parse_float=_parse_float, parse_constant=_refuse_constant)
+
+
+def nesting_depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether arrays/objects nest deeper than `limit` (iterative: no recursion on hostile input)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
 def parse_line(line: bytes) -> Any:
-    """Decode one framed line; a decoding failure is a -32700 parse error."""
+    """Decode one framed line; any failure (bad UTF-8 or JSON, too deep, a number too long, NaN) is
+    a -32700 parse error and nothing else."""
     try:
-        return json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RpcError(PARSE_ERROR, f"parse error: {exc}") from None
+        value = _DECODER.decode(line.decode("utf-8"))
+    except RpcError:
+        raise
+    except RecursionError:
+        raise RpcError(PARSE_ERROR, f"parse error: nested deeper than {MAX_DEPTH} levels") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+        raise RpcError(PARSE_ERROR, f"parse error: {str(exc)[:200]}") from None
+    if isinstance(value, dict | list) and nesting_depth_exceeds(value, MAX_DEPTH):
+        raise RpcError(PARSE_ERROR, f"parse error: nested deeper than {MAX_DEPTH} levels")
+    return value
 
 
 def _valid_id(value: Any) -> bool:
@@ -124,5 +176,6 @@ def request(method: str, params: dict[str, Any] | None, rid: RequestId) -> dict[
 
 
 def encode(message: Any) -> bytes:
-    """One framed line. ensure_ascii keeps every frame free of raw newlines and odd encodings."""
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=True).encode("ascii") + b"\n"
+    """One framed line. ensure_ascii keeps every frame free of raw newlines and odd encodings;
+    allow_nan=False makes a NaN or infinity a ValueError here rather than invalid JSON on the wire."""
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii") + b"\n"

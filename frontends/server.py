@@ -16,7 +16,6 @@ import select
 import signal
 import socket
 import stat
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,8 +24,14 @@ import anyio
 from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskGroup
 from spekula.core.errors import ConfigError, SpekulaError
 
-from .rpc_dispatch import Handler, RequestTracker, RpcConnection
-from .rpc_framing import DEFAULT_MAX_LINE_BYTES, LineReader, LineWriter
+from . import rpc_protocol as p
+from .rpc_dispatch import DEFAULT_MAX_PENDING, Handler, RequestTracker, RpcConnection
+from .rpc_framing import DEFAULT_MAX_LINE_BYTES, DEFAULT_WRITE_TIMEOUT, LineReader, LineWriter
+from .socket_identity import (
+    check_private_dir,
+    default_socket_dir,
+    peer_credentials,
+)
 
 if TYPE_CHECKING:
     from spekula.core.engine import Engine
@@ -37,14 +42,6 @@ _SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 class SocketInUseError(SpekulaError):
     """Another process serves on the requested socket path, or the path is not ours to replace."""
-
-
-def default_socket_path() -> str:
-    """$XDG_RUNTIME_DIR/spekula.sock when the session has one (private to the user), else /tmp."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime):
-        return os.path.join(runtime, "spekula.sock")
-    return os.path.join(tempfile.gettempdir(), f"spekula-{os.getuid()}.sock")
 
 
 def prepare_socket_path(path: str) -> None:
@@ -72,9 +69,12 @@ def prepare_socket_path(path: str) -> None:
         if exc.errno == errno.EAGAIN:  # backlog full: certainly alive
             raise SocketInUseError(f"a server is already listening on {path}") from None
         raise SocketInUseError(f"cannot check socket {path}: {exc}") from None
+    else:
+        peer = peer_credentials(probe)
     finally:
         probe.close()
-    raise SocketInUseError(f"a server is already listening on {path}; stop it or choose another --socket")
+    who = f" (pid {peer.pid}, uid {peer.uid})" if peer is not None else ""
+    raise SocketInUseError(f"a server is already listening on {path}{who}; stop it or choose another --socket")
 
 
 def peer_hung_up(sock: socket.socket) -> bool:
@@ -98,9 +98,13 @@ def _umask(mask: int) -> Iterator[None]:
 
 
 def check_socket_path(path: str) -> None:
-    """Everything that can be checked about a socket path before binding it."""
+    """Everything that can be checked about a socket path before binding it. The default location's
+    directory is created private (0700) and must stay so."""
     if len(os.fsencode(path)) > _SUN_PATH_MAX:
         raise ConfigError(f"socket path is longer than {_SUN_PATH_MAX} bytes (an AF_UNIX limit): {path}")
+    parent = os.path.dirname(os.path.abspath(path))
+    if parent == os.path.abspath(default_socket_dir()):
+        check_private_dir(parent, create=True)
     prepare_socket_path(path)
 
 
@@ -114,12 +118,22 @@ async def create_listener(path: str) -> SocketListener:
         raise SocketInUseError(f"cannot listen on {path}: {exc.strerror or exc}") from None
 
 
+DEFAULT_MAX_CONNECTIONS = 256
+# Accept errors that mean "no resources right now" (descriptors, buffers): pause accepting, keep serving.
+_TRANSIENT_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
 @dataclass
 class ServerConfig:
     socket_path: str
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     drain_timeout: float = 30.0
     handle_signals: bool = True
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # Request lines one connection may have unanswered; beyond, the server stops reading it.
+    max_pending: int = DEFAULT_MAX_PENDING
+    # A client that reads nothing for this long while the server has replies for it is disconnected.
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT
 
 
 class RpcServer:
@@ -177,19 +191,53 @@ class RpcServer:
         conns.cancel_scope.cancel()
 
     async def _accept_loop(self, listener: SocketListener, conns: TaskGroup, scope: anyio.CancelScope) -> None:
+        pause = 0.05
         with scope:
             while True:
-                stream = await listener.accept()
+                try:
+                    stream = await listener.accept()
+                except (OSError, anyio.BrokenResourceError) as exc:
+                    # anyio reports the socket's OSError as the BrokenResourceError's cause
+                    cause = exc if isinstance(exc, OSError) else exc.__cause__
+                    if not isinstance(cause, OSError):
+                        raise
+                    if cause.errno not in _TRANSIENT_ACCEPT:
+                        log.warning("accept failed (%s); continuing", cause)
+                        await anyio.sleep(0.01)
+                        continue
+                    # Out of descriptors: the waiting client stays queued; try again shortly.
+                    log.warning("accept paused %.2f s: %s", pause, cause.strerror or cause)
+                    await anyio.sleep(pause)
+                    pause = min(pause * 2, 2.0)
+                    continue
+                pause = 0.05
+                if self.n_connections >= self.config.max_connections:
+                    conns.start_soon(self._refuse, stream)
+                    continue
                 conns.start_soon(self._serve_connection, stream)
+
+    async def _refuse(self, stream: SocketStream) -> None:
+        """Tell a client over the connection limit why, then close."""
+        async with stream:
+            err = p.RpcError(p.SERVER_BUSY, f"too many connections (limit {self.config.max_connections}); try again later")
+            with anyio.move_on_after(1.0), contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await stream.send(p.encode(p.error_response(None, err)))
+        log.warning("refused a connection: %d open (limit %d)", self.n_connections, self.config.max_connections)
 
     async def _serve_connection(self, stream: SocketStream) -> None:
         self.n_connections += 1
+        raw = stream.extra(SocketAttribute.raw_socket)
+        peer = peer_credentials(raw)
+        log.info("client connected: pid %s uid %s", peer.pid if peer else "?", peer.uid if peer else "?")
         try:
             async with stream:
                 reader = LineReader(stream, self.config.max_line_bytes)
-                raw = stream.extra(SocketAttribute.raw_socket)
-                await RpcConnection(reader, LineWriter(stream), self.methods, self.tracker,
-                                    peer_closed=lambda: peer_hung_up(raw)).serve()
+                conn = RpcConnection(reader, LineWriter(stream, write_timeout=self.config.write_timeout), self.methods,
+                                     self.tracker, peer_closed=lambda: peer_hung_up(raw), max_pending=self.config.max_pending,
+                                     peer=peer)
+                await conn.serve()
+                if conn.dropped_reason:
+                    log.warning("client pid %s disconnected: %s", peer.pid if peer else "?", conn.dropped_reason)
         finally:
             self.n_connections -= 1
 

@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import stat
-import subprocess
 import sys
 import threading
 import time
@@ -16,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spekula.fixtures.tiny_gguf import tiny_model_path
 from spekula.frontends import rpc_protocol as p
-from spekula.frontends.client import RpcCallError, ServerGoneError, SpekulaClient
+from spekula.frontends.client import RpcCallError, SpekulaClient
+
+sys.path.insert(0, str(Path(__file__).parent))
+from server_helpers import N_CTX, N_SLOTS, start_server, stop, wait_ready  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
-N_SLOTS = 3
-N_CTX = 256
 PROMPTS = [
     "the cat sat on the mat. the cat sat on",
     "once upon a time there was",
@@ -32,37 +31,6 @@ PROMPTS = [
     "a b c d e f g a b c d",
     "spekula drafts, the target verifies",
 ]
-
-
-def start_server(sock: str, *extra: str, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "spekula.frontends.cli", "serve", "-m", str(tiny_model_path("llama")),
-           "--socket", sock, "-np", str(N_SLOTS), "-c", str(N_CTX), "--temp", "0",
-           "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2", "--spec-ngram-simple-size-m", "4",
-           *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env=env)
-
-
-def wait_ready(proc: subprocess.Popen[bytes], sock: str, log: Path, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited {proc.returncode}: {log.read_text()}")
-        if os.path.exists(sock):
-            try:
-                with SpekulaClient(sock, timeout=5) as c:
-                    c.health()
-                return
-            except (OSError, ServerGoneError):  # a stale file not yet replaced, or still binding
-                pass
-        time.sleep(0.2)
-    raise AssertionError(f"server not ready: {log.read_text()}")
-
-
-def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-    return proc.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +120,9 @@ def test_cancel_by_id_and_by_request_id(server: str) -> None:
         stream = c.stream_completion(PROMPTS[2], n_predict=200, ignore_eos=True)
         it = iter(stream)
         next(it)
-        with SpekulaClient(server) as other:
-            assert other.cancel(stream.request_id)
+        with SpekulaClient(server) as other:  # another connection cannot cancel it ...
+            assert not other.cancel(stream.request_id)
+        assert c.cancel(stream.request_id)  # ... the one that started it can, by its engine id
         list(it)
         assert stream.result["stop_type"] == "cancel"
         assert c.completion(PROMPTS[0], n_predict=4)["tokens_predicted"] == 4
