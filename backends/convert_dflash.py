@@ -1,4 +1,4 @@
-"""DFlash and DSpark draft checkpoints (Qwen3 backbone) -> GGUF arch ``dflash`` (model-drafters.md §3, §4).
+"""DFlash and DSpark draft checkpoints (Qwen3 backbone) -> GGUF arch ``dflash`` (docs/model-formats.md §3, §4).
 
 HF layer ids name block *outputs*; GGUF stores layer-input indices, so ids are written +1. The draft
 borrows the target's embeddings and head, so its width must equal the target's. Features this

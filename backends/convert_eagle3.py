@@ -1,4 +1,4 @@
-"""EAGLE-3 draft checkpoints -> GGUF arch ``eagle3`` (model-drafters.md §2).
+"""EAGLE-3 draft checkpoints -> GGUF arch ``eagle3`` (docs/model-formats.md §2).
 
 Accepted layouts: SpecForge ``LlamaForCausalLMEagle3`` and vLLM/AngelSlim ``Eagle3LlamaForCausalLM``
 (layer under ``midlayer.``), speculators ``Eagle3Speculator`` (``layers.0.``, Llama fields nested in

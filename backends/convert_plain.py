@@ -1,7 +1,7 @@
 """Plain decoder checkpoints (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) -> llama/qwen2/qwen3 GGUF.
 
 Used for targets and for draft-simple models. Llama Q/K rows are permuted so llama.cpp's interleaved
-rope on them equals HF's rotate_half on the originals (model-drafters.md §1.4); Qwen is stored as is.
+rope on them equals HF's rotate_half on the originals (docs/model-formats.md §1.4); Qwen is stored as is.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 llama.cpp's own converter names the pre-tokenizer by hashing the tokenization of a fixed string, so
 any home-made tokenizer fails there; here the caller may name it (``--pre``) or it is read off the
-structure of ``tokenizer.json``'s ``pre_tokenizer`` (model-drafters.md §1.5).
+structure of ``tokenizer.json``'s ``pre_tokenizer`` (docs/model-formats.md §1.5).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DFlash / DSpark draft runtime on torch (model-drafters.md §3.3, §4).
+"""DFlash / DSpark draft runtime on torch (docs/model-formats.md §3.3, §4).
 
 Target features enter only as extra keys/values in every draft layer (``inject``, written by
 position); a draft block ``[last, MASK, ...]`` then runs once, non-causally, over those entries and
@@ -158,14 +158,14 @@ class TorchDFlashRuntime(TorchDraftBase, DFlashRuntime):
         for b in blocks:
             m = len(b.tokens)
             bl, conf = logits[off:off + m], None
-            if self.markov_w1 is not None and m <= self.info.block_size:  # longer blocks skip the head (§4)
+            if self.markov_w1 is not None and m <= self.info.block_size:  # longer blocks skip the head (docs/model-formats.md §4)
                 bl, conf = self._markov(bl, hid[off:off + m].float(), int(b.tokens[0]))
             outs.append(DFlashOut(bl.cpu().numpy(), None if conf is None else conf.cpu().numpy()))
             off += m
         return outs
 
     def _markov(self, base: torch.Tensor, hid: torch.Tensor, first: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Chain the low-rank previous-token bias greedily through the block (§4)."""
+        """Chain the low-rank previous-token bias greedily through the block (docs/model-formats.md §4)."""
         assert self.markov_w1 is not None and self.markov_w2 is not None
         out = base.clone()
         conf = torch.ones(base.shape[0], device=base.device) if self.conf_w is not None else None

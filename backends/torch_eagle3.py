@@ -1,4 +1,4 @@
-"""EAGLE-3 draft runtime on torch (model-drafters.md §2.5): fc encoder + one Llama layer over [embedding; g].
+"""EAGLE-3 draft runtime on torch (docs/model-formats.md §2.5): fc encoder + one Llama layer over [embedding; g].
 
 Weights are the GGUF's (Q/K rows llama-permuted, so rope pairs are interleaved: NORM). Token
 embeddings and the output head come from the draft file when present, else from the target's GGUF.

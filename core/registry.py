@@ -5,7 +5,7 @@ distribution adds a technique by declaring an entry point; nothing in spekula na
 may also be handed drafter classes or instances directly (tests, benchmarks): those shadow entry
 points of the same name.
 
-Priority (speculative-semantics.md §3): the user's order never matters. Built-in draftless types
+Priority (docs/semantics.md §3): the user's order never matters. Built-in draftless types
 come first in their fixed order, then third-party draftless types (by name), then the built-in
 model types, then third-party model-based types (by name).
 """
@@ -61,7 +61,7 @@ def parse_spec_types(values: Iterable[str], extra: Mapping[str, Any] | None = No
 
 
 def priority_key(name: str, model_based: bool) -> tuple[int, int, str]:
-    """Sort key placing `name` per §3, third-party names by their `model_based` flag."""
+    """Sort key placing `name` per docs/semantics.md §3, third-party names by their `model_based` flag."""
     if name in SPEC_TYPE_PRIORITY:
         index = SPEC_TYPE_PRIORITY.index(name)
         return (0 if index < _N_BUILTIN_DRAFTLESS else 2, index, name)

@@ -1,4 +1,4 @@
-"""Synthetic acceptance for benchmarks (§1.5): accept drafts at chosen rates instead of by the target.
+"""Synthetic acceptance for benchmarks (docs/semantics.md §1.5): accept drafts at chosen rates instead of by the target.
 
 `--spec-synth-rates r0..r(K-1)` gives the *unconditional* probability that the first i+1 drafts are
 all accepted; `--spec-synth-len L` asks for a mean acceptance length L (target token included) and is

@@ -1,4 +1,4 @@
-"""n-gram count caches and llama.cpp's lookup-cache file format (speculative-semantics.md §2.4).
+"""n-gram count caches and llama.cpp's lookup-cache file format (docs/semantics.md §2.4).
 
 A cache maps an n-gram (4 token ids, padded with -1) to a table of next-token counts. The file is
 a sequence of records of native (little-endian) int32 values: the 4 ids, ntok > 0, then ntok

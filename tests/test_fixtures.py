@@ -1,4 +1,4 @@
-"""The tiny GGUF fixtures: deterministic, laid out per model-drafters.md §1.2, loadable by transformers,
+"""The tiny GGUF fixtures: deterministic, laid out per docs/model-formats.md §1.2, loadable by transformers,
 and not degenerate (greedy continuations vary)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Statistics: llama.cpp's line formats, round-trips, and the §8 invariants under random round sequences."""
+"""Statistics: llama.cpp's line formats, round-trips, and the docs/semantics.md §8 properties under random round sequences."""
 
 from __future__ import annotations
 

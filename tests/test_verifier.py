@@ -75,7 +75,7 @@ def test_match_eog_in_last_position_is_accepted_with_bonus() -> None:
 
 
 def test_match_never_accepts_after_accepted_eog() -> None:
-    # Invariant §8.15, also when the target agrees with the rest of the draft.
+    # Invariant docs/semantics.md §8.11, also when the target agrees with the rest of the draft.
     r = verify_match([EOG, EOG, EOG], argmax_logits([EOG, EOG, EOG, EOG]), Sampler(GREEDY, V, 0), is_eog)
     assert r.emitted == [EOG] and r.n_accepted == 0
 
