@@ -1,4 +1,5 @@
-"""Build spekula's native CPU kernels (backends/csrc) with the package; everything else is in pyproject.toml.
+"""Build spekula's native CPU kernels (backends/csrc) and the suffix drafter's tree (drafters/csrc) with the
+package; everything else is in pyproject.toml.
 
 The library is loaded with ctypes (spekula.backends.native_lib), not imported as a Python module.
 -ffp-contract=off keeps the compiler from fusing a*b+c on its own, which the kernels' bitwise
@@ -19,6 +20,12 @@ setup(
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread", "-std=gnu11"],
             extra_link_args=["-pthread"],
             libraries=["m"],
-        )
+        ),
+        # The suffix drafter's tree (drafters/suffix_tree.py loads it with ctypes as well).
+        Extension(
+            "spekula.drafters._suffix_tree",
+            sources=["drafters/csrc/suffix_tree.c"],
+            extra_compile_args=["-O2", "-std=gnu11"],
+        ),
     ]
 )
