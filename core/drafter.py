@@ -10,9 +10,13 @@ Lifecycle per slot (a slot is one concurrent request's place in the engine):
   accept(slot, n, mine) after verification; `mine` is True when this drafter's draft was verified
   end(slot)            the request finished; free per-slot state
 
+Optional: shortened(slot, n_kept) is called, when a drafter defines it, after the engine's cost
+model decided to verify only the first n_kept tokens of this round's draft (0: none), before
+accept(); a drafter whose accept() judges its draft by its length uses it.
+
 A drafter instance is shared by all slots of an engine (ngram-mod's pool is global on purpose).
 Drafters are found through the ``spekula.drafters`` entry-point group; the entry point names a class
-with ``create(ctx) -> Drafter``. A drafter with a length cap of its own (llama.cpp §1.3: size_m,
+with ``create(ctx) -> Drafter``. A drafter with a length cap of its own (docs/semantics.md §1.3: size_m,
 ngram-mod's n_max, ngram-cache's 8) declares it as an int attribute ``draft_cap``; without one the
 engine takes --spec-draft-n-max, the model drafters' cap.
 """

@@ -17,20 +17,22 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import anyio
+import numpy as np
 from anyio.abc import TaskGroup, TaskStatus
 
-from .backend import Backend, BackendOptions
+from .adaptive import AdaptiveController, CostModel
+from .backend import Backend, BackendOptions, Capture, SeqInput
 from .drafter import Drafter, DrafterContext
-from .errors import ConfigError, ContextOverflowError, SpekulaError
+from .errors import ConfigError
 from .events import FinalEvent, StopType
 from .params import CompletionRequest, SpecParams
 from .registry import DrafterSource, available_drafters, create_drafter, order_drafters, sources_by_name
 from .request_handle import Outbox, RequestHandle, open_request
-from .sampling import Sampler, resolve_seed
+from .request_plan import RequestPlan, RequestRejected, plan_request, synthetic_rates
+from .round_observer import RoundObserver, StatsRecorder
 from .scheduler import Scheduler
 from .slot import Slot, SlotState
 from .spec_stats import EngineSpecStats
-from .synthetic import conditional_rates, resolve_synthetic_rates
 
 _KEEP_REQUEST_STATS = 256
 log = logging.getLogger("spekula.engine")
@@ -42,13 +44,6 @@ class EngineConfig:
     n_ctx: int = 4096  # per slot
     n_batch: int = 512  # max tokens per forward (prompt chunks + verification rows)
     spec: SpecParams = field(default_factory=SpecParams)
-
-
-def drafter_cap(drafter: Drafter, spec: SpecParams) -> int:
-    """A drafter's own length cap (§1.3), which sizes synthetic rates and per-position tables:
-    its declared `draft_cap`, else --spec-draft-n-max (the model drafters' cap)."""
-    cap = getattr(drafter, "draft_cap", None)
-    return cap if isinstance(cap, int) and not isinstance(cap, bool) else spec.n_max
 
 
 def end_drafter(drafter: Drafter, slot: int) -> None:
@@ -81,12 +76,16 @@ class Engine:
                                    draft_model_path=draft_model_path)
         self._drafters: dict[str, Drafter] = {}
         self.spec_stats = EngineSpecStats()
+        self.observer: RoundObserver = StatsRecorder(self.spec_stats)
         # Server-wide drafters are created now so that a bad type, plugin or draft model fails start-up.
-        spec_drafters = self._drafters_for(config.spec)
-        self._synth_rates(config.spec, spec_drafters)
-        self._scheduler = Scheduler(backend, tokenizer, config.n_batch, self.spec_stats)
+        synthetic_rates(config.spec, self._drafters_for(config.spec))
         self._slots = [Slot(i, backend.new_seq(), config.n_ctx) for i in range(config.n_slots)]
-        self._queue: deque[tuple[CompletionRequest, Outbox]] = deque()
+        # The cost model is measured on the running backend before any request when the server
+        # speculates adaptively by default; otherwise it starts from a guess that every forward refines.
+        measure = config.spec.adaptive and bool(config.spec.types)
+        self.adaptive = AdaptiveController(self._measure_cost() if measure else CostModel())
+        self._scheduler = Scheduler(backend, tokenizer, config.n_batch, self.observer, self.adaptive)
+        self._queue: deque[tuple[CompletionRequest, RequestPlan, Outbox]] = deque()
         self._wake: anyio.Event | None = None
         self._tg: TaskGroup | None = None
         self.request_stats: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -101,10 +100,21 @@ class Engine:
             out.append(self._drafters[name])
         return order_drafters(out)
 
-    def _synth_rates(self, spec: SpecParams, drafters: list[Drafter]) -> tuple[float, ...] | None:
-        k_eff = max((drafter_cap(d, spec) for d in drafters), default=0)
-        rates = resolve_synthetic_rates(k_eff, spec.synth_rates, spec.synth_len)
-        return None if rates is None else tuple(conditional_rates(rates))
+    def _measure_cost(self) -> CostModel:
+        """Time forwards of 1, 2, 4, ... rows on slot 0's (still empty) sequence."""
+        seq, n_vocab = self._slots[0].seq_id, self.backend.info.n_vocab
+        max_rows = min(self.config.n_batch, self.config.n_ctx - 1, 128 if self.config.n_slots > 1 else 64)
+
+        def forward_rows(n: int) -> float:
+            tokens = (np.arange(n) % n_vocab).astype(np.int32)
+            t0 = time.perf_counter()
+            self.backend.forward([SeqInput(seq, tokens, 0, np.arange(n))], Capture())
+            seconds = time.perf_counter() - t0
+            self.backend.truncate(seq, 0)
+            return seconds
+
+        forward_rows(1)  # the first forward of a backend pays for warm-up
+        return CostModel.measure(forward_rows, max_rows)
 
     # -- public API ---------------------------------------------------------------------------
     def submit(self, req: CompletionRequest) -> RequestHandle:
@@ -112,16 +122,25 @@ class Engine:
             # Random, so one client cannot name (cancel, look up) another client's request.
             req.id = secrets.token_hex(8)
         handle, outbox = open_request(req, self.cancel, lambda: self.cancel(req.id))
-        problem = self._check(req)
-        if problem is not None:
-            self._send_final(outbox, FinalEvent(req.id, "", [], "error", error=problem[0], rejected_spec=problem[1]))
+        try:
+            plan = plan_request(req, server_spec=self.config.spec, n_ctx=self.config.n_ctx,
+                                n_vocab=self.backend.info.n_vocab, drafters_for=self._drafters_for,
+                                is_eog=self._is_eog)
+        except RequestRejected as exc:
+            self._send_final(outbox, FinalEvent(req.id, "", [], "error", error=str(exc), rejected_spec=exc.spec_at_fault))
+        except Exception as exc:  # noqa: BLE001 - e.g. a third-party drafter failing to build: this request only
+            self._send_final(outbox, FinalEvent(req.id, "", [], "error",
+                                                error=f"cannot start request: {type(exc).__name__}: {exc}"))
         else:
-            self._queue.append((req, outbox))
+            self._queue.append((req, plan, outbox))
             self._poke()
         return handle
 
+    def _is_eog(self, token: int) -> bool:
+        return bool(self.tokenizer.is_eog(token))
+
     def cancel(self, request_id: str) -> bool:
-        for i, (req, outbox) in enumerate(self._queue):
+        for i, (req, _plan, outbox) in enumerate(self._queue):
             if req.id == request_id:
                 del self._queue[i]
                 self._send_final(outbox, FinalEvent(req.id, "", [], "cancel"))
@@ -164,7 +183,7 @@ class Engine:
             "n_ctx": self.config.n_ctx, "n_slots": self.config.n_slots, "n_batch": self.config.n_batch,
             "spec": {"types": list(spec.types), "n_max": spec.n_max, "n_min": spec.n_min, "p_min": spec.p_min,
                      "draft_sampling": spec.draft_sampling, "synth_rates": spec.synth_rates,
-                     "synth_len": spec.synth_len},
+                     "synth_len": spec.synth_len, "adaptive": spec.adaptive},
             "available_drafters": sorted(set(available_drafters()) | set(self._extra)),
         }
 
@@ -180,50 +199,16 @@ class Engine:
             self.backend.free_seq(s.seq_id)
         self._slots = []
 
-    # -- request checks and admission ---------------------------------------------------------
-    def _check(self, req: CompletionRequest) -> tuple[str, bool] | None:
-        """(reason, whether the request's own speculation settings are at fault) if the request
-        cannot run, else None. Bad input ends only this request."""
-        n_vocab = self.backend.info.n_vocab
-        if not req.prompt:
-            return "empty prompt", False
-        if len(req.prompt) >= self.config.n_ctx:
-            return str(ContextOverflowError(
-                f"the prompt has {len(req.prompt)} tokens, which does not fit the context of {self.config.n_ctx}"
-                " tokens per slot")), False
-        if min(req.prompt) < 0 or max(req.prompt) >= n_vocab:
-            return f"prompt token ids must be in [0, {n_vocab})", False
-        try:
-            spec = req.spec or self.config.spec
-            self._synth_rates(spec, self._drafters_for(spec))
-        except SpekulaError as exc:
-            return str(exc), req.spec is not None
-        return None
-
+    # -- admission ----------------------------------------------------------------------------
     def _admit(self) -> None:
         for s in self._slots:
             if not self._queue:
                 return
             if s.busy:
                 continue
-            req, outbox = self._queue.popleft()
-            try:
-                spec = req.spec or self.config.spec
-                drafters = self._drafters_for(spec)
-                sampler = Sampler(req.sampling, self.backend.info.n_vocab, resolve_seed(req.sampling.seed))
-                synth = self._synth_rates(spec, drafters)
-            except Exception as exc:  # a request the engine cannot start ends alone, never the loop
-                error = str(exc) if isinstance(exc, SpekulaError) else f"cannot start request: {type(exc).__name__}: {exc}"
-                self._send_final(outbox, FinalEvent(req.id, "", [], "error", error=error))
-                continue
-            # llama-server feeds the prompt to the sampler's penalty history before generating.
-            sampler.accept_many(req.prompt)
-            s.start(req, outbox, spec=spec, drafters=drafters, sampler=sampler, synth_rates=synth,
-                    decoder=self.tokenizer.stream_decoder(skip_special=True),
-                    n_max_eff=max((drafter_cap(d, spec) for d in drafters), default=0))
+            req, plan, outbox = self._queue.popleft()
+            s.start(req, outbox, plan, self.tokenizer.stream_decoder(skip_special=True))
             self.backend.truncate(s.seq_id, 0)
-            if req.n_predict == 0:
-                s.stop_type = "limit"
 
     def _send_final(self, outbox: Outbox, event: FinalEvent) -> None:
         outbox.put(event, self._tg)
@@ -243,8 +228,7 @@ class Engine:
         self.request_stats[s.request.id] = {"slot": s.id, "spec": s.spec_stats}
         while len(self.request_stats) > _KEEP_REQUEST_STATS:
             self.request_stats.popitem(last=False)
-        self.spec_stats.n_requests += 1
-        self.spec_stats.n_tokens_predicted += len(s.generated)
+        self.observer.finished(s)
         for d in s.drafters:
             end_drafter(d, s.id)
         self._send_final(s.outbox, final)
@@ -305,5 +289,5 @@ class Engine:
                 s.error = s.error or "engine stopped"
                 self._finish(s)
         while self._queue:
-            req, outbox = self._queue.popleft()
+            req, _plan, outbox = self._queue.popleft()
             self._send_final(outbox, FinalEvent(req.id, "", [], "error", error="engine stopped"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-# Fixed priority (speculative-semantics.md §3): every draftless type before every model type.
+# Fixed priority (docs/semantics.md §3): every draftless type before every model type.
 SPEC_TYPE_PRIORITY: tuple[str, ...] = (
     "ngram-simple",
     "ngram-map-k",
@@ -51,6 +51,9 @@ class SpecParams:
     draft_sampling: Literal["greedy", "probabilistic"] = "greedy"
     synth_rates: tuple[float, ...] | None = None
     synth_len: float | None = None
+    # --spec-adaptive: draft lengths chosen each round by the engine's cost model (0..the caps
+    # above); off drafts as far as the caps allow, exactly as llama.cpp does.
+    adaptive: bool = True
     # Per-drafter options by llama.cpp's option name without the leading dashes,
     # e.g. {"spec-ngram-simple-size-n": 12}. Drafters read their own with defaults.
     drafter_options: dict[str, Any] = field(default_factory=dict)

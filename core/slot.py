@@ -4,7 +4,7 @@ A slot owns one backend sequence for the engine's lifetime; a new request trunca
 history H (prompt + accepted tokens, excluding the pending target token x) lives in a preallocated
 int32 buffer so that drafters get a zero-copy view of it.
 
-Emission follows llama-server's per-token checks (speculative-semantics.md §1.1 step 11): each
+Emission follows llama-server's per-token checks (docs/semantics.md §1.1 step 9): each
 emitted token is checked for EOG, n_predict, context full and stop strings, in that order; the first
 token that stops generation ends the request and the rest of the round is dropped.
 """
@@ -20,12 +20,12 @@ import numpy as np
 
 from .drafter import Drafter
 from .events import StopType
-from .params import CompletionRequest, SpecParams
+from .params import CompletionRequest
 from .stats import SlotSpecStats
 
 if TYPE_CHECKING:
     from .request_handle import Outbox
-    from .sampling import Sampler
+    from .request_plan import RequestPlan
 
 
 class SlotState(StrEnum):
@@ -93,13 +93,7 @@ class Slot:
     outbox: Outbox | None = None
     prompt: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     n_prompt_done: int = 0
-    spec: SpecParams = field(default_factory=SpecParams)
-    drafters: list[Drafter] = field(default_factory=list)
-    synth_rates: tuple[float, ...] | None = None  # conditional rates when synthetic acceptance is on
-    sampler: Sampler | None = None
-    seed: int = 0
-    synth_rng: np.random.Generator | None = None
-    reject_rng: np.random.Generator | None = None
+    plan: RequestPlan | None = None  # how the request runs: drafters, sampler, verifier (set at submit)
     generated: list[int] = field(default_factory=list)
     text: StopText = field(default_factory=lambda: StopText([]))
     decoder: Any = None
@@ -107,7 +101,7 @@ class Slot:
     stopping_word: str = ""
     error: str | None = None
     cancelled: bool = False
-    # Statistics (§4.2) and timings.
+    # Statistics (docs/semantics.md §4.2) and timings.
     spec_stats: SlotSpecStats = field(default_factory=SlotSpecStats)
     t_start: float = 0.0
     t_prompt_done: float = 0.0
@@ -128,38 +122,35 @@ class Slot:
     def finished(self) -> bool:
         return self.stop_type != "none" or self.error is not None
 
-    def start(self, request: CompletionRequest, outbox: Outbox, *, spec: SpecParams, drafters: list[Drafter],
-              sampler: Sampler, synth_rates: tuple[float, ...] | None, decoder: Any,
-              n_max_eff: int = 0) -> None:
-        self.request, self.outbox, self.spec, self.drafters = request, outbox, spec, drafters
+    def start(self, request: CompletionRequest, outbox: Outbox, plan: RequestPlan, decoder: Any) -> None:
+        self.request, self.outbox, self.plan, self.decoder = request, outbox, plan, decoder
         self.prompt = np.asarray(request.prompt, dtype=np.int32)
         self.state = SlotState.PROMPT
         self.n_prompt_done = self.n_hist = 0
         self.last = -1
-        self.sampler, self.seed, self.synth_rates, self.decoder = sampler, sampler.seed, synth_rates, decoder
-        # Separate streams as in llama.cpp: the rejection uniforms use seed ^ 0x9e3779b9, the
-        # synthetic acceptance its own per-slot generator, so neither perturbs the target's draws.
-        self.reject_rng = np.random.default_rng(sampler.seed ^ 0x9E3779B9)
-        self.synth_rng = np.random.default_rng(sampler.seed)
         self.generated = []
         self.text = StopText(list(request.stop))
         self.stop_type, self.stopping_word, self.error, self.cancelled = "none", "", None, False
-        self.spec_stats = SlotSpecStats(n_max=n_max_eff)
+        self.spec_stats = SlotSpecStats(n_max=plan.n_max_eff)
         self.t_start = time.perf_counter()
         self.t_prompt_done = self.t_end = 0.0
+        if request.n_predict == 0:
+            self.stop_type = "limit"
 
     def reset(self) -> None:
         self.state = SlotState.IDLE
-        self.request = self.outbox = self.sampler = self.decoder = None
-        self.drafters = []
-        self.synth_rng = self.reject_rng = None
+        self.request = self.outbox = self.plan = self.decoder = None
+
+    @property
+    def drafters(self) -> tuple[Drafter, ...]:
+        return self.plan.drafters if self.plan is not None else ()
 
     @property
     def history(self) -> np.ndarray:
         return self.tokens[: self.n_hist]
 
     def n_draft_max(self) -> int:
-        """The round's draft budget (§1.1 step 2): context room and the n_predict remainder."""
+        """The round's draft budget (docs/semantics.md §1.1 step 2): context room and the n_predict remainder."""
         assert self.request is not None
         n = self.n_ctx - self.n_hist - 2
         if self.request.n_predict >= 0:
@@ -207,5 +198,5 @@ class Slot:
             "predicted_per_token_ms": predicted_ms / n_pred if n_pred else 0.0,
             "predicted_per_second": 1e3 * n_pred / predicted_ms if predicted_ms > 0 else 0.0,
         }
-        out.update(self.spec_stats.timings_fields())  # draft_n, draft_n_accepted only when drafted (§4.2)
+        out.update(self.spec_stats.timings_fields())  # draft_n, draft_n_accepted only when drafted (docs/semantics.md §4.2)
         return out

@@ -1,4 +1,4 @@
-"""Engine-wide speculation statistics: per-drafter counters (§4.1) and the acceptance histogram.
+"""Engine-wide speculation statistics: per-drafter counters (docs/semantics.md §4.1) and the acceptance histogram.
 
 The scheduler's worker thread updates these between forwards; the event loop only reads them
 (`snapshot`), and every read is of plain ints/floats, so a snapshot taken mid-step is at worst one
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .stats import DrafterStats
+from .stats import AdaptiveStats, DrafterStats
 
 
 class EngineSpecStats:
@@ -19,6 +19,7 @@ class EngineSpecStats:
         self.histogram: list[int] = []
         self.n_requests = 0
         self.n_tokens_predicted = 0
+        self.adaptive: AdaptiveStats | None = None  # all drafters together
 
     def _get(self, name: str) -> DrafterStats:
         stats = self.drafters.get(name)
@@ -38,6 +39,12 @@ class EngineSpecStats:
 
     def on_accept(self, name: str, n_accepted: int, seconds: float) -> None:
         self._get(name).record_accept(n_accepted, seconds * 1e3)
+
+    def on_adapted(self, name: str, **decision: Any) -> None:
+        self._get(name).record_adapted(**decision)
+        if self.adaptive is None:
+            self.adaptive = AdaptiveStats()
+        self.adaptive.record(**decision)
 
     def on_round(self, n_accepted: int) -> None:
         if len(self.histogram) <= n_accepted:
@@ -61,6 +68,7 @@ class EngineSpecStats:
             "mean_acc_len": 1.0 + accepted / rounds if rounds else 0.0,
             "n_requests": self.n_requests,
             "n_tokens_predicted": self.n_tokens_predicted,
+            "adaptive": self.adaptive.to_dict() if self.adaptive is not None else None,
         }
 
     def lines(self, *, prefix: bool = False) -> list[str]:

@@ -1,4 +1,4 @@
-"""Speculation statistics with llama.cpp's counters and log lines (§4).
+"""Speculation statistics with llama.cpp's counters and log lines (docs/semantics.md §4).
 
 `DrafterStats` is per drafter, server-wide and cumulative (never reset). `SlotSpecStats` is per
 request. Mean acceptance length = emitted tokens / verification rounds = 1 + accepted / rounds.
@@ -34,6 +34,7 @@ class DrafterStats:
     t_begin_ms: float = 0.0
     t_draft_ms: float = 0.0
     t_accept_ms: float = 0.0
+    adaptive: AdaptiveStats | None = None  # only once the cost model decided one of its rounds
 
     def record_begin(self, ms: float = 0.0) -> None:
         self.n_call_begin += 1
@@ -66,6 +67,13 @@ class DrafterStats:
     def mean_acc_len(self) -> float:
         return 1.0 + self.n_acc_tokens / self.n_call_accept if self.n_call_accept else 1.0
 
+    def record_adapted(self, *, natural: int, kept: int, expected: float, emitted: int,
+                       predicted_cost: float, measured_cost: float) -> None:
+        if self.adaptive is None:
+            self.adaptive = AdaptiveStats()
+        self.adaptive.record(natural=natural, kept=kept, expected=expected, emitted=emitted,
+                             predicted_cost=predicted_cost, measured_cost=measured_cost)
+
     def format_line(self, name: str, *, prefix: bool = False) -> str:
         """llama.cpp's `statistics ...` trace line (with `spec common_specu: ` in front if `prefix`)."""
         stats = ""
@@ -75,10 +83,11 @@ class DrafterStats:
                 f", #acc rate/pos = ({_rates(self.acc_per_pos, self.n_call_accept)})"
             )
         perf = f", dur(b,g,a) = {self.t_begin_ms:.3f}, {self.t_draft_ms:.3f}, {self.t_accept_ms:.3f} ms"
+        adapt = self.adaptive.format_field() if self.adaptive is not None else ""
         line = (
             f"statistics {name:>16}: #calls(b,g,a) = {self.n_call_begin:4d} {self.n_call_draft:6d} "
             f"{self.n_call_accept:6d}, #gen drafts = {self.n_gen_drafts:6d}, #acc drafts = {self.n_acc_drafts:5d}, "
-            f"#gen tokens = {self.n_gen_tokens:6d}, #acc tokens = {self.n_acc_tokens:5d}{stats}{perf}"
+            f"#gen tokens = {self.n_gen_tokens:6d}, #acc tokens = {self.n_acc_tokens:5d}{stats}{perf}{adapt}"
         )
         return _SPEC_PREFIX + line if prefix else line
 
@@ -103,6 +112,8 @@ class DrafterStats:
             st.acc_per_pos = [round(float(r) * st.n_call_accept) for r in g["rates"].split(",")]
         if g["tb"] is not None:
             st.t_begin_ms, st.t_draft_ms, st.t_accept_ms = float(g["tb"]), float(g["tg"]), float(g["ta"])
+        if g["ad_rounds"] is not None:
+            st.adaptive = AdaptiveStats.from_field(g)
         return g["name"], st
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,6 +130,7 @@ class DrafterStats:
             "dur_begin_ms": self.t_begin_ms,
             "dur_draft_ms": self.t_draft_ms,
             "dur_accept_ms": self.t_accept_ms,
+            **({"adaptive": self.adaptive.to_dict()} if self.adaptive is not None else {}),
         }
 
 
@@ -128,8 +140,63 @@ _LINE = re.compile(
     r"#gen drafts = \s*(?P<gen_drafts>\d+), #acc drafts = \s*(?P<acc_drafts>\d+), "
     r"#gen tokens = \s*(?P<gen_tokens>\d+), #acc tokens = \s*(?P<acc_tokens>\d+)"
     r"(?:, #mean acc len = [\d.]+, #acc rate/pos = \((?P<rates>[^)]*)\))?"
-    r"(?:, dur\(b,g,a\) = (?P<tb>[\d.]+), (?P<tg>[\d.]+), (?P<ta>[\d.]+) ms)?$"
+    r"(?:, dur\(b,g,a\) = (?P<tb>[\d.]+), (?P<tg>[\d.]+), (?P<ta>[\d.]+) ms)?"
+    r"(?:, #adapt\(rounds,short,skip\) = (?P<ad_rounds>\d+) (?P<ad_short>\d+) (?P<ad_skip>\d+), "
+    r"gain\(pred,meas\) = (?P<ad_pred>[\d.]+)x (?P<ad_meas>[\d.]+)x)?$"
 )
+
+
+@dataclass(slots=True)
+class AdaptiveStats:
+    """What the cost model decided for one drafter's rounds, and what it gained.
+
+    A round's gain is emitted tokens per time, in units of what a plain decoding round (one token)
+    costs on the same batch: predicted from the cost and acceptance models when the length was
+    chosen, measured from the tokens the round actually emitted and the time it actually took."""
+
+    n_rounds: int = 0
+    n_shortened: int = 0  # verified fewer tokens than a fixed policy would have
+    n_skipped: int = 0  # verified none where a fixed policy would have drafted (or not asked at all)
+    predicted_tokens: float = 0.0
+    predicted_cost: float = 0.0
+    measured_tokens: float = 0.0
+    measured_cost: float = 0.0
+
+    def record(self, *, natural: int, kept: int, expected: float, emitted: int,
+               predicted_cost: float, measured_cost: float) -> None:
+        self.n_rounds += 1
+        if kept == 0:
+            self.n_skipped += 1
+        elif kept < natural:
+            self.n_shortened += 1
+        self.predicted_tokens += expected
+        self.predicted_cost += predicted_cost
+        self.measured_tokens += emitted
+        self.measured_cost += measured_cost
+
+    @property
+    def predicted_gain(self) -> float:
+        return self.predicted_tokens / self.predicted_cost if self.predicted_cost > 0 else 0.0
+
+    @property
+    def measured_gain(self) -> float:
+        return self.measured_tokens / self.measured_cost if self.measured_cost > 0 else 0.0
+
+    def format_field(self) -> str:
+        return (f", #adapt(rounds,short,skip) = {self.n_rounds} {self.n_shortened} {self.n_skipped}, "
+                f"gain(pred,meas) = {self.predicted_gain:.2f}x {self.measured_gain:.2f}x")
+
+    @classmethod
+    def from_field(cls, g: dict[str, Any]) -> AdaptiveStats:
+        """The counters back from a formatted line; the gains come back as 1 round's worth of cost."""
+        st = cls(n_rounds=int(g["ad_rounds"]), n_shortened=int(g["ad_short"]), n_skipped=int(g["ad_skip"]))
+        st.predicted_tokens, st.predicted_cost = float(g["ad_pred"]), 1.0
+        st.measured_tokens, st.measured_cost = float(g["ad_meas"]), 1.0
+        return st
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rounds": self.n_rounds, "shortened": self.n_shortened, "skipped": self.n_skipped,
+                "predicted_gain": self.predicted_gain, "measured_gain": self.measured_gain}
 
 
 @dataclass(slots=True)

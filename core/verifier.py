@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -152,7 +153,7 @@ def verify_synthetic(
     rng: np.random.Generator,
     is_eog: Callable[[int], bool],
 ) -> VerifyResult:
-    """Benchmark-only acceptance (§1.5): accept draft[i] iff U < cond_rates[i], never a drafted EOG.
+    """Benchmark-only acceptance (docs/semantics.md §1.5): accept draft[i] iff U < cond_rates[i], never a drafted EOG.
 
     The target still samples every visited row (advancing its RNG), and exactly one double uniform
     per visited position is drawn from ``rng`` (the slot's own generator). ``cond_rates`` are the
@@ -174,3 +175,66 @@ def verify_synthetic(
         return VerifyResult(out, i)
     _take(sampler, out, sampler.sample(target_logits[k]))
     return VerifyResult(out, k)
+
+
+# ---- one verifier per request ------------------------------------------------------------------
+# The engine picks the verification rule once, when a request is planned (docs/semantics.md §1.2);
+# a round is then `plan.verifier.verify(tokens, probs, logits)`. Each object only binds the pure
+# functions above to the request's sampler and random streams.
+
+
+class Verifier(Protocol):
+    """One request's verification rule, bound to its sampler and random streams."""
+
+    def verify(self, draft: Sequence[int], probs: np.ndarray | None, target_logits: np.ndarray) -> VerifyResult:
+        """Verify `draft` (with its distributions `probs`, or None) against rows [k+1, V]."""
+        ...
+
+
+class MatchVerifier:
+    """Sample-and-match: every n-gram drafter, greedy draft models, and temperature 0."""
+
+    def __init__(self, sampler: Sampler, is_eog: Callable[[int], bool]) -> None:
+        self.sampler, self.is_eog = sampler, is_eog
+
+    def verify(self, draft: Sequence[int], probs: np.ndarray | None, target_logits: np.ndarray) -> VerifyResult:
+        return verify_match(draft, target_logits, self.sampler, self.is_eog)
+
+
+class RejectionVerifier(MatchVerifier):
+    """Rejection sampling for drafts that carry their distribution q (probabilistic draft models at
+    temperature > 0); a draft without q (an n-gram drafter's) is still matched."""
+
+    def __init__(self, sampler: Sampler, is_eog: Callable[[int], bool], rng: np.random.Generator) -> None:
+        super().__init__(sampler, is_eog)
+        self.rng = rng
+
+    def verify(self, draft: Sequence[int], probs: np.ndarray | None, target_logits: np.ndarray) -> VerifyResult:
+        if draft and probs is not None:
+            return verify_rejection(draft, probs, target_logits, self.sampler, self.rng)
+        return verify_match(draft, target_logits, self.sampler, self.is_eog)
+
+
+class SyntheticVerifier(MatchVerifier):
+    """Benchmark-only chosen acceptance rates (docs/semantics.md §1.5)."""
+
+    def __init__(self, sampler: Sampler, is_eog: Callable[[int], bool], cond_rates: Sequence[float],
+                 rng: np.random.Generator) -> None:
+        super().__init__(sampler, is_eog)
+        self.cond_rates, self.rng = tuple(cond_rates), rng
+
+    def verify(self, draft: Sequence[int], probs: np.ndarray | None, target_logits: np.ndarray) -> VerifyResult:
+        if draft:
+            return verify_synthetic(draft, target_logits, self.sampler, self.cond_rates, self.rng, self.is_eog)
+        return verify_match(draft, target_logits, self.sampler, self.is_eog)
+
+
+def choose_verifier(sampler: Sampler, is_eog: Callable[[int], bool], *, probabilistic: bool,
+                    synth_rates: Sequence[float] | None, seed: int) -> Verifier:
+    """Separate random streams, as in llama.cpp: the rejection uniforms use seed ^ 0x9e3779b9, the
+    synthetic acceptance a generator of its own, so neither perturbs the target's draws."""
+    if synth_rates is not None:
+        return SyntheticVerifier(sampler, is_eog, synth_rates, np.random.default_rng(seed))
+    if probabilistic and sampler.params.temperature > 0:
+        return RejectionVerifier(sampler, is_eog, np.random.default_rng(seed ^ 0x9E3779B9))
+    return MatchVerifier(sampler, is_eog)

@@ -1,4 +1,4 @@
-"""draft-dflash: block denoising over the target's hidden states (model-drafters.md §3.3).
+"""draft-dflash: block denoising over the target's hidden states (docs/model-formats.md §3.3).
 
 Every target forward's captured features are injected as keys/values of every draft layer at their
 positions (prompt chunks and verification rows alike; rejected rows are overwritten later since
@@ -74,7 +74,7 @@ class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, HiddenSlot]):
     def observe(self, slot: int, inp: SeqInput, out: SeqOutput) -> None:
         if len(inp.tokens) == 0:
             return
-        st = self._state(slot)
+        st = self._slots.get(slot)
         feats = self.features(out)
         if self.runtime.seq_len(st.seq) < inp.start:
             return  # a gap (should not happen): leave it; draft() sees the missing context and skips
@@ -113,7 +113,7 @@ class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, HiddenSlot]):
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         plans: list[_Plan] = []
         for i, r in enumerate(requests):
-            st = self._slots.get(r.slot)
+            st = self._slots.peek(r.slot)
             n_spec = min(int(r.spec.n_max), self.max_block_draft())
             pos0 = len(r.history)
             if st is None or n_spec <= 0 or int(r.n_max) <= 0 or self.runtime.seq_len(st.seq) < pos0:

@@ -1,4 +1,4 @@
-"""draft-simple: a smaller model with the target's vocabulary drafts greedily or by sampling (§5).
+"""draft-simple: a smaller model with the target's vocabulary drafts greedily or by sampling (docs/semantics.md §5).
 
 The draft model runs on its own Backend with one sequence per slot. Its KV cache is kept in step
 with the target through a record of the token at every position it holds:
@@ -29,6 +29,7 @@ from spekula.core.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
 from spekula.core.gguf_file import GGUFFile
 from spekula.core.sampling import pick
+from spekula.core.slot_states import SlotStates
 from spekula.core.tokenizer import Tokenizer
 
 N_CANDIDATES = 10  # llama.cpp's draft sampler: top-k 10
@@ -94,7 +95,7 @@ class DraftSimpleDrafter:
     def __init__(self, backend: Backend, *, target_n_vocab: int) -> None:
         self.backend = backend
         self.target_n_vocab = target_n_vocab
-        self._slots: dict[int, _Slot] = {}
+        self._slots: SlotStates[_Slot] = SlotStates(lambda _slot: _Slot(self.backend.new_seq()))
 
     @classmethod
     def create(cls, ctx: DrafterContext) -> DraftSimpleDrafter:
@@ -115,20 +116,14 @@ class DraftSimpleDrafter:
     def capture(self) -> Capture:
         return Capture()
 
-    def _state(self, slot: int) -> _Slot:
-        st = self._slots.get(slot)
-        if st is None:
-            st = self._slots[slot] = _Slot(self.backend.new_seq())
-        return st
-
     def begin(self, slot: int, prompt: np.ndarray) -> None:
-        st = self._state(slot)
+        st = self._slots.get(slot)
         st.begun = True
         st.rng, st.rng_key = None, None  # reset the draft sampler, or two identical requests differ
 
     def observe(self, slot: int, inp: SeqInput, out: SeqOutput) -> None:
         """Mirror prompt chunks (before begin); later rounds are synced lazily in `draft`."""
-        st = self._state(slot)
+        st = self._slots.get(slot)
         if st.begun or inp.start > len(st.kv) or len(inp.tokens) == 0:
             return
         self._forward([(st, [int(t) for t in inp.tokens], inp.start, False)])
@@ -138,7 +133,7 @@ class DraftSimpleDrafter:
         return None
 
     def end(self, slot: int) -> None:
-        st = self._slots.pop(slot, None)
+        st = self._slots.pop(slot)
         if st is not None:
             self.backend.free_seq(st.seq)
 
@@ -151,7 +146,7 @@ class DraftSimpleDrafter:
             cap = min(int(r.spec.n_max), int(r.n_max))
             if cap <= 0:
                 continue
-            st = self._state(r.slot)
+            st = self._slots.get(r.slot)
             history = np.asarray(r.history)
             keep = _common_prefix(st.kv, history)
             pending.append((st, [int(t) for t in history[keep:]] + [int(r.last)], keep))

@@ -1,4 +1,4 @@
-"""draft-dspark: DFlash plus a Markov head and an optional confidence head (model-drafters.md §4).
+"""draft-dspark: DFlash plus a Markov head and an optional confidence head (docs/model-formats.md §4).
 
 The runtime chains the Markov bias greedily through the block (each position's bias is keyed on
 the previous position's argmax), so drafts are always the argmax tokens. ``--spec-draft-p-min``

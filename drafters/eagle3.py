@@ -1,4 +1,4 @@
-"""draft-eagle3: one Llama layer drafts from the target's own hidden states (model-drafters.md §2.6).
+"""draft-eagle3: one Llama layer drafts from the target's own hidden states (docs/model-formats.md §2.6).
 
 Pairing rule: the draft KV entry at position P is computed from (token at P+1, g_P), where g_P is
 the fc projection of the target's three captured layer inputs at P. So after each target forward the
@@ -63,7 +63,7 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
         n = len(inp.tokens)
         if n == 0:
             return
-        st = self._state(slot)
+        st = self._slots.get(slot)
         if inp.start == 0:  # a new sequence in this slot
             self.runtime.truncate(st.seq, 0)
             st.pending_g = None
@@ -81,7 +81,7 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
         st.verify_g, st.verify_pos = g, inp.start
 
     def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
-        st = self._slots.get(slot)
+        st = self._slots.peek(slot)
         if st is None or st.verify_g is None:
             return
         i = min(int(n_accepted), len(st.verify_g) - 1)
@@ -96,7 +96,7 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
         for i, r in enumerate(requests):
             # step j writes at len(history) - 1 + j: stay inside the draft context
             cap = min(int(r.spec.n_max), int(r.n_max), self.runtime.n_ctx - len(r.history) + 1)
-            st = self._slots.get(r.slot)
+            st = self._slots.peek(r.slot)
             if cap <= 0 or st is None or st.pending_g is None:
                 continue
             pos = len(r.history) - 1  # the row whose successor is x

@@ -16,6 +16,7 @@ from spekula.core.backend import BackendOptions, Capture, SeqOutput
 from spekula.core.draft_models import DraftRuntime, draft_rng
 from spekula.core.drafter import DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
+from spekula.core.slot_states import SlotStates
 
 
 def model_draft_options(ctx: DrafterContext, extra_ctx: int = 0) -> BackendOptions:
@@ -54,7 +55,7 @@ class HiddenStateDrafter(ABC, Generic[RuntimeT, SlotT]):
     def __init__(self, runtime: RuntimeT) -> None:
         self.runtime = runtime
         self.layers = runtime.info.target_layers
-        self._slots: dict[int, SlotT] = {}
+        self._slots: SlotStates[SlotT] = SlotStates(lambda _slot: self.new_slot(self.runtime.new_seq()))
 
     @abstractmethod
     def new_slot(self, seq: int) -> SlotT:
@@ -63,19 +64,13 @@ class HiddenStateDrafter(ABC, Generic[RuntimeT, SlotT]):
     def capture(self) -> Capture:
         return Capture(layers=frozenset(self.layers))
 
-    def _state(self, slot: int) -> SlotT:
-        st = self._slots.get(slot)
-        if st is None:
-            st = self._slots[slot] = self.new_slot(self.runtime.new_seq())
-        return st
-
     def begin(self, slot: int, prompt: np.ndarray) -> None:
         # The prompt was already mirrored by observe (which runs before begin); only reset sampling.
-        st = self._state(slot)
+        st = self._slots.get(slot)
         st.rng, st.rng_key = None, None
 
     def end(self, slot: int) -> None:
-        st = self._slots.pop(slot, None)
+        st = self._slots.pop(slot)
         if st is not None:
             self.runtime.free_seq(st.seq)
 

@@ -1,6 +1,6 @@
 """ngram-cache: draft from n-gram statistics of the context, earlier generations and a corpus.
 
-llama.cpp's `common_ngram_cache_*` + speculative wrapper (speculative-semantics.md §2.4): three count
+llama.cpp's `common_ngram_cache_*` + speculative wrapper (docs/semantics.md §2.4): three count
 caches (context: built from this slot's history; dynamic: `-lcd FILE`; static: `-lcs FILE`, 2-grams
 from a corpus). Each drafted token comes from the context cache with lax thresholds, else the
 dynamic cache with strict ones, else the static cache alone; static counts re-weight candidates.
@@ -17,6 +17,7 @@ from typing import ClassVar
 import numpy as np
 from spekula.core.drafter import Draft, Drafter, DrafterContext, DraftlessDrafter, DraftRequest
 from spekula.core.errors import ConfigError, SpekulaError
+from spekula.core.slot_states import SlotStates
 
 from .ngram_cache_file import (
     NGRAM_MAX,
@@ -154,7 +155,7 @@ class NgramCacheDrafter(DraftlessDrafter, Drafter):
         self.dynamic: NgramCache = dynamic if dynamic is not None else {}
         self.dynamic_path = dynamic_path or None
         self.llama_compat_update = llama_compat_update
-        self._slots: dict[int, _SlotCache] = {}
+        self._slots: SlotStates[_SlotCache] = SlotStates(lambda _slot: _SlotCache())
 
     @classmethod
     def create(cls, ctx: DrafterContext) -> NgramCacheDrafter:
@@ -168,12 +169,6 @@ class NgramCacheDrafter(DraftlessDrafter, Drafter):
             except NgramCacheError as exc:
                 raise ConfigError(f"-lcd/--lookup-cache-dynamic: {exc}") from None
         return cls(static=static, dynamic=dynamic, dynamic_path=dynamic_path or None)
-
-    def _slot(self, slot: int) -> _SlotCache:
-        st = self._slots.get(slot)
-        if st is None:
-            st = self._slots[slot] = _SlotCache()
-        return st
 
     def _count(self, st: _SlotCache, new_tokens: Sequence[int]) -> None:
         start = len(st.seen)
@@ -192,7 +187,7 @@ class NgramCacheDrafter(DraftlessDrafter, Drafter):
         del st.seen[k:]
 
     def begin(self, slot: int, prompt: np.ndarray) -> None:
-        st = self._slot(slot)
+        st = self._slots.get(slot)
         if not self.llama_compat_update:
             self._rewind(st, prompt)
             if len(st.seen) < len(prompt):
@@ -202,7 +197,7 @@ class NgramCacheDrafter(DraftlessDrafter, Drafter):
         return [Draft(self.draft_one(r.slot, r.history, r.last, r.n_max)) for r in requests]
 
     def draft_one(self, slot: int, hist: np.ndarray, last: int, n_max: int = N_DRAFT) -> list[int]:
-        st = self._slot(slot)
+        st = self._slots.get(slot)
         length = len(hist)
         if len(st.seen) > length + 1 and not self.llama_compat_update:
             # History got shorter without a begin (context shift): recount from the common prefix.
@@ -220,7 +215,7 @@ class NgramCacheDrafter(DraftlessDrafter, Drafter):
         return None
 
     def end(self, slot: int) -> None:
-        st = self._slots.get(slot)
+        st = self._slots.peek(slot)
         if st is None or not self.dynamic_path or not st.delta:
             return
         merge_cache(self.dynamic, st.delta)

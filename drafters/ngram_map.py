@@ -1,6 +1,6 @@
 """ngram-map-k and ngram-map-k4v: a per-slot map from key n-grams to what followed them.
 
-Both follow llama.cpp's `common_ngram_map_*` (speculative-semantics.md §2.2): a 262144-bucket hash
+Both follow llama.cpp's `common_ngram_map_*` (docs/semantics.md §2.2): a 262144-bucket hash
 index of history positions (first writer wins), key records with hit counts, and per-value
 accepted-length tracking that caps later drafts from the same key. k4v also counts up to four
 distinct m-token values per key and drafts only when one is "significantly more frequent".
@@ -14,6 +14,7 @@ from typing import ClassVar, Self
 
 import numpy as np
 from spekula.core.drafter import Drafter, DrafterContext
+from spekula.core.slot_states import SlotStates
 
 from .ngram_match import SlotDraftless, int_option, last_match, match_positions, same_tokens
 
@@ -68,6 +69,7 @@ class _MapState:
     seen: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))  # history at last call
     by_tokens: dict[tuple[int, ...], _Key] = field(default_factory=dict)
     last_value: _Value | None = None  # the value slot the last draft came from (for accept)
+    kept: int | None = None  # the engine verified only this many tokens of the last draft
 
 
 class _NgramMapDrafter(SlotDraftless):
@@ -92,7 +94,7 @@ class _NgramMapDrafter(SlotDraftless):
         self.n = size_n
         self.m = size_m
         self.min_hits = min_hits
-        self._states: dict[int, _MapState] = {}
+        self._slots: SlotStates[_MapState] = SlotStates(lambda _slot: _MapState())
 
     @classmethod
     def create(cls, ctx: DrafterContext) -> Self:
@@ -107,16 +109,10 @@ class _NgramMapDrafter(SlotDraftless):
     def draft_cap(self) -> int:
         return self.m
 
-    def _state(self, slot: int) -> _MapState:
-        st = self._states.get(slot)
-        if st is None:
-            st = self._states[slot] = _MapState()
-        return st
-
     # -- begin: clean up after the history shrank ----------------------------------------------
 
     def begin(self, slot: int, prompt: np.ndarray) -> None:
-        st = self._state(slot)
+        st = self._slots.get(slot)
         self._cleanup(st, prompt)
         st.size_last_begin = len(prompt)
         st.seen = np.array(prompt, copy=True)
@@ -157,7 +153,7 @@ class _NgramMapDrafter(SlotDraftless):
     # -- draft -----------------------------------------------------------------------------------
 
     def draft_one(self, slot: int, hist: np.ndarray, last: int) -> list[int]:
-        st = self._state(slot)
+        st = self._slots.get(slot)
         st.last_value = None
         n, m = self.n, self.m
         length = len(hist)
@@ -201,7 +197,7 @@ class _NgramMapDrafter(SlotDraftless):
             value = self._count_values(rec, hist, key, p)
             if value is None:
                 return []
-        st.last_value = value
+        st.last_value, st.kept = value, None
         c = min(m, value.n_accepted)
         return hist[p + n : p + n + c].tolist()
 
@@ -255,10 +251,19 @@ class _NgramMapDrafter(SlotDraftless):
     def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
         if not mine:
             return
-        st = self._states.get(slot)
+        st = self._slots.peek(slot)
         if st is not None and st.last_value is not None:
-            # Later drafts through this value are capped at what was accepted now.
-            st.last_value.n_accepted = max(n_accepted, 0)
+            # Later drafts through this value are capped at what was accepted now, unless the
+            # engine verified a shortened draft whole: that says nothing against the rest of it.
+            if st.kept is not None and n_accepted >= st.kept:
+                st.last_value.n_accepted = max(st.last_value.n_accepted, n_accepted)
+            else:
+                st.last_value.n_accepted = max(n_accepted, 0)
+
+    def shortened(self, slot: int, n_kept: int) -> None:
+        st = self._slots.peek(slot)
+        if st is not None:
+            st.kept = n_kept
 
     def end(self, slot: int) -> None:
         # Kept on purpose: like llama.cpp, the map survives between requests on a slot and the

@@ -1,6 +1,6 @@
 """ngram-mod: one fixed hash table of n-gram successors, shared by every slot of the engine.
 
-llama.cpp's `common_ngram_mod` + its speculative wrapper (speculative-semantics.md §2.3): 4Mi int32
+llama.cpp's `common_ngram_mod` + its speculative wrapper (docs/semantics.md §2.3): 4Mi int32
 entries (16 MiB), indexed by a 64-bit LCG hash of the last n tokens, storing the token that
 followed (last writer wins, no verification). Drafting walks the table from (H, x).
 """
@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 from spekula.core.drafter import Drafter, DrafterContext
+from spekula.core.slot_states import SlotStates
 
 from .ngram_match import SlotDraftless, int_option
 
@@ -119,7 +120,7 @@ class NgramModDrafter(SlotDraftless, Drafter):
         self.n_min = n_min
         self.n_max = n_max
         self.pool = NgramPool(n_match)
-        self._seqs: dict[int, _SeqInfo] = {}
+        self._slots: SlotStates[_SeqInfo] = SlotStates(lambda _slot: _SeqInfo())
 
     @property
     def draft_cap(self) -> int:
@@ -133,19 +134,13 @@ class NgramModDrafter(SlotDraftless, Drafter):
             n_max=int_option(ctx, "spec-ngram-mod-n-max", 64, 0, 1024),
         )
 
-    def _seq(self, slot: int) -> _SeqInfo:
-        info = self._seqs.get(slot)
-        if info is None:
-            info = self._seqs[slot] = _SeqInfo()
-        return info
-
     def _wipe(self) -> None:
         self.pool.reset()
-        for info in self._seqs.values():
+        for info in self._slots:
             info.i_last = 0
 
     def begin(self, slot: int, prompt: np.ndarray) -> None:
-        info = self._seq(slot)
+        info = self._slots.get(slot)
         info.i_last = info.n_draft_last = 0
         n = self.n_match
         if len(prompt) < n:
@@ -157,7 +152,7 @@ class NgramModDrafter(SlotDraftless, Drafter):
         info.i_last = len(prompt) - n
 
     def draft_one(self, slot: int, hist: np.ndarray, last: int) -> list[int]:
-        info = self._seq(slot)
+        info = self._slots.get(slot)
         info.n_draft_last = 0
         n = self.n_match
         length = len(hist)
@@ -170,7 +165,7 @@ class NgramModDrafter(SlotDraftless, Drafter):
         r = self.pool.index(window)
         entries = self.pool.entries
         drafted: list[int] = []
-        # As llama.cpp (speculative-semantics.md §2.3): n_min only rejects a walk that hits an empty
+        # As llama.cpp (docs/semantics.md §2.3): n_min only rejects a walk that hits an empty
         # entry before n_min tokens. n_min <= n_max is not validated there, so with n_min > n_max a
         # walk that fills all n_max tokens is a draft shorter than n_min; keeping that keeps the same
         # drafts (and so the same acceptance statistics and pool wipes) as llama.cpp.
@@ -189,7 +184,7 @@ class NgramModDrafter(SlotDraftless, Drafter):
     def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
         if not mine:
             return
-        info = self._seq(slot)
+        info = self._slots.get(slot)
         if info.n_draft_last <= 0:
             return
         if n_accepted / info.n_draft_last < LOW_ACCEPT_FRACTION:
@@ -199,6 +194,10 @@ class NgramModDrafter(SlotDraftless, Drafter):
                 info.n_low = 0
         else:
             info.n_low = 0
+
+    def shortened(self, slot: int, n_kept: int) -> None:
+        # The low-acceptance rule judges the tokens that were verified, not the ones cut off.
+        self._slots.get(slot).n_draft_last = n_kept
 
     def end(self, slot: int) -> None:
         # The slot's counters stay (llama.cpp keeps n_low across requests); begin() resets the rest.

@@ -1,8 +1,8 @@
 """`spekula generate`: one prompt through the Engine, text streamed to stdout.
 
 stdout carries only the generated text (or, with --json, one llama-server /completion object);
-logs, timings and llama.cpp's speculation statistics go to stderr, as plain lines and as structlog
-events. A request rejected before generating (bad prompt, context) prints nothing to stdout in text
+timings and llama.cpp's speculation statistics go to stderr as llama.cpp prints them; the same
+numbers as structured events only with -v or --log-format json. A request rejected before generating (bad prompt, context) prints nothing to stdout in text
 mode. When the reader of stdout goes away (`spekula generate ... | head -c1`), generation is cancelled
 and the command exits quietly with 141, the status of a process killed by SIGPIPE.
 """
@@ -54,16 +54,18 @@ def _prompt_text(args: argparse.Namespace) -> str:
     return str(args.prompt)
 
 
-def statistics_lines(engine: Engine, final: FinalEvent) -> list[str]:
-    """llama.cpp's per-drafter `statistics` lines, the slot's `draft acceptance` line, and a histogram."""
+def statistics_lines(engine: Engine, final: FinalEvent, *, verbose: bool = False) -> list[str]:
+    """llama.cpp's per-drafter `statistics` lines and the slot's `draft acceptance` line; with
+    `verbose`, the per-position acceptance line and a histogram too."""
     lines = engine.spec_stats.lines(prefix=True)
     entry = engine.request_stats.get(final.request_id)
     if entry is not None and entry["spec"].n_draft_tokens > 0:
         spec = entry["spec"]
         lines.append(spec.format_line(entry["slot"], 0))
-        lines.append(spec.format_per_pos_line(entry["slot"], 0))
-        hist = ", ".join(f"{n}:{c}" for n, c in enumerate(spec.histogram))
-        lines.append(f"acceptance histogram (accepted drafts per round: rounds) = {{{hist}}}")
+        if verbose:
+            lines.append(spec.format_per_pos_line(entry["slot"], 0))
+            hist = ", ".join(f"{n}:{c}" for n, c in enumerate(spec.histogram))
+            lines.append(f"acceptance histogram (accepted drafts per round: rounds) = {{{hist}}}")
     return lines
 
 
@@ -111,7 +113,7 @@ async def _generate(engine: Engine, args: argparse.Namespace, prompt: list[int],
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.verbose)
+    configure_logging(args.verbose, log_format=args.log_format)
     text = _prompt_text(args)
     engine = build_engine(args)
     try:
@@ -140,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         for line in _timing_lines(final.timings):
             print(line, file=sys.stderr)
     if engine.config.spec.types:
-        for line in statistics_lines(engine, final):
+        for line in statistics_lines(engine, final, verbose=args.verbose):
             print(line, file=sys.stderr)
         for name, counters in engine.stats()["drafters"].items():
             log.info("spec_statistics", drafter=name, **counters)

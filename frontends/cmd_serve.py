@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.verbose, stdlib=True)
+    configure_logging(args.verbose, stdlib=True, log_format=args.log_format, events=True)
     # Refuse a live socket or an unusable path before spending seconds loading the model.
     check_socket_path(args.socket)
     engine = build_engine(args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
 
@@ -28,13 +29,21 @@ class _StderrProxy:
 STDERR = _StderrProxy()
 
 
-def configure_logging(verbose: bool, *, stdlib: bool = False) -> None:
-    """structlog to stderr (stdout stays the command's output), DEBUG with -v; with `stdlib`, the
-    root stdlib logger too (the server logs through `logging`)."""
-    level = logging.DEBUG if verbose else logging.INFO
+def configure_logging(verbose: bool, *, stdlib: bool = False, log_format: str = "text",
+                      events: bool | None = None) -> None:
+    """structlog to stderr (stdout stays the command's output); with `stdlib`, the root stdlib logger
+    too (the server logs through `logging`).
+
+    structlog's info events show with -v (DEBUG, console lines) or `--log-format json` (one JSON
+    object per line); otherwise only warnings do, so a command's stderr reads like llama.cpp's.
+    `events` forces them on or off whatever the flags say."""
+    show = (verbose or log_format == "json") if events is None else events
+    level = logging.DEBUG if verbose else logging.INFO if show else logging.WARNING
+    renderer: Any = (structlog.processors.JSONRenderer() if log_format == "json"
+                     else structlog.dev.ConsoleRenderer(colors=False))
     structlog.configure(
         processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="%H:%M:%S"),
-                    structlog.dev.ConsoleRenderer(colors=False)],
+                    renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(file=STDERR),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
@@ -47,4 +56,4 @@ def configure_logging(verbose: bool, *, stdlib: bool = False) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         handler._spekula = True  # type: ignore[attr-defined]  # marks ours: one handler however often called
         root.addHandler(handler)
-    root.setLevel(level)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)

@@ -1,7 +1,7 @@
 """Shared CLI options (model, backend, sampling, speculation) with llama.cpp's names and defaults,
 and `build_engine(args)`, which turns parsed options into a ready Engine.
 
-Speculation options follow speculative-semantics.md §6: `--spec-type` accumulates, every per-drafter
+Speculation options follow docs/semantics.md §6: `--spec-type` accumulates, every per-drafter
 option lands in `SpecParams.drafter_options` under its name without the leading dashes, and the
 options llama.cpp removed fail with its "argument has been removed" message.
 """
@@ -19,10 +19,11 @@ from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
 from spekula.core.params import SPEC_TYPE_PRIORITY, CompletionRequest, SamplingParams, SpecParams
 from spekula.core.registry import available_drafters, parse_spec_types, priority_key
+from spekula.drafters.suffix import DEFAULTS as SUFFIX_DEFAULTS
 
 log = structlog.get_logger("spekula.options")
 
-# name without dashes -> (default, type); llama.cpp's defaults (§6).
+# name without dashes -> (default, type); llama.cpp's defaults (docs/semantics.md §6).
 NGRAM_INT_OPTIONS: dict[str, int] = {
     "spec-ngram-simple-size-n": 12, "spec-ngram-simple-size-m": 48, "spec-ngram-simple-min-hits": 1,
     "spec-ngram-map-k-size-n": 12, "spec-ngram-map-k-size-m": 48, "spec-ngram-map-k-min-hits": 1,
@@ -112,7 +113,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (<= 0: runtime default)")
     g.add_argument("--ort-provider", choices=("auto", "cuda", "cpu"), default="auto",
                    help="onnxruntime execution provider (onnx backend)")
-    g.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="debug logging: structured events, per-position acceptance and the histogram too")
+    g.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="text: llama.cpp-style lines only; json: also every structured event as one JSON "
+                        "object per line (default: text)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -138,6 +143,9 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-default", action="store_true", help="append ngram-mod with n_match 24, n_min 48, n_max 64")
     g.add_argument("--spec-draft-n-max", type=_non_negative, default=3, help="draft-model cap (default: 3)")
     g.add_argument("--spec-draft-n-min", type=int, default=0, help="draft-model minimum (default: 0)")
+    g.add_argument("--spec-adaptive", choices=("on", "off"), default="on",
+                   help="on: the cost model picks each round's draft length within the caps (0 when "
+                        "nothing pays); off: draft to the caps, as llama.cpp does (default: on)")
     g.add_argument("--spec-draft-p-min", "--draft-p-min", type=_probability, default=0.0,
                    help="stop drafting when top-1 p < P (default: 0.0)")
     g.add_argument("--spec-draft-p-split", "--draft-p-split", type=float, default=0.10,
@@ -159,6 +167,9 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
                    default=None, help="draft threads (default: follows --threads)")
     for name, default in NGRAM_INT_OPTIONS.items():
         g.add_argument(f"--{name}", type=int, default=default, metavar="N", help=f"(default: {default})")
+    for name, value in SUFFIX_DEFAULTS.items():
+        g.add_argument(f"--{name}", type=type(value), default=value, metavar="X",
+                       help=f"suffix drafter (default: {value})")
     g.add_argument("-lcs", "--lookup-cache-static", default=None, metavar="FILE", help="ngram-cache static file")
     g.add_argument("-lcd", "--lookup-cache-dynamic", default=None, metavar="FILE", help="ngram-cache dynamic file")
     for option in REMOVED_OPTIONS:
@@ -174,7 +185,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
 
 def spec_params_from_args(args: argparse.Namespace) -> SpecParams:
     values = list(args.spec_type)
-    options: dict[str, Any] = {name: getattr(args, _dest(name)) for name in NGRAM_INT_OPTIONS}
+    options: dict[str, Any] = {name: getattr(args, _dest(name)) for name in (*NGRAM_INT_OPTIONS, *SUFFIX_DEFAULTS)}
     if args.spec_default:
         values.append("ngram-mod")
         options.update({"spec-ngram-mod-n-match": 24, "spec-ngram-mod-n-min": 48, "spec-ngram-mod-n-max": 64})
@@ -183,7 +194,8 @@ def spec_params_from_args(args: argparse.Namespace) -> SpecParams:
             options[name] = getattr(args, _dest(name))
     return SpecParams(types=parse_spec_types(values), n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min,
                       p_min=args.spec_draft_p_min, draft_sampling=args.spec_draft_sampling,
-                      synth_rates=args.spec_synth_rates, synth_len=args.spec_synth_len, drafter_options=options)
+                      synth_rates=args.spec_synth_rates, synth_len=args.spec_synth_len, drafter_options=options,
+                      adaptive=args.spec_adaptive == "on")
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
@@ -192,7 +204,7 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 
 
 def _infer_draft_type(path: str) -> tuple[str, ...]:
-    """llama.cpp infers a type from the draft GGUF only for DFlash/DSpark (and MTP); else none (§3)."""
+    """llama.cpp infers a type from the draft GGUF only for DFlash/DSpark (and MTP); else none (docs/semantics.md §3)."""
     f = GGUFFile(path)
     if f.get("general.architecture") != "dflash":
         return ()

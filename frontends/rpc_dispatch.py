@@ -200,7 +200,7 @@ class RpcConnection:
             for i, item in enumerate(items):
                 tg.start_soon(run, i, item)
         out = [r for r in replies if r is not None]
-        if out:  # a batch of notifications only gets no reply at all (JSON-RPC §6)
+        if out:  # a batch of notifications only gets no reply at all (JSON-RPC 2.0 batches)
             await self._send(out)
 
     async def _handle_one(self, obj: Any) -> dict[str, Any] | None:

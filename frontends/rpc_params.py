@@ -52,7 +52,7 @@ def invalid_params(message: str, field: str = "") -> ParamError:
     return ParamError(field, message)
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed")
-SPEC_FIELDS = ("n_max", "n_min", "p_min", "type")
+SPEC_FIELDS = ("n_max", "n_min", "p_min", "type", "adaptive")
 COMPLETION_FIELDS = frozenset(
     {"prompt", "n_predict", "stop", "stream", "return_tokens", "ignore_eos", "speculative", *SAMPLING_FIELDS}
     | {f"speculative.{f}" for f in SPEC_FIELDS}
@@ -159,6 +159,8 @@ def parse_spec(params: dict[str, Any], base: SpecParams) -> SpecParams | None:
         kw["n_min"] = get_int(named, "speculative.n_min", base.n_min)
     if "p_min" in over:
         kw["p_min"] = get_float(named, "speculative.p_min", base.p_min)
+    if "adaptive" in over:
+        kw["adaptive"] = get_bool(named, "speculative.adaptive", base.adaptive)
     if "type" in over:
         value = over["type"]
         values = [value] if isinstance(value, str) else value

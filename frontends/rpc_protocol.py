@@ -13,7 +13,7 @@ from typing import Any
 
 JSONRPC = "2.0"
 
-# Standard codes (JSON-RPC 2.0 §5.1).
+# Standard codes (JSON-RPC 2.0's error codes).
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
@@ -51,7 +51,7 @@ def invalid_params(message: str) -> RpcError:
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """A validated inbound call. `is_notification` requests get no reply (JSON-RPC §4.1)."""
+    """A validated inbound call. `is_notification` requests get no reply (JSON-RPC 2.0 notifications)."""
 
     method: str
     params: dict[str, Any] | list[Any] | None

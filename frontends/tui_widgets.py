@@ -74,7 +74,7 @@ class Legend(Static):
 
 
 class DrafterTable(DataTable):
-    """Per-drafter counters (speculative-semantics §4.1), cumulative since the engine started."""
+    """Per-drafter counters (docs/semantics.md §4.1), cumulative since the engine started."""
 
     stats: reactive[dict[str, Any]] = reactive(dict, always_update=True)
     # #gen/#acc drafts, #gen/#acc tokens, acceptance rate (acc tok / gen tok), mean acceptance length.

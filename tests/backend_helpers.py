@@ -1,7 +1,6 @@
 """Feeding a backend in pieces, for the exact-mode chunking tests of the ONNX backend (f32 and q4).
 
-Imported by tests/test_onnx_backend.py and test_onnx_quant.py after they put tests/ on sys.path
-(pytest runs with --import-mode=importlib, so tests/ is not on sys.path by itself).
+Imported by tests/test_onnx_backend.py and test_onnx_quant.py (tests/conftest.py puts tests/ on sys.path).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Running the real `spekula` console script in a subprocess, as a user would.
 
-Shared by tests/test_cli_e2e.py and test_bad_input.py, which put tests/ on sys.path and import it
-(pytest runs with --import-mode=importlib, so tests/ is not on sys.path by itself).
+Shared by tests/test_cli_e2e.py and test_bad_input.py (tests/conftest.py puts tests/ on sys.path).
 """
 
 from __future__ import annotations

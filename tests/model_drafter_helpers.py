@@ -6,22 +6,19 @@ Imported by tests/test_eagle3.py, test_dflash.py, test_dspark.py (not a pytest c
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
-
-sys.path.insert(0, str(Path(__file__).parent))
-from spekula.backends.convert_hf import convert  # noqa: E402
-from spekula.core.backend import Backend, BackendOptions, load_backend  # noqa: E402
-from spekula.core.drafter import Drafter, DrafterContext  # noqa: E402
-from spekula.core.gguf_file import GGUFFile  # noqa: E402
-from spekula.core.params import CompletionRequest, SamplingParams, SpecParams  # noqa: E402
-from spekula.core.tokenizer import Tokenizer  # noqa: E402
-from spekula.fixtures import tiny_hf  # noqa: E402
-from toy_backend import make_engine, plain_decode, run_requests  # noqa: E402
+from spekula.backends.convert_hf import convert
+from spekula.core.backend import Backend, BackendOptions, load_backend
+from spekula.core.drafter import Drafter, DrafterContext
+from spekula.core.gguf_file import GGUFFile
+from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
+from spekula.core.tokenizer import Tokenizer
+from spekula.fixtures import tiny_hf
+from toy_backend import make_engine, plain_decode, run_requests
 
 N_CTX = 256
 PROMPTS = ("the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the",

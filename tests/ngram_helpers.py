@@ -1,7 +1,6 @@
 """Token arrays, drafter contexts and draft requests for the draftless-drafter tests.
 
-Shared by tests/test_ngram_{simple,map,mod,cache}.py, which put tests/ on sys.path and import it
-(pytest runs with --import-mode=importlib, so tests/ is not on sys.path by itself).
+Shared by tests/test_ngram_{simple,map,mod,cache}.py (tests/conftest.py puts tests/ on sys.path).
 """
 
 from __future__ import annotations

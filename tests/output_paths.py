@@ -1,7 +1,7 @@
 """Output paths that cannot be written, for the convert and truncate-model output checks.
 
 Shared by tests/test_convert.py and test_truncate_model.py (both commands check their output path
-the same way), which put tests/ on sys.path and import it (pytest runs with --import-mode=importlib).
+the same way; tests/conftest.py puts tests/ on sys.path).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""A small in-process engine with the Engine API's shape (CONTRACTS §5), for the frontend tests.
+"""A small in-process engine with the Engine API's shape (docs/CONTRACTS.md §5), for the frontend tests.
 
-Shared by tests/test_rpc.py, test_server.py, test_client.py and test_tui.py, which put tests/ on
-sys.path and `import conftest_rpc` (pytest runs with --import-mode=importlib, so tests/ is not on
-sys.path by itself).
+Shared by tests/test_rpc.py, test_server.py, test_client.py and test_tui.py (tests/conftest.py puts tests/ on sys.path).
 
 Its "model" echoes the prompt cyclically, a few tokens per round, so results are predictable and
 tests can check content exactly. It honours n_slots (extra requests queue), cancel, and n_predict.

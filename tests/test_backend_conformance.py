@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from backend_conformance import CHECKS, available_backends  # noqa: E402
+from backend_conformance import CHECKS, available_backends
 
 TINY = ("llama", "qwen2", "qwen3")
 BACKENDS = available_backends()

@@ -12,19 +12,16 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import run_cli, spekula_cmd
 from spekula.fixtures.tiny_gguf import tiny_model_path
 from spekula.frontends import rpc_protocol as p
 from spekula.frontends.client import RpcCallError, ServerGoneError, SpekulaClient
-
-sys.path.insert(0, str(Path(__file__).parent))
-from cli_helpers import run_cli, spekula_cmd  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -11,15 +11,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import run_cli, spekula_cmd
 from spekula.fixtures.tiny_gguf import tiny_model_path
-
-sys.path.insert(0, str(Path(__file__).parent))
-from cli_helpers import run_cli, spekula_cmd  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -59,7 +56,7 @@ def test_json_has_llama_server_fields_without_draft_counters(greedy_ref: dict[st
     assert greedy_ref["tokens_evaluated"] > 0 and greedy_ref["content"]
     t = greedy_ref["timings"]
     assert t["predicted_n"] == N and t["prompt_n"] == greedy_ref["tokens_evaluated"]
-    # llama-server adds draft_n / draft_n_accepted only when a draft token was produced (§4.2)
+    # llama-server adds draft_n / draft_n_accepted only when a draft token was produced (docs/semantics.md §4.2)
     assert "draft_n" not in t and "draft_n_accepted" not in t
 
 
@@ -111,7 +108,7 @@ def test_seed_makes_sampling_reproducible(llama: str) -> None:
     args = ("--temp", "0.8", "--seed", "7")
     first = generate_json(llama, *args, prompt="hello there", n=20)
     again = generate_json(llama, *args, prompt="hello there", n=20)
-    # sample-and-match verification keeps seeded sampling identical under greedy draft-simple (§8.2)
+    # sample-and-match verification keeps seeded sampling identical under greedy draft-simple (docs/semantics.md §8.1)
     drafted = generate_json(llama, *args, "--spec-type", "draft-simple", "-md", llama, prompt="hello there", n=20)
     other = generate_json(llama, "--temp", "0.8", "--seed", "8", prompt="hello there", n=20)
     assert first["tokens"] == again["tokens"] == drafted["tokens"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import pytest
+import rpc_fakes as fakes
 from spekula.core.errors import SpekulaError
 from spekula.frontends import rpc_protocol as p
 from spekula.frontends.client import (
@@ -22,9 +22,6 @@ from spekula.frontends.client import (
 )
 from spekula.frontends.rpc_methods import SpekulaMethods
 from spekula.frontends.server import RpcServer, ServerConfig
-
-sys.path.insert(0, str(Path(__file__).parent))
-import conftest_rpc as fakes  # noqa: E402
 
 
 @pytest.fixture

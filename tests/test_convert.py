@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import stat
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from output_paths import UNWRITABLE, unwritable_output
 from safetensors.numpy import load_file, save_file
 from spekula.backends.convert_hf import convert
 from spekula.backends.convert_plain import unpermute_qk
@@ -17,9 +17,6 @@ from spekula.core.errors import ConfigError, ModelFileError, SpekulaError
 from spekula.core.gguf_file import GGUFFile
 from spekula.fixtures import tiny_hf
 from spekula.frontends.cli import main as cli_main
-
-sys.path.insert(0, str(Path(__file__).parent))
-from output_paths import UNWRITABLE, unwritable_output  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +87,7 @@ def test_named_pre_tokenizer_overrides_inference(target: Path, tmp_path: Path) -
 
 
 def test_plain_target_matches_hf_through_torch_backend(target: Path, tmp_path: Path) -> None:
-    import hf_reference as ref  # noqa: PLC0415
+    import hf_reference as ref
     from spekula.core.backend import BackendOptions, Capture, SeqInput, load_backend
 
     out = tmp_path / "m.gguf"

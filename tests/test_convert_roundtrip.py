@@ -7,9 +7,9 @@ agreement checks the converter's permutation, renaming and d2t rewrite, and the 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+import hf_reference as R
 import numpy as np
 import pytest
 import torch
@@ -17,9 +17,6 @@ from spekula.backends.convert_hf import convert
 from spekula.core.backend import ModelInfo
 from spekula.core.draft_models import DFlashBlock, Eagle3Rows, load_draft_runtime
 from spekula.fixtures import tiny_hf
-
-sys.path.insert(0, str(Path(__file__).parent))
-import hf_reference as R  # noqa: E402
 
 TOKENS = [5, 17, 200, 33, 99, 120, 7, 8, 250, 11, 64, 3]
 TOL = 1e-4

@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from model_drafter_helpers import build_target, drafter_context, engine_vs_plain, target_backend
+from spekula.backends.convert_hf import convert
+from spekula.core.backend import Capture, SeqInput
+from spekula.core.drafter import DraftRequest
+from spekula.core.errors import ConfigError
+from spekula.core.params import SamplingParams, SpecParams
+from spekula.drafters.dflash import DFlashDrafter
+from spekula.fixtures import tiny_hf
 
-sys.path.insert(0, str(Path(__file__).parent))
-from conftest_model_drafters import build_target, drafter_context, engine_vs_plain, target_backend  # noqa: E402
-from spekula.backends.convert_hf import convert  # noqa: E402
-from spekula.core.backend import Capture, SeqInput  # noqa: E402
-from spekula.core.drafter import DraftRequest  # noqa: E402
-from spekula.core.errors import ConfigError  # noqa: E402
-from spekula.core.params import SamplingParams, SpecParams  # noqa: E402
-from spekula.drafters.dflash import DFlashDrafter  # noqa: E402
-from spekula.fixtures import tiny_hf  # noqa: E402
-
-SPEC = SpecParams(types=("draft-dflash",), n_max=3)
+SPEC = SpecParams(types=("draft-dflash",), n_max=3, adaptive=False)  # full-length drafts: they are what is checked
 PROMPT = [5, 17, 200, 33, 99, 120, 7, 8]
 
 
@@ -57,7 +54,7 @@ def _setup(models: dict[str, Path], spec: SpecParams = SPEC) -> tuple[DFlashDraf
 
 def test_block_is_read_from_index_one_and_context_persists(models: dict[str, Path]) -> None:
     d, _ = _setup(models)
-    seq = d._slots[0].seq
+    seq = d._slots.get(0).seq
     assert d.runtime.seq_len(seq) == len(PROMPT)  # every prompt row injected
     req = DraftRequest(0, np.array(PROMPT), 42, 8, SPEC, 0.0, 0)
     (draft,) = d.draft([req])
@@ -116,7 +113,7 @@ def test_oracle_draft_is_fully_accepted(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_smollm2_random_draft_is_lossless(tmp_path: Path) -> None:
-    from conftest_model_drafters import random_draft_gguf, smollm2_or_skip
+    from model_drafter_helpers import random_draft_gguf, smollm2_or_skip
 
     target = smollm2_or_skip()
     draft = random_draft_gguf(tmp_path / "df.gguf", "dflash", target)
@@ -128,9 +125,9 @@ def test_drafts_made_in_the_engine_equal_a_from_scratch_reference(models: dict[s
     """Every draft of a 2-slot engine run equals z-lab's DFlash recomputed from scratch over the committed
     history (block logits within 1e-4): injected context (prompt chunks, verification rows, rejected rows
     overwritten) is exactly what a fresh run would build."""
-    import hf_reference as R  # noqa: PLC0415
+    import hf_reference as R
     import torch
-    from conftest_model_drafters import (
+    from model_drafter_helpers import (
         agree_unless_near_tie,
         assert_logits_close,
         block_logits,

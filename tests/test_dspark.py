@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from model_drafter_helpers import build_target, drafter_context, engine_vs_plain, target_backend
+from spekula.backends.convert_hf import convert
+from spekula.core.backend import Capture, SeqInput
+from spekula.core.draft_models import DFlashBlock
+from spekula.core.drafter import DraftRequest
+from spekula.core.errors import ConfigError
+from spekula.core.params import SpecParams
+from spekula.drafters.dflash import DFlashDrafter
+from spekula.drafters.dspark import DSparkDrafter
+from spekula.fixtures import tiny_hf
 
-sys.path.insert(0, str(Path(__file__).parent))
-from conftest_model_drafters import build_target, drafter_context, engine_vs_plain, target_backend  # noqa: E402
-from spekula.backends.convert_hf import convert  # noqa: E402
-from spekula.core.backend import Capture, SeqInput  # noqa: E402
-from spekula.core.draft_models import DFlashBlock  # noqa: E402
-from spekula.core.drafter import DraftRequest  # noqa: E402
-from spekula.core.errors import ConfigError  # noqa: E402
-from spekula.core.params import SpecParams  # noqa: E402
-from spekula.drafters.dflash import DFlashDrafter  # noqa: E402
-from spekula.drafters.dspark import DSparkDrafter  # noqa: E402
-from spekula.fixtures import tiny_hf  # noqa: E402
-
-SPEC = SpecParams(types=("draft-dspark",), n_max=4)
+SPEC = SpecParams(types=("draft-dspark",), n_max=4, adaptive=False)  # full-length drafts: they are what is checked
 PROMPT = [5, 17, 200, 33, 99, 120, 7, 8]
 
 
@@ -54,13 +51,13 @@ def test_block_layouts(models: dict[str, Path], name: str, block_len: int, rows:
     d = _ready(models, name)
     (draft,) = d.draft([DraftRequest(0, np.array(PROMPT), 42, 8, SPEC, 0.0, 0)])
     block = np.array([42] + [d.info.mask_token_id] * (block_len - 1), dtype=np.int32)
-    (out,) = d.runtime.draft_blocks([DFlashBlock(d._slots[0].seq, block, len(PROMPT))])
+    (out,) = d.runtime.draft_blocks([DFlashBlock(d._slots.get(0).seq, block, len(PROMPT))])
     assert draft.tokens == [int(np.argmax(out.logits[j])) for j in rows]
 
 
 def test_confidence_gates_p_min(models: dict[str, Path]) -> None:
     d = _ready(models, "anchor")
-    seq = d._slots[0].seq
+    seq = d._slots.get(0).seq
     block = np.array([42] + [d.info.mask_token_id] * 3, dtype=np.int32)
     (out,) = d.runtime.draft_blocks([DFlashBlock(seq, block, len(PROMPT))])
     assert out.confidence is not None
@@ -97,9 +94,9 @@ def test_oracle_draft_is_fully_accepted(tmp_path: Path) -> None:
 def test_drafts_made_in_the_engine_equal_a_from_scratch_reference(models: dict[str, Path]) -> None:
     """Anchor-first DSpark drafts from the engine equal the HF-formulation Markov chain recomputed from
     scratch (chained logits within 1e-4, confidences too)."""
-    import hf_reference as R  # noqa: PLC0415
+    import hf_reference as R
     import torch
-    from conftest_model_drafters import (
+    from model_drafter_helpers import (
         agree_unless_near_tie,
         assert_logits_close,
         block_logits,

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import anyio
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from spekula.core.errors import ConfigError  # noqa: E402
-from spekula.core.events import FinalEvent, PieceEvent  # noqa: E402
-from spekula.core.params import CompletionRequest, SamplingParams, SpecParams  # noqa: E402
-from spekula.core.stats import DrafterStats  # noqa: E402
-from toy_backend import (  # noqa: E402
+from spekula.core.errors import ConfigError
+from spekula.core.events import FinalEvent, PieceEvent
+from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
+from spekula.core.stats import DrafterStats
+from toy_backend import (
     GarbageDrafter,
     ObservingDrafter,
     RepeatDrafter,
@@ -27,11 +22,6 @@ from toy_backend import (  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = [3, 9, 4, 17, 5, 8, 2, 11]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def _plain(n_predict: int, prompt: list[int] = PROMPT, sampling: SamplingParams = GREEDY, seed: int = 0,
@@ -47,7 +37,7 @@ async def test_plain_engine_matches_reference_loop() -> None:
     assert final.tokens == _plain(40)
     assert final.stop_type == "limit"
     assert final.timings["predicted_n"] == 40 and final.timings["prompt_n"] == len(PROMPT)
-    assert "draft_n" not in final.timings  # absent when nothing was drafted (§4.2)
+    assert "draft_n" not in final.timings  # absent when nothing was drafted (docs/semantics.md §4.2)
     assert final.content == ToyTokenizer().decode(final.tokens)
 
 
@@ -289,7 +279,7 @@ class _ProbsDrafter(GarbageDrafter):
 @pytest.mark.anyio
 async def test_verifier_choice_follows_draft_sampling_mode() -> None:
     sampling = SamplingParams(temperature=0.8, top_k=0, top_p=1.0, min_p=0.0, seed=99)
-    greedy_mode = SpecParams(types=("test-probs",))
+    greedy_mode = SpecParams(types=("test-probs",), adaptive=False)  # every round verifies a draft
     prob_mode = greedy_mode.with_(draft_sampling="probabilistic")
     engine = make_engine(ToyBackend(), ToyTokenizer(), n_slots=3, drafters=[_ProbsDrafter(48)])
     match_seeded, rejection, match_greedy = await run_requests(engine, [

@@ -58,10 +58,10 @@ def test_logging_follows_sys_stderr_after_a_cli_run(tiny_path: str, monkeypatch:
     capsys.readouterr()
     old = io.StringIO()
     monkeypatch.setattr(sys, "stderr", old)
-    structlog.get_logger("t").info("first_record")
+    structlog.get_logger("t").warning("first_record")
     assert "first_record" in old.getvalue()
     old.close()
     new = io.StringIO()
     monkeypatch.setattr(sys, "stderr", new)
-    structlog.get_logger("t").info("second_record")  # raised "I/O operation on closed file" before
+    structlog.get_logger("t").warning("second_record")  # raised "I/O operation on closed file" before
     assert "second_record" in new.getvalue()

@@ -3,13 +3,11 @@
 For random prompts, drafter type sets, caps, slot counts and concurrent requests with different
 settings, every request's tokens must equal a plain one-token-per-forward decode of the same prompt
 (greedy, and seeded sampling at temperature > 0 since every drafter here is verified by
-sample-and-match). Synthetic acceptance must hit the requested rates.
+sample-and-match), with fixed and adaptive draft lengths and under cost models from cheap rows to
+rows so dear that most drafts are cut. Synthetic acceptance must hit the requested rates.
 """
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import anyio
 import numpy as np
@@ -19,19 +17,18 @@ from hypothesis import strategies as st
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.stats import DrafterStats
 from spekula.core.synthetic import resolve_synthetic_rates
-
-sys.path.insert(0, str(Path(__file__).parent))
-from toy_backend import (  # noqa: E402
+from toy_backend import (
     GarbageDrafter,
     RepeatDrafter,
     ToyBackend,
     ToyTokenizer,
+    fix_cost,
     make_engine,
     plain_decode,
     run_requests,
 )
 
-NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix")
 ALL_TYPES = (*NGRAM_TYPES, "test-repeat", "test-garbage")
 # Small n-gram sizes so the drafters fire on short toy histories.
 SMALL_NGRAMS = {
@@ -40,11 +37,6 @@ SMALL_NGRAMS = {
     "spec-ngram-map-k4v-size-n": 2, "spec-ngram-map-k4v-size-m": 5, "spec-ngram-map-k4v-min-hits": 1,
     "spec-ngram-mod-n-match": 3, "spec-ngram-mod-n-min": 1, "spec-ngram-mod-n-max": 7,
 }
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def _reference(req: CompletionRequest, seed: int, n_ctx: int) -> list[int]:
@@ -62,7 +54,7 @@ def _check_invariants(engine, finals) -> None:  # type: ignore[no-untyped-def]
         assert counters["acc_tokens"] <= counters["gen_tokens"]
         assert counters["acc_drafts"] <= counters["calls_accept"] <= counters["gen_drafts"]
         pos = counters["acc_per_pos"]
-        assert all(a >= b for a, b in zip(pos, pos[1:], strict=False))  # non-increasing (§8.13)
+        assert all(a >= b for a, b in zip(pos, pos[1:], strict=False))  # non-increasing (docs/semantics.md §8.9)
     for line in engine.spec_stats.lines(prefix=True):
         name, parsed = DrafterStats.parse_line(line)
         c = engine.stats()["drafters"][name]
@@ -80,22 +72,30 @@ request_strategy = st.fixed_dictionaries({
     "n_max": st.integers(1, 6),
     "temperature": st.sampled_from([0.0, 0.0, 0.7, 1.3]),
     "seed": st.integers(0, 2**32 - 1),
+    "adaptive": st.booleans(),
 })
+# (base seconds, seconds per row) of a forward, or None: the cost model measured and learned.
+cost_strategy = st.sampled_from([None, (1.0, 0.01), (1.0, 0.3), (1.0, 2.0)])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=st.lists(request_strategy, min_size=1, max_size=4), n_slots=st.integers(1, 3),
-       n_batch=st.sampled_from([4, 16, 512]), server_types=st.lists(st.sampled_from(ALL_TYPES), max_size=3, unique=True))
-def test_speculation_never_changes_output(reqs, n_slots, n_batch, server_types) -> None:  # type: ignore[no-untyped-def]
+       n_batch=st.sampled_from([4, 16, 512]), server_types=st.lists(st.sampled_from(ALL_TYPES), max_size=3, unique=True),
+       server_adaptive=st.booleans(), cost=cost_strategy)
+def test_speculation_never_changes_output(reqs, n_slots, n_batch, server_types, server_adaptive,  # type: ignore[no-untyped-def]
+                                          cost) -> None:
     n_ctx = 128
-    spec = SpecParams(types=tuple(server_types), drafter_options=dict(SMALL_NGRAMS))
+    spec = SpecParams(types=tuple(server_types), drafter_options=dict(SMALL_NGRAMS), adaptive=server_adaptive)
     engine = make_engine(ToyBackend(n_ctx=n_ctx), ToyTokenizer(), n_slots=n_slots, n_ctx=n_ctx, n_batch=n_batch,
                          spec=spec, drafters=[RepeatDrafter(), GarbageDrafter(48)])
+    if cost is not None:
+        fix_cost(engine, *cost)
     requests = []
     for r in reqs:
         prompt = (r["segment"] * r["repeats"])[: n_ctx - 2]
         sampling = SamplingParams(temperature=r["temperature"], top_k=20, seed=r["seed"])
-        req_spec = spec.with_(types=tuple(r["types"]), n_max=r["n_max"]) if r["types"] else None
+        req_spec = (spec.with_(types=tuple(r["types"]), n_max=r["n_max"], adaptive=r["adaptive"])
+                    if r["types"] else None)
         requests.append(CompletionRequest(prompt, n_predict=r["n_predict"], sampling=sampling, spec=req_spec))
     finals = anyio.run(run_requests, engine, requests)
     for req, final in zip(requests, finals, strict=True):

@@ -7,9 +7,7 @@ each block type it reads) run property-based; SmolLM2 runs a few fixed prompts u
 
 from __future__ import annotations
 
-import sys
 from functools import cache
-from pathlib import Path
 
 import anyio
 import pytest
@@ -19,9 +17,7 @@ from spekula.core.backend import BackendOptions, load_backend
 from spekula.core.gguf_file import GGUFFile
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.tokenizer import Tokenizer
-
-sys.path.insert(0, str(Path(__file__).parent))
-from toy_backend import GarbageDrafter, RepeatDrafter, make_engine, plain_decode, run_requests  # noqa: E402
+from toy_backend import GarbageDrafter, RepeatDrafter, make_engine, plain_decode, run_requests
 
 N_CTX = 96
 SMALL_NGRAMS = {"spec-ngram-simple-size-n": 2, "spec-ngram-simple-size-m": 5, "spec-ngram-mod-n-match": 2,
@@ -50,17 +46,17 @@ def _backend(path: str, n_seq: int, name: str = "torch", threads: int = 1):  # t
 @given(arch=st.sampled_from(["llama", "qwen2", "qwen3"]),
        prompts=st.lists(st.lists(st.integers(3, 300), min_size=1, max_size=6), min_size=1, max_size=3),
        repeats=st.integers(1, 3), n_predict=st.integers(1, 24),
-       types=st.lists(st.sampled_from(["ngram-simple", "ngram-mod", "test-repeat", "test-garbage"]),
+       types=st.lists(st.sampled_from(["ngram-simple", "ngram-mod", "suffix", "test-repeat", "test-garbage"]),
                       min_size=1, max_size=3, unique=True),
        temperature=st.sampled_from([0.0, 0.8]), n_slots=st.integers(1, 2), seed=st.integers(0, 2**31),
        runtime=st.sampled_from([("torch", None), *[("native", t) for t in WEIGHT_TYPES]]),
-       threads=st.integers(1, 2))
+       threads=st.integers(1, 2), adaptive=st.booleans())
 def test_tiny_models_lossless(arch, prompts, repeats, n_predict, types, temperature, n_slots, seed, runtime,  # type: ignore[no-untyped-def]
-                              threads) -> None:
+                              threads, adaptive) -> None:
     name, weight_type = runtime
     path, tok = _tiny(arch, weight_type)
     backend = _backend(path, n_slots, name, threads)
-    spec = SpecParams(types=tuple(types), drafter_options=dict(SMALL_NGRAMS))
+    spec = SpecParams(types=tuple(types), drafter_options=dict(SMALL_NGRAMS), adaptive=adaptive)
     engine = make_engine(backend, tok, n_slots=n_slots, n_ctx=N_CTX, n_batch=64, spec=spec,
                          drafters=[RepeatDrafter(), GarbageDrafter(backend.info.n_vocab, n_max=3)])
     sampling = SamplingParams(temperature=temperature, seed=seed)

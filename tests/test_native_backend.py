@@ -7,21 +7,18 @@ dequantized torch reference is relative (int8 activations, float16 KV cache: see
 from __future__ import annotations
 
 import resource
-import sys
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
+from backend_conformance import NATIVE_REL_TOL, smollm2_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from spekula.backends.native import NativeBackend
 from spekula.core.backend import BackendOptions, Capture, SeqInput, load_backend
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.fixtures.tiny_gguf import tiny_model_path
-
-sys.path.insert(0, str(Path(__file__).parent))
-from backend_conformance import NATIVE_REL_TOL, smollm2_path  # noqa: E402
 
 TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16")
 ARCH_OF = {t: ("llama", "qwen2", "qwen3")[i % 3] for i, t in enumerate(TYPES)}
@@ -136,7 +133,7 @@ def test_a_tensor_type_without_kernel_is_named(tmp_path: Path) -> None:
     # Relabel one F32 tensor as I32 (a type with no matmul kernel) in the tensor directory.
     f = GGUFFile(src)
     name = "blk.0.ffn_up.weight"
-    info = f._infos[name]  # noqa: SLF001 - the test edits the header it just wrote
+    info = f._infos[name]
     needle = name.encode()
     at = data.index(needle) + len(needle)
     n_dims = int.from_bytes(data[at : at + 4], "little")

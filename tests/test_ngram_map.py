@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ngram_helpers import arr, ctx, request
 from spekula.core.drafter import Drafter
 from spekula.core.errors import ConfigError
 from spekula.drafters.ngram_map import (
@@ -18,12 +16,9 @@ from spekula.drafters.ngram_map import (
     key_hash,
 )
 
-sys.path.insert(0, str(Path(__file__).parent))
-from ngram_helpers import arr, ctx, request  # noqa: E402
-
 
 class RefMap:
-    """Plain loops over the definition of speculative-semantics.md §2.2 (no vectorisation, no dicts).
+    """Plain loops over the definition of docs/semantics.md §2.2 (no vectorisation, no dicts).
 
     spekula's documented differences are built in: min_hits applies to key-only maps too, begin()
     also cleans up from n+m tokens before the first token that differs from the previous history,
@@ -193,12 +188,12 @@ def test_begin_after_shrink_cleans_up_and_slots_are_independent() -> None:
     d.begin(0, long[:12])
     d.draft_one(0, long, 2)
     d.begin(0, long[:8])  # a new request with a shorter history on slot 0
-    st0 = d._states[0]
+    st0 = d._slots.get(0)
     assert all(k.key_idx < st0.size_last_begin for k in st0.keys)
     assert all(int(j) < 8 for j in st0.key_map[st0.key_map != 0])
     short = arr([7, 1, 2, 3, 4, 8, 8, 8, 6, 6, 1])
     assert d.draft_one(0, short, 2) == [3, 4]
-    assert 1 not in d._states  # slot 1 untouched
+    assert 1 not in d._slots  # slot 1 untouched
 
 
 def test_a_new_different_prompt_on_the_slot_is_indexed() -> None:
@@ -284,6 +279,6 @@ def test_matches_reference_over_a_growing_history(
         ours.accept(0, accepted, True)
         ref.accept(accepted)
         hist = hist + [x] + got[:accepted]
-        key_map = ours._states[0].key_map
+        key_map = ours._slots.get(0).key_map
         nonzero = np.flatnonzero(key_map)
         assert dict(zip(nonzero.tolist(), key_map[nonzero].tolist(), strict=True)) == ref.key_map

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ngram_helpers import arr, ctx, request
 from spekula.core.drafter import Drafter
 from spekula.core.errors import ConfigError
 from spekula.drafters import ngram_mod
 from spekula.drafters.ngram_mod import EMPTY, POOL_SIZE, NgramModDrafter, NgramPool
-
-sys.path.insert(0, str(Path(__file__).parent))
-from ngram_helpers import arr, ctx, request  # noqa: E402
 
 
 def full_hash(tokens: list[int]) -> int:
@@ -48,7 +43,7 @@ def test_worked_examples() -> None:
     d = NgramModDrafter(3, 2, 4)
     h = arr([1, 2, 3, 4, 5, 6, 1, 2])
     d.begin(0, h)
-    assert d._seq(0).i_last == 5
+    assert d._slots.get(0).i_last == 5
     assert d.draft_one(0, h, 3) == [4, 5, 6, 1]
     assert d.draft_one(0, h, 9) == []  # empty at i = 0 < n_min
     d8 = NgramModDrafter(3, 2, 8)
@@ -82,9 +77,9 @@ def test_new_history_is_indexed_in_chunks() -> None:
     d.begin(0, arr([50, 51]))
     grown = list(range(100, 133)) + [100]
     assert d.draft_one(0, arr(grown[:32]), 0) == []  # i_last + 32 < L needs 33 tokens
-    assert d._seq(0).i_last == 0
+    assert d._slots.get(0).i_last == 0
     assert d.draft_one(0, arr(grown), 101) == [102, 103, 104]
-    assert d._seq(0).i_last == len(grown) - 2
+    assert d._slots.get(0).i_last == len(grown) - 2
 
 
 def test_low_acceptance_wipes_the_pool_and_rewinds_every_slot() -> None:
@@ -100,12 +95,12 @@ def test_low_acceptance_wipes_the_pool_and_rewinds_every_slot() -> None:
     d.accept(1, 0, True)  # slot 1 drafted nothing: its accept changes nothing
     d.draft_one(0, arr([9, 1]), 2)
     d.accept(0, 1, True)  # 1/4 is not below 0.25: the streak restarts
-    assert d._seq(0).n_low == 0
+    assert d._slots.get(0).n_low == 0
     for _ in range(5):
         d.draft_one(0, arr([9, 1]), 2)
         d.accept(0, 0, True)
     assert d.pool.used == 0 and int((d.pool.entries != EMPTY).sum()) == 0
-    assert d._seq(0).i_last == 0 and d._seq(1).i_last == 0
+    assert d._slots.get(0).i_last == 0 and d._slots.get(1).i_last == 0
     # Slot 1 re-adds its own history at its next draft (llama.cpp leaves it out of the pool).
     grown = arr(list(h1) + list(range(30, 60)) + [20])
     assert d.draft_one(1, grown, 21) == [22, 23, 24, 25]
@@ -140,7 +135,7 @@ def test_options_and_cap() -> None:
     h = arr([1, 2, 3, 4, 5, 6, 1, 2])
     d.begin(0, h)
     assert d.draft([request(h, 3, n_max=3)])[0].tokens == [4, 5, 6]
-    assert d._seq(0).n_draft_last == 4  # the pre-cap length drives the low-acceptance rule
+    assert d._slots.get(0).n_draft_last == 4  # the pre-cap length drives the low-acceptance rule
     for name, bad in (
         ("spec-ngram-mod-n-match", 0),
         ("spec-ngram-mod-n-min", -1),
@@ -180,7 +175,7 @@ def test_incremental_pool_matches_a_rebuild_and_drafts_follow_the_table(
                 start = len(hist) + 1 + k - n
                 assert d.pool.get(d.pool.index(seq[start : start + n])) == t
             # A draft is empty, or stopped at an empty entry at i >= n_min, or a full run of n_max
-            # tokens. llama.cpp does not validate n_min <= n_max (§2.3), so with n_min > n_max the full
+            # tokens. llama.cpp does not validate n_min <= n_max (docs/semantics.md §2.3), so with n_min > n_max the full
             # run is a draft shorter than n_min (this test used to demand n_min <= len, wrongly).
             assert len(got) <= n_max
             if 0 < len(got) < n_max:
@@ -194,7 +189,7 @@ def test_incremental_pool_matches_a_rebuild_and_drafts_follow_the_table(
             + got[: data.draw(st.integers(0, len(got)))]
             + data.draw(st.lists(st.integers(0, 5), max_size=40))
         )
-    info = d._seq(0)
+    info = d._slots.get(0)
     if len(hist) >= n:
         rebuilt = RefPool(n)
         rebuilt.add_all(hist, 0, info.i_last)

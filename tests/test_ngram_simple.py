@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ngram_helpers import arr, ctx, request
 from spekula.core.drafter import Drafter
 from spekula.core.errors import ConfigError
 from spekula.drafters.ngram_simple import NgramSimpleDrafter, ngram_simple_draft
 
-sys.path.insert(0, str(Path(__file__).parent))
-from ngram_helpers import arr, ctx, request  # noqa: E402
-
 
 def naive_draft(hist: list[int], last: int, n: int, m: int, min_hits: int = 1) -> list[int]:
-    """A literal transcription of the definition (speculative-semantics.md §2.1) plus min-hits."""
+    """A literal transcription of the definition (docs/semantics.md §2.1) plus min-hits."""
     length = len(hist)
     if length <= n + m + 1:
         return []

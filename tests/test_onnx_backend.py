@@ -4,7 +4,6 @@ bitwise invariance, batched mode within tolerance, hidden-state captures, clear 
 from __future__ import annotations
 
 import dataclasses
-import sys
 import warnings
 from pathlib import Path
 
@@ -16,7 +15,6 @@ from spekula.fixtures.tiny_gguf import ARCHS, hf_config_overrides, tiny_model_pa
 
 onnx_backend = pytest.importorskip("spekula.backends.onnx")
 
-sys.path.insert(0, str(Path(__file__).parent))
 from backend_helpers import chunked_logits  # noqa: E402
 
 OnnxBackend = onnx_backend.OnnxBackend

@@ -14,8 +14,8 @@ from spekula.core.gguf_file import GGUFFile
 from spekula.fixtures.tiny_gguf import tiny_model_path
 
 pytest.importorskip("onnxruntime")
-from spekula.backends import onnx_cache, onnx_export  # noqa: E402
-from spekula.backends.onnx import OnnxBackend  # noqa: E402
+from spekula.backends import onnx_cache, onnx_export
+from spekula.backends.onnx import OnnxBackend
 
 
 @pytest.fixture

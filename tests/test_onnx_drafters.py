@@ -8,7 +8,6 @@ makes a row's logits independent of batching and chunking, so equality here is b
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,12 +22,11 @@ from spekula.core.tokenizer import Tokenizer
 from spekula.fixtures.tiny_gguf import tiny_model_path
 
 pytest.importorskip("onnxruntime")
-sys.path.insert(0, str(Path(__file__).parent))
-from conftest_model_drafters import build_target  # noqa: E402
-from spekula.backends.convert_hf import convert  # noqa: E402
-from spekula.backends.onnx import OnnxBackend  # noqa: E402
-from spekula.fixtures import tiny_hf  # noqa: E402
-from toy_backend import make_engine, plain_decode, run_requests  # noqa: E402
+from model_drafter_helpers import build_target
+from spekula.backends.convert_hf import convert
+from spekula.backends.onnx import OnnxBackend
+from spekula.fixtures import tiny_hf
+from toy_backend import make_engine, plain_decode, run_requests
 
 N_CTX = 256
 PROMPTS = ("the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the",

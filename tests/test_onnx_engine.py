@@ -10,20 +10,16 @@ difference is explainable by rounding, and everything before it must agree.
 from __future__ import annotations
 
 import argparse
-import sys
 from functools import cache
-from pathlib import Path
 
 import anyio
 import numpy as np
 import pytest
+from backend_conformance import smollm2_path
 from spekula.core.backend import SeqInput
 from spekula.core.engine import Engine
 from spekula.core.params import CompletionRequest, SamplingParams
-
-sys.path.insert(0, str(Path(__file__).parent))
-from backend_conformance import smollm2_path  # noqa: E402
-from toy_backend import run_requests  # noqa: E402
+from toy_backend import run_requests
 
 pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.slow

@@ -9,8 +9,8 @@ from spekula.core.errors import ConfigError
 from spekula.fixtures.tiny_gguf import tiny_model_path
 
 pytest.importorskip("onnxruntime")
-from spekula.backends import onnx_providers  # noqa: E402
-from spekula.backends.onnx_providers import ProviderChoice, select_provider  # noqa: E402
+from spekula.backends import onnx_providers
+from spekula.backends.onnx_providers import ProviderChoice, select_provider
 
 
 class _Probe:

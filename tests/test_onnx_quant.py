@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import gguf
@@ -13,12 +12,10 @@ from spekula.core.gguf_file import GGUFFile
 from spekula.fixtures.tiny_gguf import tiny_model_path, write_gguf
 
 ort = pytest.importorskip("onnxruntime")
+from backend_helpers import chunked_logits  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 from spekula.backends.onnx_graph import IR_VERSION, MS_DOMAIN, MS_OPSET, OPSET, GraphBuilder  # noqa: E402
 from spekula.backends.onnx_quant import linear_q4  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
-from backend_helpers import chunked_logits  # noqa: E402
 
 N, K = 24, 96  # three 32-blocks per row
 

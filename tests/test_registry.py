@@ -19,9 +19,7 @@ from spekula.core.registry import (
     parse_spec_types,
     priority_key,
 )
-
-sys.path.insert(0, str(Path(__file__).parent))
-from toy_backend import (  # noqa: E402
+from toy_backend import (
     GarbageDrafter,
     ObservingDrafter,
     ToyBackend,
@@ -32,11 +30,6 @@ from toy_backend import (  # noqa: E402
 )
 
 PLUGIN_DIR = Path(__file__).parent / "plugin_dist"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def test_builtin_names_are_declared() -> None:
@@ -103,7 +96,7 @@ async def test_third_party_plugin_drafts_through_the_engine(installed_plugin: No
     assert "demo-lookback" in available_drafters()
     types = parse_spec_types(["demo-lookback,ngram-simple"])
     assert types == ("ngram-simple", "demo-lookback")  # third-party draftless after built-in draftless
-    engine = make_engine(ToyBackend(), ToyTokenizer(), spec=SpecParams(types=("demo-lookback",)))
+    engine = make_engine(ToyBackend(), ToyTokenizer(), spec=SpecParams(types=("demo-lookback",), adaptive=False))
     assert "demo-lookback" in engine.props()["available_drafters"]
     greedy = SamplingParams(temperature=0.0)
     prompt = [3, 9, 4, 17, 5, 8, 2, 11]

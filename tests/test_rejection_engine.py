@@ -8,21 +8,18 @@ first verification round emits against the target's exact distribution (chi-squa
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 from typing import ClassVar
 
 import anyio
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).parent))
-from spekula.core.backend import SeqInput  # noqa: E402
-from spekula.core.drafter import Draft, DraftRequest  # noqa: E402
-from spekula.core.params import CompletionRequest, SamplingParams, SpecParams  # noqa: E402
-from spekula.core.sampling import Sampler  # noqa: E402
-from toy_backend import GarbageDrafter, ToyBackend, ToyTokenizer, make_engine, run_requests  # noqa: E402
+import pytest
+from spekula.core.backend import SeqInput
+from spekula.core.drafter import Draft, DraftRequest
+from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
+from spekula.core.sampling import Sampler
+from toy_backend import GarbageDrafter, ToyBackend, ToyTokenizer, fix_cost, make_engine, run_requests
 
 V = 4
 PROMPT = [1, 3, 0, 2, 1]
@@ -82,12 +79,16 @@ def _dist(logits: np.ndarray) -> np.ndarray:
     return p
 
 
-def test_rejection_mode_preserves_the_target_distribution_through_the_engine() -> None:
+@pytest.mark.parametrize("lengths", ["fixed", "adaptive", "adaptive-dear-rows"])
+def test_rejection_mode_preserves_the_target_distribution_through_the_engine(lengths: str) -> None:
+    """Also when the cost model cuts drafts: with dear rows most second tokens are not verified."""
     backend = ToyBackend(n_vocab=V)
     exact = target_distribution(backend)
     n = 1500
-    spec = SpecParams(types=("fixed-q",), draft_sampling="probabilistic")
+    spec = SpecParams(types=("fixed-q",), draft_sampling="probabilistic", adaptive=lengths != "fixed")
     engine = make_engine(backend, ToyTokenizer(n_vocab=V), n_slots=8, spec=spec, drafters=[FixedQDrafter(V)])
+    if lengths == "adaptive-dear-rows":
+        fix_cost(engine, 1.0, 0.1)  # a token pays only above ~0.44 expected acceptance
     requests = [CompletionRequest(PROMPT, n_predict=3, sampling=SAMPLING.with_(seed=1000 + i), ignore_eos=True)
                 for i in range(n)]
     finals = anyio.run(run_requests, engine, requests, 300.0)
@@ -99,6 +100,9 @@ def test_rejection_mode_preserves_the_target_distribution_through_the_engine() -
     assert drafted > 0 and 0 < accepted < drafted
     chi2 = sum((counts.get(cell, 0) - n * p) ** 2 / (n * p) for cell, p in exact.items())
     assert chi2 < CHI2_CRIT_DF15, (chi2, counts, exact)
+    if lengths == "adaptive-dear-rows":
+        decided = engine.stats()["drafters"]["fixed-q"]["adaptive"]
+        assert decided["shortened"] + decided["skipped"] > 0
 
 
 def test_the_check_detects_a_biased_sampler() -> None:

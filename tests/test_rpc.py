@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import anyio
+import rpc_fakes as fakes
 from anyio.streams.buffered import BufferedByteReceiveStream
 from spekula.frontends import rpc_protocol as p
 from spekula.frontends.rpc_dispatch import RpcConnection
 from spekula.frontends.rpc_framing import LineReader, LineWriter
 from spekula.frontends.rpc_methods import SpekulaMethods
-
-sys.path.insert(0, str(Path(__file__).parent))
-import conftest_rpc as fakes  # noqa: E402
 
 
 class Peer:

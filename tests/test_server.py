@@ -9,7 +9,6 @@ import json
 import os
 import socket
 import stat
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,13 +18,11 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import pytest
+import rpc_fakes as fakes
 from spekula.frontends import rpc_protocol as p
 from spekula.frontends.client import AsyncSpekulaClient, RpcCallError, SpekulaClient
 from spekula.frontends.rpc_methods import SpekulaMethods
 from spekula.frontends.server import RpcServer, ServerConfig, SocketInUseError, prepare_socket_path
-
-sys.path.insert(0, str(Path(__file__).parent))
-import conftest_rpc as fakes  # noqa: E402
 
 
 @contextmanager

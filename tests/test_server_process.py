@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import stat
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,11 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from server_helpers import N_CTX, N_SLOTS, start_server, stop, wait_ready
 from spekula.frontends import rpc_protocol as p
 from spekula.frontends.client import RpcCallError, SpekulaClient
-
-sys.path.insert(0, str(Path(__file__).parent))
-from server_helpers import N_CTX, N_SLOTS, start_server, stop, wait_ready  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -84,7 +81,7 @@ def test_concurrent_clients_get_their_greedy_reference(server: str, references: 
                     results[i] = stream.result
                 else:
                     results[i] = c.completion(pr, n_predict=40, ignore_eos=True, return_tokens=True)
-        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+        except Exception as exc:
             results[i] = exc
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(2 * len(PROMPTS))]

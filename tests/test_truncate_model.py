@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
+from output_paths import UNWRITABLE, unwritable_output
 from spekula.backends.gguf_truncate import truncate_gguf
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
@@ -17,9 +17,6 @@ from spekula.core.tokenizer import Tokenizer
 from spekula.drafters.draft_simple import check_vocab_compatible
 from spekula.fixtures.tiny_gguf import tiny_model_path, write_gguf
 from spekula.frontends.cli import main
-
-sys.path.insert(0, str(Path(__file__).parent))
-from output_paths import UNWRITABLE, unwritable_output  # noqa: E402
 
 
 def field_types(path: Path) -> dict[str, list[int]]:

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
+import rpc_fakes as fakes
 from rich.control import strip_control_codes
 from spekula.frontends.tui_app import EmbeddedSource, SpekulaApp
 from spekula.frontends.tui_widgets import AnswerView, DrafterTable, SlotsTable, drafter_style, split_pieces
-
-sys.path.insert(0, str(Path(__file__).parent))
-import conftest_rpc as fakes  # noqa: E402
 
 
 async def wait_for(pilot: Any, cond: Any, timeout: float = 60.0) -> None:

@@ -6,7 +6,6 @@ layout, i.e. it un-permutes llama Q/K), so agreement checks our loader and forwa
 
 from __future__ import annotations
 
-import sys
 import warnings
 from functools import cache
 from pathlib import Path
@@ -14,13 +13,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from backend_conformance import smollm2_path
 from spekula.backends.torch import TorchBackend
 from spekula.core.backend import BackendOptions, SeqInput
 from spekula.core.gguf_file import GGUFFile
 from spekula.core.tokenizer import Tokenizer
-
-sys.path.insert(0, str(Path(__file__).parent))
-from backend_conformance import smollm2_path  # noqa: E402
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import anyio
 import numpy as np
+from spekula.core.adaptive import CostModel
 from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
 from spekula.core.drafter import Draft, DrafterContext, DraftlessDrafter, DraftRequest
 from spekula.core.engine import Engine, EngineConfig
@@ -267,3 +268,28 @@ def make_engine(backend: Backend, tokenizer: Any, *, n_slots: int = 1, n_ctx: in
                 **kw: Any) -> Engine:
     spec = kw.pop("spec", SpecParams())
     return Engine(backend, tokenizer, EngineConfig(n_slots=n_slots, n_ctx=n_ctx, n_batch=n_batch, spec=spec), **kw)
+
+
+class FixedCost(CostModel):
+    """A cost model that does not learn: forward(rows) = base + per_row * rows, drafting free.
+
+    With it the cost model's decisions depend only on the acceptance it has seen, not on how fast
+    the machine running the tests happens to be, so a test can make drafts worth shortening."""
+
+    def __init__(self, base: float, per_row: float) -> None:
+        super().__init__({1: base + per_row, 2: base + 2 * per_row})
+
+    def observe_forward(self, rows: int, seconds: float) -> None:
+        return None
+
+    def observe_overhead(self, seconds: float) -> None:
+        return None
+
+    def observe_draft(self, drafter: str, seconds: float, steps: int, per_token: bool) -> None:
+        return None
+
+
+def fix_cost(engine: Engine, base: float, per_row: float) -> Engine:
+    """Give `engine` a FixedCost (see there)."""
+    engine.adaptive.cost = FixedCost(base, per_row)
+    return engine

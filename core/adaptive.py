@@ -1,0 +1,282 @@
+"""Adaptive draft lengths: a cost model of the running engine and the per-round choice it drives.
+
+A fixed n_max drafts as far whether the drafter has been right or wrong and whatever a verification
+row costs, which is how speculation ends up slower than plain decoding. Here each round, for the
+whole batch, the engine keeps the draft tokens whose expected value pays for their rows:
+
+    expected emitted tokens  E = sum over slots of (1 + P_s(1) + ... + P_s(k_s))
+    round time               T = forward(rows) + drafting + engine overhead
+    maximise E / T over k_s in 0..len(draft_s)
+
+P_s(i) is the probability that the first i draft tokens of slot s are all accepted, from decayed
+per-position acceptance estimates of the drafter (per slot, leaning on the drafter's global
+estimates until the slot has its own); forward(rows) comes from timings of the target at start-up,
+refined by every forward. Shortening or dropping a draft never changes the output: verification of
+any draft prefix emits exactly what plain decoding would. No torch here: the scheduler imports this.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+# Acceptance estimates: an observation weighs DECAY^age, a slot's own counts start with
+# PRIOR_WEIGHT pseudo-observations of the drafter's global estimate, and a drafter nobody has seen
+# yet starts optimistic enough to be tried.
+DECAY = 0.9
+PRIOR_WEIGHT = 2.0
+FIRST_PRIOR = 0.5
+LATER_PRIOR = 0.7
+# A slot whose drafts were all dropped this many rounds in a row verifies one token anyway, so an
+# estimate that turned pessimistic can recover when the text becomes predictable.
+PROBE_AFTER = 8
+PROBE_MAX = 128
+_ROW_POINTS = (1, 2, 4, 8, 16, 32, 64)
+_COST_EMA = 0.2
+_COST_EMA_ALL = 0.05
+
+
+class CostModel:
+    """Seconds for a target forward of `rows` rows, plus a round's fixed engine overhead.
+
+    Points at 1, 2, 4, ... rows measured at start-up; every observed forward pulls the two points
+    around its row count towards what it took (an exponential moving average), so the model follows
+    the context length and the machine's load. Between points it interpolates linearly, beyond the
+    last it extrapolates from the last two."""
+
+    def __init__(self, points: dict[int, float] | None = None) -> None:
+        self.points: dict[int, float] = dict(points or {1: 1e-3, 64: 8e-3})
+        self.overhead = 0.0  # engine time per round outside the forward
+        self.draft_cost: dict[str, float] = {}  # drafter -> seconds per token or per call
+
+    @classmethod
+    def measure(cls, forward_rows: Callable[[int], float], max_rows: int, repeats: int = 2) -> CostModel:
+        """Time `forward_rows(n)` (one forward of n rows, in seconds) at 1, 2, 4, ... up to max_rows;
+        the fastest of `repeats` runs per point."""
+        points = {}
+        for n in _ROW_POINTS:
+            if n > max_rows:
+                break
+            points[n] = min(forward_rows(n) for _ in range(repeats))
+        return cls(points)
+
+    def forward(self, rows: int) -> float:
+        xs = sorted(self.points)
+        if rows <= xs[0]:
+            return self.points[xs[0]]
+        for lo, hi in zip(xs, xs[1:], strict=False):
+            if rows <= hi:
+                f = (rows - lo) / (hi - lo)
+                return self.points[lo] + f * (self.points[hi] - self.points[lo])
+        if len(xs) == 1:
+            return self.points[xs[0]] * rows
+        a, b = xs[-2], xs[-1]
+        slope = max((self.points[b] - self.points[a]) / (b - a), 0.0)
+        return self.points[b] + slope * (rows - b)
+
+    def round_time(self, rows: int, drafting: float = 0.0) -> float:
+        return self.forward(rows) + drafting + self.overhead
+
+    def observe_forward(self, rows: int, seconds: float) -> None:
+        """Pull the model towards a measured forward: every point a little (the context grew, the
+        machine got busier), the points around `rows` more; the curve stays non-decreasing."""
+        predicted = self.forward(rows)
+        if predicted <= 0 or not math.isfinite(seconds) or seconds <= 0:
+            return
+        ratio = seconds / predicted
+        xs = sorted(self.points)
+        lo = max((x for x in xs if x <= rows), default=xs[0])
+        hi = min((x for x in xs if x >= rows), default=xs[-1])
+        for x in xs:
+            weight = _COST_EMA if x in (lo, hi) else _COST_EMA_ALL
+            self.points[x] *= (1 - weight) + weight * ratio
+        for a, b in zip(xs, xs[1:], strict=False):
+            self.points[b] = max(self.points[b], self.points[a])
+
+    def observe_overhead(self, seconds: float) -> None:
+        if seconds >= 0 and math.isfinite(seconds):
+            self.overhead += _COST_EMA * (seconds - self.overhead)
+
+    def observe_draft(self, drafter: str, seconds: float, steps: int, per_token: bool) -> None:
+        """One call of `drafter` that took `seconds` for drafts of at most `steps` tokens. A model
+        drafter's cost is kept per drafted token (it runs a forward per token), an n-gram
+        drafter's per call."""
+        if not math.isfinite(seconds) or seconds < 0:
+            return
+        value = seconds / max(steps, 1) if per_token else seconds
+        old = self.draft_cost.get(drafter, value)
+        self.draft_cost[drafter] = old + _COST_EMA * (value - old)
+
+    def drafting(self, drafter: str) -> float:
+        """Seconds per drafted token (model drafters) or per call (n-gram drafters); 0 until seen."""
+        return self.draft_cost.get(drafter, 0.0)
+
+
+@dataclass(slots=True)
+class _Counts:
+    """Decayed successes / observations per draft position (conditional on the earlier ones)."""
+
+    hit: list[float] = field(default_factory=list)
+    seen: list[float] = field(default_factory=list)
+
+    def observe(self, k: int, n_accepted: int) -> None:
+        """A verified draft of k tokens of which the first n_accepted were accepted."""
+        n_obs = min(k, n_accepted + 1)  # positions past the first rejection were not tested
+        while len(self.seen) < n_obs:
+            self.hit.append(0.0)
+            self.seen.append(0.0)
+        for i in range(len(self.seen)):
+            self.hit[i] *= DECAY
+            self.seen[i] *= DECAY
+        for i in range(n_obs):
+            self.seen[i] += 1.0
+            if i < n_accepted:
+                self.hit[i] += 1.0
+
+    def rate(self, i: int, prior: float, weight: float) -> float:
+        if i < len(self.seen):
+            return (self.hit[i] + weight * prior) / (self.seen[i] + weight)
+        return prior
+
+
+class AcceptanceModel:
+    """Per-position conditional acceptance, per drafter (global) and per (drafter, slot)."""
+
+    def __init__(self) -> None:
+        self._global: dict[str, _Counts] = {}
+        self._slot: dict[tuple[str, int], _Counts] = {}
+
+    def observe(self, drafter: str, slot: int, k: int, n_accepted: int) -> None:
+        if k <= 0:
+            return
+        self._global.setdefault(drafter, _Counts()).observe(k, n_accepted)
+        self._slot.setdefault((drafter, slot), _Counts()).observe(k, n_accepted)
+
+    def forget_slot(self, slot: int) -> None:
+        """A new request on the slot starts from the drafters' global estimates."""
+        for key in [key for key in self._slot if key[1] == slot]:
+            del self._slot[key]
+
+    def conditional(self, drafter: str, slot: int, i: int) -> float:
+        g = self._global.get(drafter)
+        prior = FIRST_PRIOR if i == 0 else LATER_PRIOR
+        global_rate = g.rate(i, prior, PRIOR_WEIGHT) if g is not None else prior
+        own = self._slot.get((drafter, slot))
+        return own.rate(i, global_rate, PRIOR_WEIGHT) if own is not None else global_rate
+
+    def cumulative(self, drafter: str, slot: int, n: int) -> list[float]:
+        """[P(first 1 accepted), ..., P(first n accepted)]."""
+        out, p = [], 1.0
+        for i in range(n):
+            p *= self.conditional(drafter, slot, i)
+            out.append(p)
+        return out
+
+
+@dataclass(slots=True)
+class Offer:
+    """One slot's draft as offered to the planner."""
+
+    slot: int
+    drafter: str
+    gains: list[float]  # P(first i accepted) for i = 1..len(draft): what each kept token is worth
+    probe: bool = False  # verify at least one token (exploration)
+    token_cost: float = 0.0  # seconds each kept token adds besides its row (drafting it, if not done yet)
+
+    @property
+    def length(self) -> int:
+        return len(self.gains)
+
+
+@dataclass(slots=True)
+class Plan:
+    lengths: dict[int, int]  # slot -> tokens to verify
+    expected_tokens: float  # emitted tokens expected from the offering slots (1 each + kept gains)
+    predicted_time: float  # the round with the kept tokens
+    plain_time: float  # the same round without any of the offered tokens
+
+
+def choose_lengths(offers: Sequence[Offer], round_time: Callable[[int], float], base_tokens: float | None = None) -> Plan:
+    """The draft prefixes that maximise expected emitted tokens per second for the whole forward.
+
+    `round_time(n)` is the round's time with n offered tokens added to its rows. A kept token's
+    worth is the probability that it and all before it are accepted, which never increases along
+    a draft; so, taking the best remaining token over all slots one at a time, the best prefix of
+    that order is the optimum whenever the cost of a row does not fall as rows are added.
+    `base_tokens`: what the round emits without any offered token (default: one per offer)."""
+    lengths = {o.slot: 0 for o in offers}
+    expected = float(len(offers)) if base_tokens is None else float(base_tokens)
+    extra, spent = 0, 0.0
+    for o in offers:
+        if o.probe and o.length > 0:
+            lengths[o.slot] = 1
+            expected += o.gains[0]
+            extra += 1
+            spent += o.token_cost
+    plain = round_time(0)
+    best_ratio = expected / max(round_time(extra) + spent, 1e-12)
+    best, best_expected, best_time = dict(lengths), expected, round_time(extra) + spent
+    order = sorted(((g, i, o) for o in offers for i, g in enumerate(o.gains) if i >= lengths[o.slot]),
+                   key=lambda t: (-t[0], t[1]))
+    taken = dict(lengths)
+    for gain, _i, o in order:
+        taken[o.slot] += 1
+        expected += gain
+        extra += 1
+        spent += o.token_cost
+        t = round_time(extra) + spent
+        ratio = expected / max(t, 1e-12)
+        if ratio > best_ratio:
+            best_ratio, best, best_expected, best_time = ratio, dict(taken), expected, t
+    return Plan(best, best_expected, best_time, plain)
+
+
+class AdaptiveController:
+    """The engine's cost and acceptance models, and the exploration bookkeeping per slot.
+
+    A slot that has not verified a draft token for `probe interval` rounds verifies one anyway;
+    each probe that fails doubles the slot's interval (up to PROBE_MAX), one that succeeds resets
+    it, so text that stays unpredictable costs ever fewer wasted rows."""
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+        self.acceptance = AcceptanceModel()
+        self._quiet: dict[int, int] = {}  # slot -> rounds since it last verified a draft token
+        self._interval: dict[int, int] = {}  # slot -> rounds between probes
+
+    def begin_request(self, slot: int) -> None:
+        self.acceptance.forget_slot(slot)
+        self._quiet.pop(slot, None)
+        self._interval.pop(slot, None)
+
+    def probing(self, slot: int) -> bool:
+        return self._quiet.get(slot, 0) >= self._interval.get(slot, PROBE_AFTER)
+
+    def offer(self, slot: int, drafter: str, length: int, token_cost: float = 0.0) -> Offer:
+        return Offer(slot, drafter, self.acceptance.cumulative(drafter, slot, length), self.probing(slot), token_cost)
+
+    def ask_length(self, slot: int, drafter: str, n_max: int, round_time: Callable[[int], float], *,
+                   base_tokens: float, call_cost: float, token_cost: float) -> int:
+        """How many tokens are worth asking `drafter` for (0: do not ask it this round), judged on this
+        slot's estimates: drafting costs `call_cost` per call plus `token_cost` per token."""
+        if n_max <= 0:
+            return 0
+        offer = self.offer(slot, drafter, n_max, token_cost)
+        plan = choose_lengths([offer], round_time, base_tokens)
+        kept = plan.lengths[slot]
+        if offer.probe:
+            return max(kept, 1)
+        if kept == 0 or plan.expected_tokens / (plan.predicted_time + call_cost) <= base_tokens / plan.plain_time:
+            return 0
+        return kept
+
+    def planned(self, slot: int, kept: int) -> None:
+        """Record the length the planner kept for this slot's draft this round."""
+        self._quiet[slot] = 0 if kept > 0 else self._quiet.get(slot, 0) + 1
+
+    def verified(self, drafter: str, slot: int, k: int, n_accepted: int, probe: bool) -> None:
+        self.acceptance.observe(drafter, slot, k, n_accepted)
+        if probe:
+            interval = self._interval.get(slot, PROBE_AFTER)
+            self._interval[slot] = PROBE_AFTER if n_accepted > 0 else min(2 * interval, PROBE_MAX)

@@ -1,0 +1,232 @@
+"""Planning one round: which rows every busy slot puts into the next forward.
+
+Generating slots come first, each with its pending token x and the draft to verify after it; prompt
+chunks fill what is left of n_batch. Drafting follows the precedence of docs/semantics.md §3: the
+drafters are called in priority order, each once, for the slots still without a draft, and the
+first non-empty draft of a slot wins. For a slot whose plan is adaptive the cost model then has
+its say twice: before drafting (is this drafter worth asking, and for how many tokens) and after
+(how much of each draft to verify, for all slots of the forward together). Shortening a draft
+never changes what is emitted, only how fast.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .adaptive import AdaptiveController, Offer, choose_lengths
+from .backend import SeqInput
+from .drafter import Draft, Drafter, DraftRequest
+from .registry import order_drafters
+from .slot import Slot, SlotState
+
+
+@dataclass(slots=True)
+class Decision:
+    """What the cost model decided for one adaptive slot this round."""
+
+    drafter: str  # the drafter whose draft (or whose turn) it was
+    natural: int  # tokens a fixed policy would verify; -1 when the drafter was not asked at all
+    kept: int  # tokens verified
+    expected: float  # emitted tokens the model expects from this slot (1 + acceptance of kept)
+    probe: bool
+
+
+@dataclass(slots=True)
+class Work:
+    slot: Slot
+    inp: SeqInput
+    draft: Draft = field(default_factory=Draft.empty)
+    drafter: Drafter | None = None  # whose draft is verified
+    prompt_chunk: bool = False
+    decision: Decision | None = None
+
+
+@dataclass(slots=True)
+class DraftCall:
+    drafter: Drafter
+    lengths: dict[int, int]  # slot -> length of its draft after the caps (0: nothing)
+    seconds: float
+
+
+@dataclass(slots=True)
+class RoundPlan:
+    work: list[Work]
+    calls: list[DraftCall]
+    drafting_seconds: float = 0.0
+    rows: int = 0
+    predicted_seconds: float = 0.0  # adaptive rounds: the cost model's time for this round
+    plain_seconds: float = 0.0  # ... and for the same round without drafts or drafting
+
+
+class PlanObserver(Protocol):
+    def drafted(self, slot: Slot, k: int) -> None: ...
+
+    def draft_called(self, drafter: str, lengths: list[int], seconds: float) -> None: ...
+
+
+class RoundPlanner:
+    def __init__(self, n_batch: int, observer: PlanObserver, controller: AdaptiveController | None) -> None:
+        self.n_batch = n_batch
+        self.observer = observer
+        self.controller = controller
+        self._rotate = 0  # round-robin start, so no slot starves when n_batch is tight
+
+    def plan(self, slots: list[Slot]) -> RoundPlan:
+        busy = [s for s in slots if s.busy and not s.finished]
+        if busy:
+            self._rotate = (self._rotate + 1) % len(busy)
+            busy = busy[self._rotate:] + busy[: self._rotate]
+        gen = [s for s in busy if s.state is SlotState.GENERATING]
+        budget = self.n_batch
+        reserved: list[tuple[Slot, int]] = []
+        for s in gen:
+            if budget < 1:
+                break
+            n_max = min(s.n_draft_max(), budget - 1)
+            reserved.append((s, n_max))
+            budget -= 1 + n_max
+        prompt_pending = sum(len(s.prompt) - s.n_prompt_done for s in busy if s.state is SlotState.PROMPT)
+        base_rows = len(reserved) + prompt_pending
+        wants = [(s, n) for s, n in reserved if n > 0 and s.drafters]
+        decisions: dict[int, Decision] = {}
+        chosen, calls = self._draft(wants, base_rows, len(reserved), decisions) if wants else ({}, [])
+        plan = RoundPlan([], calls, drafting_seconds=sum(c.seconds for c in calls))
+        self._shorten({s.id: s for s, _ in reserved}, chosen, decisions, plan, base_rows, len(reserved))
+        for call in calls:
+            self.observer.draft_called(call.drafter.name, list(call.lengths.values()), call.seconds)
+        for s, _ in wants:  # every slot that asked, even for nothing (docs/semantics.md §1.1 step 4)
+            if any(s.id in c.lengths for c in calls):
+                self.observer.drafted(s, len(chosen[s.id][0].tokens) if s.id in chosen else 0)
+        budget = self.n_batch
+        for s, _ in reserved:
+            if s.finished:
+                continue
+            draft, drafter = chosen.get(s.id, (Draft.empty(), None))
+            toks = np.array([s.last, *draft.tokens], dtype=np.int32)
+            plan.work.append(Work(s, SeqInput(s.seq_id, toks, s.n_hist, np.arange(len(toks))), draft, drafter,
+                                  decision=decisions.get(s.id)))
+            budget -= len(toks)
+        for s in busy:
+            if s.state is not SlotState.PROMPT or budget <= 0:
+                continue
+            n = min(len(s.prompt) - s.n_prompt_done, budget)
+            chunk = s.prompt[s.n_prompt_done : s.n_prompt_done + n]
+            last = s.n_prompt_done + n == len(s.prompt)
+            rows = np.array([n - 1]) if last else np.zeros(0, dtype=np.int64)
+            plan.work.append(Work(s, SeqInput(s.seq_id, chunk, s.n_prompt_done, rows), prompt_chunk=True))
+            budget -= n
+        plan.rows = sum(len(w.inp.tokens) for w in plan.work)
+        return plan
+
+    # -- drafting -------------------------------------------------------------------------------
+    def _round_time(self, base_rows: int, extra_seconds: float = 0.0) -> Callable[[int], float]:
+        assert self.controller is not None
+        cost = self.controller.cost
+        return lambda extra: cost.forward(min(self.n_batch, base_rows + extra)) + cost.overhead + extra_seconds
+
+    def _ask_length(self, s: Slot, drafter: Drafter, n: int, base_rows: int, n_gen: int) -> int:
+        """Tokens to ask `drafter` for on behalf of slot `s` (0: skip it this round)."""
+        assert self.controller is not None
+        unit = self.controller.cost.drafting(drafter.name)
+        per_token = bool(getattr(drafter, "model_based", True))
+        k = self.controller.ask_length(s.id, drafter.name, n, self._round_time(base_rows), base_tokens=n_gen,
+                                       call_cost=0.0 if per_token else unit, token_cost=unit if per_token else 0.0)
+        # An n-gram drafter's whole draft costs no more than a part of it: ask for all, keep what pays.
+        return k if per_token or k == 0 else n
+
+    def _draft(self, wants: list[tuple[Slot, int]], base_rows: int, n_gen: int,
+               decisions: dict[int, Decision]) -> tuple[dict[int, tuple[Draft, Drafter]], list[DraftCall]]:
+        """One orchestrator call (docs/semantics.md §3): drafters in priority order, each once, for the
+        slots still looking."""
+        looking = {s.id: (s, n) for s, n in wants}
+        chosen: dict[int, tuple[Draft, Drafter]] = {}
+        calls: list[DraftCall] = []
+        for drafter in order_drafters({id(d): d for s, _ in wants for d in s.drafters}.values()):
+            mine: list[tuple[Slot, int]] = []
+            for s, n in looking.values():
+                if drafter not in s.drafters:
+                    continue
+                ask = n
+                if s.plan is not None and s.plan.adaptive and self.controller is not None:
+                    ask = self._ask_length(s, drafter, n, base_rows, n_gen)
+                    if ask == 0:
+                        decisions.setdefault(s.id, Decision(drafter.name, -1, 0, 1.0, False))
+                        continue
+                mine.append((s, ask))
+            if not mine:
+                continue
+            reqs = [
+                DraftRequest(slot=s.id, history=s.history, last=s.last, n_max=n, spec=s.plan.spec,  # type: ignore[union-attr]
+                             temperature=s.request.sampling.temperature, seed=s.plan.seed)  # type: ignore[union-attr]
+                for s, n in mine
+            ]
+            t0 = time.perf_counter()
+            try:
+                drafts = drafter.draft(reqs)
+                if len(drafts) != len(reqs):
+                    raise RuntimeError(f"returned {len(drafts)} drafts for {len(reqs)} requests")
+            except Exception as exc:  # a broken drafter ends the requests it was drafting for, not the engine
+                for s, _ in mine:
+                    s.error = f"drafter {drafter.name!r} failed: {type(exc).__name__}: {exc}"
+                    del looking[s.id]
+                continue
+            call = DraftCall(drafter, {}, time.perf_counter() - t0)
+            calls.append(call)
+            for (s, n), d in zip(mine, drafts, strict=True):
+                call.lengths[s.id] = min(len(d.tokens), n)
+                if not d.tokens:
+                    continue  # an empty draft falls through to the next drafter
+                if len(d.tokens) > n:  # the round's budget caps every drafter (docs/semantics.md §1.3)
+                    d = Draft(list(d.tokens[:n]), None if d.probs is None else d.probs[:n])
+                chosen[s.id] = (d, drafter)
+                decisions.pop(s.id, None)  # a lower drafter drafted after all
+                del looking[s.id]
+            if self.controller is not None:
+                steps = max(call.lengths.values(), default=0)
+                self.controller.cost.observe_draft(drafter.name, call.seconds, steps,
+                                                   per_token=bool(getattr(drafter, "model_based", True)))
+            if not looking:
+                break
+        return chosen, calls
+
+    # -- the cost model's cut -------------------------------------------------------------------
+    def _shorten(self, slots: dict[int, Slot], chosen: dict[int, tuple[Draft, Drafter]],
+                 decisions: dict[int, Decision], plan: RoundPlan, base_rows: int, n_gen: int) -> None:
+        """Keep, of every adaptive slot's draft, the prefix that pays for its rows in this forward."""
+        if self.controller is None:
+            return
+        adaptive = [sid for sid in chosen if (p := slots[sid].plan) is not None and p.adaptive]
+        if not adaptive and not decisions:
+            return
+        fixed_rows = sum(len(d.tokens) for sid, (d, _) in chosen.items() if sid not in adaptive)
+        round_time = self._round_time(base_rows + fixed_rows, plan.drafting_seconds)
+        offers: list[Offer] = []
+        for sid in adaptive:
+            draft, drafter = chosen[sid]
+            offers.append(self.controller.offer(sid, drafter.name, len(draft.tokens)))
+        result = choose_lengths(offers, round_time, base_tokens=n_gen)
+        for o in offers:
+            draft, drafter = chosen[o.slot]
+            kept = result.lengths[o.slot]
+            decisions[o.slot] = Decision(drafter.name, o.length, kept, 1.0 + sum(o.gains[:kept]), o.probe)
+            for call in plan.calls:  # the statistics count what is verified
+                if call.drafter is drafter and o.slot in call.lengths:
+                    call.lengths[o.slot] = kept
+            if kept < o.length:
+                trim = getattr(drafter, "shortened", None)
+                if callable(trim):
+                    trim(o.slot, kept)
+                if kept == 0:
+                    del chosen[o.slot]
+                else:
+                    chosen[o.slot] = (Draft(draft.tokens[:kept], None if draft.probs is None else draft.probs[:kept]),
+                                      drafter)
+        for sid, d in decisions.items():
+            self.controller.planned(sid, d.kept)
+        plan.predicted_seconds = result.predicted_time if offers else round_time(0)
+        plan.plain_seconds = self._round_time(base_rows)(0)
