@@ -77,8 +77,10 @@ class DrafterTable(DataTable):
     """Per-drafter counters (docs/semantics.md §4.1), cumulative since the engine started."""
 
     stats: reactive[dict[str, Any]] = reactive(dict, always_update=True)
-    # #gen/#acc drafts, #gen/#acc tokens, acceptance rate (acc tok / gen tok), mean acceptance length.
-    COLUMNS = ("drafter", "gen dr", "acc dr", "gen tok", "acc tok", "rate", "len")
+    # #gen/#acc drafts, #gen/#acc tokens, acceptance rate (acc tok / gen tok), mean acceptance length;
+    # then what the cost model decided (docs/semantics.md §9): rounds shortened and skipped out of
+    # the rounds it decided, and the predicted and measured gain over plain decoding.
+    COLUMNS = ("drafter", "gen dr", "acc dr", "gen tok", "acc tok", "rate", "len", "short/skip", "gain p/m")
 
     def on_mount(self) -> None:
         self.cursor_type = "none"
@@ -91,7 +93,16 @@ class DrafterTable(DataTable):
             rate = f"{acc / gen:.3f}" if gen else "-"
             mean = f"{d.get('mean_acc_len', 0.0):.2f}" if d.get("calls_accept") else "-"
             self.add_row(Text(name, style=drafter_style(name)), str(d.get("gen_drafts", 0)),
-                         str(d.get("acc_drafts", 0)), str(gen), str(acc), rate, mean)
+                         str(d.get("acc_drafts", 0)), str(gen), str(acc), rate, mean, *adaptive_cells(d))
+
+
+def adaptive_cells(d: dict[str, Any]) -> tuple[str, str]:
+    """The cost model's columns for one drafter's counters ("-" while it decided nothing)."""
+    a = d.get("adaptive")
+    if not a or not a.get("rounds"):
+        return "-", "-"
+    return (f"{a['shortened']}/{a['skipped']} of {a['rounds']}",
+            f"{a['predicted_gain']:.2f}x/{a['measured_gain']:.2f}x")
 
 
 class SlotsTable(DataTable):

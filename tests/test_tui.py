@@ -9,7 +9,14 @@ import anyio
 import rpc_fakes as fakes
 from rich.control import strip_control_codes
 from spekula.frontends.tui_app import EmbeddedSource, SpekulaApp
-from spekula.frontends.tui_widgets import AnswerView, DrafterTable, SlotsTable, drafter_style, split_pieces
+from spekula.frontends.tui_widgets import (
+    AnswerView,
+    DrafterTable,
+    SlotsTable,
+    adaptive_cells,
+    drafter_style,
+    split_pieces,
+)
 
 
 async def wait_for(pilot: Any, cond: Any, timeout: float = 60.0) -> None:
@@ -40,6 +47,13 @@ def test_split_pieces_colours_tokens_or_falls_back() -> None:
     # pieces that do not spell the content (held-back text): the chunk takes its last token's origin
     assert split_pieces("ab", ["a", "bc"], ["ngram-mod", None]) == [("ab", None)]
     assert drafter_style("ngram-mod") != drafter_style("ngram-simple") != drafter_style(None)
+
+
+def test_the_drafter_table_says_what_the_cost_model_decided() -> None:
+    assert adaptive_cells({"gen_tokens": 5}) == ("-", "-")  # fixed lengths, or nothing decided yet
+    decided = {"rounds": 40, "shortened": 7, "skipped": 12, "predicted_gain": 1.5, "measured_gain": 1.25}
+    assert adaptive_cells({"adaptive": decided}) == ("7/12 of 40", "1.50x/1.25x")
+    assert len(DrafterTable.COLUMNS) == 9
 
 
 def test_prompt_streams_answer_and_updates_stats_fake_engine() -> None:
@@ -77,6 +91,8 @@ def test_prompt_streams_answer_real_engine_tiny_model() -> None:
             await wait_for(pilot, lambda: app.n_stats_updates > updates)
             return {"answer": app.query_one(AnswerView).text, "result": app.last_result,
                     "drafter_rows": app.query_one(DrafterTable).row_count,
+                    "drafter_row": [str(c) for c in app.query_one(DrafterTable).get_row_at(0)],
+                    "stats": app.query_one(DrafterTable).stats,
                     "slot_rows": app.query_one(SlotsTable).row_count}
 
     out = anyio.run(drive)
@@ -84,6 +100,7 @@ def test_prompt_streams_answer_real_engine_tiny_model() -> None:
     # Rich drops control characters on display (a random tiny model emits some).
     assert out["answer"].plain == strip_control_codes(out["result"]["content"])
     assert out["drafter_rows"] == 1 and out["slot_rows"] == 1  # ngram-simple was asked: its row is there
+    assert out["drafter_row"][-2:] == list(adaptive_cells(out["stats"]["ngram-simple"]))
 
 
 def test_attached_to_server_controls_reach_the_request_and_escape_cancels(tmp_path: Path) -> None:
