@@ -53,12 +53,13 @@ class CostModel:
     @classmethod
     def measure(cls, forward_rows: Callable[[int], float], max_rows: int, repeats: int = 2) -> CostModel:
         """Time `forward_rows(n)` (one forward of n rows, in seconds) at 1, 2, 4, ... up to max_rows;
-        the fastest of `repeats` runs per point."""
+        the fastest of `repeats` runs per point up to 8 rows."""
         points = {}
         for n in _ROW_POINTS:
             if n > max_rows:
                 break
-            points[n] = min(forward_rows(n) for _ in range(repeats))
+            # Small forwards are the noisy ones and cost little to repeat; large ones are timed once.
+            points[n] = min(forward_rows(n) for _ in range(repeats if n <= 8 else 1))
         return cls(points)
 
     def forward(self, rows: int) -> float:
@@ -135,9 +136,12 @@ class _Counts:
                 self.hit[i] += 1.0
 
     def rate(self, i: int, prior: float, weight: float) -> float:
-        if i < len(self.seen):
-            return (self.hit[i] + weight * prior) / (self.seen[i] + weight)
-        return prior
+        """Position i's rate; a position never tested takes the last tested one's (a drafter that has
+        been right up to where its drafts were cut is likely right a little further)."""
+        if not self.seen:
+            return prior
+        i = min(i, len(self.seen) - 1)
+        return (self.hit[i] + weight * prior) / (self.seen[i] + weight)
 
 
 class AcceptanceModel:
@@ -167,10 +171,18 @@ class AcceptanceModel:
 
     def cumulative(self, drafter: str, slot: int, n: int) -> list[float]:
         """[P(first 1 accepted), ..., P(first n accepted)]."""
+        g, own = self._global.get(drafter), self._slot.get((drafter, slot))
         out, p = [], 1.0
         for i in range(n):
-            p *= self.conditional(drafter, slot, i)
+            prior = FIRST_PRIOR if i == 0 else LATER_PRIOR
+            rate = g.rate(i, prior, PRIOR_WEIGHT) if g is not None else prior
+            if own is not None:
+                rate = own.rate(i, rate, PRIOR_WEIGHT)
+            p *= rate
             out.append(p)
+            if p < 1e-4:  # the rest is worth nothing: pad instead of computing
+                out.extend([0.0] * (n - i - 1))
+                break
         return out
 
 
@@ -242,11 +254,16 @@ class AdaptiveController:
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
         self.acceptance = AcceptanceModel()
+        # How often a call of the drafter returns a draft at all (position 0 of a one-token "draft"
+        # per call): in open-ended text the n-gram drafters mostly find nothing, and a call that
+        # finds nothing still costs its time.
+        self.hits = AcceptanceModel()
         self._quiet: dict[int, int] = {}  # slot -> rounds since it last verified a draft token
         self._interval: dict[int, int] = {}  # slot -> rounds between probes
 
     def begin_request(self, slot: int) -> None:
         self.acceptance.forget_slot(slot)
+        self.hits.forget_slot(slot)
         self._quiet.pop(slot, None)
         self._interval.pop(slot, None)
 
@@ -259,7 +276,8 @@ class AdaptiveController:
     def ask_length(self, slot: int, drafter: str, n_max: int, round_time: Callable[[int], float], *,
                    base_tokens: float, call_cost: float, token_cost: float) -> int:
         """How many tokens are worth asking `drafter` for (0: do not ask it this round), judged on this
-        slot's estimates: drafting costs `call_cost` per call plus `token_cost` per token."""
+        slot's estimates: drafting costs `call_cost` per call plus `token_cost` per token, and a call
+        returns a draft at all with the drafter's hit rate."""
         if n_max <= 0:
             return 0
         offer = self.offer(slot, drafter, n_max, token_cost)
@@ -267,9 +285,24 @@ class AdaptiveController:
         kept = plan.lengths[slot]
         if offer.probe:
             return max(kept, 1)
-        if kept == 0 or plan.expected_tokens / (plan.predicted_time + call_cost) <= base_tokens / plan.plain_time:
+        if kept == 0:
             return 0
-        return kept
+        hit = self.hit_rate(drafter, slot)
+        expected = base_tokens + hit * (plan.expected_tokens - base_tokens)
+        seconds = plan.plain_time + call_cost + hit * (plan.predicted_time - plan.plain_time)
+        return kept if expected / seconds > base_tokens / plan.plain_time else 0
+
+    def hit_rate(self, drafter: str, slot: int) -> float:
+        return self.hits.conditional(drafter, slot, 0)
+
+    def called(self, drafter: str, slot: int, drafted: bool) -> None:
+        """A call of `drafter` for `slot` returned a draft (or nothing)."""
+        self.hits.observe(drafter, slot, 1, int(drafted))
+
+    def probe_found_nothing(self, slot: int) -> None:
+        """A probe round in which no drafter had anything: wait longer before the next one."""
+        self._quiet[slot] = 0
+        self._interval[slot] = min(2 * self._interval.get(slot, PROBE_AFTER), PROBE_MAX)
 
     def planned(self, slot: int, kept: int) -> None:
         """Record the length the planner kept for this slot's draft this round."""

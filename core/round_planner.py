@@ -24,6 +24,13 @@ from .drafter import Draft, Drafter, DraftRequest
 from .registry import order_drafters
 from .slot import Slot, SlotState
 
+# A draftless drafter whose call costs less than this fraction of a one-row forward is always asked:
+# deciding would cost about as much as asking; the cut after drafting still sizes its draft.
+CHEAP_CALL = 0.005
+# Whether a draftless drafter is worth asking is judged on its first positions only (the worth of
+# later ones is small, and the decision itself must stay cheap).
+DECIDE_POSITIONS = 16
+
 
 @dataclass(slots=True)
 class Decision:
@@ -134,7 +141,10 @@ class RoundPlanner:
         assert self.controller is not None
         unit = self.controller.cost.drafting(drafter.name)
         per_token = bool(getattr(drafter, "model_based", True))
-        k = self.controller.ask_length(s.id, drafter.name, n, self._round_time(base_rows), base_tokens=n_gen,
+        if not per_token and unit < CHEAP_CALL * self.controller.cost.forward(1):
+            return n  # asking costs less than deciding whether to ask; the cut after drafting decides
+        k = self.controller.ask_length(s.id, drafter.name, n if per_token else min(n, DECIDE_POSITIONS),
+                                       self._round_time(base_rows), base_tokens=n_gen,
                                        call_cost=0.0 if per_token else unit, token_cost=unit if per_token else 0.0)
         # An n-gram drafter's whole draft costs no more than a part of it: ask for all, keep what pays.
         return k if per_token or k == 0 else n
@@ -179,6 +189,8 @@ class RoundPlanner:
             calls.append(call)
             for (s, n), d in zip(mine, drafts, strict=True):
                 call.lengths[s.id] = min(len(d.tokens), n)
+                if self.controller is not None and s.plan is not None and s.plan.adaptive:
+                    self.controller.called(drafter.name, s.id, bool(d.tokens))
                 if not d.tokens:
                     continue  # an empty draft falls through to the next drafter
                 if len(d.tokens) > n:  # the round's budget caps every drafter (docs/semantics.md §1.3)
@@ -201,8 +213,13 @@ class RoundPlanner:
         if self.controller is None:
             return
         adaptive = [sid for sid in chosen if (p := slots[sid].plan) is not None and p.adaptive]
-        if not adaptive and not decisions:
-            return
+        if adaptive or decisions:
+            self._cut(slots, chosen, decisions, plan, adaptive, base_rows, n_gen)
+        self._count_quiet_rounds(slots, chosen, decisions)
+
+    def _cut(self, slots: dict[int, Slot], chosen: dict[int, tuple[Draft, Drafter]], decisions: dict[int, Decision],
+             plan: RoundPlan, adaptive: list[int], base_rows: int, n_gen: int) -> None:
+        assert self.controller is not None
         fixed_rows = sum(len(d.tokens) for sid, (d, _) in chosen.items() if sid not in adaptive)
         round_time = self._round_time(base_rows + fixed_rows, plan.drafting_seconds)
         offers: list[Offer] = []
@@ -226,7 +243,20 @@ class RoundPlanner:
                 else:
                     chosen[o.slot] = (Draft(draft.tokens[:kept], None if draft.probs is None else draft.probs[:kept]),
                                       drafter)
-        for sid, d in decisions.items():
-            self.controller.planned(sid, d.kept)
         plan.predicted_seconds = result.predicted_time if offers else round_time(0)
         plan.plain_seconds = self._round_time(base_rows)(0)
+
+    def _count_quiet_rounds(self, slots: dict[int, Slot], chosen: dict[int, tuple[Draft, Drafter]],
+                            decisions: dict[int, Decision]) -> None:
+        """Tell the controller how many draft tokens each adaptive slot verifies this round (its
+        probes are due after enough rounds without any)."""
+        assert self.controller is not None
+        for sid, s in slots.items():
+            if (p := s.plan) is None or not p.adaptive or not s.drafters or s.n_draft_max() <= 0:
+                continue
+            if sid in chosen:
+                self.controller.planned(sid, len(chosen[sid][0].tokens))
+            elif sid not in decisions and self.controller.probing(sid):
+                self.controller.probe_found_nothing(sid)  # every drafter was asked and had nothing
+            else:
+                self.controller.planned(sid, 0)

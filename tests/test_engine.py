@@ -84,7 +84,8 @@ async def test_garbage_drafter_changes_nothing_and_stats_lines_parse() -> None:
 async def test_priority_and_fall_through() -> None:
     """The repeat drafter (draftless) goes first; when it has nothing the model-based one drafts."""
     repeat, observer = RepeatDrafter(), ObservingDrafter(48)
-    spec = SpecParams(types=("test-observer", "test-repeat"))
+    # Fixed lengths: on the toy's microsecond forwards the cost model would rightly stop asking.
+    spec = SpecParams(types=("test-observer", "test-repeat"), adaptive=False)
     engine = make_engine(ToyBackend(), ToyTokenizer(), spec=spec, drafters=[observer, repeat])
     pieces: list[PieceEvent] = []
     [final] = await run_requests(engine, [CompletionRequest(PROMPT, n_predict=60, sampling=GREEDY)],
