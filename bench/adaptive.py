@@ -7,15 +7,15 @@ Part "single" (one stream, the default native backend, greedy): for code rewrite
 summarise and four open-ended chat prompts, plain decoding vs `ngram-mod,ngram-simple` and `suffix`,
 each with fixed lengths (`--spec-adaptive off`) and adaptive ones. Every configuration runs --reps
 times in an order that rotates between repetitions, each run on a fresh engine (no drafter state
-carried over), and the median tok/s is compared with the median plain tok/s measured in the same
-rounds. Part "sweep": for the two repetitive workloads, fixed lengths with the drafters' caps set to
+carried over); a ratio is the median over repetitions of tok/s over the plain tok/s of the same
+repetition (this machine's speed drifts by tens of percent from one minute to the next). Part "sweep": for the two repetitive workloads, fixed lengths with the drafters' caps set to
 4, 8, 16, 32 and 64 (ngram-simple size-m, ngram-mod n-max, suffix n-max), and adaptive lengths with
 their default caps against the best of them. Part "editing": a file edited in 5 successive requests
 (each returns the whole file; the next request edits that answer), on one engine per configuration
 so drafter state carries between turns as on a server: plain, every n-gram type, their pair and
 `suffix`. Part "server": a `spekula serve` process, -np 4, 8 clients (bench/serve_load.py's
 prompts and checks), no speculation vs ngram-mod fixed vs ngram-mod adaptive, per-request settings
-on the same server. Every answer is checked against plain decoding; a mismatch fails the run.
+on the same server, each phase run --server-reps times in rotating order. Every answer is checked against plain decoding; a mismatch fails the run.
 
 Goals: chat >= 0.97x plain; repetitive workloads >= 0.95x the best fixed cap; server load with
 speculation >= 1.0x no speculation; suffix ahead of every n-gram type on the editing workload.
@@ -60,16 +60,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("-m", "--model", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens per single-stream request")
     p.add_argument("--edit-n-predict", type=int, default=640, help="token cap per editing turn")
-    p.add_argument("--reps", type=int, default=3, help="repetitions per single-stream configuration")
+    p.add_argument("--reps", type=int, default=5, help="repetitions per single-stream configuration")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--backend", default="native")
     p.add_argument("--parts", default="single,sweep,editing,server")
     p.add_argument("--quick", action="store_true", help="-n 32, 1 repetition, a short server phase: a smoke run")
     p.add_argument("--clients", type=int, default=8)
-    p.add_argument("--requests", type=int, default=25, help="server part: requests per client and phase")
+    p.add_argument("--requests", type=int, default=12, help="server part: requests per client and phase run")
+    p.add_argument("--server-reps", type=int, default=3, help="server part: runs of each phase, rotating")
     args = p.parse_args(argv)
     if args.quick:
         args.n_predict, args.reps, args.requests, args.edit_n_predict = min(args.n_predict, 32), 1, 2, 96
+        args.server_reps = 1
     return args
 
 
@@ -173,6 +175,9 @@ def measure(bench: Bench, workloads: dict[str, str], configs: dict[str, tuple[tu
             f = finals[name]
             row[name] = {
                 "tps": statistics.median(tps[name]),
+                # The machine's speed drifts between minutes: each repetition's ratio is taken against
+                # the plain run of the same repetition, and the median of those is reported.
+                "ratio": statistics.median(a / b for a, b in zip(tps[name], tps["plain"], strict=True)),
                 "same": bench.check(f"{wname}/{name}", list(f.tokens), list(plain.tokens)),
                 "draft_n": f.timings.get("draft_n", 0), "draft_n_accepted": f.timings.get("draft_n_accepted", 0),
             }
@@ -191,7 +196,7 @@ def print_table(title: str, results: dict[str, dict[str, Any]], names: list[str]
             r = row[n]
             acc = f", acc {r['draft_n_accepted']}/{r['draft_n']}" if r["draft_n"] else ""
             same = "" if r["same"] == "yes" else " **OUTPUT DIFFERS**"
-            cells.append(f"{r['tps'] / base:.2f}x ({r['tps']:.0f}{acc}){same}")
+            cells.append(f"{r['ratio']:.2f}x ({r['tps']:.0f}{acc}){same}")
         print(f"| {wname} | {base:.1f} | " + " | ".join(cells) + " |")
 
 
@@ -215,13 +220,13 @@ def part_sweep(bench: Bench) -> dict[str, dict[str, Any]]:
     configs["suffix adaptive"] = (("suffix",), True, {})
     results = measure(bench, {w: SINGLE[w] for w in REPETITIVE}, configs)
     print_table("Sweep of fixed caps on the repetitive workloads", results, list(configs))
-    print("\n| workload | drafters | best fixed cap | best fixed tok/s | adaptive tok/s | adaptive / best fixed |")
+    print("\n| workload | drafters | best fixed cap | best fixed x plain | adaptive x plain | adaptive / best fixed |")
     print("|---|---|---|---|---|---|")
     for wname, row in results.items():
         for label in ("pair", "suffix"):
-            best = max(CAPS, key=lambda c: row[f"{label} fixed {c}"]["tps"])
-            b, a = row[f"{label} fixed {best}"]["tps"], row[f"{label} adaptive"]["tps"]
-            print(f"| {wname} | {label} | {best} | {b:.1f} | {a:.1f} | **{a / b:.2f}x** |")
+            best = max(CAPS, key=lambda c: row[f"{label} fixed {c}"]["ratio"])
+            b, a = row[f"{label} fixed {best}"]["ratio"], row[f"{label} adaptive"]["ratio"]
+            print(f"| {wname} | {label} | {best} | {b:.2f}x | {a:.2f}x | **{a / b:.2f}x** |")
     return results
 
 
@@ -267,6 +272,17 @@ def part_editing(bench: Bench) -> dict[str, float]:
     return tps
 
 
+def merge_phases(name: str, runs: list[Any]) -> Any:
+    """The repetitions of one server phase as one (tokens and wall time summed)."""
+    merged = runs[0].__class__(name)
+    for r in runs:
+        merged.latencies += r.latencies
+        merged.errors += r.errors
+        for f in ("tokens", "ok", "wrong", "lost", "skipped", "wall"):
+            setattr(merged, f, getattr(merged, f) + getattr(r, f))
+    return merged
+
+
 def part_server(bench: Bench) -> None:
     import os
     import signal
@@ -298,10 +314,12 @@ def part_server(bench: Bench) -> None:
             with SpekulaClient(sock, timeout=600) as c:
                 refs = {p: c.completion(p, n_predict=16, return_tokens=True, speculative={"type": "none"})["tokens"]
                         for p in prompts}
-            phases = []
-            for name, spec in (("no-spec", {"type": "none"}), ("fixed", {"adaptive": False}),
-                               ("adaptive", {"adaptive": True})):
-                phases.append(run_phase(name, sock, prompts, refs, args, spec))
+            settings = [("no-spec", {"type": "none"}), ("fixed", {"adaptive": False}), ("adaptive", {"adaptive": True})]
+            runs: dict[str, list[Any]] = {name: [] for name, _ in settings}
+            for rep in range(bench.args.server_reps):  # rotating order: the machine's speed drifts
+                for name, spec in settings[rep % 3:] + settings[: rep % 3]:
+                    runs[name].append(run_phase(name, sock, prompts, refs, args, spec))
+            phases = [merge_phases(name, runs[name]) for name, _ in settings]
             print("```")
             report([phases[0], phases[1]])
             report([phases[0], phases[2]])

@@ -25,14 +25,15 @@ from dataclasses import dataclass, field
 # PRIOR_WEIGHT pseudo-observations of the drafter's global estimate, and a drafter nobody has seen
 # yet starts optimistic enough to be tried.
 DECAY = 0.9
-PRIOR_WEIGHT = 2.0
+PRIOR_WEIGHT = 1.5
 FIRST_PRIOR = 0.5
-LATER_PRIOR = 0.7
+LATER_PRIOR = 0.8
 # A slot whose drafts were all dropped this many rounds in a row verifies one token anyway, so an
 # estimate that turned pessimistic can recover when the text becomes predictable.
 PROBE_AFTER = 8
-PROBE_MAX = 128
+PROBE_MAX = 32
 _ROW_POINTS = (1, 2, 4, 8, 16, 32, 64)
+MIN_GAIN = 1e-3  # a draft token less likely than this to be accepted is never worth its row
 _COST_EMA = 0.2
 _COST_EMA_ALL = 0.05
 
@@ -47,6 +48,7 @@ class CostModel:
 
     def __init__(self, points: dict[int, float] | None = None) -> None:
         self.points: dict[int, float] = dict(points or {1: 1e-3, 64: 8e-3})
+        self._xs = sorted(self.points)  # the row counts measured (fixed; only their times move)
         self.overhead = 0.0  # engine time per round outside the forward
         self.draft_cost: dict[str, float] = {}  # drafter -> seconds per token or per call
 
@@ -63,7 +65,7 @@ class CostModel:
         return cls(points)
 
     def forward(self, rows: int) -> float:
-        xs = sorted(self.points)
+        xs = self._xs
         if rows <= xs[0]:
             return self.points[xs[0]]
         for lo, hi in zip(xs, xs[1:], strict=False):
@@ -86,7 +88,7 @@ class CostModel:
         if predicted <= 0 or not math.isfinite(seconds) or seconds <= 0:
             return
         ratio = seconds / predicted
-        xs = sorted(self.points)
+        xs = self._xs
         lo = max((x for x in xs if x <= rows), default=xs[0])
         hi = min((x for x in xs if x >= rows), default=xs[-1])
         for x in xs:
@@ -229,10 +231,16 @@ def choose_lengths(offers: Sequence[Offer], round_time: Callable[[int], float], 
     plain = round_time(0)
     best_ratio = expected / max(round_time(extra) + spent, 1e-12)
     best, best_expected, best_time = dict(lengths), expected, round_time(extra) + spent
-    order = sorted(((g, i, o) for o in offers for i, g in enumerate(o.gains) if i >= lengths[o.slot]),
-                   key=lambda t: (-t[0], t[1]))
+    if len(offers) == 1:  # one draft: its gains are already in order
+        o = offers[0]
+        order = [(g, i, o) for i, g in enumerate(o.gains) if i >= lengths[o.slot]]
+    else:
+        order = sorted(((g, i, o) for o in offers for i, g in enumerate(o.gains) if i >= lengths[o.slot]),
+                       key=lambda t: (-t[0], t[1]))
     taken = dict(lengths)
     for gain, _i, o in order:
+        if gain < MIN_GAIN:
+            break  # this and every later token are worth (next to) nothing
         taken[o.slot] += 1
         expected += gain
         extra += 1

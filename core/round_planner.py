@@ -24,9 +24,11 @@ from .drafter import Draft, Drafter, DraftRequest
 from .registry import order_drafters
 from .slot import Slot, SlotState
 
-# A draftless drafter whose call costs less than this fraction of a one-row forward is always asked:
-# deciding would cost about as much as asking; the cut after drafting still sizes its draft.
-CHEAP_CALL = 0.005
+# A draftless drafter whose call costs less than this fraction of the round's forward is always
+# asked: a draft found is worth far more than the call, and skipping calls also starves the
+# estimates of the evidence that the text has become predictable. The cut after drafting still
+# sizes what is verified.
+CHEAP_CALL = 0.02
 # Whether a draftless drafter is worth asking is judged on its first positions only (the worth of
 # later ones is small, and the decision itself must stay cheap).
 DECIDE_POSITIONS = 16
@@ -141,7 +143,7 @@ class RoundPlanner:
         assert self.controller is not None
         unit = self.controller.cost.drafting(drafter.name)
         per_token = bool(getattr(drafter, "model_based", True))
-        if not per_token and unit < CHEAP_CALL * self.controller.cost.forward(1):
+        if not per_token and unit < CHEAP_CALL * self.controller.cost.forward(base_rows):
             return n  # asking costs less than deciding whether to ask; the cut after drafting decides
         k = self.controller.ask_length(s.id, drafter.name, n if per_token else min(n, DECIDE_POSITIONS),
                                        self._round_time(base_rows), base_tokens=n_gen,
