@@ -13,7 +13,7 @@ repetition (this machine's speed drifts by tens of percent from one minute to th
 their default caps against the best of them. Part "editing": a file edited in 5 successive requests
 (each returns the whole file; the next request edits that answer), on one engine per configuration
 so drafter state carries between turns as on a server: plain, every n-gram type, their pair and
-`suffix`. Part "server": a `spekula serve` process, -np 4, 8 clients (bench/serve_load.py's
+`suffix`, each with fixed and adaptive lengths, --edit-reps times in rotating order. Part "server": a `spekula serve` process, -np 4, 8 clients (bench/serve_load.py's
 prompts and checks), no speculation vs ngram-mod fixed vs ngram-mod adaptive, per-request settings
 on the same server, each phase run --server-reps times in rotating order. Every answer is checked against plain decoding; a mismatch fails the run.
 
@@ -60,6 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("-m", "--model", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens per single-stream request")
     p.add_argument("--edit-n-predict", type=int, default=640, help="token cap per editing turn")
+    p.add_argument("--edit-reps", type=int, default=2, help="repetitions of the editing workload per configuration")
     p.add_argument("--reps", type=int, default=5, help="repetitions per single-stream configuration")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--backend", default="native")
@@ -71,7 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.n_predict, args.reps, args.requests, args.edit_n_predict = min(args.n_predict, 32), 1, 2, 96
-        args.server_reps = 1
+        args.server_reps = args.edit_reps = 1
     return args
 
 
@@ -245,31 +246,41 @@ def part_editing(bench: Bench) -> dict[str, float]:
             return bench.chat_prompt(f"{EDITS[i]} Return the whole file.\n\n{state['file']}")
         return next_prompt
 
-    configs: dict[str, tuple[str, ...]] = {"plain": (), **{t: (t,) for t in
-                                           ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod",
-                                            "ngram-cache")}, "ngram-mod,ngram-simple": PAIR, "suffix": ("suffix",)}
-    tps: dict[str, float] = {}
-    tokens: dict[str, list[list[int]]] = {}
+    drafters: dict[str, tuple[str, ...]] = {
+        **{t: (t,) for t in ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")},
+        "ngram-mod,ngram-simple": PAIR, "suffix": ("suffix",)}
+    configs: dict[str, tuple[tuple[str, ...], bool]] = {"plain": ((), False)}
+    for name, types in drafters.items():
+        configs[f"{name} fixed"] = (types, False)
+        configs[f"{name} adaptive"] = (types, True)
+    names = list(configs)
+    tps: dict[str, list[float]] = {n: [] for n in names}
+    tokens: dict[str, list[int]] = {}
     detail: dict[str, str] = {}
-    for name, types in configs.items():
-        t0 = time.perf_counter()
-        finals = bench.session(types, True, {}, turns(), bench.args.edit_n_predict)
-        decode_s = sum(f.timings["predicted_ms"] for f in finals) / 1e3
-        n = sum(len(f.tokens) for f in finals)
-        tps[name] = n / decode_s
-        tokens[name] = [list(f.tokens) for f in finals]
-        drafted = sum(f.timings.get("draft_n", 0) for f in finals)
-        accepted = sum(f.timings.get("draft_n_accepted", 0) for f in finals)
-        detail[name] = f"{n} tokens in {len(finals)} turns, acc {accepted}/{drafted}, {time.perf_counter() - t0:.1f} s"
-    print(f"\n## Multi-turn editing: {len(EDITS)} successive edits of one file, adaptive lengths\n")
+    for rep in range(bench.args.edit_reps):  # rotating order: the machine's speed drifts
+        for name in names[rep % len(names):] + names[: rep % len(names)]:
+            types, adaptive = configs[name]
+            finals = bench.session(types, adaptive, {}, turns(), bench.args.edit_n_predict)
+            n = sum(len(f.tokens) for f in finals)
+            tps[name].append(n / (sum(f.timings["predicted_ms"] for f in finals) / 1e3))
+            tokens[name] = sum((list(f.tokens) for f in finals), [])
+            drafted = sum(f.timings.get("draft_n", 0) for f in finals)
+            accepted = sum(f.timings.get("draft_n_accepted", 0) for f in finals)
+            detail[name] = f"{n} tokens in {len(finals)} turns, acc {accepted}/{drafted}"
+    ratio = {n: statistics.median(a / b for a, b in zip(tps[n], tps["plain"], strict=True)) for n in names}
+    print(f"\n## Multi-turn editing: {len(EDITS)} successive edits of one file, median of {bench.args.edit_reps}\n")
     print("| drafters | decode tok/s | x plain | same as plain | detail |")
     print("|---|---|---|---|---|")
-    for name in configs:
-        same = bench.check(f"editing/{name}", sum(tokens[name], []), sum(tokens["plain"], []))
-        print(f"| {name} | {tps[name]:.1f} | {tps[name] / tps['plain']:.2f}x | {same} | {detail[name]} |")
-    best_ngram = max((n for n in configs if n not in ("plain", "suffix")), key=lambda n: tps[n])
-    print(f"\nsuffix / best n-gram ({best_ngram}): **{tps['suffix'] / tps[best_ngram]:.2f}x**")
-    return tps
+    for name in names:
+        same = bench.check(f"editing/{name}", tokens[name], tokens["plain"])
+        print(f"| {name} | {statistics.median(tps[name]):.1f} | {ratio[name]:.2f}x | {same} | {detail[name]} |")
+    for mode in ("fixed", "adaptive"):
+        best = max((n for n in names if n.endswith(mode) and not n.startswith("suffix")), key=lambda n: ratio[n])
+        print(f"\n{mode}: suffix / best n-gram ({best}): **{ratio['suffix ' + mode] / ratio[best]:.2f}x**")
+    best_any = max((n for n in names if n != "plain" and not n.startswith("suffix")), key=lambda n: ratio[n])
+    best_suffix = max(("suffix fixed", "suffix adaptive"), key=lambda n: ratio[n])
+    print(f"best suffix ({best_suffix}) / best n-gram ({best_any}): **{ratio[best_suffix] / ratio[best_any]:.2f}x**")
+    return ratio
 
 
 def merge_phases(name: str, runs: list[Any]) -> Any:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 DECAY = 0.9
 PRIOR_WEIGHT = 1.5
 FIRST_PRIOR = 0.5
-LATER_PRIOR = 0.8
+LATER_PRIOR = 0.92
 # A slot whose drafts were all dropped this many rounds in a row verifies one token anyway, so an
 # estimate that turned pessimistic can recover when the text becomes predictable.
 PROBE_AFTER = 8

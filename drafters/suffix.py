@@ -16,7 +16,7 @@ diverged before. Unlike the n-gram types it needs no fixed key length, so it pic
 back up one or two tokens after an edit.
 
 Options (drafter options, also on the command line):
-  spec-suffix-max-depth   longest substring counted (match + continuation), default 24, [2, 256]
+  spec-suffix-max-depth   longest substring counted (match + continuation), default 64, [2, 256]
   spec-suffix-n-max       longest draft, default 32, [1, 1024]
   spec-suffix-factor      draft at most factor x match-length tokens, default 1.0, (0, 64]
   spec-suffix-min-prob    stop where the continuation's probability drops below, default 0.1, [0, 1]
@@ -40,7 +40,7 @@ from .ngram_match import int_option
 from .suffix_tree import SuffixTree
 
 DEFAULTS: dict[str, int | float] = {
-    "spec-suffix-max-depth": 24, "spec-suffix-n-max": 32, "spec-suffix-factor": 1.0,
+    "spec-suffix-max-depth": 64, "spec-suffix-n-max": 32, "spec-suffix-factor": 1.0,
     "spec-suffix-min-prob": 0.1, "spec-suffix-max-nodes": 262144,
 }
 
@@ -68,7 +68,7 @@ class _Request:
 class SuffixDrafter(DraftlessDrafter, Drafter):
     name: ClassVar[str] = "suffix"
 
-    def __init__(self, *, max_depth: int = 24, n_max: int = 32, factor: float = 1.0, min_prob: float = 0.1,
+    def __init__(self, *, max_depth: int = 64, n_max: int = 32, factor: float = 1.0, min_prob: float = 0.1,
                  max_nodes: int = 262144) -> None:
         self.max_depth, self.n_max, self.factor, self.min_prob = max_depth, n_max, factor, min_prob
         self.max_nodes = max_nodes
