@@ -8,13 +8,13 @@ every call that takes a while releases the GIL (ctypes does so for foreign calls
 from __future__ import annotations
 
 import ctypes
-import importlib.machinery
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 
 from ..core.errors import ConfigError
+from ..core.extension import extension_path
 
 # ggml type ids of the block formats the kernels read (as stored in GGUF files).
 TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
@@ -53,14 +53,8 @@ class Batch(ctypes.Structure):
 
 
 def library_path() -> Path:
-    here = Path(__file__).resolve().parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        candidate = here / f"_sk{suffix}"
-        if candidate.is_file():
-            return candidate
-    raise ConfigError(
-        f"spekula's native kernels are not built (no _sk*.so in {here}); reinstall the package with a C "
-        "compiler present (pip install -e .), or choose --backend torch")
+    return extension_path(Path(__file__).resolve().parent, "_sk", "spekula's native kernels are",
+                          ", or choose --backend torch")
 
 
 @cache

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -300,7 +299,7 @@ def part_server(bench: Bench) -> None:
     import subprocess
     import tempfile
 
-    from serve_load import make_prompts, report, run_phase
+    from serve_load import make_prompts, report, run_phase, wait_for_socket
     from spekula.frontends.client import SpekulaClient
 
     args = argparse.Namespace(time_limit=1800.0, requests=bench.args.requests, n_predict=16,
@@ -315,13 +314,9 @@ def part_server(bench: Bench) -> None:
               f"{args.requests} requests per phase\n")
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
         try:
-            deadline = time.monotonic() + 300
-            while not os.path.exists(sock):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    print(log.read_text(), file=sys.stderr)
-                    bench.failures.append("server did not start")
-                    return
-                time.sleep(0.2)
+            if not wait_for_socket(proc, sock, log):
+                bench.failures.append("server did not start")
+                return
             with SpekulaClient(sock, timeout=600) as c:
                 refs = {p: c.completion(p, n_predict=16, return_tokens=True, speculative={"type": "none"})["tokens"]
                         for p in prompts}

@@ -130,6 +130,17 @@ def report(phases: list[Phase]) -> None:
             print(f"  {ph.name} error: {err}")
 
 
+def wait_for_socket(proc: subprocess.Popen[bytes], sock: str, log: Path, seconds: float = 300.0) -> bool:
+    """Wait until the server listens on `sock`; on exit or timeout print its log and say False."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(sock):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            print(log.read_text(), file=sys.stderr)
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", help="GGUF model (default: the embedded SmolLM2-135M-Instruct)")
@@ -157,12 +168,8 @@ def main() -> int:
         print("server:", " ".join(cmd[2:]), flush=True)
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
         try:
-            ready = time.monotonic() + 300
-            while not os.path.exists(sock):
-                if proc.poll() is not None or time.monotonic() > ready:
-                    print(log.read_text(), file=sys.stderr)
-                    return 1
-                time.sleep(0.2)
+            if not wait_for_socket(proc, sock, log):
+                return 1
             with SpekulaClient(sock, timeout=args.time_limit) as c:
                 t0 = time.perf_counter()
                 refs = {p: c.completion(p, n_predict=args.n_predict, return_tokens=True,

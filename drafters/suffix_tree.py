@@ -9,7 +9,6 @@ the tree within a node budget.
 from __future__ import annotations
 
 import ctypes
-import importlib.machinery
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -17,19 +16,14 @@ from pathlib import Path
 
 import numpy as np
 from spekula.core.errors import ConfigError
+from spekula.core.extension import extension_path
 
 _i32p = ctypes.POINTER(ctypes.c_int32)
 _f32p = ctypes.POINTER(ctypes.c_float)
 
 
 def _library_path() -> Path:
-    here = Path(__file__).resolve().parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        candidate = here / f"_suffix_tree{suffix}"
-        if candidate.is_file():
-            return candidate
-    raise ConfigError(f"the suffix drafter's library is not built (no _suffix_tree*.so in {here}); reinstall the "
-                      "package with a C compiler present (pip install -e .)")
+    return extension_path(Path(__file__).resolve().parent, "_suffix_tree", "the suffix drafter's library is")
 
 
 @cache
