@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from typing import Any
 
@@ -84,6 +85,7 @@ class _Stdout:
     def __init__(self) -> None:
         self.wrote = False  # any text at all (decides the trailing newline)
         self.gone = False
+        self.interrupted = False  # Ctrl-C during generation
 
     def write(self, text: str) -> bool:
         if self.gone:
@@ -104,12 +106,23 @@ async def _generate(engine: Engine, args: argparse.Namespace, prompt: list[int],
     async with anyio.create_task_group() as tg:
         await tg.start(engine.run)
         handle = engine.submit(req)
+        tg.start_soon(_cancel_on_interrupt, handle, out)
         async for event in handle:
             if isinstance(event, PieceEvent) and event.text and not args.json and not out.write(event.text):
                 handle.cancel()  # nobody reads the rest; the final event still arrives
         tg.cancel_scope.cancel()
     assert handle.final is not None
     return handle.final
+
+
+async def _cancel_on_interrupt(handle: Any, out: _Stdout) -> None:
+    """Ctrl-C while generating cancels the request (the engine stops at the next round) instead of
+    relying on a KeyboardInterrupt reaching the right frame of the event loop."""
+    with anyio.open_signal_receiver(signal.SIGINT) as signals:
+        async for _ in signals:
+            out.interrupted = True
+            handle.cancel()
+            return
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
         out.write("\n")
     if out.gone:
         return EXIT_BROKEN_PIPE
+    if out.interrupted:
+        return 130  # as a shell reports a command ended by SIGINT
     if final.timings:  # requests rejected before running (bad prompt, context) carry none
         for line in _timing_lines(final.timings):
             print(line, file=sys.stderr)
