@@ -165,27 +165,26 @@ class AcceptanceModel:
             del self._slot[key]
 
     def conditional(self, drafter: str, slot: int, i: int) -> float:
-        g = self._global.get(drafter)
-        prior = FIRST_PRIOR if i == 0 else LATER_PRIOR
-        global_rate = g.rate(i, prior, PRIOR_WEIGHT) if g is not None else prior
-        own = self._slot.get((drafter, slot))
-        return own.rate(i, global_rate, PRIOR_WEIGHT) if own is not None else global_rate
+        return _rate(self._global.get(drafter), self._slot.get((drafter, slot)), i)
 
     def cumulative(self, drafter: str, slot: int, n: int) -> list[float]:
         """[P(first 1 accepted), ..., P(first n accepted)]."""
         g, own = self._global.get(drafter), self._slot.get((drafter, slot))
         out, p = [], 1.0
         for i in range(n):
-            prior = FIRST_PRIOR if i == 0 else LATER_PRIOR
-            rate = g.rate(i, prior, PRIOR_WEIGHT) if g is not None else prior
-            if own is not None:
-                rate = own.rate(i, rate, PRIOR_WEIGHT)
-            p *= rate
+            p *= _rate(g, own, i)
             out.append(p)
             if p < 1e-4:  # the rest is worth nothing: pad instead of computing
                 out.extend([0.0] * (n - i - 1))
                 break
         return out
+
+
+def _rate(glob: _Counts | None, own: _Counts | None, i: int) -> float:
+    """Position i's conditional acceptance: the slot's counts over the drafter's global ones over the prior."""
+    prior = FIRST_PRIOR if i == 0 else LATER_PRIOR
+    rate = glob.rate(i, prior, PRIOR_WEIGHT) if glob is not None else prior
+    return own.rate(i, rate, PRIOR_WEIGHT) if own is not None else rate
 
 
 @dataclass(slots=True)
