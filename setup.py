@@ -1,7 +1,7 @@
-"""Build spekula's native CPU kernels (backends/csrc) and the suffix drafter's tree (drafters/csrc) with the
-package; everything else is in pyproject.toml.
+"""Build spekula's native CPU kernels (backends/csrc), the suffix drafter's tree and the n-gram
+lookups (drafters/csrc) with the package; everything else is in pyproject.toml.
 
-The library is loaded with ctypes (spekula.backends.native_lib), not imported as a Python module.
+The libraries are loaded with ctypes (spekula.backends.native_lib and the drafters' bindings), not imported as a Python module.
 -ffp-contract=off keeps the compiler from fusing a*b+c on its own, which the kernels' bitwise
 row-invariance relies on; the AVX-512 file selects its instruction set itself and is only called
 after a CPU check, so the build stays portable.
@@ -25,6 +25,12 @@ setup(
         Extension(
             "spekula.drafters._suffix_tree",
             sources=["drafters/csrc/suffix_tree.c"],
+            extra_compile_args=["-O2", "-std=gnu11"],
+        ),
+        # The n-gram drafters' lookups (drafters/ngram_lookup.py).
+        Extension(
+            "spekula.drafters._ngram_lookup",
+            sources=["drafters/csrc/ngram_lookup.c"],
             extra_compile_args=["-O2", "-std=gnu11"],
         ),
     ]

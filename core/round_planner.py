@@ -12,7 +12,7 @@ never changes what is emitted, only how fast.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -84,6 +84,9 @@ class RoundPlanner:
         self.observer = observer
         self.controller = controller
         self._rotate = 0  # round-robin start, so no slot starves when n_batch is tight
+        # Drafter sets seen so far -> (drafter, drafts per token?) in precedence order: sorting and
+        # flag lookups would otherwise be paid every round.
+        self._orders: dict[tuple[int, ...], list[tuple[Drafter, bool]]] = {}
 
     def plan(self, slots: list[Slot]) -> RoundPlan:
         busy = [s for s in slots if s.busy and not s.finished]
@@ -138,11 +141,25 @@ class RoundPlanner:
         cost = self.controller.cost
         return lambda extra: cost.forward(min(self.n_batch, base_rows + extra)) + cost.overhead + extra_seconds
 
-    def _ask_length(self, s: Slot, drafter: Drafter, n: int, base_rows: int, n_gen: int) -> int:
+    def _order(self, wants: list[tuple[Slot, int]]) -> list[tuple[Drafter, bool]]:
+        """Every drafter of the asking slots once, in precedence order, with its per-token flag."""
+        if len(wants) == 1:
+            drafters: Sequence[Drafter] = wants[0][0].drafters
+        else:
+            drafters = list({id(d): d for s, _ in wants for d in s.drafters}.values())
+        key = tuple(id(d) for d in drafters)
+        order = self._orders.get(key)
+        if order is None:
+            if len(self._orders) > 64:  # per-request drafter sets come and go
+                self._orders.clear()
+            order = [(d, bool(getattr(d, "model_based", True))) for d in order_drafters(drafters)]
+            self._orders[key] = order
+        return order
+
+    def _ask_length(self, s: Slot, drafter: Drafter, per_token: bool, n: int, base_rows: int, n_gen: int) -> int:
         """Tokens to ask `drafter` for on behalf of slot `s` (0: skip it this round)."""
         assert self.controller is not None
         unit = self.controller.cost.drafting(drafter.name)
-        per_token = bool(getattr(drafter, "model_based", True))
         if not per_token and unit < CHEAP_CALL * self.controller.cost.forward(base_rows):
             return n  # asking costs less than deciding whether to ask; the cut after drafting decides
         k = self.controller.ask_length(s.id, drafter.name, n if per_token else min(n, DECIDE_POSITIONS),
@@ -158,14 +175,14 @@ class RoundPlanner:
         looking = {s.id: (s, n) for s, n in wants}
         chosen: dict[int, tuple[Draft, Drafter]] = {}
         calls: list[DraftCall] = []
-        for drafter in order_drafters({id(d): d for s, _ in wants for d in s.drafters}.values()):
+        for drafter, per_token in self._order(wants):
             mine: list[tuple[Slot, int]] = []
             for s, n in looking.values():
                 if drafter not in s.drafters:
                     continue
                 ask = n
                 if s.plan is not None and s.plan.adaptive and self.controller is not None:
-                    ask = self._ask_length(s, drafter, n, base_rows, n_gen)
+                    ask = self._ask_length(s, drafter, per_token, n, base_rows, n_gen)
                     if ask == 0:
                         decisions.setdefault(s.id, Decision(drafter.name, -1, 0, 1.0, False))
                         continue
@@ -202,8 +219,7 @@ class RoundPlanner:
                 del looking[s.id]
             if self.controller is not None:
                 steps = max(call.lengths.values(), default=0)
-                self.controller.cost.observe_draft(drafter.name, call.seconds, steps,
-                                                   per_token=bool(getattr(drafter, "model_based", True)))
+                self.controller.cost.observe_draft(drafter.name, call.seconds, steps, per_token=per_token)
             if not looking:
                 break
         return chosen, calls

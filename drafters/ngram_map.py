@@ -16,7 +16,9 @@ import numpy as np
 from spekula.core.drafter import Drafter, DrafterContext
 from spekula.core.slot_states import SlotStates
 
-from .ngram_match import SlotDraftless, int_option, last_match, match_positions, same_tokens
+from . import ngram_lookup
+from .ngram_lookup import last_match
+from .ngram_match import SlotDraftless, int_option, match_positions, same_tokens
 
 KEY_MAP_SIZE = 262144  # buckets in the hash -> history-index map
 LCG32 = 2654435761  # near (sqrt(5)-1)/2 * 2**32
@@ -98,6 +100,7 @@ class _NgramMapDrafter(SlotDraftless):
 
     @classmethod
     def create(cls, ctx: DrafterContext) -> Self:
+        ngram_lookup.require()
         p = cls.option_prefix
         return cls(
             int_option(ctx, f"{p}-size-n", 12, 1, 1024),

@@ -1,8 +1,8 @@
-"""Vectorised n-gram search over a token history, shared by the draftless drafters.
+"""Vectorised search for every occurrence of an n-gram, shared by the draftless drafters.
 
-A Python loop over 4096 positions costs milliseconds; these numpy passes cost tens of microseconds,
-which keeps a drafter call far below one target forward. Also here: the option reader and the
-slot-by-slot `draft` those drafters share.
+A Python loop over 4096 positions costs milliseconds; these numpy passes cost tens of
+microseconds (the per-round latest-occurrence searches are in C: drafters/ngram_lookup.py). Also
+here: the option reader and the slot-by-slot `draft` those drafters share.
 """
 
 from __future__ import annotations
@@ -36,30 +36,6 @@ def match_positions(hist: np.ndarray, pattern: Sequence[int], lo: int, hi: int) 
         if cand.size == 0:
             return _EMPTY
     return cand
-
-
-def last_match(hist: np.ndarray, pattern: Sequence[int], lo: int, hi: int, need: int = 1) -> int:
-    """The largest j in [lo, hi] where `pattern` occurs, or -1 if it occurs fewer than `need` times.
-
-    Searches back-to-front in growing windows so that a recent match (the common case in
-    repetitive text) does not pay for a scan of the whole history.
-    """
-    window = 256
-    top = hi
-    latest = -1
-    count = 0
-    while top >= lo:
-        bottom = max(lo, top - window + 1)
-        found = match_positions(hist, pattern, bottom, top)
-        if found.size:
-            if latest < 0:
-                latest = int(found[-1])
-            count += int(found.size)
-            if count >= need:
-                return latest
-        top = bottom - 1
-        window *= 4
-    return -1
 
 
 def same_tokens(hist: np.ndarray, start: int, pattern: Sequence[int]) -> bool:

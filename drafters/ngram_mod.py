@@ -15,13 +15,16 @@ import numpy as np
 from spekula.core.drafter import Drafter, DrafterContext
 from spekula.core.slot_states import SlotStates
 
+from . import ngram_lookup
+from .ngram_lookup import mod_add_range, mod_walk
 from .ngram_match import SlotDraftless, int_option
 
 POOL_SIZE = 4 * 1024 * 1024
 EMPTY = -1
 LCG64 = 6364136223846793005
-# The index is the hash mod 2**22, and reduction mod 2**22 commutes with + and *, so all the
-# arithmetic can stay in 22 bits (small Python ints, int64 numpy without overflow).
+# The index is the hash mod 2**22, and reduction mod 2**22 commutes with + and *, so `index` can
+# keep its arithmetic in 22 bits (small Python ints). Indexing and the walk are in C
+# (drafters/ngram_lookup.py), with a rolling hash over the window.
 _MASK = POOL_SIZE - 1
 _A = LCG64 & _MASK
 OCCUPANCY_RESET = 0.25  # begin(): wipe the pool above this fill fraction
@@ -35,13 +38,10 @@ class NgramPool:
 
     def __init__(self, n: int, size: int = POOL_SIZE) -> None:
         if size != POOL_SIZE:
-            raise ValueError("the 22-bit hash arithmetic assumes the llama.cpp pool size")
+            raise ValueError("the hash arithmetic assumes the llama.cpp pool size")
         self.n = n
         self.entries = np.full(size, EMPTY, dtype=np.int32)
         self.used = 0
-        # Weight of the k-th token of a window in the unrolled hash: A**(n-1-k) mod 2**22.
-        self._pow = np.array([pow(_A, n - 1 - k, POOL_SIZE) for k in range(n)], dtype=np.int64)
-        self._lead = int(self._pow[0])  # weight of the token that leaves a rolling window
 
     def index(self, tokens: Sequence[int]) -> int:
         """Table index of an n-gram: r = r * 6364136223846793005 + t (mod 2**64), low 22 bits."""
@@ -50,26 +50,15 @@ class NgramPool:
             r = (r * _A + int(t)) & _MASK
         return r
 
-    def roll(self, r: int, leaving: int, entering: int) -> int:
-        """Index of the window shifted by one token, from the previous window's index."""
-        return ((r - int(leaving) * self._lead) * _A + int(entering)) & _MASK
-
     def add_range(self, hist: np.ndarray, lo: int, hi: int) -> None:
         """add(w) for every window start in [lo, hi): entries[idx(H[i:i+n])] = H[i+n], in order."""
-        n = self.n
-        if hi <= lo:
-            return
-        count = hi - lo
-        r = np.zeros(count, dtype=np.int64)
-        for k in range(n):
-            r = (r + (hist[lo + k : lo + k + count].astype(np.int64) & _MASK) * self._pow[k]) & _MASK
-        succ = hist[lo + n : lo + n + count]
-        # Sequential adds leave the last writer in each entry; np.unique on the reversed order
-        # finds that writer without relying on numpy's unspecified repeated-index assignment.
-        uniq, rev_first = np.unique(r[::-1], return_index=True)
-        writers = count - 1 - rev_first
-        self.used += int(np.count_nonzero(self.entries[uniq] == EMPTY))
-        self.entries[uniq] = succ[writers]
+        if hi > lo:
+            self.used += mod_add_range(self.entries, hist, lo, hi, self.n, EMPTY)
+
+    def walk(self, window: np.ndarray, n_min: int, n_max: int) -> list[int]:
+        """Follow the table from the n-gram `window` for up to n_max tokens; [] when an empty entry
+        comes before n_min tokens."""
+        return mod_walk(self.entries, window, n_min, n_max, EMPTY)
 
     def get(self, r: int) -> int:
         return int(self.entries[r])
@@ -128,6 +117,7 @@ class NgramModDrafter(SlotDraftless, Drafter):
 
     @classmethod
     def create(cls, ctx: DrafterContext) -> NgramModDrafter:
+        ngram_lookup.require()
         return cls(
             n_match=int_option(ctx, "spec-ngram-mod-n-match", 24, 1, 1024),
             n_min=int_option(ctx, "spec-ngram-mod-n-min", 48, 0, 1024),
@@ -161,23 +151,14 @@ class NgramModDrafter(SlotDraftless, Drafter):
         if info.i_last + INDEX_CHUNK < length:
             self.pool.add_range(hist, info.i_last, length - n)
             info.i_last = length - n
-        window = [int(t) for t in hist[length - n + 1 :]] + [int(last)]
-        r = self.pool.index(window)
-        entries = self.pool.entries
-        drafted: list[int] = []
+        window = np.empty(n, dtype=np.int32)
+        window[: n - 1] = hist[length - n + 1 :]
+        window[n - 1] = last
         # As llama.cpp (docs/semantics.md §2.3): n_min only rejects a walk that hits an empty
         # entry before n_min tokens. n_min <= n_max is not validated there, so with n_min > n_max a
         # walk that fills all n_max tokens is a draft shorter than n_min; keeping that keeps the same
         # drafts (and so the same acceptance statistics and pool wipes) as llama.cpp.
-        for i in range(self.n_max):
-            t = int(entries[r])
-            if t == EMPTY:
-                if i < self.n_min:
-                    return []
-                break
-            drafted.append(t)
-            window.append(t)
-            r = self.pool.roll(r, window[i], t)
+        drafted = self.pool.walk(window, self.n_min, self.n_max)
         info.n_draft_last = len(drafted)
         return drafted
 

@@ -8,7 +8,9 @@ from typing import ClassVar
 import numpy as np
 from spekula.core.drafter import Draft, Drafter, DrafterContext, DraftlessDrafter, DraftRequest
 
-from .ngram_match import int_option, last_match
+from . import ngram_lookup
+from .ngram_lookup import simple_draft
+from .ngram_match import int_option
 
 
 def ngram_simple_draft(hist: np.ndarray, last: int, size_n: int, size_m: int, min_hits: int = 1) -> list[int]:
@@ -19,18 +21,7 @@ def ngram_simple_draft(hist: np.ndarray, last: int, size_n: int, size_m: int, mi
     draft is made when that is fewer than N tokens. `min_hits` is the number of occurrences in
     that range the pattern needs before it drafts (1 = llama.cpp's behaviour).
     """
-    n, m = size_n, size_m
-    length = len(hist)
-    if length <= n + m + 1:
-        return []
-    pattern = [int(t) for t in hist[length - n + 1 :]] + [int(last)]
-    j = last_match(hist, pattern, 1, length - n - 1, need=max(min_hits, 1))
-    if j < 0:
-        return []
-    copy = min(m, length - j - n)
-    if copy < n:
-        return []
-    return hist[j + n : j + n + copy].tolist()
+    return simple_draft(hist, last, size_n, size_m, max(min_hits, 1))
 
 
 class NgramSimpleDrafter(DraftlessDrafter, Drafter):
@@ -41,7 +32,7 @@ class NgramSimpleDrafter(DraftlessDrafter, Drafter):
       spec-ngram-simple-size-m   M, longest draft, default 48, range [1, 1024]
       spec-ngram-simple-min-hits occurrences needed before drafting, default 1, range >= 1
 
-    Stateless: every call searches (H, x) afresh, with a vectorised backward search.
+    Stateless: every call searches (H, x) afresh, backwards from the end (in C).
 
     Differences from llama.cpp:
       * ``min-hits`` works: the pattern must occur at least that many times (at indices >= 1)
@@ -62,6 +53,7 @@ class NgramSimpleDrafter(DraftlessDrafter, Drafter):
 
     @classmethod
     def create(cls, ctx: DrafterContext) -> NgramSimpleDrafter:
+        ngram_lookup.require()
         return cls(
             size_n=int_option(ctx, "spec-ngram-simple-size-n", 12, 1, 1024),
             size_m=int_option(ctx, "spec-ngram-simple-size-m", 48, 1, 1024),
