@@ -32,6 +32,12 @@ LATER_PRIOR = 0.92
 # estimate that turned pessimistic can recover when the text becomes predictable.
 PROBE_AFTER = 8
 PROBE_MAX = 32
+# A cheap draftless drafter that keeps finding nothing for a slot is asked less often: after
+# MISS_STREAK empty calls in a row every 2nd round, after twice as many every MISS_GAP_MAX-th. Its
+# first draft then comes at most MISS_GAP_MAX - 1 rounds late, while open-ended text, where it
+# finds nothing for hundreds of rounds, stops paying for the calls.
+MISS_STREAK = 4
+MISS_GAP_MAX = 4
 _ROW_POINTS = (1, 2, 4, 8, 16, 32, 64)
 MIN_GAIN = 1e-3  # a draft token less likely than this to be accepted is never worth its row
 _COST_EMA = 0.2
@@ -267,12 +273,17 @@ class AdaptiveController:
         self.hits = AcceptanceModel()
         self._quiet: dict[int, int] = {}  # slot -> rounds since it last verified a draft token
         self._interval: dict[int, int] = {}  # slot -> rounds between probes
+        self._misses: dict[tuple[str, int], int] = {}  # (drafter, slot) -> empty calls in a row
+        self._wait: dict[tuple[str, int], int] = {}  # (drafter, slot) -> rounds before the next call
 
     def begin_request(self, slot: int) -> None:
         self.acceptance.forget_slot(slot)
         self.hits.forget_slot(slot)
         self._quiet.pop(slot, None)
         self._interval.pop(slot, None)
+        for table in (self._misses, self._wait):
+            for key in [key for key in table if key[1] == slot]:
+                del table[key]
 
     def probing(self, slot: int) -> bool:
         return self._quiet.get(slot, 0) >= self._interval.get(slot, PROBE_AFTER)
@@ -305,6 +316,21 @@ class AdaptiveController:
     def called(self, drafter: str, slot: int, drafted: bool) -> None:
         """A call of `drafter` for `slot` returned a draft (or nothing)."""
         self.hits.observe(drafter, slot, 1, int(drafted))
+        key = (drafter, slot)
+        misses = 0 if drafted else self._misses.get(key, 0) + 1
+        self._misses[key] = misses
+        if misses >= MISS_STREAK:
+            self._wait[key] = (2 if misses < 2 * MISS_STREAK else MISS_GAP_MAX) - 1
+
+    def due(self, drafter: str, slot: int) -> bool:
+        """Whether a cheap draftless drafter is asked for `slot` this round (see MISS_STREAK); a
+        round it is not asked counts down its wait."""
+        key = (drafter, slot)
+        wait = self._wait.get(key, 0)
+        if wait <= 0:
+            return True
+        self._wait[key] = wait - 1
+        return False
 
     def probe_found_nothing(self, slot: int) -> None:
         """A probe round in which no drafter had anything: wait longer before the next one."""

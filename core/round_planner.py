@@ -156,12 +156,17 @@ class RoundPlanner:
             self._orders[key] = order
         return order
 
-    def _ask_length(self, s: Slot, drafter: Drafter, per_token: bool, n: int, base_rows: int, n_gen: int) -> int:
-        """Tokens to ask `drafter` for on behalf of slot `s` (0: skip it this round)."""
+    def _ask_length(self, s: Slot, drafter: Drafter, per_token: bool, n: int, base_rows: int,
+                    n_gen: int) -> int | None:
+        """Tokens to ask `drafter` for on behalf of slot `s`: 0 when the cost model skips it this round,
+        None when it is not asked because its last calls all came back empty (not a decision about
+        a draft, so not counted as one)."""
         assert self.controller is not None
         unit = self.controller.cost.drafting(drafter.name)
         if not per_token and unit < CHEAP_CALL * self.controller.cost.forward(base_rows):
-            return n  # asking costs less than deciding whether to ask; the cut after drafting decides
+            # Asking costs less than deciding whether to ask; the cut after drafting decides. Only
+            # a long run of empty calls makes the calls sparser (AdaptiveController.due).
+            return n if self.controller.due(drafter.name, s.id) else None
         k = self.controller.ask_length(s.id, drafter.name, n if per_token else min(n, DECIDE_POSITIONS),
                                        self._round_time(base_rows), base_tokens=n_gen,
                                        call_cost=0.0 if per_token else unit, token_cost=unit if per_token else 0.0)
@@ -182,7 +187,10 @@ class RoundPlanner:
                     continue
                 ask = n
                 if s.plan is not None and s.plan.adaptive and self.controller is not None:
-                    ask = self._ask_length(s, drafter, per_token, n, base_rows, n_gen)
+                    asked = self._ask_length(s, drafter, per_token, n, base_rows, n_gen)
+                    if asked is None:
+                        continue
+                    ask = asked
                     if ask == 0:
                         decisions.setdefault(s.id, Decision(drafter.name, -1, 0, 1.0, False))
                         continue

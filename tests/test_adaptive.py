@@ -12,6 +12,8 @@ from spekula.core.adaptive import (
     FIRST_PRIOR,
     LATER_PRIOR,
     MIN_GAIN,
+    MISS_GAP_MAX,
+    MISS_STREAK,
     PROBE_AFTER,
     PROBE_MAX,
     AcceptanceModel,
@@ -139,6 +141,26 @@ def test_probes_back_off_when_they_fail_and_reset_when_they_succeed() -> None:
         ctl.planned(0, 0)
         rounds += 1
     assert rounds == PROBE_AFTER
+
+
+def test_a_drafter_that_keeps_finding_nothing_is_asked_less_often_until_it_drafts() -> None:
+    ctl = AdaptiveController(CostModel())
+    asked = []
+    for _ in range(40):
+        due = ctl.due("d", 0)
+        asked.append(due)
+        if due:
+            ctl.called("d", 0, drafted=False)
+    assert all(asked[:MISS_STREAK])  # asked every round at first
+    tail = asked[-4 * MISS_GAP_MAX :]
+    assert sum(tail) == 4  # then every MISS_GAP_MAX-th round
+    assert ctl.due("d", 1)  # another slot is unaffected
+    while not ctl.due("d", 0):
+        pass
+    ctl.called("d", 0, drafted=True)  # a draft: back to every round
+    assert all(ctl.due("d", 0) for _ in range(3))
+    ctl.called("d", 0, drafted=False)
+    assert ctl.due("d", 0)
 
 
 def _run(types: tuple[str, ...], adaptive: bool, prompt: list[int], n_predict: int, per_row: float,
