@@ -7,7 +7,6 @@ followed (last writer wins, no verification). Drafting walks the table from (H, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -21,12 +20,9 @@ from .ngram_match import SlotDraftless, int_option
 
 POOL_SIZE = 4 * 1024 * 1024
 EMPTY = -1
-LCG64 = 6364136223846793005
-# The index is the hash mod 2**22, and reduction mod 2**22 commutes with + and *, so `index` can
-# keep its arithmetic in 22 bits (small Python ints). Indexing and the walk are in C
-# (drafters/ngram_lookup.py), with a rolling hash over the window.
-_MASK = POOL_SIZE - 1
-_A = LCG64 & _MASK
+# The table index of an n-gram is r = r * 6364136223846793005 + t (mod 2**64) over its tokens,
+# low 22 bits; indexing and the walk run in C (drafters/ngram_lookup.py), rolling that hash along
+# the window.
 OCCUPANCY_RESET = 0.25  # begin(): wipe the pool above this fill fraction
 LOW_ACCEPT_FRACTION = 0.25  # accept(): a round below this fraction counts as "low"
 LOW_ACCEPT_ROUNDS = 5  # consecutive low rounds that wipe the pool
@@ -43,13 +39,6 @@ class NgramPool:
         self.entries = np.full(size, EMPTY, dtype=np.int32)
         self.used = 0
 
-    def index(self, tokens: Sequence[int]) -> int:
-        """Table index of an n-gram: r = r * 6364136223846793005 + t (mod 2**64), low 22 bits."""
-        r = 0
-        for t in tokens:
-            r = (r * _A + int(t)) & _MASK
-        return r
-
     def add_range(self, hist: np.ndarray, lo: int, hi: int) -> None:
         """add(w) for every window start in [lo, hi): entries[idx(H[i:i+n])] = H[i+n], in order."""
         if hi > lo:
@@ -59,9 +48,6 @@ class NgramPool:
         """Follow the table from the n-gram `window` for up to n_max tokens; [] when an empty entry
         comes before n_min tokens."""
         return mod_walk(self.entries, window, n_min, n_max, EMPTY)
-
-    def get(self, r: int) -> int:
-        return int(self.entries[r])
 
     def occupancy(self) -> float:
         return self.used / len(self.entries)

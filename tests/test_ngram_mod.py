@@ -23,8 +23,9 @@ def full_hash(tokens: list[int]) -> int:
 
 def test_hash_example() -> None:
     pool = NgramPool(3)
-    assert pool.index([1, 2, 3]) == full_hash([1, 2, 3]) == 3845190
-    assert pool.index([2, 3, 4]) == full_hash([2, 3, 4])
+    pool.add_range(arr([1, 2, 3, 4, 7]), 0, 2)  # (1, 2, 3) -> 4, then the rolled (2, 3, 4) -> 7
+    assert full_hash([1, 2, 3]) == 3845190 and pool.entries[3845190] == 4
+    assert pool.entries[full_hash([2, 3, 4])] == 7
 
 
 @settings(max_examples=100, deadline=None)
@@ -182,14 +183,14 @@ def test_incremental_pool_matches_a_rebuild_and_drafts_follow_the_table(
             seq = hist + [x] + got
             for k, t in enumerate(got):
                 start = len(hist) + 1 + k - n
-                assert d.pool.get(d.pool.index(seq[start : start + n])) == t
+                assert d.pool.entries[full_hash(seq[start : start + n])] == t
             # A draft is empty, or stopped at an empty entry at i >= n_min, or a full run of n_max
             # tokens. llama.cpp does not validate n_min <= n_max (docs/semantics.md §2.3), so with n_min > n_max the full
             # run is a draft shorter than n_min (this test used to demand n_min <= len, wrongly).
             assert len(got) <= n_max
             if 0 < len(got) < n_max:
                 assert len(got) >= n_min
-                assert d.pool.get(d.pool.index(seq[len(seq) - n :])) == EMPTY  # why the walk stopped
+                assert d.pool.entries[full_hash(seq[len(seq) - n :])] == EMPTY  # why the walk stopped
         else:
             assert got == []
         hist = (
