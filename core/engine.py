@@ -26,6 +26,7 @@ from .drafter import Drafter, DrafterContext
 from .errors import ConfigError
 from .events import FinalEvent, StopType
 from .params import CompletionRequest, SpecParams
+from .prompt_cache import SlotCache, choose_slot, drafters_reuse_prefix
 from .registry import DrafterSource, available_drafters, create_drafter, order_drafters, sources_by_name
 from .request_handle import Outbox, RequestHandle, open_request
 from .request_plan import RequestPlan, RequestRejected, plan_request, synthetic_rates
@@ -44,6 +45,9 @@ class EngineConfig:
     n_ctx: int = 4096  # per slot
     n_batch: int = 512  # max tokens per forward (prompt chunks + verification rows)
     spec: SpecParams = field(default_factory=SpecParams)
+    # --slot-prompt-similarity: a request goes to the idle slot whose cached prefix covers more than
+    # this fraction of its prompt (the longest such prefix wins); 0 routes least-recently-used only.
+    slot_prompt_similarity: float = 0.1
 
 
 def end_drafter(drafter: Drafter, slot: int) -> None:
@@ -66,6 +70,8 @@ class Engine:
             raise ConfigError(f"--batch-size must be >= 1; got {config.n_batch}")
         if config.n_ctx < 4:
             raise ConfigError(f"--ctx-size must be >= 4; got {config.n_ctx}")
+        if not 0.0 <= config.slot_prompt_similarity <= 1.0:
+            raise ConfigError(f"--slot-prompt-similarity must be in [0, 1]; got {config.slot_prompt_similarity}")
         if config.n_ctx > backend.n_ctx:
             raise ConfigError(f"ctx-size {config.n_ctx} exceeds the backend's context {backend.n_ctx}")
         self.backend, self.tokenizer, self.config = backend, tokenizer, config
@@ -122,6 +128,10 @@ class Engine:
             # Random, so one client cannot name (cancel, look up) another client's request.
             req.id = secrets.token_hex(8)
         handle, outbox = open_request(req, self.cancel, lambda: self.cancel(req.id))
+        if not -1 <= req.id_slot < self.config.n_slots:
+            self._send_final(outbox, FinalEvent(req.id, "", [], "error",
+                                                error=f"id_slot {req.id_slot} is not a slot (0..{self.config.n_slots - 1})"))
+            return handle
         try:
             plan = plan_request(req, server_spec=self.config.spec, n_ctx=self.config.n_ctx,
                                 n_vocab=self.backend.info.n_vocab, drafters_for=self._drafters_for,
@@ -162,6 +172,7 @@ class Engine:
                 "id": s.id, "state": s.state.value, "request_id": s.request_id,
                 "n_past": s.n_hist if s.state is SlotState.GENERATING else s.n_prompt_done,
                 "n_prompt": len(s.prompt) if s.busy else 0, "n_decoded": len(s.generated) if s.busy else 0,
+                "n_cached": s.n_kv, "n_cache_reused": s.n_cache_reused if s.busy else 0,
                 "spec_types": [d.name for d in s.drafters],
                 "draft_n": s.spec_stats.n_draft_tokens if s.busy else 0,
                 "draft_n_accepted": s.spec_stats.n_draft_accepted if s.busy else 0,
@@ -201,14 +212,27 @@ class Engine:
 
     # -- admission ----------------------------------------------------------------------------
     def _admit(self) -> None:
-        for s in self._slots:
-            if not self._queue:
-                return
-            if s.busy:
-                continue
-            req, plan, outbox = self._queue.popleft()
-            s.start(req, outbox, plan, self.tokenizer.stream_decoder(skip_special=True))
-            self.backend.truncate(s.seq_id, 0)
+        """Queued requests go to idle slots in arrival order; one bound to a busy slot (`id_slot`)
+        waits for it without holding back the others."""
+        waiting: deque[tuple[CompletionRequest, RequestPlan, Outbox]] = deque()
+        while self._queue:
+            idle = [s for s in self._slots if not s.busy]
+            if not idle:
+                break
+            req, plan, outbox = entry = self._queue.popleft()
+            if 0 <= req.id_slot < len(self._slots):
+                idle = [s for s in idle if s.id == req.id_slot]
+                if not idle:
+                    waiting.append(entry)
+                    continue
+            caches = [SlotCache(s.id, s.tokens[: s.n_cached], s.last_used) for s in idle]
+            use_cache = req.cache_prompt and drafters_reuse_prefix(plan.drafters)
+            slot_id, n_reused = choose_slot(caches, np.asarray(req.prompt, np.int32),
+                                            self.config.slot_prompt_similarity, use_cache)
+            s = self._slots[slot_id]
+            self.backend.truncate(s.seq_id, n_reused)
+            s.start(req, outbox, plan, self.tokenizer.stream_decoder(skip_special=True), n_reused)
+        self._queue.extendleft(reversed(waiting))
 
     def _send_final(self, outbox: Outbox, event: FinalEvent) -> None:
         outbox.put(event, self._tg)
@@ -224,7 +248,7 @@ class Engine:
         final = FinalEvent(
             request_id=s.request.id, content=s.text.text, tokens=list(s.generated), stop_type=s.stop_type,
             stopping_word=s.stopping_word, timings=s.timings(), error=s.error,
-            tokens_evaluated=int(s.n_prompt_done))
+            tokens_evaluated=int(s.n_prompt_done), slot=s.id)
         self.request_stats[s.request.id] = {"slot": s.id, "spec": s.spec_stats}
         while len(self.request_stats) > _KEEP_REQUEST_STATS:
             self.request_stats.popitem(last=False)
@@ -232,7 +256,8 @@ class Engine:
         for d in s.drafters:
             end_drafter(d, s.id)
         self._send_final(s.outbox, final)
-        s.reset()
+        # After an error the KV's contents are not known to match the tokens: no prefix is reused.
+        s.reset(keep_cache=s.stop_type != "error")
 
     def _reap(self) -> None:
         for s in self._slots:

@@ -30,6 +30,7 @@ class FinalEvent:
     timings: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     tokens_evaluated: int = 0  # prompt tokens
+    slot: int = -1  # the slot that ran the request (-1: it never reached one)
     # Set when the request's own `speculative` settings were refused before it ran (a drafter this
     # engine cannot create, synthetic rates that do not fit): the caller's parameter, not a failure.
     rejected_spec: bool = False

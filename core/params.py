@@ -74,3 +74,6 @@ class CompletionRequest:
     # Per-request speculation overrides ("speculative.n_max", ...); None = server-wide SpecParams.
     spec: SpecParams | None = None
     id: str = ""  # assigned by the engine when empty
+    # Reuse the longest prefix of this prompt that a slot's KV already holds (llama-server's default).
+    cache_prompt: bool = True
+    id_slot: int = -1  # run in this slot (waiting for it if busy); -1: the engine chooses

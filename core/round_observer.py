@@ -31,6 +31,9 @@ class RoundObserver(Protocol):
     def adapted(self, decision: Decision, emitted: int, predicted_cost: float, measured_cost: float) -> None:
         """The cost model decided a slot's draft length; costs are in units of a plain round."""
 
+    def forwarded(self, n_seqs: int) -> None:
+        """One target forward over `n_seqs` slots' rows ran."""
+
     def finished(self, slot: Slot) -> None:
         """A request ended (its final event is about to be sent)."""
 
@@ -58,6 +61,16 @@ class StatsRecorder:
                               expected=decision.expected, emitted=emitted,
                               predicted_cost=predicted_cost, measured_cost=measured_cost)
 
+    def forwarded(self, n_seqs: int) -> None:
+        self.stats.n_forwards += 1
+        self.stats.n_forward_seqs += n_seqs
+
     def finished(self, slot: Slot) -> None:
-        self.stats.n_requests += 1
-        self.stats.n_tokens_predicted += len(slot.generated)
+        st, t = self.stats, slot.timings()
+        st.n_requests += 1
+        st.n_tokens_predicted += len(slot.generated)
+        st.n_prompt_tokens += t["prompt_n"]
+        st.n_cache_tokens += t["cache_n"]
+        st.t_prompt_ms += t["prompt_ms"]
+        st.t_predicted_ms += t["predicted_ms"]
+        st.n_tokens_max = max(st.n_tokens_max, len(slot.prompt) + len(slot.generated))

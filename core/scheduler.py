@@ -49,6 +49,7 @@ class Scheduler:
                 w.slot.error = f"backend forward failed: {type(exc).__name__}: {exc}"
             return [(w.slot, None) for w in plan.work]
         forward_seconds = time.perf_counter() - t_forward
+        self.observer.forwarded(len(plan.work))
         results: list[tuple[Slot, PieceEvent | None]] = []
         emitted: dict[int, int] = {}
         for w, out in zip(plan.work, outs, strict=True):
@@ -88,8 +89,7 @@ class Scheduler:
         if s.n_prompt_done < len(s.prompt):
             return None
         assert s.plan is not None and s.request is not None
-        s.tokens[: len(s.prompt)] = s.prompt
-        s.n_hist = len(s.prompt)
+        s.n_hist = len(s.prompt)  # Slot.start put the prompt into the history buffer
         s.t_prompt_done = time.perf_counter()
         s.state = SlotState.GENERATING
         for d in s.drafters:  # begin(H) once the prompt is processed (docs/semantics.md §7.6)

@@ -1,7 +1,8 @@
 """One slot: a concurrent request's place in the engine, with its KV sequence and emission rules.
 
-A slot owns one backend sequence for the engine's lifetime; a new request truncates it to 0. The
-history H (prompt + accepted tokens, excluding the pending target token x) lives in a preallocated
+A slot owns one backend sequence for the engine's lifetime. When a request ends its KV stays, with
+the token ids behind it in `tokens[:n_cached]`; the next request keeps the prefix it shares with
+its prompt (core/prompt_cache.py) and truncates the rest. The history H (prompt + accepted tokens, excluding the pending target token x) lives in a preallocated
 int32 buffer so that drafters get a zero-copy view of it.
 
 Emission follows llama-server's per-token checks (docs/semantics.md §1.1 step 9): each
@@ -88,11 +89,15 @@ class Slot:
     tokens: np.ndarray = field(init=False)  # H in tokens[:n_hist]
     n_hist: int = 0
     last: int = -1  # x, the pending target token (not in the KV)
+    # While idle: how many of `tokens` the KV sequence holds (valid for the next request's prefix).
+    n_cached: int = 0
+    last_used: float = 0.0  # when the last request ended (least recently used slots are reused first)
     # Per-request fields, reset by `start`.
     request: CompletionRequest | None = None
     outbox: Outbox | None = None
     prompt: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
-    n_prompt_done: int = 0
+    n_prompt_done: int = 0  # prompt tokens in the KV, the reused ones included
+    n_cache_reused: int = 0  # prompt tokens this request found in the KV (timings.cache_n)
     plan: RequestPlan | None = None  # how the request runs: drafters, sampler, verifier (set at submit)
     generated: list[int] = field(default_factory=list)
     text: StopText = field(default_factory=lambda: StopText([]))
@@ -122,11 +127,19 @@ class Slot:
     def finished(self) -> bool:
         return self.stop_type != "none" or self.error is not None
 
-    def start(self, request: CompletionRequest, outbox: Outbox, plan: RequestPlan, decoder: Any) -> None:
+    def start(self, request: CompletionRequest, outbox: Outbox, plan: RequestPlan, decoder: Any,
+              n_reused: int = 0) -> None:
+        """Take a request whose first `n_reused` prompt tokens are already in the KV (the caller
+        truncated the sequence to them)."""
         self.request, self.outbox, self.plan, self.decoder = request, outbox, plan, decoder
         self.prompt = np.asarray(request.prompt, dtype=np.int32)
+        assert 0 <= n_reused < len(self.prompt) or n_reused == 0
         self.state = SlotState.PROMPT
-        self.n_prompt_done = self.n_hist = 0
+        # The prompt goes into the history buffer now, so tokens[:n_prompt_done] always names the KV.
+        self.tokens[: len(self.prompt)] = self.prompt
+        self.n_prompt_done = self.n_cache_reused = n_reused
+        self.n_hist = 0
+        self.n_cached = 0
         self.last = -1
         self.generated = []
         self.text = StopText(list(request.stop))
@@ -137,7 +150,20 @@ class Slot:
         if request.n_predict == 0:
             self.stop_type = "limit"
 
-    def reset(self) -> None:
+    @property
+    def n_kv(self) -> int:
+        """Tokens of `tokens` the KV sequence holds right now."""
+        if self.state is SlotState.GENERATING:
+            return self.n_hist
+        if self.state is SlotState.PROMPT:
+            return self.n_prompt_done
+        return self.n_cached
+
+    def reset(self, keep_cache: bool = True) -> None:
+        """Back to idle; the KV (and the tokens naming it) stays for the next request unless the
+        request failed in a way that leaves the sequence's contents unknown."""
+        self.n_cached = self.n_kv if keep_cache else 0
+        self.last_used = time.perf_counter()
         self.state = SlotState.IDLE
         self.request = self.outbox = self.plan = self.decoder = None
 
@@ -187,8 +213,9 @@ class Slot:
         prompt_ms = (self.t_prompt_done - self.t_start) * 1e3 if self.t_prompt_done else 0.0
         end = self.t_end or time.perf_counter()
         predicted_ms = (end - self.t_prompt_done) * 1e3 if self.t_prompt_done else 0.0
-        n_prompt, n_pred = int(self.n_prompt_done), len(self.generated)
+        n_prompt, n_pred = int(self.n_prompt_done - self.n_cache_reused), len(self.generated)
         out: dict[str, Any] = {
+            "cache_n": int(self.n_cache_reused),
             "prompt_n": n_prompt,
             "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,

@@ -19,6 +19,15 @@ class EngineSpecStats:
         self.histogram: list[int] = []
         self.n_requests = 0
         self.n_tokens_predicted = 0
+        # Served-request totals (llama-server's /metrics): evaluated prompt tokens (the reused
+        # prefix not counted), the prefix tokens reused, and the time spent on each phase.
+        self.n_prompt_tokens = 0
+        self.n_cache_tokens = 0
+        self.t_prompt_ms = 0.0
+        self.t_predicted_ms = 0.0
+        self.n_forwards = 0
+        self.n_forward_seqs = 0  # sequences summed over forwards (busy slots per forward, on average)
+        self.n_tokens_max = 0  # the longest sequence (prompt + generated) a request reached
         self.adaptive: AdaptiveStats | None = None  # all drafters together
 
     def _get(self, name: str) -> DrafterStats:
@@ -68,6 +77,13 @@ class EngineSpecStats:
             "mean_acc_len": 1.0 + accepted / rounds if rounds else 0.0,
             "n_requests": self.n_requests,
             "n_tokens_predicted": self.n_tokens_predicted,
+            "n_prompt_tokens": self.n_prompt_tokens,
+            "n_cache_tokens": self.n_cache_tokens,
+            "t_prompt_ms": self.t_prompt_ms,
+            "t_predicted_ms": self.t_predicted_ms,
+            "n_forwards": self.n_forwards,
+            "n_forward_seqs": self.n_forward_seqs,
+            "n_tokens_max": self.n_tokens_max,
             "adaptive": self.adaptive.to_dict() if self.adaptive is not None else None,
         }
 
