@@ -31,6 +31,7 @@ class FinalEvent:
     error: str | None = None
     tokens_evaluated: int = 0  # prompt tokens
     slot: int = -1  # the slot that ran the request (-1: it never reached one)
+    truncated: bool = False  # generation stopped because the slot's context was full
     # Set when the request's own `speculative` settings were refused before it ran (a drafter this
     # engine cannot create, synthetic rates that do not fit): the caller's parameter, not a failure.
     rejected_spec: bool = False

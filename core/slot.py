@@ -106,6 +106,7 @@ class Slot:
     stopping_word: str = ""
     error: str | None = None
     cancelled: bool = False
+    truncated: bool = False  # stopped because the context was full (llama-server's `truncated`)
     # Statistics (docs/semantics.md §4.2) and timings.
     spec_stats: SlotSpecStats = field(default_factory=SlotSpecStats)
     t_start: float = 0.0
@@ -144,6 +145,7 @@ class Slot:
         self.generated = []
         self.text = StopText(list(request.stop))
         self.stop_type, self.stopping_word, self.error, self.cancelled = "none", "", None, False
+        self.truncated = False
         self.spec_stats = SlotSpecStats(n_max=plan.n_max_eff)
         self.t_start = time.perf_counter()
         self.t_prompt_done = self.t_end = 0.0
@@ -208,12 +210,16 @@ class Slot:
             # Counted as if tokens were generated one at a time, so a speculative round stops at
             # the same token as plain decoding would (llama.cpp can stop a round early instead).
             self.stop_type = "limit"
+            self.truncated = True
 
     def timings(self) -> dict[str, Any]:
         prompt_ms = (self.t_prompt_done - self.t_start) * 1e3 if self.t_prompt_done else 0.0
         end = self.t_end or time.perf_counter()
         predicted_ms = (end - self.t_prompt_done) * 1e3 if self.t_prompt_done else 0.0
         n_prompt, n_pred = int(self.n_prompt_done - self.n_cache_reused), len(self.generated)
+        # The first token comes with the prompt's forward: decoding took n_pred - 1 steps (as
+        # llama-server counts them), so a one-token answer has no decoding rate.
+        steps = max(n_pred - 1, 0)
         out: dict[str, Any] = {
             "cache_n": int(self.n_cache_reused),
             "prompt_n": n_prompt,
@@ -222,8 +228,8 @@ class Slot:
             "prompt_per_second": 1e3 * n_prompt / prompt_ms if prompt_ms > 0 else 0.0,
             "predicted_n": n_pred,
             "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_ms / n_pred if n_pred else 0.0,
-            "predicted_per_second": 1e3 * n_pred / predicted_ms if predicted_ms > 0 else 0.0,
+            "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
+            "predicted_per_second": 1e3 * steps / predicted_ms if steps and predicted_ms > 0 else 0.0,
         }
         out.update(self.spec_stats.timings_fields())  # draft_n, draft_n_accepted only when drafted (docs/semantics.md §4.2)
         return out

@@ -1,8 +1,13 @@
-"""`spekula serve`: the JSON-RPC 2.0 server on a Unix socket (protocol in frontends/rpc_methods.py)."""
+"""`spekula serve`: the HTTP API (llama-server and OpenAI endpoints, frontends/http_app.py) with
+`--port`, the JSON-RPC 2.0 server on a Unix socket (frontends/rpc_methods.py) with `--socket`, or
+both over one engine. Without `--port` the socket is served at its default path, as before."""
 
 from __future__ import annotations
 
 import argparse
+import os
+from functools import partial
+from typing import TYPE_CHECKING
 
 import anyio
 from spekula.core.errors import ConfigError
@@ -14,7 +19,12 @@ from spekula.frontends.rpc_params import ServerDefaults
 from spekula.frontends.server import DEFAULT_MAX_CONNECTIONS, RpcServer, ServerConfig, check_socket_path
 from spekula.frontends.socket_identity import default_socket_path
 
-HELP = "Serve a JSON-RPC 2.0 API on a Unix socket"
+MAX_BODY_DEFAULT = 32 * 1024 * 1024
+
+if TYPE_CHECKING:
+    from spekula.core.engine import Engine
+
+HELP = "Serve the HTTP API (--port) and/or the JSON-RPC 2.0 API on a Unix socket (--socket)"
 # The smallest useful request line: a completion call with a short prompt and a few fields takes a
 # few hundred bytes, so a lower limit would reject every real request (a negative one all of them).
 MIN_LINE_BYTES = 1024
@@ -42,8 +52,9 @@ def _positive(text: str) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
-    g.add_argument("--socket", default=default_socket_path(), metavar="PATH",
-                   help="Unix socket path, created with mode 0600 (default: %(default)s)")
+    g.add_argument("--socket", default=None, metavar="PATH",
+                   help="Unix socket path, created with mode 0600 (default without --port: "
+                        f"{default_socket_path()}; with --port: no socket unless given)")
     g.add_argument("--max-line-bytes", type=_line_bytes, default=DEFAULT_MAX_LINE_BYTES, metavar="N",
                    help="longest accepted request line; longer ones get an error reply (default: 8 MiB)")
     g.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
@@ -52,23 +63,124 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="open connections at most; more are told so and closed (default: %(default)s)")
     g.add_argument("--write-timeout", type=float, default=DEFAULT_WRITE_TIMEOUT, metavar="S",
                    help="disconnect a client that reads nothing for S seconds while replies wait (default: %(default)s)")
+    h = p.add_argument_group("HTTP (llama-server / OpenAI API)")
+    h.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    h.add_argument("--port", type=_port, default=None,
+                   help="serve the HTTP API on this port (0: any free port; default: no HTTP server)")
+    h.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (comma-separated "
+                        "or repeated for several keys)")
+    h.add_argument("--api-key-file", action="append", default=[], metavar="FILE",
+                   help="file with one API key per line")
+    h.add_argument("--metrics", action="store_true", help="enable /metrics (Prometheus text format)")
+    h.add_argument("-sps", "--slot-prompt-similarity", type=_fraction, default=0.1, metavar="F",
+                   help="a request goes to the idle slot whose cached prompt prefix covers more than F of its "
+                        "prompt (0: least recently used slot only; default: %(default)s)")
+    h.add_argument("-a", "--alias", default=None, help="model name reported by the API (default: the file name)")
+    h.add_argument("--cors-origins", default="*",
+                   help="origins allowed by CORS: * (any, reflected with credentials, as llama-server does), "
+                        "localhost, or a comma-separated list (default: %(default)s)")
+    h.add_argument("--slots", dest="slots_endpoint", action="store_true", default=True,
+                   help="enable GET /slots (default)")
+    h.add_argument("--no-slots", dest="slots_endpoint", action="store_false", help="disable GET /slots")
+    h.add_argument("--max-body-bytes", type=_line_bytes, default=MAX_BODY_DEFAULT, metavar="N",
+                   help="largest accepted request body; larger ones get 413 (default: 32 MiB)")
+    h.add_argument("--timeout", dest="keep_alive_timeout", type=_positive, default=5, metavar="S",
+                   help="seconds an idle keep-alive connection stays open (default: %(default)s)")
     add_engine_options(p)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    keys = [k.strip() for arg in args.api_key for k in arg.split(",") if k.strip()]
+    for path in args.api_key_file:
+        try:
+            with open(path, encoding="utf-8") as f:
+                keys.extend(line.strip() for line in f if line.strip())
+        except OSError as exc:
+            raise ConfigError(f"cannot read --api-key-file {path}: {exc.strerror or exc}") from None
+    return tuple(keys)
+
+
+def _load(args: argparse.Namespace) -> Engine:
+    engine = build_engine(args)
+    engine.config.slot_prompt_similarity = args.slot_prompt_similarity
+    return engine
 
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.verbose, stdlib=True, log_format=args.log_format, events=True)
-    # Refuse a live socket or an unusable path before spending seconds loading the model.
-    check_socket_path(args.socket)
-    engine = build_engine(args)
-    defaults = ServerDefaults(sampling=sampling_from_args(args), n_predict=args.n_predict)
     if not args.write_timeout > 0:
         raise ConfigError(f"--write-timeout must be positive; got {args.write_timeout}")
-    config = ServerConfig(args.socket, max_line_bytes=args.max_line_bytes, drain_timeout=args.drain_timeout,
-                          max_connections=args.max_connections, write_timeout=args.write_timeout)
-    server = RpcServer(engine, config, lambda srv: SpekulaMethods(engine, defaults, server_state=srv.state).table())
+    socket_path = args.socket if args.socket is not None or args.port is not None else default_socket_path()
+    # Refuse a live socket or an unusable path before spending seconds loading the model.
+    if socket_path is not None:
+        check_socket_path(socket_path)
+    defaults = ServerDefaults(sampling=sampling_from_args(args), n_predict=args.n_predict)
+    rpc_config = None if socket_path is None else ServerConfig(
+        socket_path, max_line_bytes=args.max_line_bytes, drain_timeout=args.drain_timeout,
+        max_connections=args.max_connections, write_timeout=args.write_timeout,
+        handle_signals=args.port is None)
+    if args.port is None:
+        assert rpc_config is not None
+        engine = _load(args)
+        server = RpcServer(engine, rpc_config, lambda srv: SpekulaMethods(engine, defaults, server_state=srv.state).table())
+        try:
+            anyio.run(server.serve)
+        finally:
+            engine.close()  # the loop has stopped: release slot sequences, then the model
+            engine.backend.close()
+        return 0
+    return _serve_http(args, defaults, rpc_config)
+
+
+def _serve_http(args: argparse.Namespace, defaults: ServerDefaults, rpc_config: ServerConfig | None) -> int:
+    from spekula.frontends.http_app import HttpState
+    from spekula.frontends.http_server import HttpConfig, serve
+
+    # llama-server's default model name: the file name, or the repo given with -hf
+    if args.model:
+        model_name = os.path.basename(args.model)
+    elif getattr(args, "hf_repo", None):
+        model_name = str(args.hf_repo)
+    else:
+        model_name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    state = HttpState(api_keys=api_keys(args), metrics=args.metrics, max_body_bytes=args.max_body_bytes,
+                      model_alias=args.alias or model_name, model_path=args.model or args.hf_repo or "",
+                      write_timeout=args.write_timeout, cors_origins=args.cors_origins,
+                      slots_endpoint=args.slots_endpoint)
+    loaded: list[Engine] = []
+
+    def load() -> Engine:
+        loaded.append(_load(args))
+        return loaded[-1]
+
+    http = HttpConfig(host=args.host, port=args.port, drain_timeout=args.drain_timeout,
+                      timeout_keep_alive=args.keep_alive_timeout)
     try:
-        anyio.run(server.serve)
+        anyio.run(partial(serve, load, state, http, defaults=defaults, rpc_config=rpc_config,
+                          rpc_methods=lambda engine, srv: SpekulaMethods(engine, defaults, server_state=srv.state).table()))
     finally:
-        engine.close()  # the loop has stopped: release slot sequences, then the model
-        engine.backend.close()
+        for engine in loaded:
+            engine.close()
+            engine.backend.close()
     return 0

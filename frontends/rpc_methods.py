@@ -6,6 +6,7 @@ same request and result shapes.
 Protocol (JSON-RPC 2.0, one JSON value per line, named params only, batches allowed):
   completion        prompt (string | token ids), n_predict, temperature, top_k, top_p, min_p,
                     repeat_penalty, repeat_last_n, seed, stop, stream, return_tokens, ignore_eos,
+                    cache_prompt (default true: reuse a slot's cached prefix), id_slot (-1: any),
                     speculative.{n_max,n_min,p_min,type} (flat keys or a nested "speculative" object)
                     -> {request_id, content, stop, stop_type, stopping_word, tokens_predicted,
                         tokens_evaluated, timings, [tokens]}
@@ -99,7 +100,8 @@ class SpekulaMethods:
 
     def _parse(self, obj: dict[str, Any], prompt: list[int]) -> rp.ParsedCompletion:
         cfg = self.engine.config
-        return rp.parse_completion(obj, prompt, defaults=self.defaults, spec_base=cfg.spec, n_ctx=cfg.n_ctx)
+        return rp.parse_completion(obj, prompt, defaults=self.defaults, spec_base=cfg.spec, n_ctx=cfg.n_ctx,
+                                   n_slots=cfg.n_slots)
 
     async def _encode(self, text: str, *, add_special: bool = True, parse_special: bool = True,
                       prompt: bool = True) -> list[int]:

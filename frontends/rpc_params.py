@@ -31,6 +31,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "repeat_penalty": (1e-6, 100.0),
     "repeat_last_n": (-1, I32_MAX),  # -1: the whole context
     "seed": (-1, 2**32 - 1),  # -1: random
+    "id_slot": (-1, I32_MAX),  # -1: any slot; the engine's slot count bounds it further
     "speculative.n_max": (0, 1024),
     "speculative.n_min": (0, 1024),
     "speculative.p_min": (0.0, 1.0),
@@ -54,7 +55,8 @@ def invalid_params(message: str, field: str = "") -> ParamError:
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed")
 SPEC_FIELDS = ("n_max", "n_min", "p_min", "type", "adaptive")
 COMPLETION_FIELDS = frozenset(
-    {"prompt", "n_predict", "stop", "stream", "return_tokens", "ignore_eos", "speculative", *SAMPLING_FIELDS}
+    {"prompt", "n_predict", "stop", "stream", "return_tokens", "ignore_eos", "speculative", "cache_prompt", "id_slot",
+     *SAMPLING_FIELDS}
     | {f"speculative.{f}" for f in SPEC_FIELDS}
 )
 CHAT_FIELDS = (COMPLETION_FIELDS - {"prompt"}) | {"messages"}
@@ -205,7 +207,8 @@ def check_context(prompt: list[int], n_ctx: int) -> None:
     if len(prompt) >= n_ctx:
         raise RpcError(
             CONTEXT_OVERFLOW,
-            f"prompt has {len(prompt)} tokens but a slot's context holds {n_ctx}; shorten the prompt",
+            f"request ({len(prompt)} tokens) exceeds the available context size ({n_ctx} tokens), "
+            "try increasing it or shortening the prompt",
             {"n_prompt_tokens": len(prompt), "n_ctx": n_ctx},
         )
 
@@ -217,6 +220,7 @@ def parse_completion(
     defaults: ServerDefaults,
     spec_base: SpecParams,
     n_ctx: int,
+    n_slots: int = 1,
 ) -> ParsedCompletion:
     """Everything except the prompt itself, which the caller has tokenized (see `prompt_field`)."""
     check_context(prompt, n_ctx)
@@ -227,7 +231,11 @@ def parse_completion(
         stop=parse_stop(params),
         ignore_eos=get_bool(params, "ignore_eos", False),
         spec=parse_spec(params, spec_base),
+        cache_prompt=get_bool(params, "cache_prompt", True),
+        id_slot=get_int(params, "id_slot", -1),
     )
+    if request.id_slot >= n_slots:
+        raise invalid_params(f"'id_slot' must be -1 or a slot id in [0, {n_slots})", "id_slot")
     return ParsedCompletion(
         request=request,
         stream=get_bool(params, "stream", False),

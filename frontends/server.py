@@ -160,10 +160,14 @@ class RpcServer:
     def shutdown(self) -> None:
         self._stop.set()
 
-    async def serve(self, *, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, *, run_engine: bool = True,
+                    task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve until shut down; `run_engine=False` when the caller runs the engine loop (the HTTP
+        server shares it)."""
         path = self.config.socket_path
         async with anyio.create_task_group() as root:
-            await root.start(self.engine.run)
+            if run_engine:
+                await root.start(self.engine.run)
             listener = await create_listener(path)
             self._inode = os.stat(path).st_ino
             try:

@@ -1,0 +1,105 @@
+"""HTTP request bodies -> the shared completion schema (frontends/rpc_params.py).
+
+llama-server and OpenAI clients send more fields than spekula implements: the llama.cpp web UI
+sends its whole sampler panel, OpenAI clients send `n`, `logprobs`, `user`. Each such field is
+sorted into one of three groups here:
+- mapped: an OpenAI name for one of ours (`max_tokens` is `n_predict`);
+- accepted at its neutral value only: `typical_p: 1.0` or `presence_penalty: 0` change nothing and
+  pass; any other value is a 400 naming the field, because ignoring it would give an answer the
+  caller did not ask for;
+- informational: fields that do not change the output (`model`, `user`, `samplers` ordering of
+  samplers that are all off) are accepted and ignored.
+Everything else is an unknown field, also a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from . import rpc_params as rp
+from .http_errors import HttpError
+
+# field -> the value that leaves generation unchanged (None: absent/null is neutral too)
+NEUTRAL: dict[str, Any] = {
+    "typical_p": 1.0, "typ_p": 1.0, "tfs_z": 1.0, "dynatemp_range": 0.0, "xtc_probability": 0.0,
+    "dry_multiplier": 0.0, "mirostat": 0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+    "n_probs": 0, "n_indent": 0, "t_max_predict_ms": 0, "t_max_prompt_ms": 0, "top_n_sigma": -1.0,
+    "best_of": 1, "logprobs": False, "top_logprobs": 0, "echo": False, "grammar": "",
+    "post_sampling_probs": False, "logit_bias": None, "lora": None, "tools": None, "json_schema": None,
+    "suffix": None, "response_format": None,
+}
+# Fields that never change the generated tokens here.
+INFORMATIONAL = frozenset({
+    "model", "user", "samplers", "timings_per_token", "return_progress", "n_keep", "min_keep", "penalize_nl",
+    "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_threshold",
+    "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "backend_sampling", "tool_choice",
+    "parallel_tool_calls", "metadata", "store", "service_tier", "reasoning_format", "chat_template_kwargs",
+    "id", "cache_reuse", "add_generation_prompt",
+})
+OPENAI_MAPPED = {"max_tokens": "n_predict", "max_completion_tokens": "n_predict"}
+MAX_BODY_DEFAULT = 32 * 1024 * 1024
+
+
+def _is_neutral(name: str, value: Any) -> bool:
+    want = NEUTRAL[name]
+    if value is None:
+        return True
+    if name == "response_format":
+        return isinstance(value, dict) and value.get("type") == "text"
+    if name in ("logit_bias", "lora", "tools", "json_schema"):
+        return not value  # {} / [] change nothing
+    if name == "suffix":
+        return value == ""
+    if isinstance(want, bool):
+        return value is want
+    if isinstance(want, str):
+        return value == want
+    return (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            and float(value) == float(want))
+
+
+@dataclass(slots=True)
+class HttpOptions:
+    """The HTTP-only request fields, next to what rpc_params parses."""
+
+    include_usage: bool = False  # OpenAI stream_options.include_usage
+    n: int = 1  # OpenAI `n` (llama-server's n_cmpl): completions of the same prompt, each in its own slot
+    timings_per_token: bool = False
+
+
+def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict[str, Any], HttpOptions]:
+    """Split a request body into the shared schema's fields and the HTTP options; every field is
+    checked (mapped, neutral, informational or known), so nothing is silently dropped."""
+    if not isinstance(body, dict):
+        raise HttpError("request body must be a JSON object")
+    params: dict[str, Any] = {}
+    opts = HttpOptions()
+    for name, value in body.items():
+        if name in OPENAI_MAPPED:
+            if value is not None:
+                params[OPENAI_MAPPED[name]] = value
+        elif name in NEUTRAL:
+            if not _is_neutral(name, value):
+                raise HttpError(f"'{name}' = {str(value)[:80]} is not supported by spekula "
+                                f"(accepted only at {NEUTRAL[name]!r}, which changes nothing)")
+        elif name == "stream_options":
+            if value is not None:
+                if not isinstance(value, dict) or not set(value) <= {"include_usage"}:
+                    raise HttpError("'stream_options' must be an object with at most 'include_usage'")
+                opts.include_usage = rp.get_bool(value, "include_usage", False)
+        elif name in ("n", "n_cmpl"):
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= n_slots:
+                    raise HttpError(f"'{name}' must be an integer in [1, {n_slots}] (the server's slots)")
+                opts.n = value
+        elif name in INFORMATIONAL:
+            if name == "timings_per_token":
+                opts.timings_per_token = value is True
+        elif name in allowed:
+            if value is not None or name in ("prompt", "messages"):
+                params[name] = value
+        else:
+            raise HttpError(f"unknown field '{str(name)[:80]}'")
+    return params, opts

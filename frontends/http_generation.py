@@ -1,0 +1,180 @@
+"""One generation over HTTP: prompt -> engine request -> events, with the client watched.
+
+Shared by llama-server's /completion and the OpenAI endpoints; they differ only in how they shape
+what comes out. A client that disconnects, or stops reading a stream for `write_timeout` seconds,
+has its request cancelled at once, so its slot is free for the next request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from spekula.core.events import FinalEvent, PieceEvent
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+from . import http_prompts
+from . import rpc_params as rp
+from .http_errors import HttpError, from_rpc
+from .http_fields import HttpOptions
+from .rpc_methods import MAX_CHARS_PER_TOKEN
+from .rpc_protocol import RpcError
+
+if TYPE_CHECKING:
+    from spekula.core.engine import Engine
+    from spekula.core.params import CompletionRequest
+
+_THREAD_TOKENIZE_CHARS = 16_384
+
+
+@dataclass(slots=True)
+class Generation:
+    request: CompletionRequest
+    options: HttpOptions
+    prompt_text: str | None  # the prompt as text, when it was given (or rendered) as text
+
+
+class GenerationService:
+    def __init__(self, engine: Engine, defaults: rp.ServerDefaults, write_timeout: float) -> None:
+        self.engine = engine
+        self.defaults = defaults
+        self.write_timeout = write_timeout
+
+    async def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True,
+                     limit: bool = True) -> list[int]:
+        """Token ids; long texts off the event loop. A text that cannot fit a slot is refused
+        before tokenizing (at most MAX_CHARS_PER_TOKEN characters per context position)."""
+        tok, n_ctx = self.engine.tokenizer, self.engine.config.n_ctx
+        if limit and len(text) > MAX_CHARS_PER_TOKEN * n_ctx:
+            raise HttpError(f"the prompt has {len(text)} characters and cannot fit a context of {n_ctx} tokens",
+                            "exceed_context_size_error", extra={"n_ctx": n_ctx})
+        if len(text) > _THREAD_TOKENIZE_CHARS:
+            return await anyio.to_thread.run_sync(
+                lambda: tok.encode(text, add_special=add_special, parse_special=parse_special))
+        return tok.encode(text, add_special=add_special, parse_special=parse_special)
+
+    async def prompt_tokens(self, value: Any) -> tuple[list[int], str | None]:
+        return await http_prompts.prompt_tokens(value, self.encode, self.engine.tokenizer.n_vocab)
+
+    def build(self, params: dict[str, Any], prompt: list[int], options: HttpOptions,
+              prompt_text: str | None) -> tuple[Generation, rp.ParsedCompletion]:
+        cfg = self.engine.config
+        try:
+            parsed = rp.parse_completion(params, prompt, defaults=self.defaults, spec_base=cfg.spec, n_ctx=cfg.n_ctx,
+                                         n_slots=cfg.n_slots)
+        except RpcError as exc:
+            raise from_rpc(exc) from None
+        return Generation(parsed.request, options, prompt_text), parsed
+
+    async def run(self, gen: Generation, request: Request) -> FinalEvent:
+        return (await self.run_all([gen], request))[0]
+
+    async def run_all(self, gens: list[Generation], request: Request) -> list[FinalEvent]:
+        """Generate without streaming, all at once; the client's disconnect cancels every one."""
+        handles = [self.engine.submit(g.request) for g in gens]
+        finals: list[FinalEvent | None] = [None] * len(handles)
+
+        def cancel_all() -> None:
+            for h in handles:
+                h.cancel()
+
+        async def one(i: int) -> None:
+            finals[i] = await handles[i].result()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                watch = anyio.CancelScope()
+
+                async def watcher() -> None:
+                    with watch:
+                        await _cancel_on_disconnect(request.receive, cancel_all)
+
+                tg.start_soon(watcher)
+                async with anyio.create_task_group() as work:
+                    for i in range(len(handles)):
+                        work.start_soon(one, i)
+                watch.cancel()
+        finally:
+            if any(f is None for f in finals):
+                cancel_all()
+        return [self.checked(g, f) for g, f in zip(gens, finals, strict=True) if f is not None]
+
+    def checked(self, gen: Generation, final: FinalEvent) -> FinalEvent:
+        if final.stop_type == "error":
+            if final.rejected_spec:
+                raise HttpError(f"'speculative': these settings cannot run on this server: {final.error}")
+            if final.error and final.error.startswith("id_slot"):
+                raise HttpError(final.error)
+            raise HttpError(final.error or "generation failed", "server_error")
+        return final
+
+    def stream(self, gen: Generation, shape: Callable[[PieceEvent | FinalEvent], list[Any]],
+               *, done_marker: bool) -> EventStream:
+        """Server-sent events: `shape` turns each engine event into the JSON objects to send."""
+        return EventStream(self, gen, shape, done_marker)
+
+
+async def _cancel_on_disconnect(receive: Receive, cancel: Callable[[], None]) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            cancel()
+            return
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+class EventStream:
+    """An ASGI response streaming one request's events as `data: {json}` lines.
+
+    Written out rather than Starlette's StreamingResponse so that a send the client does not take
+    within `write_timeout` ends the request (a client that stops reading would otherwise hold its
+    slot until n_predict), and so the request is submitted only once the response starts.
+    """
+
+    def __init__(self, service: GenerationService, gen: Generation,
+                 shape: Callable[[PieceEvent | FinalEvent], list[Any]], done_marker: bool) -> None:
+        self.service, self.gen, self.shape, self.done_marker = service, gen, shape, done_marker
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handle = self.service.engine.submit(self.gen.request)
+        finished = False
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_cancel_on_disconnect, receive, handle.cancel)
+                await self._send(send, {"type": "http.response.start", "status": 200, "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                    (b"x-accel-buffering", b"no")]})
+                async for event in self._events(handle):
+                    await self._send(send, {"type": "http.response.body", "body": event, "more_body": True})
+                await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
+                finished = True
+                tg.cancel_scope.cancel()
+        except (OSError, TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the client went away or stopped reading: nothing more can be said to it
+        finally:
+            if not finished:
+                handle.cancel()
+
+    async def _send(self, send: Send, message: dict[str, Any]) -> None:
+        with anyio.fail_after(self.service.write_timeout):
+            await send(message)
+
+    async def _events(self, handle: Any) -> AsyncIterator[bytes]:
+        async for event in handle:
+            if isinstance(event, FinalEvent) and event.stop_type == "error":
+                try:
+                    self.service.checked(self.gen, event)
+                except HttpError as exc:
+                    yield sse(exc.body())
+                    return
+            for obj in self.shape(event):
+                yield sse(obj)
+        if self.done_marker:
+            yield b"data: [DONE]\n\n"

@@ -1,0 +1,188 @@
+"""The OpenAI-compatible endpoints: /v1/models, /v1/completions, /v1/chat/completions.
+
+Streams are server-sent events ending with `data: [DONE]`; with `stream_options.include_usage`
+the last chunk before it has empty `choices` and the `usage` object, as OpenAI sends it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+from spekula.core.events import FinalEvent, PieceEvent
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from . import rpc_params as rp
+from .http_errors import HttpError
+from .http_fields import normalise
+
+if TYPE_CHECKING:
+    from .http_app import HttpState
+
+_OPENAI_COMMON = (rp.COMPLETION_FIELDS - {"prompt"})
+COMPLETION_FIELDS = _OPENAI_COMMON | {"prompt"}
+CHAT_FIELDS = _OPENAI_COMMON | {"messages"}
+
+
+def finish_reason(final: FinalEvent) -> str:
+    return "length" if final.stop_type == "limit" else "stop"
+
+
+def usage(final: FinalEvent) -> dict[str, Any]:
+    n_prompt, n_out = final.tokens_evaluated, len(final.tokens)
+    return {"completion_tokens": n_out, "prompt_tokens": n_prompt, "total_tokens": n_prompt + n_out,
+            "prompt_tokens_details": {"cached_tokens": int(final.timings.get("cache_n", 0))}}
+
+
+async def models(request: Request) -> Response:
+    state: HttpState = request.app.state.http
+    engine = state.ready()
+    info = engine.backend.info
+    return JSONResponse({"object": "list", "data": [{
+        "id": state.model_alias, "object": "model", "created": state.created, "owned_by": "spekula",
+        "meta": {"n_vocab": info.n_vocab, "n_ctx": engine.config.n_ctx, "n_embd": getattr(info, "n_embd", None),
+                 "n_layer": info.n_layer},
+    }]})
+
+
+async def completions(request: Request) -> Response:
+    state: HttpState = request.app.state.http
+    engine = state.ready()
+    params, opts = normalise(await state.read_json(request), allowed=COMPLETION_FIELDS, n_slots=engine.config.n_slots)
+    if "prompt" not in params:
+        raise HttpError("'prompt' is required")
+    prompt, text = await state.service.prompt_tokens(params.pop("prompt"))
+    gen, parsed = state.service.build(params, prompt, opts, text)
+    cid, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
+    if parsed.stream and opts.n > 1:
+        raise HttpError("'n' > 1 is not supported with streaming")
+
+    def chunk(choice: dict[str, Any]) -> dict[str, Any]:
+        return {"id": cid, "object": "text_completion", "created": created, "model": state.model_alias,
+                "system_fingerprint": state.fingerprint, "choices": [choice]}
+
+    if parsed.stream:
+        def shape(event: PieceEvent | FinalEvent) -> list[Any]:
+            if isinstance(event, PieceEvent):
+                if not event.text:
+                    return []
+                return [chunk({"text": event.text, "index": 0, "logprobs": None, "finish_reason": None})]
+            out = [chunk({"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason(event)})]
+            return _close(out, chunk({}), event, opts.include_usage)
+
+        return state.service.stream(gen, shape, done_marker=True)  # type: ignore[return-value]
+    finals = await state.service.run_all(_copies(state, gen, params, prompt, opts, text), request)
+    body = chunk({})
+    body["choices"] = [{"text": f.content, "index": i, "logprobs": None, "finish_reason": finish_reason(f)}
+                       for i, f in enumerate(finals)]
+    body.update(usage=_usage_all(finals), timings=dict(finals[0].timings))
+    return JSONResponse(body)
+
+
+async def chat_completions(request: Request) -> Response:
+    state: HttpState = request.app.state.http
+    engine = state.ready()
+    params, opts = normalise(await state.read_json(request), allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
+    text = state.render_chat(params.pop("messages", None))
+    prompt = await state.service.encode(text)
+    gen, parsed = state.service.build(params, prompt, opts, text)
+    cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
+    if parsed.stream and opts.n > 1:
+        raise HttpError("'n' > 1 is not supported with streaming")
+
+    def chunk(choice: dict[str, Any], obj: str = "chat.completion.chunk") -> dict[str, Any]:
+        return {"id": cid, "object": obj, "created": created, "model": state.model_alias,
+                "system_fingerprint": state.fingerprint, "choices": [choice]}
+
+    if parsed.stream:
+        first = [True]
+
+        def shape(event: PieceEvent | FinalEvent) -> list[Any]:
+            out: list[Any] = []
+            if first[0]:
+                first[0] = False
+                out.append(chunk({"index": 0, "delta": {"role": "assistant", "content": None},
+                                  "logprobs": None, "finish_reason": None}))
+            if isinstance(event, PieceEvent):
+                if event.text:
+                    out.append(chunk({"index": 0, "delta": {"content": event.text}, "logprobs": None,
+                                      "finish_reason": None}))
+                return out
+            out.append(chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason(event)}))
+            return _close(out, chunk({}), event, opts.include_usage)
+
+        return state.service.stream(gen, shape, done_marker=True)  # type: ignore[return-value]
+    finals = await state.service.run_all(_copies(state, gen, params, prompt, opts, text), request)
+    body = chunk({}, obj="chat.completion")
+    body["choices"] = [{"index": i, "message": {"role": "assistant", "content": f.content}, "logprobs": None,
+                        "finish_reason": finish_reason(f)} for i, f in enumerate(finals)]
+    body.update(usage=_usage_all(finals), timings=dict(finals[0].timings))
+    return JSONResponse(body)
+
+
+async def input_tokens(request: Request) -> Response:
+    """How many tokens the chat prompt of these messages takes (llama-server's token count)."""
+    state: HttpState = request.app.state.http
+    engine = state.ready()
+    params, _ = normalise(await state.read_json(request), allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
+    text = state.render_chat(params.pop("messages", None))
+    return JSONResponse({"input_tokens": len(await state.service.encode(text)), "object": "response.input_tokens"})
+
+
+def _close(out: list[Any], usage_chunk: dict[str, Any], final: FinalEvent, include_usage: bool) -> list[Any]:
+    """The end of a stream: `timings` ride on its last event, the usage chunk when there is one."""
+    if include_usage:
+        out.append({**usage_chunk, "choices": [], "usage": usage(final)})
+    out[-1]["timings"] = dict(final.timings)
+    return out
+
+
+def _copies(state: HttpState, gen: Any, params: dict[str, Any], prompt: list[int], opts: Any,
+            text: str | None) -> list[Any]:
+    """`n` generations of one prompt; each copy after the first is a request of its own (its own slot)."""
+    out = [gen]
+    for _ in range(opts.n - 1):
+        copy, _parsed = state.service.build(dict(params), prompt, opts, text)
+        copy.request.id_slot = -1
+        out.append(copy)
+    return out
+
+
+def _usage_all(finals: list[FinalEvent]) -> dict[str, Any]:
+    u = usage(finals[0])
+    n_out = sum(len(f.tokens) for f in finals)
+    u.update(completion_tokens=n_out, total_tokens=u["prompt_tokens"] + n_out)
+    return u
+
+
+def chat_messages(value: Any) -> list[dict[str, str]]:
+    """OpenAI messages -> [{role, content}]: content is a string or a list of text parts."""
+    if not isinstance(value, list) or not value:
+        raise HttpError("'messages' must be a non-empty list of {role, content} objects")
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise HttpError(f"'messages[{i}]' must be an object with a string 'role'")
+        unknown = set(m) - {"role", "content", "name"}
+        if unknown:
+            raise HttpError(f"'messages[{i}]': unsupported field(s) {', '.join(sorted(unknown))[:120]}")
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise HttpError(f"'messages[{i}].content': only text parts are supported")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise HttpError(f"'messages[{i}].content' must be a string or a list of text parts")
+        out.append({"role": m["role"], "content": content})
+    if len(out) >= 2 and out[-1]["role"] == out[-2]["role"] == "assistant":
+        raise HttpError("Cannot have 2 or more assistant messages at the end of the list.")
+    if out[-1]["role"] == "assistant":
+        # llama-server continues a final assistant message (prefill); spekula's templates would
+        # open a new assistant turn after it instead, so it is refused rather than answered wrongly.
+        raise HttpError("a final assistant message (prefill) is not supported; end with a user message")
+    return out

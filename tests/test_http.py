@@ -1,0 +1,267 @@
+"""The HTTP frontend as clients use it: a real `spekula serve --port` process on the tiny fixture,
+driven with plain HTTP and with the official `openai` client."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cli_helpers import run_cli
+from http_helpers import HttpServer, start
+from spekula.fixtures.tiny_gguf import tiny_model_path
+
+SPEC = ("--spec-type", "ngram-simple,ngram-mod", "--spec-ngram-simple-size-n", "2", "--spec-ngram-simple-size-m", "4",
+        "--spec-ngram-mod-n-match", "2", "--spec-ngram-mod-n-min", "1", "--spec-ngram-mod-n-max", "4")
+MODEL = tiny_model_path("llama")
+KEY = "sk-test-0123456789"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
+    log = tmp_path_factory.mktemp("http") / "server.log"
+    srv = start(MODEL, "-np", "2", "-c", "256", "--temp", "0", "--metrics", *SPEC, log=log)
+    try:
+        yield srv
+    finally:
+        assert srv.stop() == 0, log.read_text()
+
+
+def _generate(prompt: str, n: int, *extra: str) -> dict:  # type: ignore[type-arg]
+    res = run_cli("generate", "-m", MODEL, "-p", prompt, "-n", str(n), "--temp", "0", "--json", *extra)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_endpoints_answer_in_llama_server_shapes(server: HttpServer) -> None:
+    assert server.get("/health") == (200, {"status": "ok"})
+    status, props = server.get("/props")
+    assert status == 200 and props["total_slots"] == 2
+    assert props["default_generation_settings"]["n_ctx"] == 256
+    status, slots = server.get("/slots")
+    assert status == 200 and [s["id"] for s in slots] == [0, 1] and "is_processing" in slots[0]
+    status, models = server.get("/v1/models")
+    assert status == 200 and models["object"] == "list" and models["data"][0]["id"].endswith(".gguf")
+    status, tok = server.post("/tokenize", {"content": "hello world"})
+    assert status == 200 and tok["tokens"] and all(isinstance(t, int) for t in tok["tokens"])
+    status, pieces = server.post("/tokenize", {"content": "hello", "with_pieces": True})
+    assert status == 200 and {"id", "piece"} <= set(pieces["tokens"][0])
+    assert server.post("/detokenize", {"tokens": tok["tokens"]}) == (200, {"content": "hello world"})
+    status, tmpl = server.post("/apply-template", {"messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200 and "hi" in tmpl["prompt"]
+
+
+@pytest.mark.parametrize("spec", [(), ("--spec-type", "none")])
+def test_greedy_completion_equals_spekula_generate(server: HttpServer, spec: tuple[str, ...]) -> None:
+    prompt = "the cat sat on the mat and the cat sat on the"
+    want = _generate(prompt, 24, *(spec or SPEC))
+    body = {"prompt": prompt, "n_predict": 24, "return_tokens": True}
+    if spec:
+        body["speculative.type"] = "none"
+    status, got = server.post("/completion", body)
+    assert status == 200, got
+    assert got["content"] == want["content"] and got["tokens"] == want["tokens"]
+    assert got["stop_type"] in ("limit", "eos") and got["timings"]["predicted_n"] == len(got["tokens"])
+
+
+def test_stream_pieces_spell_the_completion(server: HttpServer) -> None:
+    body = {"prompt": "one two three one two three one two", "n_predict": 20}
+    status, whole = server.post("/completion", body)
+    events = server.events("/completion", {**body, "stream": True})
+    assert events[-1]["stop"] is True and "timings" in events[-1]
+    assert "".join(e["content"] for e in events) == whole["content"]
+    assert all(e["stop"] is False for e in events[:-1])
+
+
+def test_openai_client_completes_and_streams(server: HttpServer) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    prompt = "a b c a b c a b"
+    done = client.completions.create(model="any", prompt=prompt, max_tokens=16, temperature=0)
+    assert done.choices[0].text == _generate(prompt, 16, *SPEC)["content"]
+    assert done.usage is not None and done.usage.completion_tokens <= 16
+    streamed = client.completions.create(model="any", prompt=prompt, max_tokens=16, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == done.choices[0].text
+    messages = [{"role": "user", "content": "say something"}]
+    chat = client.chat.completions.create(model="any", messages=messages, max_tokens=12, temperature=0)  # type: ignore[arg-type]
+    assert chat.choices[0].message.role == "assistant" and chat.choices[0].finish_reason in ("stop", "length")
+    chunks = list(client.chat.completions.create(model="any", messages=messages, max_tokens=12, temperature=0,  # type: ignore[arg-type]
+                                                  stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == chat.choices[0].message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == chat.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_second_chat_turn_reuses_the_first(server: HttpServer) -> None:
+    turn1 = [{"role": "user", "content": "tell me about cats and dogs"}]
+    status, first = server.post("/v1/chat/completions", {"messages": turn1, "max_tokens": 16, "temperature": 0})
+    assert status == 200
+    turn2 = [*turn1, first["choices"][0]["message"], {"role": "user", "content": "and birds?"}]
+    body = {"messages": turn2, "max_tokens": 16, "temperature": 0}
+    status, second = server.post("/v1/chat/completions", body)
+    assert status == 200
+    n_prompt = second["usage"]["prompt_tokens"]
+    assert second["timings"]["cache_n"] > 0
+    assert second["timings"]["prompt_n"] == n_prompt - second["timings"]["cache_n"]
+    status, cold = server.post("/v1/chat/completions", {**body, "cache_prompt": False})
+    assert status == 200 and cold["timings"]["cache_n"] == 0
+    assert cold["choices"][0]["message"]["content"] == second["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"prompt": "x", "n_predict": "many"}, "n_predict"),
+    ({"prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"prompt": "x", "top_p": 7}, "top_p"),
+    ({"prompt": "x", "temprature": 1}, "temprature"),
+    ({"prompt": 17}, "prompt"),
+    ({}, "prompt"),
+    ({"prompt": "x", "typical_p": 0.5}, "typical_p"),
+    ({"prompt": "x", "speculative.type": "no-such-drafter"}, "speculative.type"),
+    ({"prompt": "x", "id_slot": 9}, "id_slot"),
+])
+def test_bad_fields_are_400_naming_the_field(server: HttpServer, body: dict, field: str) -> None:  # type: ignore[type-arg]
+    status, err = server.post("/completion", body)
+    assert status == 400, err
+    assert err["error"]["type"] == "invalid_request_error" and field in err["error"]["message"]
+
+
+def test_malformed_and_hostile_bodies(server: HttpServer) -> None:
+    for raw in (b"{bad", b"[1,2", b"\xff\xfe", b'{"prompt": NaN}', b"[" * 100_000):
+        status, _, err = server.call("POST", "/completion", raw=raw)
+        assert status == 400 and err["error"]["code"] == 400, (raw[:20], err)
+    status, _, err = server.call("POST", "/v1/chat/completions", raw=b'{"messages": "hi"}')
+    assert status == 400 and "messages" in err["error"]["message"]
+    status, _, err = server.call("GET", "/no/such/endpoint")
+    assert status == 404 and err["error"]["type"] == "not_found_error"
+    status, _, err = server.call("POST", "/completion", {"prompt": "x " * 5000})
+    assert status == 400 and err["error"]["type"] == "exceed_context_size_error"
+
+
+def test_oversized_body_is_413_and_the_server_keeps_serving(server: HttpServer) -> None:
+    big = b'{"prompt": "' + b"a" * (100 * 1024 * 1024) + b'"}'
+    try:
+        status, _, err = server.call("POST", "/completion", raw=big)
+        assert status == 413 and err["error"]["code"] == 413
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server answered 413 and closed while the client was still sending
+    # chunked, with no Content-Length to refuse up front
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        conn.putrequest("POST", "/completion")
+        conn.putheader("Transfer-Encoding", "chunked")
+        conn.endheaders()
+        chunk = b"a" * (1024 * 1024)
+        try:
+            for _ in range(40):
+                conn.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            conn.send(b"0\r\n\r\n")
+            assert conn.getresponse().status == 413
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    finally:
+        conn.close()
+    assert server.get("/health") == (200, {"status": "ok"})
+
+
+def _busy_slots(server: HttpServer) -> int:
+    return sum(s["is_processing"] for s in server.get("/slots")[1])
+
+
+def test_client_closing_mid_stream_frees_its_slot_at_once(server: HttpServer) -> None:
+    body = json.dumps({"prompt": "go on forever", "n_predict": 200, "ignore_eos": True, "stream": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    seen = b""
+    while b"data: " not in seen:
+        seen += sock.recv(4096)
+    assert _busy_slots(server) == 1
+    sock.close()
+    deadline = time.monotonic() + 5
+    while _busy_slots(server) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _busy_slots(server) == 0
+    # non-streaming: a client gone before the answer also frees the slot
+    body = json.dumps({"prompt": "go on forever", "n_predict": 200, "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    time.sleep(0.3)
+    sock.close()
+    deadline = time.monotonic() + 5
+    while _busy_slots(server) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _busy_slots(server) == 0
+
+
+def test_fifty_keep_alive_connections(server: HttpServer) -> None:
+    results: list[int] = []
+
+    def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+        try:
+            for _ in range(2):  # two requests on the same connection
+                conn.request("POST", "/completion", body=json.dumps({"prompt": "hi", "n_predict": 2}),
+                             headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                resp.read()
+                results.append(resp.status)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert results == [200] * 100
+
+
+def test_metrics_in_prometheus_text(server: HttpServer) -> None:
+    server.post("/completion", {"prompt": "a b a b a b a b", "n_predict": 12})
+    status, _, text = server.call("GET", "/metrics")
+    assert status == 200
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+    for name in ("prompt_tokens_total", "tokens_predicted_total", "requests_processing", "prompt_tokens_cached_total",
+                 "spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
+                 "spec_decode_num_accepted_tokens_total", "spec_decode_drafter_num_draft_tokens_total"):
+        assert f"llamacpp:{name}" in names, name
+    assert 'spec_decode_drafter_num_drafts_total{drafter="ngram-simple"}' in text
+
+
+def test_api_key_and_socket_in_one_process(tmp_path: Path) -> None:
+    sock_path = str(tmp_path / "s.sock")
+    key_file = tmp_path / "keys"
+    key_file.write_text("other-key\n")
+    srv = start(MODEL, "-c", "128", "--api-key", KEY, "--api-key-file", str(key_file), "--socket", sock_path,
+                log=tmp_path / "log")
+    try:
+        assert srv.get("/health")[0] == 200  # public
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY + "x"}):
+            status, err = srv.get("/props", headers=headers)
+            assert status == 401 and err["error"] == {"code": 401, "message": "Invalid API Key",
+                                                      "type": "authentication_error"}
+            assert srv.post("/completion", {"prompt": "x"}, headers=headers)[0] == 401
+        for key in (KEY, "other-key"):
+            status, _ = srv.post("/completion", {"prompt": "x", "n_predict": 2},
+                                 headers={"Authorization": f"Bearer {key}"})
+            assert status == 200
+        # metrics were not enabled
+        status, err = srv.get("/metrics", headers={"Authorization": f"Bearer {KEY}"})
+        assert status == 501 and err["error"]["type"] == "not_supported_error"
+        from spekula.frontends.client import SpekulaClient
+
+        with SpekulaClient(sock_path, timeout=30) as c:
+            assert c.health()["status"] == "ok"
+            assert c.completion("x", n_predict=2)["tokens_predicted"] >= 1
+    finally:
+        assert srv.stop() == 0
