@@ -41,8 +41,8 @@ def _check_terminal() -> None:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.verbose, log_format=getattr(args, "log_format", "text"))
-    if args.socket and args.model:
-        raise ConfigError("give either --socket (attach to a server) or -m (embedded engine), not both")
+    if args.socket and (args.model or args.hf_repo):
+        raise ConfigError("give either --socket (attach to a server) or -m/-hf (embedded engine), not both")
     engine = None
     if args.socket:
         _check_server(args.socket)

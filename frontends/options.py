@@ -99,6 +99,12 @@ def installed_spec_types(extra: Iterable[str] = ()) -> list[str]:
 def add_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and backend")
     g.add_argument("-m", "--model", help="target GGUF model (default: the embedded SmolLM2-135M-Instruct Q4_1)")
+    g.add_argument("-hf", "-hfr", "--hf-repo", dest="hf_repo", metavar="REPO",
+                   help="target GGUF from Hugging Face repo <user>/<repo>[:quant], as llama.cpp: the hub cache "
+                        "first, else a download (not with HF_HUB_OFFLINE=1); quant e.g. Q8_0 (default: "
+                        "Q4_K_M, then Q8_0, then the first GGUF)")
+    g.add_argument("-hff", "--hf-file", dest="hf_file", metavar="FILE",
+                   help="the file to take from the -hf repo (overrides its :quant)")
     g.add_argument("-c", "--ctx-size", type=_ctx_size, default=4096, help="context size per slot (default: 4096)")
     g.add_argument("-np", "--parallel", type=_n_slots, default=1, help="number of slots (default: 1)")
     g.add_argument("-b", "--batch-size", type=int, default=512, help="max tokens per forward (default: 512)")
@@ -158,7 +164,8 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
                    help="benchmark only: mean acceptance length (target token included)")
     g.add_argument("-md", "--spec-draft-model", "--model-draft", dest="spec_draft_model", help="draft GGUF model")
     g.add_argument("-hfd", "--spec-draft-hf", "-hfrd", "--hf-repo-draft", dest="spec_draft_hf",
-                   help="not supported: spekula is offline (download the GGUF, pass -md)")
+                   metavar="REPO", help="draft GGUF from Hugging Face repo <user>/<repo>[:quant], found as -hf "
+                                        "finds it, then used as -md")
     g.add_argument("-devd", "--spec-draft-device", "--device-draft", dest="spec_draft_device",
                    help="draft device (default: follows --device)")
     g.add_argument("--spec-draft-dtype", choices=("auto", "f32", "f16", "bf16"), default=None,
@@ -224,37 +231,63 @@ def _check_implemented(types: Iterable[str], drafters: list[Any] | None) -> None
                               f"available: {', '.join(['none', *installed])}")
 
 
+def _check_model_sources(args: argparse.Namespace) -> None:
+    """Conflicting model options fail before anything is loaded or downloaded."""
+    if args.model and getattr(args, "hf_repo", None):
+        raise ConfigError("give either -m/--model or -hf/--hf-repo, not both")
+    if getattr(args, "hf_file", None) and not getattr(args, "hf_repo", None):
+        raise ConfigError("-hff/--hf-file names a file in the -hf/--hf-repo repository; give -hf too")
+    if args.spec_draft_model and getattr(args, "spec_draft_hf", None):
+        raise ConfigError("give either -md/--spec-draft-model or -hfd/--spec-draft-hf, not both")
+
+
 def resolve_model_path(args: argparse.Namespace) -> str:
+    """-m as given, else the -hf repo's GGUF (hub cache, else download), else the embedded default."""
+    _check_model_sources(args)
     if args.model:
         return str(args.model)
+    if getattr(args, "hf_repo", None):
+        from spekula.frontends.hf_models import parse_hf_repo, resolve_hf_model
+
+        return str(resolve_hf_model(parse_hf_repo(args.hf_repo, filename=getattr(args, "hf_file", None))))
     from spekula.frontends.default_model import ensure_default_model
 
     return str(ensure_default_model())
+
+
+def resolve_draft_path(args: argparse.Namespace) -> str | None:
+    """-md as given, else the -hfd repo's GGUF, resolved like -hf; None without a draft model."""
+    _check_model_sources(args)
+    if getattr(args, "spec_draft_hf", None):
+        from spekula.frontends.hf_models import parse_hf_repo, resolve_hf_model
+
+        spec = parse_hf_repo(args.spec_draft_hf, option="-hfd", local_option="-md")
+        return str(resolve_hf_model(spec))
+    return str(args.spec_draft_model) if args.spec_draft_model else None
 
 
 def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None) -> Engine:
     """Load the target backend and tokenizer and create the drafters; any problem is a SpekulaError."""
     from spekula.core.tokenizer import Tokenizer
 
-    if args.spec_draft_hf:
-        raise ConfigError("--spec-draft-hf is not supported: spekula runs offline; download the draft GGUF "
-                          "and pass it with -md/--spec-draft-model")
+    _check_model_sources(args)
     if args.parallel < 1:
         raise ConfigError(f"--parallel must be >= 1; got {args.parallel}")
     spec = spec_params_from_args(args)
     _check_implemented(spec.types, drafters)
-    if args.spec_draft_model and not spec.types and not args.spec_type:
-        spec = spec.with_(types=_infer_draft_type(args.spec_draft_model))
-    if args.spec_draft_model and not spec.types:
+    draft_path = resolve_draft_path(args)  # -hfd: from the hub cache or downloaded, then exactly like -md
+    if draft_path and not spec.types and not args.spec_type:
+        spec = spec.with_(types=_infer_draft_type(draft_path))
+    if draft_path and not spec.types:
         # llama.cpp loads nothing for a plain -md either; say so instead of silently drafting nothing.
-        log.warning("draft_model_unused", draft_model=args.spec_draft_model,
+        log.warning("draft_model_unused", draft_model=draft_path,
                     hint="draft-simple must be enabled with --spec-type draft-simple")
     path = resolve_model_path(args)
     try:
         model_file = GGUFFile.shared(path)  # a corrupt or truncated file fails here, with the path in the message
         tokenizer = Tokenizer.from_gguf(model_file)
     except ModelFileError as exc:
-        if args.model:
+        if args.model or getattr(args, "hf_repo", None):  # only the embedded default gets the "damaged" advice
             raise
         from spekula.frontends.default_model import damaged_default_model
 
@@ -270,7 +303,7 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
     config = EngineConfig(n_slots=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, spec=spec)
     try:
         return Engine(backend, tokenizer, config, drafters=drafters, backend_name=backend_name,
-                      draft_model_path=args.spec_draft_model, draft_backend_options=draft_opts)
+                      draft_model_path=draft_path, draft_backend_options=draft_opts)
     except BaseException:
         backend.close()
         raise

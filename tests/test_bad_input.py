@@ -137,9 +137,11 @@ def test_draft_needs_a_model(llama: str) -> None:
     (("-p", "hi", "--spec-draft-p-min", "2"), "--spec-draft-p-min"),
     (("-p", "hi", "--spec-type", "draft-mtp"), "does not implement"),
     (("-p", "hi", "--spec-synth-rates", "0.5"), "synthetic"),
-    (("-p", "hi", "-hfd", "org/repo"), "offline"),
+    # Both fail before any hub lookup (tests/test_hf_models.py covers -hf/-hfd themselves, offline).
+    (("-p", "hi", "-hfd", "org/repo", "-md", "d.gguf"), "-md/--spec-draft-model or -hfd/--spec-draft-hf, not both"),
+    (("-p", "hi", "-hf", "org/repo"), "-m/--model or -hf/--hf-repo, not both"),
 ], ids=["no-prompt", "prompt-and-file", "missing-prompt-file", "parallel-0", "batch-0", "device-tpu", "ctx-0",
-        "ctx-2", "p-min-2", "draft-mtp", "synth-without-drafter", "hf-draft"])
+        "ctx-2", "p-min-2", "draft-mtp", "synth-without-drafter", "hf-draft-and-md", "model-and-hf"])
 def test_bad_generate_options(tmp_path: Path, llama: str, args: tuple[str, ...], needle: str) -> None:
     (tmp_path / "x.txt").write_text("hi", encoding="utf-8")
     line = error_line(run_cli("generate", "-m", llama, "-n", "2", *args, cwd=tmp_path))

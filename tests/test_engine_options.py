@@ -66,9 +66,10 @@ def test_negative_draft_n_max_rejected() -> None:
         _parse("--spec-draft-n-max", "-1")
 
 
-def test_draft_hf_is_a_documented_error() -> None:
-    with pytest.raises(ConfigError, match="offline"):
-        build_engine(_parse("--spec-draft-hf", "org/repo", "-m", "x.gguf"))
+def test_draft_hf_with_md_is_a_config_error() -> None:
+    # -hfd itself resolves through the hub cache (tests/test_hf_models.py); with -md it is ambiguous.
+    with pytest.raises(ConfigError, match="not both"):
+        build_engine(_parse("--spec-draft-hf", "org/repo", "-md", "d.gguf", "-m", "x.gguf"))
 
 
 def test_corrupt_model_is_model_file_error(tmp_path: Path) -> None:
