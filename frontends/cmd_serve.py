@@ -85,6 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--no-slots", dest="slots_endpoint", action="store_false", help="disable GET /slots")
     h.add_argument("--max-body-bytes", type=_line_bytes, default=MAX_BODY_DEFAULT, metavar="N",
                    help="largest accepted request body; larger ones get 413 (default: 32 MiB)")
+    h.add_argument("--path", dest="static_path", default=None, metavar="DIR",
+                   help="serve static files from DIR at / (e.g. a build of llama.cpp's web UI); no API key "
+                        "is needed for them, as with llama-server's UI")
     h.add_argument("--timeout", dest="keep_alive_timeout", type=_positive, default=5, metavar="S",
                    help="seconds an idle keep-alive connection stays open (default: %(default)s)")
     add_engine_options(p)
@@ -119,6 +122,14 @@ def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
         except OSError as exc:
             raise ConfigError(f"cannot read --api-key-file {path}: {exc.strerror or exc}") from None
     return tuple(keys)
+
+
+def _static_dir(path: str | None) -> str | None:
+    if path is None:
+        return None
+    if not os.path.isdir(path):
+        raise ConfigError(f"--path {path} is not a directory")
+    return os.path.abspath(path)
 
 
 def _load(args: argparse.Namespace) -> Engine:
@@ -167,7 +178,7 @@ def _serve_http(args: argparse.Namespace, defaults: ServerDefaults, rpc_config: 
     state = HttpState(api_keys=api_keys(args), metrics=args.metrics, max_body_bytes=args.max_body_bytes,
                       model_alias=args.alias or model_name, model_path=args.model or args.hf_repo or "",
                       write_timeout=args.write_timeout, cors_origins=args.cors_origins,
-                      slots_endpoint=args.slots_endpoint)
+                      slots_endpoint=args.slots_endpoint, static_dir=_static_dir(args.static_path))
     loaded: list[Engine] = []
 
     def load() -> Engine:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -19,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import http_native as native
@@ -48,6 +50,7 @@ class HttpState:
     write_timeout: float = 30.0
     cors_origins: str = "*"
     slots_endpoint: bool = True
+    static_dir: str | None = None  # --path: static files (e.g. a web UI build) served at /, without a key
     engine: Engine | None = None
     service: GenerationService = field(init=False)
     version: str = "0.1.0"
@@ -137,7 +140,7 @@ class Gates:
                     "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
                     "Access-Control-Allow-Headers": "*"}), scope, receive)
                 return
-            if self.state.api_keys and scope["path"] not in PUBLIC_PATHS:
+            if self.state.api_keys and scope["path"] not in PUBLIC_PATHS and not self._static(scope["path"]):
                 given = headers.get("authorization") or headers.get("x-api-key") or ""
                 if not _key_ok(given, self.state.api_keys):
                     raise HttpError("Invalid API Key", "authentication_error")
@@ -155,6 +158,14 @@ class Gates:
     async def _respond(send: Callable[[dict[str, Any]], Awaitable[None]], response: Response, scope: Scope,
                        receive: Receive) -> None:
         await response(scope, receive, send)  # type: ignore[arg-type]
+
+    def _static(self, path: str) -> bool:
+        """A static file of --path (llama-server serves its UI assets without a key, too)."""
+        root = self.state.static_dir
+        if root is None or ".." in path.split("/"):
+            return False
+        rel = path.lstrip("/") or "index.html"
+        return os.path.isfile(os.path.join(root, rel))
 
     def _cors(self, origin: str) -> list[tuple[bytes, bytes]]:
         """llama-server's rules: `*` reflects any Origin (with credentials), `localhost` only local
@@ -219,6 +230,9 @@ def build_app(state: HttpState) -> ASGIApp:
         Route("/chat/completions/input_tokens", openai.input_tokens, methods=post),
         Route("/v1/chat/completions/input_tokens", openai.input_tokens, methods=post),
     ]
+    if state.static_dir is not None:
+        # After every API route, so a file can never shadow an endpoint.
+        routes.append(Mount("/", app=StaticFiles(directory=state.static_dir, html=True), name="static"))
     app = Starlette(routes=routes, exception_handlers={
         HttpError: _http_error, 404: _not_found, 405: _method_not_allowed})
     app.state.http = state

@@ -265,3 +265,35 @@ def test_api_key_and_socket_in_one_process(tmp_path: Path) -> None:
             assert c.completion("x", n_predict=2)["tokens_predicted"] >= 1
     finally:
         assert srv.stop() == 0
+
+
+@pytest.mark.slow
+def test_smollm2_openai_client_equals_spekula_generate(tmp_path: Path) -> None:
+    from model_drafter_helpers import smollm2_or_skip
+    from openai import OpenAI
+
+    model = str(smollm2_or_skip())
+    spec = ("--spec-type", "ngram-simple,ngram-mod")
+    srv = start(model, "-c", "1024", "-t", "2", "--temp", "0", *spec, log=tmp_path / "log")
+    try:
+        client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        question = "List the planets of the solar system in order, one per line."
+        for types in (None, "none"):
+            extra = {} if types is None else {"speculative.type": types}
+            want = run_cli("generate", "-m", model, "-c", "1024", "-t", "2", "--chat", "-p", question, "-n", "48",
+                           "--temp", "0", "--json", *(spec if types is None else ("--spec-type", "none")))
+            assert want.returncode == 0, want.stderr
+            expected = json.loads(want.stdout)["content"]
+            chat = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": question}],  # type: ignore[arg-type]
+                                                  max_tokens=48, temperature=0, extra_body=extra)
+            assert chat.choices[0].message.content == expected
+            stream = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": question}],  # type: ignore[arg-type]
+                                                    max_tokens=48, temperature=0, stream=True, extra_body=extra)
+            assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected
+        prompt = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is"
+        want = run_cli("generate", "-m", model, "-c", "1024", "-t", "2", "-p", prompt, "-n", "24", "--temp", "0",
+                       "--json", *spec)
+        done = client.completions.create(model="smollm2", prompt=prompt, max_tokens=24, temperature=0)
+        assert done.choices[0].text == json.loads(want.stdout)["content"]
+    finally:
+        assert srv.stop() == 0
