@@ -162,3 +162,20 @@ async def test_generation_through_the_app_matches_the_engine() -> None:
                                     b'{"messages": [{"role": "user", "content": "hi"}]}')
         assert status == 200 or status == 400  # the toy tokenizer may have no chat template
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_static_files_are_served_without_a_key_and_never_shadow_the_api(tmp_path: Any) -> None:
+    (tmp_path / "index.html").write_text("<p>ui</p>")
+    (tmp_path / "health").write_text("not the endpoint")
+    app = build_app(HttpState(api_keys=("k",), static_dir=str(tmp_path)))
+    status, _, body = await asgi(app, "GET", "/")
+    assert status == 200 and body == b"<p>ui</p>"
+    status, _, _ = await asgi(app, "GET", "/index.html")
+    assert status == 200
+    status, _, body = await asgi(app, "GET", "/health")
+    assert status == 503 and b"Loading model" in body  # the route, not the file
+    status, _, _ = await asgi(app, "GET", "/props")
+    assert status == 401
+    status, _, _ = await asgi(app, "GET", "/../etc/passwd")
+    assert status in (401, 404)
