@@ -394,8 +394,9 @@ class Tokenizer:
         return StreamDecoder(piece)
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **extra: Any
     ) -> str:
+        """`extra` reaches the template as variables (e.g. `tools`, for templates that render them)."""
         from .chat_template import render_chat
 
         bos = self._tokens[self.bos_id] if self.bos_id is not None else ""
@@ -406,4 +407,5 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             bos_token=bos,
             eos_token=eos,
+            **extra,
         )

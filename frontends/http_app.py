@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -90,11 +90,14 @@ class HttpState:
         except RpcError as exc:
             raise HttpError(f"invalid JSON body: {exc.message.removeprefix('parse error: ')}") from None
 
-    def render_chat(self, messages: Any) -> str:
+    def render_chat(self, messages: Any, tools: list[Any] | None = None) -> str:
+        """The prompt text of a chat; `tools` go to the template, as llama-server's jinja path does
+        (tool calls in the answer come back as text: spekula does not parse them)."""
         engine = self.ready()
         msgs = openai.chat_messages(messages)
+        extra = {"tools": tools} if tools else {}
         try:
-            return str(engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=True))
+            return str(engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, **extra))
         except Exception as exc:  # noqa: BLE001 - a template error is about the caller's messages
             raise HttpError(f"'messages': chat template failed: {exc}") from None
 
@@ -201,6 +204,12 @@ async def _metrics(request: Request) -> Response:
                     headers={"Process-Start-Time-Unix": str(int(state.started))})
 
 
+async def _tools(request: Request) -> Response:
+    """Server-side tools (llama-server's --tools) do not exist here; its answer when they are off."""
+    return JSONResponse({"error": {"message": "this feature is disabled", "type": "feature_disabled"}},
+                        status_code=403)
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HttpError)
     return exc.response()
@@ -212,6 +221,19 @@ async def _not_found(request: Request, exc: Exception) -> Response:
 
 async def _method_not_allowed(request: Request, exc: Exception) -> Response:
     return HttpError(f"method {request.method} is not allowed on {request.url.path}", status=405).response()
+
+
+class _GetOnly:
+    """Static files answer GET/HEAD; any other method on a path no route has is a plain 404
+    (StaticFiles would say 405, as if the path existed)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in ("GET", "HEAD"):
+            raise HttpError("File Not Found", "not_found_error")
+        await self.app(scope, receive, send)
 
 
 def build_app(state: HttpState) -> ASGIApp:
@@ -229,10 +251,11 @@ def build_app(state: HttpState) -> ASGIApp:
         Route("/v1/chat/completions", openai.chat_completions, methods=post),
         Route("/chat/completions/input_tokens", openai.input_tokens, methods=post),
         Route("/v1/chat/completions/input_tokens", openai.input_tokens, methods=post),
+        Route("/tools", _tools, methods=["GET", "POST"]),
     ]
     if state.static_dir is not None:
         # After every API route, so a file can never shadow an endpoint.
-        routes.append(Mount("/", app=StaticFiles(directory=state.static_dir, html=True), name="static"))
+        routes.append(Mount("/", app=_GetOnly(StaticFiles(directory=state.static_dir, html=True)), name="static"))
     app = Starlette(routes=routes, exception_handlers={
         HttpError: _http_error, 404: _not_found, 405: _method_not_allowed})
     app.state.http = state

@@ -14,6 +14,7 @@ Everything else is an unknown field, also a 400 naming it.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +28,8 @@ NEUTRAL: dict[str, Any] = {
     "dry_multiplier": 0.0, "mirostat": 0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
     "n_probs": 0, "n_indent": 0, "t_max_predict_ms": 0, "t_max_prompt_ms": 0, "top_n_sigma": -1.0,
     "best_of": 1, "logprobs": False, "top_logprobs": 0, "echo": False, "grammar": "",
-    "post_sampling_probs": False, "logit_bias": None, "lora": None, "tools": None, "json_schema": None,
-    "suffix": None, "response_format": None,
+    "post_sampling_probs": False, "logit_bias": None, "lora": None, "json_schema": None,
+    "suffix": None, "response_format": None, "continue_final_message": False, "thinking_budget_tokens": -1,
 }
 # Fields that never change the generated tokens here.
 INFORMATIONAL = frozenset({
@@ -37,6 +38,8 @@ INFORMATIONAL = frozenset({
     "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "backend_sampling", "tool_choice",
     "parallel_tool_calls", "metadata", "store", "service_tier", "reasoning_format", "chat_template_kwargs",
     "id", "cache_reuse", "add_generation_prompt",
+    # llama.cpp web UI: keep-alive pings for its stream, and its channel for ending reasoning early
+    "sse_ping_interval", "reasoning_control",
 })
 OPENAI_MAPPED = {"max_tokens": "n_predict", "max_completion_tokens": "n_predict"}
 MAX_BODY_DEFAULT = 32 * 1024 * 1024
@@ -48,7 +51,7 @@ def _is_neutral(name: str, value: Any) -> bool:
         return True
     if name == "response_format":
         return isinstance(value, dict) and value.get("type") == "text"
-    if name in ("logit_bias", "lora", "tools", "json_schema"):
+    if name in ("logit_bias", "lora", "json_schema"):
         return not value  # {} / [] change nothing
     if name == "suffix":
         return value == ""
@@ -67,6 +70,7 @@ class HttpOptions:
     include_usage: bool = False  # OpenAI stream_options.include_usage
     n: int = 1  # OpenAI `n` (llama-server's n_cmpl): completions of the same prompt, each in its own slot
     timings_per_token: bool = False
+    tools: list[Any] | None = None  # OpenAI tool definitions, handed to the chat template
 
 
 def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict[str, Any], HttpOptions]:
@@ -82,13 +86,20 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
                 params[OPENAI_MAPPED[name]] = value
         elif name in NEUTRAL:
             if not _is_neutral(name, value):
-                raise HttpError(f"'{name}' = {str(value)[:80]} is not supported by spekula "
+                raise HttpError(f"'{name}' = {json.dumps(value)[:80]} is not supported by spekula "
                                 f"(accepted only at {NEUTRAL[name]!r}, which changes nothing)")
         elif name == "stream_options":
             if value is not None:
                 if not isinstance(value, dict) or not set(value) <= {"include_usage"}:
                     raise HttpError("'stream_options' must be an object with at most 'include_usage'")
                 opts.include_usage = rp.get_bool(value, "include_usage", False)
+        elif name == "tools":
+            if value:
+                if "messages" not in allowed:
+                    raise HttpError("'tools' needs a chat request (/v1/chat/completions)")
+                if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+                    raise HttpError("'tools' must be a list of tool objects")
+                opts.tools = value
         elif name in ("n", "n_cmpl"):
             if value is not None:
                 if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= n_slots:

@@ -85,7 +85,7 @@ async def chat_completions(request: Request) -> Response:
     state: HttpState = request.app.state.http
     engine = state.ready()
     params, opts = normalise(await state.read_json(request), allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
-    text = state.render_chat(params.pop("messages", None))
+    text = state.render_chat(params.pop("messages", None), opts.tools)
     prompt = await state.service.encode(text)
     gen, parsed = state.service.build(params, prompt, opts, text)
     cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
@@ -126,8 +126,8 @@ async def input_tokens(request: Request) -> Response:
     """How many tokens the chat prompt of these messages takes (llama-server's token count)."""
     state: HttpState = request.app.state.http
     engine = state.ready()
-    params, _ = normalise(await state.read_json(request), allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
-    text = state.render_chat(params.pop("messages", None))
+    params, opts = normalise(await state.read_json(request), allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
+    text = state.render_chat(params.pop("messages", None), opts.tools)
     return JSONResponse({"input_tokens": len(await state.service.encode(text)), "object": "response.input_tokens"})
 
 

@@ -61,7 +61,10 @@ def test_json_has_llama_server_fields_without_draft_counters(greedy_ref: dict[st
 
 
 def test_text_alone_on_stdout_statistics_on_stderr(llama: str, greedy_ref: dict[str, Any]) -> None:
-    proc = run_cli("generate", "-m", llama, "-p", PROMPT, "-n", str(N), "--temp", "0", *NGRAM_SMALL)
+    # Fixed lengths: this checks where the statistics go, and the cost model may (rightly) skip every
+    # draft on this fixture when forwards of several rows happen to be dear on a loaded machine.
+    proc = run_cli("generate", "-m", llama, "-p", PROMPT, "-n", str(N), "--temp", "0", *NGRAM_SMALL,
+                   "--spec-adaptive", "off")
     assert_ok(proc)
     assert proc.stdout == greedy_ref["content"] + "\n"
     err = proc.stderr

@@ -177,5 +177,7 @@ async def test_static_files_are_served_without_a_key_and_never_shadow_the_api(tm
     assert status == 503 and b"Loading model" in body  # the route, not the file
     status, _, _ = await asgi(app, "GET", "/props")
     assert status == 401
+    status, _, body = await asgi(app, "POST", "/no/such/route", headers={"Authorization": "Bearer k"})
+    assert status == 404 and json.loads(body)["error"]["type"] == "not_found_error"
     status, _, _ = await asgi(app, "GET", "/../etc/passwd")
     assert status in (401, 404)
