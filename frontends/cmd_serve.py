@@ -71,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health (comma-separated "
                         "or repeated for several keys)")
     h.add_argument("--api-key-file", action="append", default=[], metavar="FILE",
-                   help="file with one API key per line")
+                   help="file with one API key per line ('#' lines are comments)")
     h.add_argument("--metrics", action="store_true", help="enable /metrics (Prometheus text format)")
     h.add_argument("-sps", "--slot-prompt-similarity", type=_fraction, default=0.1, metavar="F",
                    help="a request goes to the idle slot whose cached prompt prefix covers more than F of its "
@@ -118,7 +118,8 @@ def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
     for path in args.api_key_file:
         try:
             with open(path, encoding="utf-8") as f:
-                keys.extend(line.strip() for line in f if line.strip())
+                # one key per line; '#' starts a comment line, as in llama-server's key files
+                keys.extend(line.strip() for line in f if line.strip() and not line.lstrip().startswith("#"))
         except OSError as exc:
             raise ConfigError(f"cannot read --api-key-file {path}: {exc.strerror or exc}") from None
     return tuple(keys)

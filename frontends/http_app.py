@@ -134,7 +134,10 @@ class Gates:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                message = {**message, "headers": [*message.get("headers", []), *cors]}
+                # Header names in their usual case (Starlette lowercases them): HTTP does not care,
+                # but clients that copy headers into a plain dict look them up as `Content-Type`.
+                headers = [(_title(k), v) for k, v in [*message.get("headers", []), *cors]]
+                message = {**message, "headers": [*headers, (b"Server", b"spekula")]}
             await send(message)
 
         try:
@@ -186,6 +189,10 @@ class Gates:
         if value != "*":
             out.append((b"access-control-allow-credentials", b"true"))
         return out
+
+
+def _title(name: bytes) -> bytes:
+    return b"-".join(part[:1].upper() + part[1:] for part in name.split(b"-"))
 
 
 def _is_localhost(origin: str) -> bool:

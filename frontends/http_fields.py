@@ -71,6 +71,7 @@ class HttpOptions:
     n: int = 1  # OpenAI `n` (llama-server's n_cmpl): completions of the same prompt, each in its own slot
     timings_per_token: bool = False
     tools: list[Any] | None = None  # OpenAI tool definitions, handed to the chat template
+    verbose: bool = False  # llama-server's `__verbose`: the native result (rendered prompt included) too
 
 
 def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict[str, Any], HttpOptions]:
@@ -93,6 +94,8 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
                 if not isinstance(value, dict) or not set(value) <= {"include_usage"}:
                     raise HttpError("'stream_options' must be an object with at most 'include_usage'")
                 opts.include_usage = rp.get_bool(value, "include_usage", False)
+        elif name == "verbose":
+            opts.verbose = rp.get_bool(body, "verbose", False)
         elif name == "tools":
             if value:
                 if "messages" not in allowed:

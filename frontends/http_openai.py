@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from . import rpc_params as rp
 from .http_errors import HttpError
 from .http_fields import normalise
+from .http_native import completion_result
 
 if TYPE_CHECKING:
     from .http_app import HttpState
@@ -78,6 +79,9 @@ async def completions(request: Request) -> Response:
     body["choices"] = [{"text": f.content, "index": i, "logprobs": None, "finish_reason": finish_reason(f)}
                        for i, f in enumerate(finals)]
     body.update(usage=_usage_all(finals), timings=dict(finals[0].timings))
+    if opts.verbose:
+        body["__verbose"] = completion_result(state, finals[0], prompt=prompt, params=parsed.request,
+                                              return_tokens=parsed.return_tokens)
     return JSONResponse(body)
 
 
@@ -119,6 +123,9 @@ async def chat_completions(request: Request) -> Response:
     body["choices"] = [{"index": i, "message": {"role": "assistant", "content": f.content}, "logprobs": None,
                         "finish_reason": finish_reason(f)} for i, f in enumerate(finals)]
     body.update(usage=_usage_all(finals), timings=dict(finals[0].timings))
+    if opts.verbose:
+        body["__verbose"] = completion_result(state, finals[0], prompt=prompt, params=parsed.request,
+                                              return_tokens=parsed.return_tokens)
     return JSONResponse(body)
 
 

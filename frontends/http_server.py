@@ -75,7 +75,8 @@ async def serve(load: Callable[[], Engine], state: HttpState, http: HttpConfig, 
     host, port = sock.getsockname()[:2]
     config = uvicorn.Config(build_app(state), log_level="warning", access_log=False, lifespan="off",
                             timeout_keep_alive=http.timeout_keep_alive, limit_concurrency=http.max_connections,
-                            timeout_graceful_shutdown=max(1, int(http.drain_timeout)), ws="none")
+                            timeout_graceful_shutdown=max(1, int(http.drain_timeout)), ws="none",
+                            server_header=False)
     server = _Uvicorn(config)
     url = f"http://{host}:{port}"
     http_done = anyio.Event()
