@@ -25,6 +25,7 @@ from .backend import Backend, BackendOptions, Capture, SeqInput
 from .drafter import Drafter, DrafterContext
 from .errors import ConfigError
 from .events import FinalEvent, StopType
+from .grammar_llg import Grammars
 from .params import CompletionRequest, SpecParams
 from .prompt_cache import SlotCache, choose_slot, drafters_reuse_prefix
 from .registry import DrafterSource, available_drafters, create_drafter, order_drafters, sources_by_name
@@ -95,6 +96,8 @@ class Engine:
         self._wake: anyio.Event | None = None
         self._tg: TaskGroup | None = None
         self.request_stats: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # Compiled on first use (building the grammar engine's view of the vocabulary takes ~0.2 s).
+        self.grammars = Grammars(tokenizer)
 
     # -- drafters ----------------------------------------------------------------------------
     def _drafters_for(self, spec: SpecParams) -> list[Drafter]:
@@ -135,7 +138,7 @@ class Engine:
         try:
             plan = plan_request(req, server_spec=self.config.spec, n_ctx=self.config.n_ctx,
                                 n_vocab=self.backend.info.n_vocab, drafters_for=self._drafters_for,
-                                is_eog=self._is_eog)
+                                is_eog=self._is_eog, new_constraint=self.grammars.new)
         except RequestRejected as exc:
             self._send_final(outbox, FinalEvent(req.id, "", [], "error", error=str(exc), rejected_spec=exc.spec_at_fault))
         except Exception as exc:  # noqa: BLE001 - e.g. a third-party drafter failing to build: this request only

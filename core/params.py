@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from .constraint import GrammarSpec
+
 # Fixed priority (docs/semantics.md §3): every draftless type before every model type.
 SPEC_TYPE_PRIORITY: tuple[str, ...] = (
     "ngram-simple",
@@ -77,3 +79,4 @@ class CompletionRequest:
     # Reuse the longest prefix of this prompt that a slot's KV already holds (llama-server's default).
     cache_prompt: bool = True
     id_slot: int = -1  # run in this slot (waiting for it if busy); -1: the engine chooses
+    grammar: GrammarSpec | None = None  # constrained decoding: GBNF, a JSON schema, ...

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .constraint import Constraint, ConstraintError, GrammarSpec
 from .drafter import Drafter
 from .errors import ContextOverflowError, SpekulaError
 from .params import CompletionRequest, SpecParams
@@ -35,6 +36,7 @@ class RequestPlan:
     sampler: Sampler  # the target's sampler, its penalty history already fed with the prompt
     verifier: Verifier
     adaptive: bool  # draft lengths chosen by the cost model rather than fixed caps
+    constraint: Constraint | None = None  # the request's grammar state (masks every verification row)
 
     @property
     def seed(self) -> int:
@@ -71,7 +73,8 @@ def check_prompt(req: CompletionRequest, n_ctx: int, n_vocab: int) -> None:
 
 def plan_request(req: CompletionRequest, *, server_spec: SpecParams, n_ctx: int, n_vocab: int,
                  drafters_for: Callable[[SpecParams], list[Drafter]],
-                 is_eog: Callable[[int], bool]) -> RequestPlan:
+                 is_eog: Callable[[int], bool],
+                 new_constraint: Callable[[GrammarSpec], Constraint] | None = None) -> RequestPlan:
     """Check `req` and resolve it into a RequestPlan, or raise RequestRejected."""
     check_prompt(req, n_ctx, n_vocab)
     spec = req.spec or server_spec
@@ -90,5 +93,13 @@ def plan_request(req: CompletionRequest, *, server_spec: SpecParams, n_ctx: int,
                                synth_rates=synth, seed=sampler.seed)
     # Synthetic acceptance measures the engine at chosen rates: the lengths stay fixed for it.
     adaptive = spec.adaptive and synth is None
+    constraint = None
+    if req.grammar is not None:
+        if new_constraint is None:
+            raise RequestRejected("this engine has no grammar support")
+        try:
+            constraint = new_constraint(req.grammar)
+        except ConstraintError as exc:
+            raise RequestRejected(f"invalid {req.grammar.kind}: {exc}") from None
     return RequestPlan(spec=spec, drafters=drafters, n_max_eff=max((drafter_cap(d, spec) for d in drafters), default=0),
-                       sampler=sampler, verifier=verifier, adaptive=adaptive)
+                       sampler=sampler, verifier=verifier, adaptive=adaptive, constraint=constraint)

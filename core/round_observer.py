@@ -34,6 +34,9 @@ class RoundObserver(Protocol):
     def forwarded(self, n_seqs: int) -> None:
         """One target forward over `n_seqs` slots' rows ran."""
 
+    def grammar_rejected(self, slot: Slot, drafter: str, n: int) -> None:
+        """`n` tokens of a draft were dropped before verification: the request's grammar forbids them."""
+
     def finished(self, slot: Slot) -> None:
         """A request ended (its final event is about to be sent)."""
 
@@ -60,6 +63,10 @@ class StatsRecorder:
         self.stats.on_adapted(decision.drafter, natural=decision.natural, kept=decision.kept,
                               expected=decision.expected, emitted=emitted,
                               predicted_cost=predicted_cost, measured_cost=measured_cost)
+
+    def grammar_rejected(self, slot: Slot, drafter: str, n: int) -> None:
+        slot.spec_stats.n_grammar_rejected += n
+        self.stats.on_grammar_rejected(drafter, n)
 
     def forwarded(self, n_seqs: int) -> None:
         self.stats.n_forwards += 1

@@ -20,6 +20,7 @@ import numpy as np
 
 from .adaptive import AdaptiveController, Offer, choose_lengths
 from .backend import SeqInput
+from .constraint import trim_draft
 from .drafter import Draft, Drafter, DraftRequest
 from .registry import order_drafters
 from .slot import Slot, SlotState
@@ -76,6 +77,8 @@ class PlanObserver(Protocol):
     def drafted(self, slot: Slot, k: int) -> None: ...
 
     def draft_called(self, drafter: str, lengths: list[int], seconds: float) -> None: ...
+
+    def grammar_rejected(self, slot: Slot, drafter: str, n: int) -> None: ...
 
 
 class RoundPlanner:
@@ -222,6 +225,10 @@ class RoundPlanner:
                     continue  # an empty draft falls through to the next drafter
                 if len(d.tokens) > n:  # the round's budget caps every drafter (docs/semantics.md §1.3)
                     d = Draft(list(d.tokens[:n]), None if d.probs is None else d.probs[:n])
+                if s.plan is not None and s.plan.constraint is not None:
+                    d = self._grammar_trim(s, drafter, d, call)
+                    if not d.tokens:
+                        continue  # the grammar forbids its first token: as if nothing was drafted
                 chosen[s.id] = (d, drafter)
                 decisions.pop(s.id, None)  # a lower drafter drafted after all
                 del looking[s.id]
@@ -231,6 +238,16 @@ class RoundPlanner:
             if not looking:
                 break
         return chosen, calls
+
+    def _grammar_trim(self, s: Slot, drafter: Drafter, d: Draft, call: DraftCall) -> Draft:
+        """Drop what the request's grammar forbids before it costs a verification row."""
+        assert s.plan is not None and s.plan.constraint is not None
+        tokens, probs, rejected = trim_draft(list(d.tokens), d.probs, s.plan.constraint.valid_prefix(d.tokens))
+        if not rejected:
+            return d
+        self.observer.grammar_rejected(s, drafter.name, rejected)
+        call.lengths[s.id] = len(tokens)
+        return Draft(tokens, probs)
 
     # -- the cost model's cut -------------------------------------------------------------------
     def _shorten(self, slots: dict[int, Slot], chosen: dict[int, tuple[Draft, Drafter]],

@@ -98,14 +98,26 @@ class Scheduler:
             self.observer.began(d.name, time.perf_counter() - t0)
         if self.controller is not None:
             self.controller.begin_request(s.id)
-        result = s.plan.verifier.verify([], None, out.logits[-1:])
+        logits = out.logits[-1:]
+        if s.plan.constraint is not None:
+            s.plan.constraint.mask_logits(logits, [])
+        result = s.plan.verifier.verify([], None, logits)
         s.last = result.emitted[-1]
+        if s.plan.constraint is not None:
+            s.plan.constraint.advance(result.emitted)
         return self._emit(s, result.emitted, [None])
 
     def _after_round(self, w: Work, out: SeqOutput, emitted: dict[int, int]) -> PieceEvent | None:
         s, draft = w.slot, w.draft
         assert s.plan is not None
+        constraint = s.plan.constraint
+        if constraint is not None:
+            # Row i may sample only what the grammar allows after draft[:i] (in place: the logits
+            # are this round's, and the drafters have already observed them).
+            constraint.mask_logits(out.logits, draft.tokens)
         result = s.plan.verifier.verify(draft.tokens, draft.probs, out.logits)
+        if constraint is not None:
+            constraint.advance(result.emitted)
         n_acc = result.n_accepted
         # Roll back: keep H, x and the accepted drafts; later writes overwrite the rest (O(1)).
         s.commit(result.emitted)
@@ -126,9 +138,13 @@ class Scheduler:
     def _emit(self, s: Slot, emitted: list[int], names: list[str | None]) -> PieceEvent:
         assert s.request is not None
         n_out = 0
+        constraint = s.plan.constraint if s.plan is not None else None
         for t in emitted:
-            s.emit(t, self._is_eog(t))
+            eog = self._is_eog(t)
+            s.emit(t, eog)
             n_out += 1
+            if eog and constraint is not None and constraint.stopped and not s.finished:
+                s.stop_type = "eos"  # the grammar is complete: its end ends the request, even with ignore_eos
             if s.finished:
                 break  # the rest of the round stays in the KV but is not emitted (docs/semantics.md §1.1 step 9)
         if s.finished and s.stop_type != "word":

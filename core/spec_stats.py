@@ -55,6 +55,9 @@ class EngineSpecStats:
             self.adaptive = AdaptiveStats()
         self.adaptive.record(**decision)
 
+    def on_grammar_rejected(self, name: str, n: int) -> None:
+        self._get(name).n_grammar_rejected += n
+
     def on_round(self, n_accepted: int) -> None:
         if len(self.histogram) <= n_accepted:
             self.histogram.extend([0] * (n_accepted + 1 - len(self.histogram)))

@@ -35,6 +35,8 @@ class DrafterStats:
     t_draft_ms: float = 0.0
     t_accept_ms: float = 0.0
     adaptive: AdaptiveStats | None = None  # only once the cost model decided one of its rounds
+    # Draft tokens dropped before verification because the request's grammar forbids them.
+    n_grammar_rejected: int = 0
 
     def record_begin(self, ms: float = 0.0) -> None:
         self.n_call_begin += 1
@@ -84,10 +86,11 @@ class DrafterStats:
             )
         perf = f", dur(b,g,a) = {self.t_begin_ms:.3f}, {self.t_draft_ms:.3f}, {self.t_accept_ms:.3f} ms"
         adapt = self.adaptive.format_field() if self.adaptive is not None else ""
+        grammar = f", #grammar rejected = {self.n_grammar_rejected}" if self.n_grammar_rejected else ""
         line = (
             f"statistics {name:>16}: #calls(b,g,a) = {self.n_call_begin:4d} {self.n_call_draft:6d} "
             f"{self.n_call_accept:6d}, #gen drafts = {self.n_gen_drafts:6d}, #acc drafts = {self.n_acc_drafts:5d}, "
-            f"#gen tokens = {self.n_gen_tokens:6d}, #acc tokens = {self.n_acc_tokens:5d}{stats}{perf}{adapt}"
+            f"#gen tokens = {self.n_gen_tokens:6d}, #acc tokens = {self.n_acc_tokens:5d}{stats}{perf}{adapt}{grammar}"
         )
         return _SPEC_PREFIX + line if prefix else line
 
@@ -107,6 +110,7 @@ class DrafterStats:
             n_acc_drafts=int(g["acc_drafts"]),
             n_gen_tokens=int(g["gen_tokens"]),
             n_acc_tokens=int(g["acc_tokens"]),
+            n_grammar_rejected=int(g["grammar"] or 0),
         )
         if g["rates"]:
             st.acc_per_pos = [round(float(r) * st.n_call_accept) for r in g["rates"].split(",")]
@@ -130,6 +134,7 @@ class DrafterStats:
             "dur_begin_ms": self.t_begin_ms,
             "dur_draft_ms": self.t_draft_ms,
             "dur_accept_ms": self.t_accept_ms,
+            "grammar_rejected": self.n_grammar_rejected,
             **({"adaptive": self.adaptive.to_dict()} if self.adaptive is not None else {}),
         }
 
@@ -142,7 +147,8 @@ _LINE = re.compile(
     r"(?:, #mean acc len = [\d.]+, #acc rate/pos = \((?P<rates>[^)]*)\))?"
     r"(?:, dur\(b,g,a\) = (?P<tb>[\d.]+), (?P<tg>[\d.]+), (?P<ta>[\d.]+) ms)?"
     r"(?:, #adapt\(rounds,short,skip\) = (?P<ad_rounds>\d+) (?P<ad_short>\d+) (?P<ad_skip>\d+), "
-    r"gain\(pred,meas\) = (?P<ad_pred>[\d.]+)x (?P<ad_meas>[\d.]+)x)?$"
+    r"gain\(pred,meas\) = (?P<ad_pred>[\d.]+)x (?P<ad_meas>[\d.]+)x)?"
+    r"(?:, #grammar rejected = (?P<grammar>\d+))?$"
 )
 
 
@@ -210,6 +216,7 @@ class SlotSpecStats:
     accepted_per_pos: list[int] = field(default_factory=list)
     # histogram[j]: verification rounds that accepted exactly j draft tokens (gpt-fast's accept_counts).
     histogram: list[int] = field(default_factory=list)
+    n_grammar_rejected: int = 0  # draft tokens the request's grammar forbade (never verified)
 
     def record_draft(self, k: int) -> None:
         """A drafting attempt for this slot (k after the cut; 0 counts as an attempt but adds nothing)."""
@@ -255,9 +262,12 @@ class SlotSpecStats:
 
     def timings_fields(self) -> dict[str, int]:
         """`draft_n` and `draft_n_accepted` for the response's timings, only when something was drafted."""
-        if self.n_draft_tokens <= 0:
-            return {}
-        return {"draft_n": self.n_draft_tokens, "draft_n_accepted": self.n_draft_accepted}
+        out: dict[str, int] = {}
+        if self.n_draft_tokens > 0:
+            out.update(draft_n=self.n_draft_tokens, draft_n_accepted=self.n_draft_accepted)
+        if self.n_grammar_rejected:
+            out["draft_n_grammar_rejected"] = self.n_grammar_rejected
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {

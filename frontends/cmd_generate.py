@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import structlog
+from spekula.core.constraint import ConstraintError, GrammarSpec
 from spekula.core.engine import Engine
 from spekula.core.errors import ConfigError
 from spekula.core.events import FinalEvent, PieceEvent
@@ -35,7 +36,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
     p.add_argument("--json", action="store_true", help="print one JSON object (llama-server /completion fields)")
+    g = p.add_argument_group("constrained output (llama.cpp names)")
+    g.add_argument("--grammar", default=None, metavar="GBNF", help="constrain the output to a GBNF grammar")
+    g.add_argument("--grammar-file", default=None, metavar="FILE", help="read the GBNF grammar from FILE")
+    g.add_argument("-j", "--json-schema", default=None, metavar="SCHEMA",
+                   help="constrain the output to a JSON schema, e.g. '{\"type\": \"object\"}'")
+    g.add_argument("-jf", "--json-schema-file", default=None, metavar="FILE", help="read the JSON schema from FILE")
     add_engine_options(p)
+
+
+def grammar_from_args(args: argparse.Namespace) -> GrammarSpec | None:
+    """The one constraint the options give (at most one of them), read but not yet compiled."""
+    given = [o for o in ("grammar", "grammar_file", "json_schema", "json_schema_file") if getattr(args, o)]
+    if len(given) > 1:
+        raise ConfigError("give one of --grammar, --grammar-file, --json-schema, --json-schema-file")
+    if not given:
+        return None
+    option, value = given[0], getattr(args, given[0])
+    if option.endswith("_file"):
+        try:
+            with open(value, encoding="utf-8") as fh:
+                value = fh.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read --{option.replace('_', '-')} {value}: {exc}") from None
+    if option.startswith("grammar"):
+        return GrammarSpec("gbnf", value)
+    try:
+        schema = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--{option.replace('_', '-')}: not JSON: {exc}") from None
+    return GrammarSpec("json_schema", json.dumps(schema, sort_keys=True))
 
 
 def _prompt_text(args: argparse.Namespace) -> str:
@@ -102,7 +132,8 @@ class _Stdout:
 
 
 async def _generate(engine: Engine, args: argparse.Namespace, prompt: list[int], out: _Stdout) -> FinalEvent:
-    req = completion_request(args, prompt, stop=list(args.stop), ignore_eos=args.ignore_eos)
+    req = completion_request(args, prompt, stop=list(args.stop), ignore_eos=args.ignore_eos,
+                             grammar=grammar_from_args(args))
     async with anyio.create_task_group() as tg:
         await tg.start(engine.run)
         handle = engine.submit(req)
@@ -128,9 +159,16 @@ async def _cancel_on_interrupt(handle: Any, out: _Stdout) -> None:
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.verbose, log_format=args.log_format)
     text = _prompt_text(args)
+    grammar = grammar_from_args(args)  # a bad option fails before the model loads
     engine = build_engine(args)
     try:
         tok = engine.tokenizer
+        if grammar is not None:
+            try:
+                engine.grammars.compile(grammar)
+            except ConstraintError as exc:
+                what = "JSON schema" if grammar.kind == "json_schema" else "grammar"
+                raise ConfigError(f"invalid {what}: {exc}") from None
         if args.chat:
             text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
         prompt = tok.encode(text, add_special=True, parse_special=True)

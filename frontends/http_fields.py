@@ -27,9 +27,9 @@ NEUTRAL: dict[str, Any] = {
     "typical_p": 1.0, "typ_p": 1.0, "tfs_z": 1.0, "dynatemp_range": 0.0, "xtc_probability": 0.0,
     "dry_multiplier": 0.0, "mirostat": 0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
     "n_probs": 0, "n_indent": 0, "t_max_predict_ms": 0, "t_max_prompt_ms": 0, "top_n_sigma": -1.0,
-    "best_of": 1, "logprobs": False, "top_logprobs": 0, "echo": False, "grammar": "",
-    "post_sampling_probs": False, "logit_bias": None, "lora": None, "json_schema": None,
-    "suffix": None, "response_format": None, "continue_final_message": False, "thinking_budget_tokens": -1,
+    "best_of": 1, "logprobs": False, "top_logprobs": 0, "echo": False,
+    "post_sampling_probs": False, "logit_bias": None, "lora": None,
+    "suffix": None, "continue_final_message": False, "thinking_budget_tokens": -1,
 }
 # Fields that never change the generated tokens here.
 INFORMATIONAL = frozenset({
@@ -49,9 +49,7 @@ def _is_neutral(name: str, value: Any) -> bool:
     want = NEUTRAL[name]
     if value is None:
         return True
-    if name == "response_format":
-        return isinstance(value, dict) and value.get("type") == "text"
-    if name in ("logit_bias", "lora", "json_schema"):
+    if name in ("logit_bias", "lora"):
         return not value  # {} / [] change nothing
     if name == "suffix":
         return value == ""

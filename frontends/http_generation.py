@@ -60,6 +60,13 @@ class GenerationService:
     async def prompt_tokens(self, value: Any) -> tuple[list[int], str | None]:
         return await http_prompts.prompt_tokens(value, self.encode, self.engine.tokenizer.n_vocab)
 
+    async def check(self, parsed: rp.ParsedCompletion) -> None:
+        """A bad grammar or schema is the caller's 400, found before anything is queued."""
+        try:
+            await rp.check_grammar(parsed, self.engine.grammars)
+        except RpcError as exc:
+            raise from_rpc(exc) from None
+
     def build(self, params: dict[str, Any], prompt: list[int], options: HttpOptions,
               prompt_text: str | None) -> tuple[Generation, rp.ParsedCompletion]:
         cfg = self.engine.config

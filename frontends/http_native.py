@@ -98,6 +98,7 @@ async def completion(request: Request) -> Response:
     raw_prompts = split_batch(params.pop("prompt"))
     prompts = [(await state.service.prompt_tokens(p))[0] for p in raw_prompts]
     jobs = [state.service.build(dict(params), p, opts, None) for p in prompts]
+    await state.service.check(jobs[0][1])
     if jobs[0][1].stream:
         if len(jobs) > 1:
             raise HttpError("streaming takes one prompt per request")

@@ -56,6 +56,7 @@ async def completions(request: Request) -> Response:
         raise HttpError("'prompt' is required")
     prompt, text = await state.service.prompt_tokens(params.pop("prompt"))
     gen, parsed = state.service.build(params, prompt, opts, text)
+    await state.service.check(parsed)
     cid, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
     if parsed.stream and opts.n > 1:
         raise HttpError("'n' > 1 is not supported with streaming")
@@ -92,6 +93,7 @@ async def chat_completions(request: Request) -> Response:
     text = state.render_chat(params.pop("messages", None), opts.tools)
     prompt = await state.service.encode(text)
     gen, parsed = state.service.build(params, prompt, opts, text)
+    await state.service.check(parsed)
     cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
     if parsed.stream and opts.n > 1:
         raise HttpError("'n' > 1 is not supported with streaming")

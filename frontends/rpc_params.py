@@ -9,10 +9,12 @@ a different answer than the caller asked for.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from spekula.core.constraint import GrammarSpec
 from spekula.core.errors import ConfigError
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.registry import parse_spec_types
@@ -54,9 +56,10 @@ def invalid_params(message: str, field: str = "") -> ParamError:
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed")
 SPEC_FIELDS = ("n_max", "n_min", "p_min", "type", "adaptive")
+GRAMMAR_FIELDS = ("grammar", "json_schema", "response_format")
 COMPLETION_FIELDS = frozenset(
     {"prompt", "n_predict", "stop", "stream", "return_tokens", "ignore_eos", "speculative", "cache_prompt", "id_slot",
-     *SAMPLING_FIELDS}
+     *SAMPLING_FIELDS, *GRAMMAR_FIELDS}
     | {f"speculative.{f}" for f in SPEC_FIELDS}
 )
 CHAT_FIELDS = (COMPLETION_FIELDS - {"prompt"}) | {"messages"}
@@ -75,6 +78,7 @@ class ParsedCompletion:
     request: CompletionRequest
     stream: bool
     return_tokens: bool
+    grammar_field: str = "grammar"  # the field the request's grammar came from, for error messages
 
 
 def as_object(params: Any, method: str) -> dict[str, Any]:
@@ -200,6 +204,55 @@ def parse_stop(params: dict[str, Any]) -> list[str]:
     return [s for s in value if s]
 
 
+MAX_GRAMMAR_CHARS = 1_000_000
+
+
+def parse_grammar(params: dict[str, Any]) -> GrammarSpec | None:
+    """`grammar` (llama.cpp GBNF), `json_schema` (an object) or `response_format` (OpenAI's
+    {"type": "json_object" | "json_schema", ...}); at most one of them."""
+    given = [f for f in GRAMMAR_FIELDS if params.get(f) not in (None, "", {"type": "text"})]
+    if len(given) > 1:
+        raise invalid_params(f"give one of {', '.join(repr(f) for f in given)}, not several", given[1])
+    if not given:
+        return None
+    name, value = given[0], params[given[0]]
+    if name == "grammar":
+        if not isinstance(value, str):
+            raise invalid_params("'grammar' must be a GBNF string", "grammar")
+        if len(value) > MAX_GRAMMAR_CHARS:
+            raise invalid_params(f"'grammar' is longer than {MAX_GRAMMAR_CHARS} characters", "grammar")
+        return GrammarSpec("gbnf", value)
+    if name == "json_schema":
+        return _schema_spec(value, "json_schema")
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise invalid_params("'response_format' must be an object with a string 'type'", "response_format")
+    kind = value["type"]
+    if kind == "json_object":
+        return _schema_spec(value.get("schema", {"type": "object"}), "response_format")
+    if kind == "json_schema":
+        inner = value.get("json_schema")
+        schema = inner.get("schema") if isinstance(inner, dict) else value.get("schema")
+        if schema is None:
+            raise invalid_params("'response_format' of type json_schema needs json_schema.schema", "response_format")
+        return _schema_spec(schema, "response_format")
+    raise invalid_params(f"'response_format' type must be one of \"text\", \"json_object\" or \"json_schema\", "
+                         f"got {kind[:40]!r}", "response_format")
+
+
+def _schema_spec(schema: Any, name: str) -> GrammarSpec:
+    if not isinstance(schema, dict | bool):
+        raise invalid_params(f"'{name}': a JSON schema must be an object", name)
+    text = json.dumps(schema, sort_keys=True)
+    if len(text) > MAX_GRAMMAR_CHARS:
+        raise invalid_params(f"'{name}' is longer than {MAX_GRAMMAR_CHARS} characters", name)
+    return GrammarSpec("json_schema", text)
+
+
+def grammar_field(params: dict[str, Any]) -> str:
+    """Which request field a grammar came from (for error messages)."""
+    return next((f for f in GRAMMAR_FIELDS if params.get(f) not in (None, "", {"type": "text"})), "grammar")
+
+
 def check_context(prompt: list[int], n_ctx: int) -> None:
     if not prompt:
         raise invalid_params("'prompt' is empty (after tokenization)", "prompt")
@@ -233,6 +286,7 @@ def parse_completion(
         spec=parse_spec(params, spec_base),
         cache_prompt=get_bool(params, "cache_prompt", True),
         id_slot=get_int(params, "id_slot", -1),
+        grammar=parse_grammar(params),
     )
     if request.id_slot >= n_slots:
         raise invalid_params(f"'id_slot' must be -1 or a slot id in [0, {n_slots})", "id_slot")
@@ -240,7 +294,25 @@ def parse_completion(
         request=request,
         stream=get_bool(params, "stream", False),
         return_tokens=get_bool(params, "return_tokens", False),
+        grammar_field=grammar_field(params),
     )
+
+
+async def check_grammar(parsed: ParsedCompletion, grammars: Any) -> None:
+    """Compile the request's grammar now (off the event loop, cached for the engine), so that a bad
+    one is the caller's -32602 / 400 naming the field, with the compiler's words for what is wrong."""
+    spec = parsed.request.grammar
+    if spec is None:
+        return
+    import anyio
+    from spekula.core.constraint import ConstraintError
+
+    try:
+        await anyio.to_thread.run_sync(grammars.compile, spec)
+    except ConstraintError as exc:
+        name = parsed.grammar_field
+        raise invalid_params(f"'{name}': invalid {'JSON schema' if spec.kind == 'json_schema' else 'grammar'}: {exc}",
+                             name) from None
 
 
 def prompt_field(params: dict[str, Any], n_vocab: int) -> str | list[int]:

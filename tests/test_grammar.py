@@ -1,0 +1,193 @@
+"""Constrained decoding: every drafter composes with a grammar and the output does not change."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+
+import anyio
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from spekula.core.backend import BackendOptions, load_backend
+from spekula.core.constraint import ConstraintError, GrammarSpec, trim_draft
+from spekula.core.gguf_file import GGUFFile
+from spekula.core.grammar_llg import Grammars
+from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
+from spekula.core.sampling import Sampler, dense
+from spekula.core.tokenizer import Tokenizer
+from spekula.core.verifier import acceptance_probability, residual_distribution
+from toy_backend import GarbageDrafter, RepeatDrafter, ToyBackend, ToyTokenizer, make_engine, run_requests
+
+EOS = 47
+LETTERS = "abcdefgh"
+SMALL_NGRAMS = {"spec-ngram-simple-size-n": 2, "spec-ngram-simple-size-m": 5, "spec-ngram-mod-n-match": 2,
+                "spec-ngram-mod-n-min": 1, "spec-ngram-mod-n-max": 5}
+
+
+def toy_tok() -> ToyTokenizer:
+    return ToyTokenizer(48, eog_ids=frozenset({EOS}))
+
+
+# -- random small grammars over a few letters ----------------------------------------------------
+
+def _expr(depth: int) -> st.SearchStrategy[str]:
+    literal = st.text(LETTERS, min_size=1, max_size=3).map(lambda s: f'"{s}"')
+    if depth == 0:
+        return literal
+    inner = _expr(depth - 1)
+    # A repetition applies to a literal, a sequence or an alternation, never directly to another
+    # repetition: llguidance's GBNF reader turns `(("a")*)*` into Lark it cannot parse.
+    repeatable = st.one_of(literal, st.lists(inner, min_size=2, max_size=3).map(lambda xs: "(" + " ".join(xs) + ")"),
+                           st.lists(inner, min_size=2, max_size=3).map(lambda xs: "(" + " | ".join(xs) + ")"))
+    return st.one_of(
+        literal,
+        st.lists(inner, min_size=2, max_size=3).map(" ".join),
+        st.lists(inner, min_size=2, max_size=3).map(lambda xs: "(" + " | ".join(xs) + ")"),
+        st.tuples(repeatable, st.sampled_from(["*", "+", "?", "{1,3}", "{2}"])).map(lambda t: f"({t[0]}){t[1]}"),
+    )
+
+
+GRAMMARS = _expr(2).map(lambda body: f"root ::= {body}")
+
+
+def _accepts(grammars: Grammars, source: str, tokens: list[int]) -> bool:
+    """The tokens (an end-of-generation token ends them) are a sentence, or a prefix cut by n_predict."""
+    c = grammars.new(GrammarSpec("gbnf", source))
+    body = [t for t in tokens if t != EOS]
+    return c.valid_prefix(body) == len(body)
+
+
+async def _run(types: tuple[str, ...], drafters: list, grammar: str, sampling: SamplingParams, n: int):  # type: ignore[no-untyped-def]
+    engine = make_engine(ToyBackend(), toy_tok(), spec=SpecParams(types=types, adaptive=False), drafters=drafters)
+    [final] = await run_requests(engine, [CompletionRequest([3, 9, 4, 17, 0, 1, 0, 1], n_predict=n, sampling=sampling,
+                                                            grammar=GrammarSpec("gbnf", grammar))])
+    assert final.error is None, final.error
+    return final, engine
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(grammar=GRAMMARS, n=st.integers(1, 24), temperature=st.sampled_from([0.0, 0.9]), seed=st.integers(0, 2**31),
+       which=st.sampled_from(["repeat", "garbage", "both"]))
+def test_toy_constrained_output_is_the_same_with_every_drafter(grammar: str, n: int, temperature: float, seed: int,
+                                                               which: str) -> None:
+    sampling = SamplingParams(temperature=temperature, seed=seed)
+
+    async def go() -> None:
+        plain, _ = await _run((), [], grammar, sampling, n)
+        assert _accepts(Grammars(toy_tok()), grammar, plain.tokens)
+        drafters = {"repeat": [RepeatDrafter()], "garbage": [GarbageDrafter(48)],
+                    "both": [RepeatDrafter(), GarbageDrafter(48)]}[which]
+        types = tuple(d.name for d in drafters)
+        spec, engine = await _run(types, drafters, grammar, sampling, n)
+        assert spec.tokens == plain.tokens and spec.stop_type == plain.stop_type
+        if which != "repeat":
+            stats = engine.stats()["drafters"]["test-garbage"]
+            assert stats["grammar_rejected"] >= 0
+
+    anyio.run(go)
+
+
+@pytest.mark.anyio
+async def test_forbidden_draft_tokens_are_counted_and_never_verified() -> None:
+    grammar = 'root ::= ("ab")+'
+    final, engine = await _run(("test-garbage",), [GarbageDrafter(48)], grammar, SamplingParams(temperature=0.0), 20)
+    text = toy_tok().decode(final.tokens, skip_special=True)
+    assert set(text) <= {"a", "b"} and text.startswith("ab")
+    st_ = engine.stats()["drafters"]["test-garbage"]
+    assert st_["grammar_rejected"] > 0
+    assert final.timings["draft_n_grammar_rejected"] == st_["grammar_rejected"]
+    line = engine.spec_stats.lines()[0]
+    assert f"#grammar rejected = {st_['grammar_rejected']}" in line
+
+
+@pytest.mark.anyio
+async def test_grammar_completion_stops_the_request() -> None:
+    final, _ = await _run((), [], 'root ::= "abc"', SamplingParams(temperature=0.0), 50)
+    assert final.tokens[-1] == EOS and toy_tok().decode(final.tokens, skip_special=True) == "abc"
+    assert final.stop_type == "eos"
+    # a grammar that can never accept ends at once with nothing generated, never a hang
+    final, _ = await _run((), [], 'root ::= root "a"', SamplingParams(temperature=0.0), 50)
+    assert final.stop_type == "eos" and toy_tok().decode(final.tokens, skip_special=True) == ""
+
+
+def test_bad_grammars_and_schemas_say_what_is_wrong() -> None:
+    g = Grammars(toy_tok())
+    with pytest.raises(ConstraintError, match="foo"):
+        g.compile(GrammarSpec("gbnf", "root ::= foo"))
+    with pytest.raises(ConstraintError, match="uniqueItems"):
+        g.compile(GrammarSpec("json_schema", json.dumps({"type": "array", "uniqueItems": True})))
+    with pytest.raises(ConstraintError, match="format"):
+        g.compile(GrammarSpec("json_schema", json.dumps({"type": "string", "format": "color"})))
+
+
+def test_trim_draft_keeps_the_forbidden_token_only_for_rejection_sampling() -> None:
+    probs = np.full((4, 3), 1 / 3, np.float32)
+    assert trim_draft([1, 2, 3, 4], None, 2) == ([1, 2], None, 2)
+    tokens, p, rejected = trim_draft([1, 2, 3, 4], probs, 2)
+    assert tokens == [1, 2, 3] and p is not None and p.shape == (3, 3) and rejected == 2
+    assert trim_draft([1, 2], None, 2) == ([1, 2], None, 0)
+
+
+def test_rejection_sampling_under_a_mask_emits_the_masked_target_distribution() -> None:
+    """Enumerate one verification row: the draft token x ~ q (unmasked, so possibly forbidden), accept
+    with min(1, p(x)/q(x)) under the masked p, else draw from the residual. The emitted token's law
+    must be the masked target distribution, forbidden draft tokens included."""
+    rng = np.random.default_rng(3)
+    n_vocab = 12
+    sampler = Sampler(SamplingParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0), n_vocab, 0)
+    for _ in range(20):
+        logits = rng.standard_normal((1, n_vocab)).astype(np.float32) * 2
+        allowed = rng.random(n_vocab) < 0.5
+        allowed[rng.integers(n_vocab)] = True
+        logits[0, ~allowed] = -np.inf
+        ids, probs = sampler.distribution(logits[0])
+        p = dense(ids, probs, n_vocab)
+        q = rng.dirichlet(np.ones(n_vocab))  # the drafter knows nothing of the grammar
+        law = np.zeros(n_vocab)
+        for x in range(n_vocab):
+            a = acceptance_probability(float(p[x]), float(q[x]))
+            law[x] += q[x] * a
+            r = residual_distribution(p, q)
+            if r is not None:
+                law += q[x] * (1 - a) * r
+        assert np.allclose(law, p, atol=1e-9)
+        assert np.all(law[~allowed] == 0)
+
+
+@cache
+def _tiny() -> tuple[str, Tokenizer]:
+    from spekula.fixtures.tiny_gguf import tiny_model_path
+
+    path = str(tiny_model_path("llama"))
+    return path, Tokenizer.from_gguf(GGUFFile(path))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(grammar=GRAMMARS, n=st.integers(1, 20), temperature=st.sampled_from([0.0, 0.8]), seed=st.integers(0, 2**31),
+       types=st.sampled_from([("ngram-simple",), ("ngram-mod",), ("suffix",), ("ngram-simple", "ngram-mod", "suffix")]),
+       backend=st.sampled_from(["native", "torch"]))
+def test_tiny_model_constrained_output_is_the_same_with_every_drafter(grammar: str, n: int, temperature: float,
+                                                                      seed: int, types: tuple[str, ...],
+                                                                      backend: str) -> None:
+    path, tok = _tiny()
+    sampling = SamplingParams(temperature=temperature, seed=seed)
+    spec = GrammarSpec("gbnf", grammar)
+    prompt = tok.encode("abc abc abc ab", add_special=True)
+
+    async def run(spec_types: tuple[str, ...]) -> list[int]:
+        b = load_backend(backend, path, BackendOptions(n_ctx=128, n_seq_max=1, threads=1))
+        engine = make_engine(b, tok, n_ctx=128, spec=SpecParams(types=spec_types, drafter_options=dict(SMALL_NGRAMS)))
+        [final] = await run_requests(engine, [CompletionRequest(list(prompt), n_predict=n, sampling=sampling,
+                                                                grammar=spec)])
+        assert final.error is None, final.error
+        engine.close()
+        return final.tokens
+
+    plain = anyio.run(run, ())
+    assert anyio.run(run, types) == plain
+    c = Grammars(tok).new(spec)
+    body = [t for t in plain if not tok.is_eog(t)]
+    assert c.valid_prefix(body) == len(body)
