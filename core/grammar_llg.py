@@ -12,7 +12,6 @@ fed to it (once it has stopped it would take one without recording it).
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -184,10 +183,3 @@ class LLGuidanceConstraint:
     @property
     def stopped(self) -> bool:
         return bool(self._m.is_stopped())
-
-
-def schema_source(schema: Any) -> str:
-    """A JSON schema given as an object (or JSON text) -> the text llguidance compiles."""
-    if isinstance(schema, str):
-        return schema
-    return json.dumps(schema, sort_keys=True)

@@ -65,7 +65,7 @@ def grammar_from_args(args: argparse.Namespace) -> GrammarSpec | None:
         schema = json.loads(value)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--{option.replace('_', '-')}: not JSON: {exc}") from None
-    return GrammarSpec("json_schema", json.dumps(schema, sort_keys=True))
+    return GrammarSpec("json_schema", json.dumps(schema))
 
 
 def _prompt_text(args: argparse.Namespace) -> str:

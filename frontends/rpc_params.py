@@ -242,7 +242,7 @@ def parse_grammar(params: dict[str, Any]) -> GrammarSpec | None:
 def _schema_spec(schema: Any, name: str) -> GrammarSpec:
     if not isinstance(schema, dict | bool):
         raise invalid_params(f"'{name}': a JSON schema must be an object", name)
-    text = json.dumps(schema, sort_keys=True)
+    text = json.dumps(schema)
     if len(text) > MAX_GRAMMAR_CHARS:
         raise invalid_params(f"'{name}' is longer than {MAX_GRAMMAR_CHARS} characters", name)
     return GrammarSpec("json_schema", text)

@@ -191,3 +191,64 @@ def test_tiny_model_constrained_output_is_the_same_with_every_drafter(grammar: s
     c = Grammars(tok).new(spec)
     body = [t for t in plain if not tok.is_eog(t)]
     assert c.valid_prefix(body) == len(body)
+
+
+def _schemas() -> list[dict]:  # type: ignore[type-arg]
+    """20 schemas: objects with strings, integers, numbers, booleans, enums, arrays, nested objects."""
+    colours = ["red", "green", "blue", "black"]
+    out = []
+    for i in range(20):
+        props: dict = {"name": {"type": "string", "maxLength": 24},  # type: ignore[type-arg]
+                       "count": {"type": "integer", "minimum": 0, "maximum": 1000}}
+        if i % 2 == 0:
+            props["colour"] = {"enum": colours[: 2 + i % 3]}
+        if i % 3 == 0:
+            props["tags"] = {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}
+        if i % 4 == 1:
+            props["price"] = {"type": "number"}
+        if i % 5 == 2:
+            props["owner"] = {"type": "object", "additionalProperties": False, "required": ["first", "age"],
+                              "properties": {"first": {"type": "string", "maxLength": 16},
+                                             "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+        if i % 7 == 3:
+            props["ok"] = {"type": "boolean"}
+        out.append({"type": "object", "properties": props, "required": list(props), "additionalProperties": False})
+    return out
+
+
+@pytest.mark.slow
+def test_smollm2_json_schemas_validate_with_and_without_speculation() -> None:
+    import jsonschema
+    from model_drafter_helpers import smollm2_or_skip
+    from spekula.core.errors import SpekulaError
+
+    path = str(smollm2_or_skip())
+    tok = Tokenizer.from_gguf(GGUFFile(path))
+    things = ["a bicycle", "a cat", "a city", "a book", "a song", "a car", "a tree", "a river", "a phone", "a chair"]
+    schemas = _schemas()
+
+    async def run(types: tuple[str, ...]) -> list:  # type: ignore[type-arg]
+        b = load_backend("native", path, BackendOptions(n_ctx=1024, n_seq_max=1, threads=2))
+        engine = make_engine(b, tok, n_ctx=1024, n_batch=256,
+                             spec=SpecParams(types=types, drafter_options=dict(SMALL_NGRAMS)))
+        out = []
+        for i, schema in enumerate(schemas):
+            ask = f"Describe {things[i % 10]} as JSON with the fields {', '.join(schema['properties'])}."
+            text = tok.apply_chat_template([{"role": "user", "content": ask}], add_generation_prompt=True)
+            [f] = await run_requests(engine, [CompletionRequest(
+                tok.encode(text, add_special=True), n_predict=256, sampling=SamplingParams(temperature=0.0),
+                grammar=GrammarSpec("json_schema", json.dumps(schema)))], timeout=300)
+            out.append(f)
+        engine.close()
+        return out
+
+    plain = anyio.run(run, ())
+    spec = anyio.run(run, ("ngram-mod", "ngram-simple"))
+    for schema, p, s in zip(schemas, plain, spec, strict=True):
+        assert p.stop_type == "eos", p.content
+        try:
+            jsonschema.validate(json.loads(p.content), schema)
+        except (ValueError, jsonschema.ValidationError) as exc:
+            raise SpekulaError(f"{p.content!r} does not validate: {exc}") from None
+        assert s.tokens == p.tokens
+    assert sum(f.timings.get("draft_n", 0) for f in spec) > 0  # speculation was at work

@@ -263,6 +263,7 @@ def test_api_key_and_socket_in_one_process(tmp_path: Path) -> None:
         with SpekulaClient(sock_path, timeout=30) as c:
             assert c.health()["status"] == "ok"
             assert c.completion("x", n_predict=2)["tokens_predicted"] >= 1
+            assert c.completion("x", n_predict=6, grammar='root ::= "ab"')["content"] == "ab"
     finally:
         assert srv.stop() == 0
 
@@ -297,3 +298,23 @@ def test_smollm2_openai_client_equals_spekula_generate(tmp_path: Path) -> None:
         assert done.choices[0].text == json.loads(want.stdout)["content"]
     finally:
         assert srv.stop() == 0
+
+
+def test_grammars_and_schemas_over_http(server: HttpServer) -> None:
+    import re
+
+    status, got = server.post("/completion", {"prompt": "x", "n_predict": 8, "grammar": 'root ::= "ab" "c"+'})
+    assert status == 200 and re.fullmatch(r"abc+", got["content"]), got
+    body = {"messages": [{"role": "user", "content": "yes?"}], "max_tokens": 8,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"enum": ["yes", "no"]}}}}
+    status, chat = server.post("/v1/chat/completions", body)
+    assert status == 200 and json.loads(chat["choices"][0]["message"]["content"]) in ("yes", "no")
+    streamed = server.events("/v1/chat/completions", {**body, "stream": True})
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in streamed[:-1] if e["choices"])
+    assert text == chat["choices"][0]["message"]["content"]
+    for bad, field, word in (({"grammar": "root ::= foo"}, "grammar", "foo"),
+                             ({"json_schema": {"type": "array", "uniqueItems": True}}, "json_schema", "uniqueItems"),
+                             ({"grammar": 'root ::= "a"', "json_schema": {"type": "object"}}, "json_schema", "one of"),
+                             ({"response_format": {"type": "sound"}}, "response_format", "sound")):
+        status, err = server.post("/completion", {"prompt": "x", **bad})
+        assert status == 400 and field in err["error"]["message"] and word in err["error"]["message"], err
