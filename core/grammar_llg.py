@@ -169,9 +169,10 @@ class LLGuidanceConstraint:
             self._llgnp.fill_next_token_bitmask_par_with_draft_tokens(self._executor, [(self._m, 0, valid)], bitmask)
         else:
             self._llgnp.fill_next_token_bitmask(self._m, bitmask, 0)
-        allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, : logits.shape[1]].astype(bool)
+        forbidden = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, : logits.shape[1]] == 0
         for r in range(rows):
-            logits[r, ~allowed[min(r, len(valid))]] = -np.inf
+            # copyto with a mask: a fancy-indexed assignment over a 49k-wide row cost ~8x more
+            np.copyto(logits[r], -np.inf, where=forbidden[min(r, len(valid))])
         if len(self.mask_calls) < 100_000:
             self.mask_calls.append((rows, time.perf_counter() - t0))
 
