@@ -164,10 +164,13 @@ def _tiny() -> tuple[str, Tokenizer]:
     return path, Tokenizer.from_gguf(GGUFFile(path))
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(grammar=GRAMMARS, n=st.integers(1, 20), temperature=st.sampled_from([0.0, 0.8]), seed=st.integers(0, 2**31),
-       types=st.sampled_from([("ngram-simple",), ("ngram-mod",), ("suffix",), ("ngram-simple", "ngram-mod", "suffix")]),
+       types=st.sampled_from([("ngram-simple",), ("ngram-map-k",), ("ngram-map-k4v",), ("ngram-mod",), ("ngram-cache",),
+                              ("suffix",), ("draft-simple",),
+                              ("ngram-simple", "ngram-mod", "suffix", "draft-simple"),
+                              ("ngram-map-k", "ngram-map-k4v", "ngram-cache", "draft-simple")]),
        backend=st.sampled_from(["native", "torch"]))
 def test_tiny_model_constrained_output_is_the_same_with_every_drafter(grammar: str, n: int, temperature: float,
                                                                       seed: int, types: tuple[str, ...],
@@ -179,7 +182,9 @@ def test_tiny_model_constrained_output_is_the_same_with_every_drafter(grammar: s
 
     async def run(spec_types: tuple[str, ...]) -> list[int]:
         b = load_backend(backend, path, BackendOptions(n_ctx=128, n_seq_max=1, threads=1))
-        engine = make_engine(b, tok, n_ctx=128, spec=SpecParams(types=spec_types, drafter_options=dict(SMALL_NGRAMS)))
+        # draft-simple drafts with the same tiny model: good drafts, so the grammar's cut is exercised
+        engine = make_engine(b, tok, n_ctx=128, spec=SpecParams(types=spec_types, drafter_options=dict(SMALL_NGRAMS)),
+                             draft_model_path=path)
         [final] = await run_requests(engine, [CompletionRequest(list(prompt), n_predict=n, sampling=sampling,
                                                                 grammar=spec)])
         assert final.error is None, final.error
