@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from spekula.core.errors import ModelFileError
 
 from .convert_draft_vocab import write_d2t, write_embeddings, write_head

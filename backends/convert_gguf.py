@@ -12,6 +12,7 @@ from typing import Any
 
 import gguf
 import numpy as np
+
 from spekula.core.errors import ConfigError, ModelFileError
 
 from .convert_output import atomic_output, check_output_path

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
 from spekula.core.errors import ModelFileError
 
 from .convert_gguf import GGUFOut, head_dim_known, permute_qk, write_decoder_keys

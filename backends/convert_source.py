@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from spekula.core.errors import ModelFileError
 
 _DTYPES: dict[str, np.dtype[Any]] = {

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import gguf
+
 from spekula.core.errors import ConfigError, ModelFileError
 
 from .convert_gguf import GGUFOut

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
+
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from spekula.core.backend import BackendOptions, ModelInfo
 from spekula.core.draft_models import DFlashBlock, DFlashOut, DFlashRuntime, DraftModelInfo
 from spekula.core.errors import ModelFileError

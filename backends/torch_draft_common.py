@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+
 from spekula.core.backend import BackendOptions
 from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError
 from spekula.core.gguf_file import GGUFFile

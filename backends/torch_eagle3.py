@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from spekula.core.backend import BackendOptions, ModelInfo
 from spekula.core.draft_models import DraftModelInfo, Eagle3Out, Eagle3Rows, Eagle3Runtime
 from spekula.core.errors import ModelFileError

@@ -105,6 +105,7 @@ class Bench:
         """Run requests on one fresh engine: `prompts(previous answer tokens)` gives the next prompt
         (None: done). Returns the final events."""
         import anyio
+
         from spekula.core.engine import Engine, EngineConfig
         from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 
@@ -300,6 +301,7 @@ def part_server(bench: Bench) -> None:
     import tempfile
 
     from serve_load import make_prompts, report, run_phase, wait_for_socket
+
     from spekula.frontends.client import SpekulaClient
 
     args = argparse.Namespace(time_limit=1800.0, requests=bench.args.requests, n_predict=16,

@@ -44,6 +44,7 @@ def run_conformance(device: str, backends: list[str], models: list[str]) -> list
     """(backend, model, check, None or the failure) for every combination."""
     sys.path.insert(0, str(ROOT / "tests"))
     import backend_conformance as bc
+
     from spekula.core.backend import Backend, BackendOptions, load_backend
 
     @cache

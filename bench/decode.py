@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from spekula.backends.torch import TorchBackend
 from spekula.core.backend import BackendOptions, SeqInput
 from spekula.core.gguf_file import GGUFFile

@@ -136,6 +136,7 @@ def make_drafts(model: str, layers: list[int], out_dir: Path) -> list[tuple[str,
 def bench(args: argparse.Namespace, model: str, drafts: list[tuple[str, str]]) -> bool:
     """Run every prompt and draft; print the table; True when every output matched plain decoding."""
     import anyio
+
     from spekula.core.backend import BackendOptions, load_backend
     from spekula.core.engine import Engine, EngineConfig
     from spekula.core.gguf_file import GGUFFile

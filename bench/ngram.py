@@ -181,6 +181,7 @@ def run_workloads(
     args: argparse.Namespace, model: str, types: list[str], options: dict[str, Any]
 ) -> dict[str, WorkloadResult]:
     import anyio
+
     from spekula.backends.torch import TorchBackend
     from spekula.core.backend import BackendOptions
     from spekula.core.engine import Engine, EngineConfig

@@ -20,6 +20,7 @@ from typing import ClassVar
 
 import anyio
 import numpy as np
+
 from spekula.core.backend import Backend, BackendOptions, SeqInput, load_backend
 from spekula.core.drafter import Draft, DrafterContext, DraftlessDrafter, DraftRequest
 from spekula.core.engine import Engine, EngineConfig

@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     result_out, sys.stdout = sys.stdout, sys.stderr
 
     import anyio
+
     from spekula.core.backend import BackendOptions, load_backend
     from spekula.core.engine import Engine, EngineConfig
     from spekula.core.gguf_file import GGUFFile

@@ -139,6 +139,7 @@ class Bench:
             ) -> tuple[Any, Any]:
         """One request on a fresh engine: (final event, its constraint or None)."""
         import anyio
+
         from spekula.core.constraint import GrammarSpec
         from spekula.core.engine import Engine, EngineConfig
         from spekula.core.params import CompletionRequest, SamplingParams, SpecParams

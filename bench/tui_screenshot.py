@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import anyio
+
 from spekula.frontends.cli import build_parser
 from spekula.frontends.options import build_engine, sampling_from_args
 from spekula.frontends.rpc_params import ServerDefaults

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+
 from spekula.core.backend import SeqInput, SeqOutput
 from spekula.core.draft_models import DFlashBlock, DFlashOut, DFlashRuntime, choose, load_draft_runtime
 from spekula.core.drafter import Draft, DrafterContext, DraftRequest

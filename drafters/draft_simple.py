@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
+
 from spekula.core.backend import Backend, Capture, SeqInput, SeqOutput, load_backend
 from spekula.core.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError

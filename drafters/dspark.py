@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
+
 from spekula.core.draft_models import DFlashOut
 from spekula.core.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
+
 from spekula.core.backend import SeqInput, SeqOutput
 from spekula.core.draft_models import Eagle3Rows, Eagle3Runtime, choose, load_draft_runtime
 from spekula.core.drafter import Draft, DrafterContext, DraftRequest

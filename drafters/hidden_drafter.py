@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar, Generic, TypeVar
 
 import numpy as np
+
 from spekula.core.backend import BackendOptions, Capture, SeqOutput
 from spekula.core.draft_models import DraftRuntime, draft_rng
 from spekula.core.drafter import DrafterContext, DraftRequest

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
+
 from spekula.core.drafter import Draft, Drafter, DrafterContext, DraftlessDrafter, DraftRequest
 from spekula.core.errors import ConfigError, SpekulaError
 from spekula.core.slot_states import SlotStates

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
 from spekula.core.errors import SpekulaError
 
 NGRAM_MIN = 1

@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+
 from spekula.core.extension import extension_path
 
 _vp, _i32, _i64, _u64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64

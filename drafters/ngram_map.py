@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Self
 
 import numpy as np
+
 from spekula.core.drafter import Drafter, DrafterContext
 from spekula.core.slot_states import SlotStates
 

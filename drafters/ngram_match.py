@@ -11,6 +11,7 @@ from abc import abstractmethod
 from collections.abc import Sequence
 
 import numpy as np
+
 from spekula.core.drafter import Draft, DrafterContext, DraftlessDrafter, DraftRequest
 from spekula.core.errors import ConfigError
 

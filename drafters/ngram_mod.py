@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+
 from spekula.core.drafter import Drafter, DrafterContext
 from spekula.core.slot_states import SlotStates
 

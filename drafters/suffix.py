@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
+
 from spekula.core.drafter import Draft, Drafter, DrafterContext, DraftlessDrafter, DraftRequest
 from spekula.core.errors import ConfigError
 from spekula.core.slot_states import SlotStates

@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+
 from spekula.core.errors import ConfigError
 from spekula.core.extension import extension_path
 

@@ -29,6 +29,7 @@ import anyio
 from anyio.abc import ByteStream, SocketAttribute, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
 from spekula.core.errors import SpekulaError
 
 from . import rpc_protocol as p

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import structlog
+
 from spekula.core.constraint import ConstraintError, GrammarSpec
 from spekula.core.engine import Engine
 from spekula.core.errors import ConfigError

@@ -50,6 +50,7 @@ def _read_text(path: Path) -> str:
 def build_cache(corpus: list[Path], encode: Callable[..., list[int]]) -> tuple[NgramCache, int]:
     """Count the 2-grams of every file with `encode` (a Tokenizer.encode); (cache, tokens read)."""
     import numpy as np
+
     from spekula.drafters.ngram_cache_file import count_static_ngrams, merge_cache
 
     cache: NgramCache = {}

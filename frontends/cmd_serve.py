@@ -10,6 +10,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 import anyio
+
 from spekula.core.errors import ConfigError
 from spekula.frontends.logging_setup import configure_logging
 from spekula.frontends.options import add_engine_options, build_engine, sampling_from_args

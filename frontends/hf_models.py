@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
+
 from spekula.core.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from spekula.core.events import FinalEvent, PieceEvent
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
+
+from spekula.core.events import FinalEvent, PieceEvent
 
 from . import http_prompts
 from . import rpc_params as rp

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from spekula.core.events import FinalEvent, PieceEvent
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+
+from spekula.core.events import FinalEvent, PieceEvent
 
 from . import rpc_params as rp
 from .http_errors import HttpError, from_rpc

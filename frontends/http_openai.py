@@ -10,9 +10,10 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
-from spekula.core.events import FinalEvent, PieceEvent
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+
+from spekula.core.events import FinalEvent, PieceEvent
 
 from . import rpc_params as rp
 from .http_errors import HttpError

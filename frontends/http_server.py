@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 import uvicorn
+
 from spekula.core.errors import ConfigError
 
 from . import rpc_params as rp

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import structlog
+
 from spekula.core.backend import BACKEND_NAMES, BackendOptions, load_backend, resolve_backend_name
 from spekula.core.engine import Engine, EngineConfig
 from spekula.core.errors import ConfigError, ModelFileError

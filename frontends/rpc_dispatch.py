@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
+
 from spekula.core.errors import ConfigError, ContextOverflowError, SpekulaError
 
 from . import rpc_protocol as p

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
+
 from spekula.core.events import FinalEvent, PieceEvent
 
 from . import rpc_params as rp

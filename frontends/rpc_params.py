@@ -305,6 +305,7 @@ async def check_grammar(parsed: ParsedCompletion, grammars: Any) -> None:
     if spec is None:
         return
     import anyio
+
     from spekula.core.constraint import ConstraintError
 
     try:

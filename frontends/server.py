@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskGroup
+
 from spekula.core.errors import ConfigError, SpekulaError
 
 from . import rpc_protocol as p

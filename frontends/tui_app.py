@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskStatus
-from spekula.core.params import SPEC_TYPE_PRIORITY
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Footer, Header, Input, Label, Select
+
+from spekula.core.params import SPEC_TYPE_PRIORITY
 
 from .client import AsyncCompletionStream, AsyncSpekulaClient
 from .rpc_dispatch import CallContext, Handler

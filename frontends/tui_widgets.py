@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
-from spekula.core.params import SPEC_TYPE_PRIORITY
 from textual.reactive import reactive
 from textual.widgets import DataTable, Sparkline, Static
+
+from spekula.core.params import SPEC_TYPE_PRIORITY
 
 TARGET_STYLE = "bold white"
 # One colour per drafter type, fixed by the priority order so a drafter keeps its colour across runs.

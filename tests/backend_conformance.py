@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from spekula.core.backend import (
     BACKEND_NAMES,
     Backend,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+
 from spekula.core.backend import Backend, SeqInput
 
 

@@ -59,6 +59,7 @@ def use_source(source: str) -> None:
 def collect(tests_dir: Path = Path(__file__).parent) -> list[dict[str, Any]]:
     """`tests_dir`: where the checkout's toy_backend helpers live."""
     import anyio
+
     from spekula.core.backend import BackendOptions, load_backend
     from spekula.core.gguf_file import GGUFFile
     from spekula.core.params import CompletionRequest, SamplingParams, SpecParams

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from toy_backend import make_engine, plain_decode, run_requests
+
 from spekula.backends.convert_hf import convert
 from spekula.core.backend import Backend, BackendOptions, load_backend
 from spekula.core.drafter import Drafter, DrafterContext
@@ -18,7 +20,6 @@ from spekula.core.gguf_file import GGUFFile
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.tokenizer import Tokenizer
 from spekula.fixtures import tiny_hf
-from toy_backend import make_engine, plain_decode, run_requests
 
 N_CTX = 256
 PROMPTS = ("the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the",
@@ -63,6 +64,7 @@ def engine_vs_plain(target_path: Path, draft_path: Path, make: Callable[[Drafter
 
 def smollm2_or_skip() -> Path:
     import pytest
+
     from spekula.frontends.default_model import DefaultModelError, ensure_default_model
 
     try:
@@ -78,6 +80,7 @@ def random_draft_gguf(path: Path, arch: str, target: Path, *, seed: int = 0, **k
     DFlash: two layers, borrowed embeddings and head. Both read three / two target layers.
     """
     import numpy as np
+
     from spekula.fixtures.tiny_gguf import write_gguf
 
     f = GGUFFile(target)

@@ -6,6 +6,7 @@ Shared by tests/test_ngram_{simple,map,mod,cache}.py (tests/conftest.py puts tes
 from __future__ import annotations
 
 import numpy as np
+
 from spekula.core.drafter import DrafterContext, DraftRequest
 from spekula.core.params import SpecParams
 

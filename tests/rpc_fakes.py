@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
+
 from spekula.core.events import Event, FinalEvent, PieceEvent
 from spekula.core.params import CompletionRequest, SpecParams
 

@@ -8,6 +8,16 @@ import math
 import anyio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from toy_backend import (
+    GarbageDrafter,
+    RepeatDrafter,
+    ToyBackend,
+    ToyTokenizer,
+    fix_cost,
+    make_engine,
+    run_requests,
+)
+
 from spekula.core.adaptive import (
     FIRST_PRIOR,
     LATER_PRIOR,
@@ -23,15 +33,6 @@ from spekula.core.adaptive import (
     choose_lengths,
 )
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
-from toy_backend import (
-    GarbageDrafter,
-    RepeatDrafter,
-    ToyBackend,
-    ToyTokenizer,
-    fix_cost,
-    make_engine,
-    run_requests,
-)
 
 
 def gains_st(max_len: int = 4) -> st.SearchStrategy[list[float]]:

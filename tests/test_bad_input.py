@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from cli_helpers import run_cli, spekula_cmd
+
 from spekula.fixtures.tiny_gguf import tiny_model_path
 from spekula.frontends import rpc_protocol as p
 from spekula.frontends.client import RpcCallError, ServerGoneError, SpekulaClient

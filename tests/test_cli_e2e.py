@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from cli_helpers import run_cli, spekula_cmd
+
 from spekula.fixtures.tiny_gguf import tiny_model_path
 
 pytestmark = pytest.mark.timeout(600)

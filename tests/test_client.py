@@ -11,6 +11,7 @@ import anyio
 import anyio.from_thread
 import pytest
 import rpc_fakes as fakes
+
 from spekula.core.errors import SpekulaError
 from spekula.frontends import rpc_protocol as p
 from spekula.frontends.client import (

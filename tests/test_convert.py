@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from output_paths import UNWRITABLE, unwritable_output
 from safetensors.numpy import load_file, save_file
+
 from spekula.backends.convert_hf import convert
 from spekula.backends.convert_plain import unpermute_qk
 from spekula.core.errors import ConfigError, ModelFileError, SpekulaError
@@ -60,8 +61,9 @@ def test_plain_target_names_keys_and_permutation(arch: str, tmp_path: Path) -> N
 
 
 def test_tokenizer_round_trip(target: Path, tmp_path: Path) -> None:
-    from spekula.core.tokenizer import Tokenizer
     from tokenizers import Tokenizer as HFTokenizer
+
+    from spekula.core.tokenizer import Tokenizer
 
     out = tmp_path / "m.gguf"
     convert(target, out, outtype="f16")
@@ -88,6 +90,7 @@ def test_named_pre_tokenizer_overrides_inference(target: Path, tmp_path: Path) -
 
 def test_plain_target_matches_hf_through_torch_backend(target: Path, tmp_path: Path) -> None:
     import hf_reference as ref
+
     from spekula.core.backend import BackendOptions, Capture, SeqInput, load_backend
 
     out = tmp_path / "m.gguf"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from spekula.backends.convert_hf import convert
 from spekula.core.gguf_file import GGUFFile
 from spekula.fixtures import tiny_hf

@@ -13,6 +13,7 @@ import hf_reference as R
 import numpy as np
 import pytest
 import torch
+
 from spekula.backends.convert_hf import convert
 from spekula.core.backend import ModelInfo
 from spekula.core.draft_models import DFlashBlock, Eagle3Rows, load_draft_runtime

@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from spekula.frontends import cmd_fetch_default, default_model
 from spekula.frontends.default_model import (
     FILENAME,

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from toy_backend import ToyBackend, ToyTokenizer, make_engine, plain_decode, run_requests
+
 from spekula.core.drafter import DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.drafters.draft_simple import DraftSimpleDrafter, check_vocab_compatible
-from toy_backend import ToyBackend, ToyTokenizer, make_engine, plain_decode, run_requests
 
 V = 48
 GREEDY = SamplingParams(temperature=0.0)
@@ -244,6 +245,7 @@ def torch_engine_check(target_path: Path, draft_path: Path, prompt_text: str, n_
     """Engine output with draft-simple == plain decoding on the same backend type; returns drafter stats."""
     pytest.importorskip("spekula.backends.torch")
     import anyio
+
     from spekula.core.backend import BackendOptions, load_backend
     from spekula.core.gguf_file import GGUFFile
     from spekula.core.tokenizer import Tokenizer

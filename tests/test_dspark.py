@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from model_drafter_helpers import build_target, drafter_context, engine_vs_plain, target_backend
+
 from spekula.backends.convert_hf import convert
 from spekula.core.backend import Capture, SeqInput
 from spekula.core.draft_models import DFlashBlock

@@ -5,10 +5,6 @@ from __future__ import annotations
 import anyio
 import numpy as np
 import pytest
-from spekula.core.errors import ConfigError
-from spekula.core.events import FinalEvent, PieceEvent
-from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
-from spekula.core.stats import DrafterStats
 from toy_backend import (
     GarbageDrafter,
     ObservingDrafter,
@@ -19,6 +15,11 @@ from toy_backend import (
     plain_decode,
     run_requests,
 )
+
+from spekula.core.errors import ConfigError
+from spekula.core.events import FinalEvent, PieceEvent
+from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
+from spekula.core.stats import DrafterStats
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = [3, 9, 4, 17, 5, 8, 2, 11]

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import structlog
+
 from spekula.core.stats import DrafterStats
 from spekula.frontends.cli import main
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 import pytest
+
 from spekula.core.errors import ConfigError, ModelFileError, SpekulaError
 from spekula.frontends.options import (
     NGRAM_INT_OPTIONS,

@@ -12,6 +12,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+
 from spekula.core.gguf_file import GGUFFile
 from spekula.core.tokenizer import CONTROL, NORMAL, Tokenizer
 from spekula.fixtures.bpe_train import train_byte_bpe

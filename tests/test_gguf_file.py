@@ -7,6 +7,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+
 from spekula.core.errors import ModelFileError
 from spekula.core.gguf_file import GGUFFile
 from spekula.fixtures.tiny_gguf import tiny_model_path

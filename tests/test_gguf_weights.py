@@ -8,6 +8,7 @@ from typing import Any
 import gguf
 import numpy as np
 import pytest
+
 from spekula.backends.gguf_weights import dequantize, load_model_weights, read_hparams, rope_inv_freq
 from spekula.core.errors import ModelFileError
 from spekula.core.gguf_file import GGUFFile, TensorEntry

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from toy_backend import GarbageDrafter, RepeatDrafter, ToyBackend, ToyTokenizer, make_engine, run_requests
+
 from spekula.core.backend import BackendOptions, load_backend
 from spekula.core.constraint import ConstraintError, GrammarSpec, trim_draft
 from spekula.core.gguf_file import GGUFFile
@@ -18,7 +20,6 @@ from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.sampling import Sampler, dense
 from spekula.core.tokenizer import Tokenizer
 from spekula.core.verifier import acceptance_probability, residual_distribution
-from toy_backend import GarbageDrafter, RepeatDrafter, ToyBackend, ToyTokenizer, make_engine, run_requests
 
 EOS = 47
 LETTERS = "abcdefgh"
@@ -225,6 +226,7 @@ def _schemas() -> list[dict]:  # type: ignore[type-arg]
 def test_smollm2_json_schemas_validate_with_and_without_speculation() -> None:
     import jsonschema
     from model_drafter_helpers import smollm2_or_skip
+
     from spekula.core.errors import SpekulaError
 
     path = str(smollm2_or_skip())

@@ -21,6 +21,7 @@ from typing import Any
 import huggingface_hub
 import pytest
 from cli_helpers import run_cli, spekula_cmd
+
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.fixtures.tiny_gguf import tiny_model_path
 from spekula.frontends import hf_models

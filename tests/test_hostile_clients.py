@@ -26,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_helpers import start_server, stop, wait_ready
+
 from spekula.frontends import rpc_protocol as p
 from spekula.frontends.client import RpcCallError, SpekulaClient
 from spekula.frontends.socket_identity import SocketIdentityError, check_private_dir

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import run_cli
 from http_helpers import HttpServer, start
+
 from spekula.fixtures.tiny_gguf import tiny_model_path
 
 SPEC = ("--spec-type", "ngram-simple,ngram-mod", "--spec-ngram-simple-size-n", "2", "--spec-ngram-simple-size-m", "4",

@@ -8,6 +8,8 @@ from typing import Any
 
 import anyio
 import pytest
+from toy_backend import RepeatDrafter, ToyBackend, ToyTokenizer, make_engine, run_requests
+
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.frontends import rpc_params as rp
 from spekula.frontends.http_app import HttpState, build_app
@@ -16,7 +18,6 @@ from spekula.frontends.http_fields import normalise
 from spekula.frontends.http_generation import GenerationService
 from spekula.frontends.http_metrics import render
 from spekula.frontends.http_prompts import prompt_tokens, split_batch
-from toy_backend import RepeatDrafter, ToyBackend, ToyTokenizer, make_engine, run_requests
 
 
 async def asgi(app: Any, method: str, path: str, body: bytes = b"",

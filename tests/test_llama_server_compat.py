@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from http_helpers import _LISTENING, HttpServer, _pump
+
 from spekula.fixtures.tiny_gguf import tiny_model_path
 from spekula.frontends import llama_server_compat as compat
 from spekula.frontends.llama_server_compat import main, slot_layout, translate

@@ -14,9 +14,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
-from spekula.core.stats import DrafterStats
-from spekula.core.synthetic import resolve_synthetic_rates
 from toy_backend import (
     GarbageDrafter,
     RepeatDrafter,
@@ -27,6 +24,10 @@ from toy_backend import (
     plain_decode,
     run_requests,
 )
+
+from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
+from spekula.core.stats import DrafterStats
+from spekula.core.synthetic import resolve_synthetic_rates
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix")
 ALL_TYPES = (*NGRAM_TYPES, "test-repeat", "test-garbage")

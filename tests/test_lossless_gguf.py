@@ -13,11 +13,12 @@ import anyio
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from toy_backend import GarbageDrafter, RepeatDrafter, make_engine, plain_decode, run_requests
+
 from spekula.core.backend import BackendOptions, load_backend
 from spekula.core.gguf_file import GGUFFile
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.tokenizer import Tokenizer
-from toy_backend import GarbageDrafter, RepeatDrafter, make_engine, plain_decode, run_requests
 
 N_CTX = 96
 SMALL_NGRAMS = {"spec-ngram-simple-size-n": 2, "spec-ngram-simple-size-m": 5, "spec-ngram-mod-n-match": 2,

@@ -15,6 +15,7 @@ import pytest
 from backend_conformance import NATIVE_REL_TOL, smollm2_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from spekula.backends.native import NativeBackend
 from spekula.core.backend import BackendOptions, Capture, SeqInput, load_backend
 from spekula.core.errors import ConfigError, ModelFileError

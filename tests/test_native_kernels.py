@@ -16,6 +16,7 @@ import pytest
 from gguf.quants import dequantize, quantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from spekula.backends import native_lib as nl
 from spekula.fixtures.kquant import quantize_k
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ngram_helpers import arr, ctx, request
+
 from spekula.core.drafter import Drafter
 from spekula.core.errors import SpekulaError
 from spekula.drafters.ngram_cache import NgramCacheDrafter

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from spekula.core.drafter import DrafterContext
 from spekula.core.gguf_file import GGUFFile
 from spekula.core.params import SpecParams

@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
+
 from spekula.core.backend import BackendOptions
 from spekula.core.engine import Engine, EngineConfig
 from spekula.core.events import FinalEvent

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ngram_helpers import arr, ctx, request
+
 from spekula.core.drafter import Drafter
 from spekula.core.errors import ConfigError
 from spekula.drafters import ngram_mod

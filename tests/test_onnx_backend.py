@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from spekula.core.backend import BackendOptions, Capture, SeqInput
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.fixtures.tiny_gguf import ARCHS, hf_config_overrides, tiny_model_path

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from spekula.backends.gguf_weights import ModelHParams
 from spekula.core.backend import BackendOptions, SeqInput
 from spekula.core.gguf_file import GGUFFile

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+
 from spekula.core.backend import BackendOptions
 from spekula.core.drafter import Drafter, DrafterContext
 from spekula.core.gguf_file import GGUFFile
@@ -23,10 +24,11 @@ from spekula.fixtures.tiny_gguf import tiny_model_path
 
 pytest.importorskip("onnxruntime")
 from model_drafter_helpers import build_target
+from toy_backend import make_engine, plain_decode, run_requests
+
 from spekula.backends.convert_hf import convert
 from spekula.backends.onnx import OnnxBackend
 from spekula.fixtures import tiny_hf
-from toy_backend import make_engine, plain_decode, run_requests
 
 N_CTX = 256
 PROMPTS = ("the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the",

@@ -16,10 +16,11 @@ import anyio
 import numpy as np
 import pytest
 from backend_conformance import smollm2_path
+from toy_backend import run_requests
+
 from spekula.core.backend import SeqInput
 from spekula.core.engine import Engine
 from spekula.core.params import CompletionRequest, SamplingParams
-from toy_backend import run_requests
 
 pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.slow

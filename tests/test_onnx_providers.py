@@ -4,6 +4,7 @@ answer on this machine (a GPU machine skips the no-GPU checks)."""
 from __future__ import annotations
 
 import pytest
+
 from spekula.core.backend import BackendOptions
 from spekula.core.errors import ConfigError
 from spekula.fixtures.tiny_gguf import tiny_model_path

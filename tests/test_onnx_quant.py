@@ -7,6 +7,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+
 from spekula.core.backend import BackendOptions, SeqInput
 from spekula.core.gguf_file import GGUFFile
 from spekula.fixtures.tiny_gguf import tiny_model_path, write_gguf
@@ -14,6 +15,7 @@ from spekula.fixtures.tiny_gguf import tiny_model_path, write_gguf
 ort = pytest.importorskip("onnxruntime")
 from backend_helpers import chunked_logits  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
+
 from spekula.backends.onnx_graph import IR_VERSION, MS_DOMAIN, MS_OPSET, OPSET, GraphBuilder  # noqa: E402
 from spekula.backends.onnx_quant import linear_q4  # noqa: E402
 

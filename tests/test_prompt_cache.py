@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from toy_backend import RepeatDrafter, ToyBackend, ToyTokenizer, make_engine, run_requests
+
 from spekula.core.backend import BackendOptions, load_backend
 from spekula.core.gguf_file import GGUFFile
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.prompt_cache import SlotCache, choose_slot, common_prefix
 from spekula.core.tokenizer import Tokenizer
-from toy_backend import RepeatDrafter, ToyBackend, ToyTokenizer, make_engine, run_requests
 
 GREEDY = SamplingParams(temperature=0.0)
 N_CTX = 128

@@ -10,15 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from spekula.core.errors import ConfigError
-from spekula.core.params import SPEC_TYPE_PRIORITY, CompletionRequest, SamplingParams, SpecParams
-from spekula.core.registry import (
-    available_drafters,
-    create_drafters,
-    load_drafter_class,
-    parse_spec_types,
-    priority_key,
-)
 from toy_backend import (
     GarbageDrafter,
     ObservingDrafter,
@@ -27,6 +18,16 @@ from toy_backend import (
     make_engine,
     plain_decode,
     run_requests,
+)
+
+from spekula.core.errors import ConfigError
+from spekula.core.params import SPEC_TYPE_PRIORITY, CompletionRequest, SamplingParams, SpecParams
+from spekula.core.registry import (
+    available_drafters,
+    create_drafters,
+    load_drafter_class,
+    parse_spec_types,
+    priority_key,
 )
 
 PLUGIN_DIR = Path(__file__).parent / "plugin_dist"

@@ -15,11 +15,12 @@ from typing import ClassVar
 import anyio
 import numpy as np
 import pytest
+from toy_backend import GarbageDrafter, ToyBackend, ToyTokenizer, fix_cost, make_engine, run_requests
+
 from spekula.core.backend import SeqInput
 from spekula.core.drafter import Draft, DraftRequest
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.sampling import Sampler
-from toy_backend import GarbageDrafter, ToyBackend, ToyTokenizer, fix_cost, make_engine, run_requests
 
 V = 4
 PROMPT = [1, 3, 0, 2, 1]

@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import rpc_fakes as fakes
 from anyio.streams.buffered import BufferedByteReceiveStream
+
 from spekula.frontends import rpc_protocol as p
 from spekula.frontends.rpc_dispatch import RpcConnection
 from spekula.frontends.rpc_framing import LineReader, LineWriter

@@ -19,6 +19,7 @@ import anyio
 import anyio.from_thread
 import pytest
 import rpc_fakes as fakes
+
 from spekula.frontends import rpc_protocol as p
 from spekula.frontends.client import AsyncSpekulaClient, RpcCallError, SpekulaClient
 from spekula.frontends.rpc_methods import SpekulaMethods

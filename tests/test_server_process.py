@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from server_helpers import N_CTX, N_SLOTS, start_server, stop, wait_ready
+
 from spekula.frontends import rpc_protocol as p
 from spekula.frontends.client import RpcCallError, SpekulaClient
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from spekula.core.errors import SpekulaError
 from spekula.core.stats import DrafterStats, SlotSpecStats
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from spekula.core.errors import ConfigError
 from spekula.core.params import SamplingParams
 from spekula.core.sampling import Sampler

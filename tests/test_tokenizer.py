@@ -11,6 +11,7 @@ import pytest
 import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from spekula.core.chat_template import ChatTemplateError, render_chat
 from spekula.core.errors import ModelFileError, SpekulaError
 from spekula.core.gguf_file import GGUFFile
@@ -293,6 +294,7 @@ def test_broken_tokenizer_metadata() -> None:
 @pytest.fixture(scope="module")
 def spm_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     import numpy as np
+
     from spekula.fixtures.tiny_spm import spm_tokenizer_metadata
 
     out = tmp_path_factory.mktemp("spm") / "spm.gguf"

@@ -14,6 +14,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from spekula.backends.torch import KEY_GRANULE, TorchBackend
 from spekula.backends.torch_exact_probe import packed_is_invariant, padded_align
 from spekula.core.backend import BackendOptions, Capture, SeqInput, SeqOutput

@@ -10,6 +10,7 @@ import gguf
 import numpy as np
 import pytest
 from output_paths import UNWRITABLE, unwritable_output
+
 from spekula.backends.gguf_truncate import truncate_gguf
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.gguf_file import GGUFFile

@@ -8,6 +8,7 @@ from typing import Any
 import anyio
 import rpc_fakes as fakes
 from rich.control import strip_control_codes
+
 from spekula.frontends.tui_app import EmbeddedSource, SpekulaApp
 from spekula.frontends.tui_widgets import (
     AnswerView,
@@ -106,6 +107,7 @@ def test_prompt_streams_answer_real_engine_tiny_model() -> None:
 def test_attached_to_server_controls_reach_the_request_and_escape_cancels(tmp_path: Path) -> None:
     """RemoteSource against an in-process socket server: spec type and n_max go into the next request."""
     import anyio.from_thread
+
     from spekula.frontends.rpc_methods import SpekulaMethods
     from spekula.frontends.server import RpcServer, ServerConfig
     from spekula.frontends.tui_app import RemoteSource

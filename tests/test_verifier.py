@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from spekula.core.params import SamplingParams
 from spekula.core.sampling import Sampler, dense
 from spekula.core.verifier import (

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from backend_conformance import smollm2_path
+
 from spekula.backends.torch import TorchBackend
 from spekula.core.backend import BackendOptions, SeqInput
 from spekula.core.gguf_file import GGUFFile

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import anyio
 import numpy as np
+
 from spekula.core.adaptive import CostModel
 from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
 from spekula.core.drafter import Draft, DrafterContext, DraftlessDrafter, DraftRequest

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
+
 from spekula.core.drafter import Draft, DrafterContext, DraftlessDrafter, DraftRequest
 
 
