@@ -16,6 +16,7 @@ class PieceEvent:
     tokens: list[int]
     text: str  # UTF-8-safe text for these tokens (may be empty if a character is incomplete)
     drafters: list[str | None]
+    slot: int = -1  # the slot the request runs in
 
 
 @dataclass(slots=True)

@@ -150,4 +150,4 @@ class Scheduler:
         if s.finished and s.stop_type != "word":
             s.text.text += s.decoder.flush()  # a dangling partial character renders as U+FFFD
         return PieceEvent(request_id=s.request.id, tokens=[int(t) for t in emitted[:n_out]],
-                          text=s.text.take(final=s.finished), drafters=names[:n_out])
+                          text=s.text.take(final=s.finished), drafters=names[:n_out], slot=s.id)

@@ -120,13 +120,13 @@ async def completion(request: Request) -> Response:
 
 def _stream(state: HttpState, job: tuple[Any, Any], prompt: list[int]) -> Response:
     gen, parsed = job
-    seen = {"slot": -1, "n": 0}
+    seen = {"n": 0}
 
     def shape(event: PieceEvent | FinalEvent) -> list[Any]:
         if isinstance(event, PieceEvent):
             seen["n"] += len(event.tokens)
             return [{"index": 0, "content": event.text, "tokens": list(event.tokens), "stop": False,
-                     "id_slot": seen["slot"], "tokens_predicted": seen["n"], "tokens_evaluated": len(prompt)}]
+                     "id_slot": event.slot, "tokens_predicted": seen["n"], "tokens_evaluated": len(prompt)}]
         final = completion_result(state, event, prompt=prompt, params=parsed.request, return_tokens=False)
         final["content"] = ""  # streamed already
         return [final]

@@ -77,6 +77,7 @@ def test_stream_pieces_spell_the_completion(server: HttpServer) -> None:
     assert events[-1]["stop"] is True and "timings" in events[-1]
     assert "".join(e["content"] for e in events) == whole["content"]
     assert all(e["stop"] is False for e in events[:-1])
+    assert {e["id_slot"] for e in events} == {events[-1]["id_slot"]} and events[-1]["id_slot"] >= 0
 
 
 def test_openai_client_completes_and_streams(server: HttpServer) -> None:
