@@ -259,3 +259,44 @@ def test_smollm2_json_schemas_validate_with_and_without_speculation() -> None:
             raise SpekulaError(f"{p.content!r} does not validate: {exc}") from None
         assert s.tokens == p.tokens
     assert sum(f.timings.get("draft_n", 0) for f in spec) > 0  # speculation was at work
+
+
+@pytest.fixture(scope="module")
+def tiny_target_and_heads(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from model_drafter_helpers import build_target
+    from spekula.backends.convert_hf import convert
+    from spekula.fixtures import tiny_hf
+
+    root = tmp_path_factory.mktemp("grammar-heads")
+    hf, target = build_target(root)
+    e3, df = root / "e3.gguf", root / "df.gguf"
+    convert(tiny_hf.write_eagle3(root / "e3-hf", layer_ids=(1, 4, 8)), e3, outtype="f32", target_dir=hf)
+    convert(tiny_hf.write_dflash(root / "df-hf", layer_ids=(1, 6), block_size=4), df, outtype="f32", target_dir=hf)
+    return target, {"draft-eagle3": e3, "draft-dflash": df}
+
+
+@pytest.mark.parametrize("drafter", ["draft-eagle3", "draft-dflash"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_hidden_state_drafters_compose_with_grammars(tiny_target_and_heads, drafter: str,  # type: ignore[no-untyped-def]
+                                                     temperature: float) -> None:
+    """The model drafters fed by the target's hidden states go through the same cut and row masks."""
+    from model_drafter_helpers import target_backend
+
+    target, heads = tiny_target_and_heads
+    tok = Tokenizer.from_gguf(GGUFFile(target))
+    sampling = SamplingParams(temperature=temperature, seed=11)
+    prompt = tok.encode("abc abc abc ab", add_special=True)
+
+    async def run(types: tuple[str, ...], grammar: str) -> tuple[list[int], dict]:  # type: ignore[type-arg]
+        engine = make_engine(target_backend(target), tok, spec=SpecParams(types=types, n_max=4, adaptive=False),
+                             draft_model_path=str(heads[drafter]))
+        [final] = await run_requests(engine, [CompletionRequest(list(prompt), n_predict=16, sampling=sampling,
+                                                                grammar=GrammarSpec("gbnf", grammar))], timeout=120)
+        assert final.error is None, final.error
+        return final.tokens, engine.stats()["drafters"]
+
+    for grammar in ('root ::= ("abc" | " ")+', 'root ::= "a" [a-z ]* "."', 'root ::= ("ab" | "b")* "c"'):
+        plain, _ = anyio.run(run, (), grammar)
+        spec, stats = anyio.run(run, (drafter,), grammar)
+        assert spec == plain, grammar
+        assert stats[drafter]["calls_draft"] > 0
