@@ -264,6 +264,7 @@ def test_smollm2_json_schemas_validate_with_and_without_speculation() -> None:
 @pytest.fixture(scope="module")
 def tiny_target_and_heads(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     from model_drafter_helpers import build_target
+
     from spekula.backends.convert_hf import convert
     from spekula.fixtures import tiny_hf
 
