@@ -134,7 +134,7 @@ class DrafterStats:
             "dur_begin_ms": self.t_begin_ms,
             "dur_draft_ms": self.t_draft_ms,
             "dur_accept_ms": self.t_accept_ms,
-            "grammar_rejected": self.n_grammar_rejected,
+            **({"grammar_rejected": self.n_grammar_rejected} if self.n_grammar_rejected else {}),
             **({"adaptive": self.adaptive.to_dict()} if self.adaptive is not None else {}),
         }
 

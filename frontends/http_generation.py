@@ -64,7 +64,7 @@ class GenerationService:
     async def check(self, parsed: rp.ParsedCompletion) -> None:
         """A bad grammar or schema is the caller's 400, found before anything is queued."""
         try:
-            await rp.check_grammar(parsed, self.engine.grammars)
+            await rp.check_grammar(parsed, self.engine)
         except RpcError as exc:
             raise from_rpc(exc) from None
 

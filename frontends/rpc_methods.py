@@ -121,7 +121,7 @@ class SpekulaMethods:
         return tok.encode(text, add_special=add_special, parse_special=parse_special)
 
     async def _generate(self, parsed: rp.ParsedCompletion, ctx: CallContext) -> dict[str, Any]:
-        await rp.check_grammar(parsed, self.engine.grammars)
+        await rp.check_grammar(parsed, self.engine)
         handle = self.engine.submit(parsed.request)
         ctx.on_cancel = handle.cancel
         owned = ctx.connection.owned_requests if ctx.connection is not None else None

@@ -298,7 +298,7 @@ def parse_completion(
     )
 
 
-async def check_grammar(parsed: ParsedCompletion, grammars: Any) -> None:
+async def check_grammar(parsed: ParsedCompletion, engine: Any) -> None:
     """Compile the request's grammar now (off the event loop, cached for the engine), so that a bad
     one is the caller's -32602 / 400 naming the field, with the compiler's words for what is wrong."""
     spec = parsed.request.grammar
@@ -309,7 +309,7 @@ async def check_grammar(parsed: ParsedCompletion, grammars: Any) -> None:
     from spekula.core.constraint import ConstraintError
 
     try:
-        await anyio.to_thread.run_sync(grammars.compile, spec)
+        await anyio.to_thread.run_sync(engine.grammars.compile, spec)
     except ConstraintError as exc:
         name = parsed.grammar_field
         raise invalid_params(f"'{name}': invalid {'JSON schema' if spec.kind == 'json_schema' else 'grammar'}: {exc}",

@@ -83,9 +83,6 @@ def test_toy_constrained_output_is_the_same_with_every_drafter(grammar: str, n: 
         types = tuple(d.name for d in drafters)
         spec, engine = await _run(types, drafters, grammar, sampling, n)
         assert spec.tokens == plain.tokens and spec.stop_type == plain.stop_type
-        if which != "repeat":
-            stats = engine.stats()["drafters"]["test-garbage"]
-            assert stats["grammar_rejected"] >= 0
 
     anyio.run(go)
 
@@ -97,7 +94,7 @@ async def test_forbidden_draft_tokens_are_counted_and_never_verified() -> None:
     text = toy_tok().decode(final.tokens, skip_special=True)
     assert set(text) <= {"a", "b"} and text.startswith("ab")
     st_ = engine.stats()["drafters"]["test-garbage"]
-    assert st_["grammar_rejected"] > 0
+    assert st_.get("grammar_rejected", 0) > 0
     assert final.timings["draft_n_grammar_rejected"] == st_["grammar_rejected"]
     line = engine.spec_stats.lines()[0]
     assert f"#grammar rejected = {st_['grammar_rejected']}" in line
