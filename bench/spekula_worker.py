@@ -86,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
             await engine.submit(CompletionRequest(job["prompt_512"][:64], n_predict=4, sampling=greedy)).result()
             for name, prompt in job["workloads"].items():
                 forward_s.clear()
-                final = await engine.submit(
-                    CompletionRequest(list(prompt), n_predict=job["n_predict"], sampling=greedy)).result()
+                # Cold prompts: the forward count below assumes the whole prompt is evaluated.
+                final = await engine.submit(CompletionRequest(list(prompt), n_predict=job["n_predict"], sampling=greedy,
+                                                              cache_prompt=False)).result()
                 t = final.timings
                 # The first forwards are the prompt's chunks (n_batch tokens each); the rest are the
                 # decode rounds, which the engine's decode time (predicted_ms) spans.
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                     "engine_ms_per_round": 1e3 * engine_s / rounds, "error": final.error,
                 }
             if spec_name == "none":
-                final = await engine.submit(CompletionRequest(list(job["prompt_512"]), n_predict=1, sampling=greedy)).result()
+                final = await engine.submit(CompletionRequest(list(job["prompt_512"]), n_predict=1, sampling=greedy,
+                                                              cache_prompt=False)).result()
                 out["prompt_512_tps"] = final.timings["prompt_per_second"]
             tg.cancel_scope.cancel()
         engine.close()
