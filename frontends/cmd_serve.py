@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from spekula.core.errors import ConfigError
+from spekula.frontends.http_fields import MAX_BODY_DEFAULT
 from spekula.frontends.logging_setup import configure_logging
 from spekula.frontends.options import add_engine_options, build_engine, sampling_from_args
 from spekula.frontends.rpc_framing import DEFAULT_MAX_LINE_BYTES, DEFAULT_WRITE_TIMEOUT
@@ -19,8 +20,6 @@ from spekula.frontends.rpc_methods import SpekulaMethods
 from spekula.frontends.rpc_params import ServerDefaults
 from spekula.frontends.server import DEFAULT_MAX_CONNECTIONS, RpcServer, ServerConfig, check_socket_path
 from spekula.frontends.socket_identity import default_socket_path
-
-MAX_BODY_DEFAULT = 32 * 1024 * 1024
 
 if TYPE_CHECKING:
     from spekula.core.engine import Engine
@@ -74,9 +73,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--api-key-file", action="append", default=[], metavar="FILE",
                    help="file with one API key per line ('#' lines are comments)")
     h.add_argument("--metrics", action="store_true", help="enable /metrics (Prometheus text format)")
-    h.add_argument("-sps", "--slot-prompt-similarity", type=_fraction, default=0.1, metavar="F",
-                   help="a request goes to the idle slot whose cached prompt prefix covers more than F of its "
-                        "prompt (0: least recently used slot only; default: %(default)s)")
     h.add_argument("-a", "--alias", default=None, help="model name reported by the API (default: the file name)")
     h.add_argument("--cors-origins", default="*",
                    help="origins allowed by CORS: * (any, reflected with credentials, as llama-server does), "
@@ -104,16 +100,6 @@ def _port(text: str) -> int:
     return value
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
-    return value
-
-
 def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
     keys = [k.strip() for arg in args.api_key for k in arg.split(",") if k.strip()]
     for path in args.api_key_file:
@@ -134,12 +120,6 @@ def _static_dir(path: str | None) -> str | None:
     return os.path.abspath(path)
 
 
-def _load(args: argparse.Namespace) -> Engine:
-    engine = build_engine(args)
-    engine.config.slot_prompt_similarity = args.slot_prompt_similarity
-    return engine
-
-
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.verbose, stdlib=True, log_format=args.log_format, events=True)
     if not args.write_timeout > 0:
@@ -155,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         handle_signals=args.port is None)
     if args.port is None:
         assert rpc_config is not None
-        engine = _load(args)
+        engine = build_engine(args)
         server = RpcServer(engine, rpc_config, lambda srv: SpekulaMethods(engine, defaults, server_state=srv.state).table())
         try:
             anyio.run(server.serve)
@@ -184,7 +164,7 @@ def _serve_http(args: argparse.Namespace, defaults: ServerDefaults, rpc_config: 
     loaded: list[Engine] = []
 
     def load() -> Engine:
-        loaded.append(_load(args))
+        loaded.append(build_engine(args))
         return loaded[-1]
 
     http = HttpConfig(host=args.host, port=args.port, drain_timeout=args.drain_timeout,

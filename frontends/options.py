@@ -109,6 +109,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("-c", "--ctx-size", type=_ctx_size, default=4096, help="context size per slot (default: 4096)")
     g.add_argument("-np", "--parallel", type=_n_slots, default=1, help="number of slots (default: 1)")
     g.add_argument("-b", "--batch-size", type=int, default=512, help="max tokens per forward (default: 512)")
+    g.add_argument("-sps", "--slot-prompt-similarity", type=_probability, default=0.1, metavar="F",
+                   help="a request goes to the idle slot whose cached prompt prefix covers more than F of its "
+                        "prompt (0: least recently used slot only; default: %(default)s)")
     g.add_argument("--backend", choices=BACKEND_NAMES, default="auto",
                    help="runtime: auto (native kernels over the GGUF blocks on CPU, torch on CUDA), native, "
                         "torch, onnx (default: auto)")
@@ -301,7 +304,8 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
                                 ort_provider=args.ort_provider)
     backend_name = resolve_backend_name(args.backend, opts)
     backend = load_backend(backend_name, path, opts)
-    config = EngineConfig(n_slots=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, spec=spec)
+    config = EngineConfig(n_slots=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, spec=spec,
+                          slot_prompt_similarity=args.slot_prompt_similarity)
     try:
         return Engine(backend, tokenizer, config, drafters=drafters, backend_name=backend_name,
                       draft_model_path=draft_path, draft_backend_options=draft_opts)
