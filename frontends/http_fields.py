@@ -67,7 +67,6 @@ class HttpOptions:
 
     include_usage: bool = False  # OpenAI stream_options.include_usage
     n: int = 1  # OpenAI `n` (llama-server's n_cmpl): completions of the same prompt, each in its own slot
-    timings_per_token: bool = False
     tools: list[Any] | None = None  # OpenAI tool definitions, handed to the chat template
     verbose: bool = False  # llama-server's `__verbose`: the native result (rendered prompt included) too
 
@@ -107,8 +106,7 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
                     raise HttpError(f"'{name}' must be an integer in [1, {n_slots}] (the server's slots)")
                 opts.n = value
         elif name in INFORMATIONAL:
-            if name == "timings_per_token":
-                opts.timings_per_token = value is True
+            pass
         elif name in allowed:
             if value is not None or name in ("prompt", "messages"):
                 params[name] = value

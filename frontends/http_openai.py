@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -76,15 +77,8 @@ async def completions(request: Request) -> Response:
             return _close(out, chunk({}), event, opts.include_usage)
 
         return state.service.stream(gen, shape, done_marker=True)  # type: ignore[return-value]
-    finals = await state.service.run_all(_copies(state, gen, params, prompt, opts, text), request)
-    body = chunk({})
-    body["choices"] = [{"text": f.content, "index": i, "logprobs": None, "finish_reason": finish_reason(f)}
-                       for i, f in enumerate(finals)]
-    body.update(usage=_usage_all(finals), timings=dict(finals[0].timings))
-    if opts.verbose:
-        body["__verbose"] = completion_result(state, finals[0], prompt=prompt, params=parsed.request,
-                                              return_tokens=parsed.return_tokens)
-    return JSONResponse(body)
+    return await _answer(state, request, chunk({}), gen, parsed, params, prompt, opts, text,
+                         lambda i, f: {"text": f.content, "index": i, "logprobs": None, "finish_reason": finish_reason(f)})
 
 
 async def chat_completions(request: Request) -> Response:
@@ -121,15 +115,9 @@ async def chat_completions(request: Request) -> Response:
             return _close(out, chunk({}), event, opts.include_usage)
 
         return state.service.stream(gen, shape, done_marker=True)  # type: ignore[return-value]
-    finals = await state.service.run_all(_copies(state, gen, params, prompt, opts, text), request)
-    body = chunk({}, obj="chat.completion")
-    body["choices"] = [{"index": i, "message": {"role": "assistant", "content": f.content}, "logprobs": None,
-                        "finish_reason": finish_reason(f)} for i, f in enumerate(finals)]
-    body.update(usage=_usage_all(finals), timings=dict(finals[0].timings))
-    if opts.verbose:
-        body["__verbose"] = completion_result(state, finals[0], prompt=prompt, params=parsed.request,
-                                              return_tokens=parsed.return_tokens)
-    return JSONResponse(body)
+    return await _answer(state, request, chunk({}, obj="chat.completion"), gen, parsed, params, prompt, opts, text,
+                         lambda i, f: {"index": i, "message": {"role": "assistant", "content": f.content},
+                                       "logprobs": None, "finish_reason": finish_reason(f)})
 
 
 async def input_tokens(request: Request) -> Response:
@@ -139,6 +127,19 @@ async def input_tokens(request: Request) -> Response:
     params, opts = normalise(await state.read_json(request), allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
     text = state.render_chat(params.pop("messages", None), opts.tools)
     return JSONResponse({"input_tokens": len(await state.service.encode(text)), "object": "response.input_tokens"})
+
+
+async def _answer(state: HttpState, request: Request, body: dict[str, Any], gen: Any, parsed: Any,
+                  params: dict[str, Any], prompt: list[int], opts: Any, text: str | None,
+                  choice: Callable[[int, FinalEvent], dict[str, Any]]) -> Response:
+    """A whole (non-streamed) OpenAI answer: the `n` generations as `choices`, usage, timings."""
+    finals = await state.service.run_all(_copies(state, gen, params, prompt, opts, text), request)
+    body["choices"] = [choice(i, f) for i, f in enumerate(finals)]
+    body.update(usage=_usage_all(finals), timings=dict(finals[0].timings))
+    if opts.verbose:
+        body["__verbose"] = completion_result(state, finals[0], prompt=prompt, params=parsed.request,
+                                              return_tokens=parsed.return_tokens)
+    return JSONResponse(body)
 
 
 def _close(out: list[Any], usage_chunk: dict[str, Any], final: FinalEvent, include_usage: bool) -> list[Any]:
