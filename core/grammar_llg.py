@@ -84,6 +84,7 @@ class Grammars:
         self.tokenizer = tokenizer
         self.n_vocab = int(tokenizer.n_vocab)
         self._ll_tok: Any = None
+        self._executor: Any = None  # llguidance's mask thread pool, one for all requests of the model
         self._templates: OrderedDict[GrammarSpec, Any] = OrderedDict()
         self._lock = threading.Lock()  # compiled from frontends' threads and the engine's loop
 
@@ -125,21 +126,25 @@ class Grammars:
             return template
 
     def new(self, spec: GrammarSpec) -> LLGuidanceConstraint:
-        return LLGuidanceConstraint(self.compile(spec).deep_copy(), self.n_vocab, self.tokenizer.is_eog)
+        import llguidance as llg
+
+        template = self.compile(spec)
+        if self._executor is None:
+            self._executor = llg.LLExecutor(num_threads=1)
+        return LLGuidanceConstraint(template.deep_copy(), self.n_vocab, self.tokenizer.is_eog, self._executor)
 
 
 class LLGuidanceConstraint:
     """One request's grammar state (the `Constraint` of core/constraint.py)."""
 
-    def __init__(self, matcher: Any, n_vocab: int, is_eog: Any) -> None:
-        import llguidance as llg
+    def __init__(self, matcher: Any, n_vocab: int, is_eog: Any, executor: Any) -> None:
         import llguidance.numpy as llgnp
 
         self._m = matcher
         self._n_vocab = n_vocab
         self._is_eog = is_eog
         self._llgnp = llgnp
-        self._executor = llg.LLExecutor(num_threads=1)
+        self._executor = executor
         # (rows, seconds) of every mask_logits call: what the constraint costs (bench/structured.py)
         self.mask_calls: list[tuple[int, float]] = []
 

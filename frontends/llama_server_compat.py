@@ -473,7 +473,7 @@ accepted("--no-escape", "escape sequences in CLI prompts: the server has none", 
 accepted("--jinja", "spekula renders chat through the model's Jinja template", env="LLAMA_ARG_JINJA", env_sign=True)
 accepted("--no-jinja", "llama.cpp's built-in copies of the common templates render as the model's Jinja one",
          env="LLAMA_ARG_JINJA", env_sign=False)
-accepted("--prefill-assistant", "a trailing assistant message is continued (llama-server's default)",
+accepted("--prefill-assistant", "llama-server's default; spekula refuses a trailing assistant message (400)",
          env="LLAMA_ARG_PREFILL_ASSISTANT", env_sign=True)
 accepted("--skip-chat-parsing", "spekula returns the reply text as generated (no tool-call/reasoning parsing)",
          env="LLAMA_ARG_SKIP_CHAT_PARSING", env_sign=True)

@@ -210,7 +210,7 @@ MAX_GRAMMAR_CHARS = 1_000_000
 def parse_grammar(params: dict[str, Any]) -> GrammarSpec | None:
     """`grammar` (llama.cpp GBNF), `json_schema` (an object) or `response_format` (OpenAI's
     {"type": "json_object" | "json_schema", ...}); at most one of them."""
-    given = [f for f in GRAMMAR_FIELDS if params.get(f) not in (None, "", {"type": "text"})]
+    given = _grammar_fields_given(params)
     if len(given) > 1:
         raise invalid_params(f"give one of {', '.join(repr(f) for f in given)}, not several", given[1])
     if not given:
@@ -248,9 +248,14 @@ def _schema_spec(schema: Any, name: str) -> GrammarSpec:
     return GrammarSpec("json_schema", text)
 
 
+def _grammar_fields_given(params: dict[str, Any]) -> list[str]:
+    """The grammar fields set to something that constrains (null, "" and {"type": "text"} do not)."""
+    return [f for f in GRAMMAR_FIELDS if params.get(f) not in (None, "", {"type": "text"})]
+
+
 def grammar_field(params: dict[str, Any]) -> str:
     """Which request field a grammar came from (for error messages)."""
-    return next((f for f in GRAMMAR_FIELDS if params.get(f) not in (None, "", {"type": "text"})), "grammar")
+    return next(iter(_grammar_fields_given(params)), "grammar")
 
 
 def check_context(prompt: list[int], n_ctx: int) -> None:
