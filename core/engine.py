@@ -126,7 +126,9 @@ class Engine:
         return CostModel.measure(forward_rows, max_rows)
 
     # -- public API ---------------------------------------------------------------------------
-    def submit(self, req: CompletionRequest) -> RequestHandle:
+    def submit(self, req: CompletionRequest, *, session: str | None = None) -> RequestHandle:
+        """Queue a request; its events come through the handle. `session` (a client's affinity key)
+        matters only to a router in front of several engines: one engine has nothing to choose."""
         if not req.id:
             # Random, so one client cannot name (cancel, look up) another client's request.
             req.id = secrets.token_hex(8)

@@ -23,6 +23,7 @@ from spekula.frontends.socket_identity import default_socket_path
 
 if TYPE_CHECKING:
     from spekula.core.engine import Engine
+    from spekula.frontends.http_app import HttpState
 
 HELP = "Serve the HTTP API (--port) and/or the JSON-RPC 2.0 API on a Unix socket (--socket)"
 # The smallest useful request line: a completion call with a short prompt and a few fields takes a
@@ -87,7 +88,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "is needed for them, as with llama-server's UI")
     h.add_argument("--timeout", dest="keep_alive_timeout", type=_positive, default=5, metavar="S",
                    help="seconds an idle keep-alive connection stays open (default: %(default)s)")
+    r = p.add_argument_group("Ray Serve (several engine replicas behind one HTTP endpoint)")
+    r.add_argument("--ray", action="store_true",
+                   help="serve the HTTP API from Ray Serve: an ingress routing by prompt prefix to --replicas "
+                        "engines (needs `pip install spekula[ray]`; --port defaults to 8000 here)")
+    r.add_argument("--replicas", type=_positive, default=1, metavar="N",
+                   help="engine replicas, each with its own slots (-np), threads (-t) and device (default: 1)")
+    r.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="join this Ray cluster (e.g. 127.0.0.1:6379 after `ray start --head`); "
+                        "default: start a local one for this process")
     add_engine_options(p)
+
+
+def parse_serve_args(argv: list[str]) -> argparse.Namespace:
+    """`spekula serve` options from a list of arguments, as the command line would give them."""
+    from spekula.frontends.cli import normalize_option_names
+
+    parser = argparse.ArgumentParser(prog="spekula serve")
+    add_arguments(parser)
+    return parser.parse_args(normalize_option_names(argv))
 
 
 def _port(text: str) -> int:
@@ -124,11 +143,19 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.verbose, stdlib=True, log_format=args.log_format, events=True)
     if not args.write_timeout > 0:
         raise ConfigError(f"--write-timeout must be positive; got {args.write_timeout}")
+    if args.ray:
+        if args.socket is not None:
+            raise ConfigError("--socket cannot be combined with --ray (the replicas serve HTTP only)")
+        from spekula.frontends.ray_app import serve_on_ray
+
+        return serve_on_ray(args)
+    if args.replicas != 1 or args.ray_address is not None:
+        raise ConfigError("--replicas and --ray-address need --ray")
     socket_path = args.socket if args.socket is not None or args.port is not None else default_socket_path()
     # Refuse a live socket or an unusable path before spending seconds loading the model.
     if socket_path is not None:
         check_socket_path(socket_path)
-    defaults = ServerDefaults(sampling=sampling_from_args(args), n_predict=args.n_predict)
+    defaults = server_defaults(args)
     rpc_config = None if socket_path is None else ServerConfig(
         socket_path, max_line_bytes=args.max_line_bytes, drain_timeout=args.drain_timeout,
         max_connections=args.max_connections, write_timeout=args.write_timeout,
@@ -146,9 +173,9 @@ def run(args: argparse.Namespace) -> int:
     return _serve_http(args, defaults, rpc_config)
 
 
-def _serve_http(args: argparse.Namespace, defaults: ServerDefaults, rpc_config: ServerConfig | None) -> int:
+def http_state(args: argparse.Namespace) -> HttpState:
+    """The HTTP frontend's settings from the command line (no engine yet)."""
     from spekula.frontends.http_app import HttpState
-    from spekula.frontends.http_server import HttpConfig, serve
 
     # llama-server's default model name: the file name, or the repo given with -hf
     if args.model:
@@ -157,10 +184,20 @@ def _serve_http(args: argparse.Namespace, defaults: ServerDefaults, rpc_config: 
         model_name = str(args.hf_repo)
     else:
         model_name = "SmolLM2-135M-Instruct.Q4_1.gguf"
-    state = HttpState(api_keys=api_keys(args), metrics=args.metrics, max_body_bytes=args.max_body_bytes,
-                      model_alias=args.alias or model_name, model_path=args.model or args.hf_repo or "",
-                      write_timeout=args.write_timeout, cors_origins=args.cors_origins,
-                      slots_endpoint=args.slots_endpoint, static_dir=_static_dir(args.static_path))
+    return HttpState(api_keys=api_keys(args), metrics=args.metrics, max_body_bytes=args.max_body_bytes,
+                     model_alias=args.alias or model_name, model_path=args.model or args.hf_repo or "",
+                     write_timeout=args.write_timeout, cors_origins=args.cors_origins,
+                     slots_endpoint=args.slots_endpoint, static_dir=_static_dir(args.static_path))
+
+
+def server_defaults(args: argparse.Namespace) -> ServerDefaults:
+    return ServerDefaults(sampling=sampling_from_args(args), n_predict=args.n_predict)
+
+
+def _serve_http(args: argparse.Namespace, defaults: ServerDefaults, rpc_config: ServerConfig | None) -> int:
+    from spekula.frontends.http_server import HttpConfig, serve
+
+    state = http_state(args)
     loaded: list[Engine] = []
 
     def load() -> Engine:

@@ -32,7 +32,7 @@ from .http_generation import GenerationService
 from .rpc_protocol import RpcError, parse_line
 
 if TYPE_CHECKING:
-    from spekula.core.engine import Engine
+    from .serving_engine import ServingEngine
 
 log = logging.getLogger("spekula.http")
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
@@ -51,24 +51,34 @@ class HttpState:
     cors_origins: str = "*"
     slots_endpoint: bool = True
     static_dir: str | None = None  # --path: static files (e.g. a web UI build) served at /, without a key
-    engine: Engine | None = None
+    engine: ServingEngine | None = None
     service: GenerationService = field(init=False)
     version: str = "0.1.0"
     created: int = field(default_factory=lambda: int(time.time()))
     metrics_render: Callable[[], bytes] | None = None
+    # Fetches the engine's live state before /health, /slots and /metrics answer: replicas of a
+    # Ray deployment report over the network; a local engine is read directly (None).
+    refresh: Callable[[], Awaitable[None]] | None = None
     started: float = field(default_factory=time.time)
 
     @property
     def fingerprint(self) -> str:
         return f"b{self.version}-spekula"  # llama-server's build-string form: "b<build>-<commit>"
 
-    def attach(self, engine: Engine, service: GenerationService) -> None:
+    def attach(self, engine: ServingEngine, service: GenerationService) -> None:
         self.engine, self.service = engine, service
 
-    def ready(self) -> Engine:
+    def ready(self) -> ServingEngine:
         if self.engine is None:
             raise HttpError("Loading model", "unavailable_error")
         return self.engine
+
+    async def live(self) -> ServingEngine:
+        """The engine, with its reported state fresh."""
+        engine = self.ready()
+        if self.refresh is not None:
+            await self.refresh()
+        return engine
 
     async def read_json(self, request: Request) -> Any:
         declared = request.headers.get("content-length")
@@ -203,7 +213,7 @@ def _is_localhost(origin: str) -> bool:
 
 async def _metrics(request: Request) -> Response:
     state: HttpState = request.app.state.http
-    state.ready()
+    await state.live()
     if not state.metrics or state.metrics_render is None:
         raise HttpError("This server does not support metrics endpoint. Start it with `--metrics`",
                         "not_supported_error")

@@ -33,7 +33,7 @@ NEUTRAL: dict[str, Any] = {
 }
 # Fields that never change the generated tokens here.
 INFORMATIONAL = frozenset({
-    "model", "user", "samplers", "timings_per_token", "return_progress", "n_keep", "min_keep", "penalize_nl",
+    "model", "samplers", "timings_per_token", "return_progress", "n_keep", "min_keep", "penalize_nl",
     "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_threshold",
     "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "backend_sampling", "tool_choice",
     "parallel_tool_calls", "metadata", "store", "service_tier", "reasoning_format", "chat_template_kwargs",
@@ -69,6 +69,7 @@ class HttpOptions:
     n: int = 1  # OpenAI `n` (llama-server's n_cmpl): completions of the same prompt, each in its own slot
     tools: list[Any] | None = None  # OpenAI tool definitions, handed to the chat template
     verbose: bool = False  # llama-server's `__verbose`: the native result (rendered prompt included) too
+    user: str | None = None  # OpenAI `user`: never changes the output; keeps a client on one replica (Ray)
 
 
 def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict[str, Any], HttpOptions]:
@@ -91,6 +92,10 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
                 if not isinstance(value, dict) or not set(value) <= {"include_usage"}:
                     raise HttpError("'stream_options' must be an object with at most 'include_usage'")
                 opts.include_usage = rp.get_bool(value, "include_usage", False)
+        elif name == "user":
+            if value is not None and not isinstance(value, str):
+                raise HttpError("'user' must be a string")
+            opts.user = value or None
         elif name == "verbose":
             opts.verbose = rp.get_bool(body, "verbose", False)
         elif name == "tools":

@@ -26,8 +26,9 @@ from .rpc_methods import MAX_CHARS_PER_TOKEN
 from .rpc_protocol import RpcError
 
 if TYPE_CHECKING:
-    from spekula.core.engine import Engine
     from spekula.core.params import CompletionRequest
+
+    from .serving_engine import RequestStream, ServingEngine
 
 _THREAD_TOKENIZE_CHARS = 16_384
 
@@ -40,7 +41,7 @@ class Generation:
 
 
 class GenerationService:
-    def __init__(self, engine: Engine, defaults: rp.ServerDefaults, write_timeout: float) -> None:
+    def __init__(self, engine: ServingEngine, defaults: rp.ServerDefaults, write_timeout: float) -> None:
         self.engine = engine
         self.defaults = defaults
         self.write_timeout = write_timeout
@@ -83,7 +84,7 @@ class GenerationService:
 
     async def run_all(self, gens: list[Generation], request: Request) -> list[FinalEvent]:
         """Generate without streaming, all at once; the client's disconnect cancels every one."""
-        handles = [self.engine.submit(g.request) for g in gens]
+        handles = [self.engine.submit(g.request, session=g.options.user) for g in gens]
         finals: list[FinalEvent | None] = [None] * len(handles)
 
         def cancel_all() -> None:
@@ -151,7 +152,7 @@ class EventStream:
         self.service, self.gen, self.shape, self.done_marker = service, gen, shape, done_marker
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        handle = self.service.engine.submit(self.gen.request)
+        handle = self.service.engine.submit(self.gen.request, session=self.gen.options.user)
         finished = False
         try:
             async with anyio.create_task_group() as tg:
@@ -174,7 +175,7 @@ class EventStream:
         with anyio.fail_after(self.service.write_timeout):
             await send(message)
 
-    async def _events(self, handle: Any) -> AsyncIterator[bytes]:
+    async def _events(self, handle: RequestStream) -> AsyncIterator[bytes]:
         async for event in handle:
             if isinstance(event, FinalEvent) and event.stop_type == "error":
                 try:

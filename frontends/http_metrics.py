@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from spekula.core.engine import Engine
+    from .serving_engine import ServingEngine
 
 P = "llamacpp:"
 
@@ -32,7 +32,7 @@ def _label(**kw: str) -> str:
     return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in kw.items()) + "}"
 
 
-def render(engine: Engine) -> bytes:
+def render(engine: ServingEngine) -> bytes:
     snap: dict[str, Any] = engine.stats()
     drafters: dict[str, dict[str, Any]] = snap["drafters"]
     health = engine.health()

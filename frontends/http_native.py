@@ -187,8 +187,14 @@ async def apply_template(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     state: HttpState = request.app.state.http
-    state.ready()
-    return JSONResponse({"status": "ok"})
+    if state.refresh is None:
+        state.ready()
+        return JSONResponse({"status": "ok"})
+    status = (await state.live()).health()  # replicas: ok while at least one answers
+    if status["status"] != "ok":
+        raise HttpError("no engine replica is answering", "unavailable_error")
+    return JSONResponse({"status": "ok", "requests_retried": status.get("requests_retried", 0),
+                         "replicas": status.get("replicas", [])})
 
 
 async def props(request: Request) -> Response:
@@ -211,7 +217,7 @@ async def props(request: Request) -> Response:
 
 async def slots(request: Request) -> Response:
     state: HttpState = request.app.state.http
-    engine = state.ready()
+    engine = await state.live()
     if not state.slots_endpoint:
         raise HttpError("This server does not support slots endpoint. Start it with `--slots`", "not_supported_error")
     out = []
@@ -222,6 +228,7 @@ async def slots(request: Request) -> Response:
             "n_prompt_tokens": s["n_prompt"], "n_decoded": s["n_decoded"], "n_cached": s["n_cached"],
             "n_prompt_tokens_cache": s["n_cache_reused"], "spec_types": s["spec_types"],
             "draft_n": s["draft_n"], "draft_n_accepted": s["draft_n_accepted"],
+            **({"replica": s["replica"]} if "replica" in s else {}),
         })
     if request.query_params.get("fail_on_no_slot") and all(s["is_processing"] for s in out):
         raise HttpError("no slot available", "unavailable_error")

@@ -1,0 +1,178 @@
+"""spekula on Ray Serve: one HTTP ingress and N engine replica deployments.
+
+    spekula serve --ray --replicas 2 -m model.gguf -np 4 --port 8000
+    serve run spekula.frontends.ray_app:app model=model.gguf parallel=4 replicas=2
+
+The ingress runs the same Starlette application as `spekula serve --port` over a RoutedEngine
+(frontends/ray_engine.py), which sends each request to the replica whose slots hold the longest
+prefix of its prompt (frontends/replica_router.py). Each replica deployment `engine-<i>` is one
+spekula engine (frontends/ray_replica.py) with its own slots, threads and device; Ray restarts a
+replica that dies or fails its health check. Only this module and the two it names import Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shlex
+import signal
+import socket
+import sys
+import threading
+from functools import partial
+from typing import Any
+
+import anyio
+import ray
+from ray import serve
+from ray.serve import Application
+from ray.serve.handle import DeploymentHandle
+
+from spekula.core.errors import ConfigError
+
+from .cmd_serve import http_state, parse_serve_args, server_defaults
+from .ray_replica import EngineReplica
+
+APP_NAME = "spekula"
+DEFAULT_PORT = 8000  # Ray Serve's own default HTTP port
+
+
+class SpekulaIngress:
+    """The HTTP API in front of the replicas (late-bound ASGI app: it is built once replica 0
+    has described its engine, so the ingress reports the replicas' real settings)."""
+
+    def __init__(self, args: argparse.Namespace, *replicas: DeploymentHandle) -> None:
+        self.args = args
+        self.replicas = list(replicas)
+        self._watch: asyncio.Task[None] | None = None
+
+    async def __serve_build_asgi_app__(self) -> Any:
+        from spekula.core.gguf_file import GGUFFile
+        from spekula.core.tokenizer import Tokenizer
+
+        from .http_app import build_app
+        from .http_generation import GenerationService
+        from .http_metrics import render as render_metrics
+        from .options import resolve_model_path
+        from .ray_engine import RoutedEngine
+
+        args = self.args
+        described = await self.replicas[0].describe.remote()
+        tokenizer = await anyio.to_thread.run_sync(
+            lambda: Tokenizer.from_gguf(GGUFFile.shared(resolve_model_path(args))))
+        engine = RoutedEngine(self.replicas, described, tokenizer)
+        await engine.refresh()
+        state = http_state(args)
+        state.attach(engine, GenerationService(engine, server_defaults(args), state.write_timeout))
+        state.metrics_render = partial(render_metrics, engine)
+        state.refresh = engine.refresh
+        self._watch = asyncio.get_running_loop().create_task(engine.watch())
+        return build_app(state)
+
+
+def threads_per_replica(args: argparse.Namespace) -> int:
+    """-t, or this machine's cores shared out between the replicas (they would fight otherwise)."""
+    if args.threads and args.threads > 0:
+        return int(args.threads)
+    return max(1, (os.cpu_count() or 1) // args.replicas)
+
+
+def application(args: argparse.Namespace) -> Application:
+    args = argparse.Namespace(**vars(args))
+    args.threads = threads_per_replica(args)
+    replica = serve.deployment(EngineReplica)
+    engines = [
+        replica.options(
+            name=f"engine-{i}", num_replicas=1,
+            ray_actor_options={"num_cpus": args.threads},
+            # Requests queue in the engine (it schedules its slots), not in Ray.
+            max_ongoing_requests=max(64, 16 * args.parallel),
+            health_check_period_s=2.0, health_check_timeout_s=30.0, graceful_shutdown_timeout_s=args.drain_timeout,
+        ).bind(args, i)
+        for i in range(args.replicas)
+    ]
+    ingress = serve.deployment(serve.ingress()(SpekulaIngress)).options(
+        name="ingress", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000)
+    return ingress.bind(args, *engines)
+
+
+def app(config: dict[str, str]) -> Application:
+    """Application builder for `serve run spekula.frontends.ray_app:app key=value ...` (or a Serve
+    config file's `args:`). Each key is a `spekula serve` option without its dashes (`model`,
+    `parallel`, `spec-type`, `replicas`, ...); a flag is on with `true`. `argv` takes a whole
+    command line instead."""
+    probe = argparse.ArgumentParser()
+    from .cmd_serve import add_arguments
+
+    add_arguments(probe)
+    flags = {opt: action for action in probe._actions for opt in action.option_strings}
+    argv = shlex.split(config.get("argv", ""))
+    for key, value in config.items():
+        if key == "argv":
+            continue
+        opt = "--" + key.replace("_", "-")
+        action = flags.get(opt) or flags.get("-" + key)
+        if action is None:
+            raise ConfigError(f"unknown spekula serve option in the Serve application's args: {key!r}")
+        if action.nargs == 0:
+            if str(value).lower() in ("1", "true", "yes", "on"):
+                argv.append(opt)
+        else:
+            argv += [opt, str(value)]
+    return application(parse_serve_args(argv))
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def serve_on_ray(args: argparse.Namespace) -> int:
+    """`spekula serve --ray`: deploy, print the address, serve until SIGINT/SIGTERM, clean up."""
+    port = DEFAULT_PORT if args.port is None else args.port or _free_port(args.host)
+    threads = threads_per_replica(args)
+    quiet = ray.LoggingConfig(log_level="WARNING")
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    if args.ray_address:
+        ray.init(address=args.ray_address, log_to_driver=args.verbose, logging_config=quiet)
+    else:
+        ray.init(num_cpus=max(os.cpu_count() or 1, threads * args.replicas), include_dashboard=False,
+                 log_to_driver=args.verbose, logging_config=quiet)
+    try:
+        serve.start(http_options={"host": args.host, "port": port})
+        try:
+            serve.run(application(args), name=APP_NAME, route_prefix="/", blocking=False)
+        except RuntimeError as exc:
+            raise ConfigError(f"the Ray Serve application did not start: {_last_line(exc)}") from None
+        print(f"spekula: HTTP server listening on http://{args.host}:{port} "
+              f"(Ray Serve, {args.replicas} replica(s), {threads} thread(s) each)", file=sys.stderr, flush=True)
+        _wait_for_signal()
+    finally:
+        # Bounded: a Ray cluster that lost its control processes (a signal sent to this process's
+        # whole group reaches a local cluster too) would otherwise keep this call waiting forever.
+        _bounded(partial(serve.delete, APP_NAME) if args.ray_address else serve.shutdown, args.drain_timeout + 10)
+        ray.shutdown()
+    return 0
+
+
+def _bounded(call: Any, timeout: float) -> None:
+    worker = threading.Thread(target=call, daemon=True)
+    worker.start()
+    worker.join(timeout)
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line.split(":", 1)[0]]
+    return (errors or lines or [type(exc).__name__])[-1]
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
