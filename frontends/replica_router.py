@@ -3,12 +3,13 @@
 A replica's prompt cache and its ngram-mod pool only pay when related requests land on it, so the
 router keeps a mirror of what every replica's slots hold (the prompt and answer of the last request
 each slot finished, as the replica reported them) and sends a prompt to the replica with the longest
-common prefix, when that prefix covers more than `min_prefix_fraction` of the prompt (the same test
-a replica applies to its own slots), is at least `min_prefix_tokens` long (every prompt shares its
-BOS token and often a system prompt's first words: that alone is no reason to crowd one replica) and
-that replica is not far busier than the others. Otherwise
-the least-loaded replica wins (fewest requests in flight, ties broken round-robin). A session key
-(the OpenAI `user` field) sticks to the replica it first went to while that replica is up.
+common prefix, when the part of it the least-loaded replica does not also hold covers more than
+`min_prefix_fraction` of the prompt (the same test a replica applies to its own slots) and is at
+least `min_prefix_tokens` long (every prompt shares its BOS token, and a system prompt that every
+replica has cached is no reason to crowd one of them), and that replica is not far busier than the
+others. Otherwise the least-loaded replica wins (fewest requests in flight; among those the longest
+cached prefix, then round-robin). A session key (the OpenAI `user` field) sticks to the replica it
+first went to while that replica is up.
 
 Pure Python with no Ray in it: the Ray ingress (frontends/ray_engine.py) owns one and tells it
 what started, finished and failed. The mirror is advisory: a stale entry costs a cache miss on the
@@ -65,15 +66,18 @@ class PrefixRouter:
             if sticky in live:
                 self._sessions.move_to_end(session)
                 return self._routed(sticky, hit=False)
-        least = self._least_loaded(live)
-        best, best_len = self._longest_prefix(prompt, live)
-        load_gap = self.replicas[best].in_flight - self.replicas[least].in_flight if best_len else 0
-        # A cached prefix is worth a short wait, not an idle replica standing by while this one queues.
-        if (best_len >= max(1, self.min_prefix_tokens) and best_len > self.min_prefix_fraction * len(prompt)
-                and load_gap < self.n_slots):
+        floor = max(1, self.min_prefix_tokens)  # shorter shared prefixes (a BOS token) count as none
+        held = {r: n if (n := self._longest_prefix(prompt, r)) >= floor else 0 for r in live}
+        least = self._least_loaded(live, held)
+        best = max(live, key=lambda r: (held[r], -self.replicas[r].in_flight))
+        # Only the part of the prefix the least-loaded replica lacks is worth moving work for: a
+        # system prompt every replica has cached is no reason to crowd one of them.
+        gain = held[best] - held[least]
+        load_gap = self.replicas[best].in_flight - self.replicas[least].in_flight
+        if best != least and gain >= floor and gain > self.min_prefix_fraction * len(prompt) and load_gap < self.n_slots:
             chosen = self._routed(best, hit=True)
         else:
-            chosen = self._routed(least, hit=False)
+            chosen = self._routed(least, hit=held[least] > 0)
         if session is not None:
             self._remember(session, chosen)
         return chosen
@@ -98,22 +102,19 @@ class PrefixRouter:
     def recovered(self, replica: int) -> None:
         self.replicas[replica].up = True
 
-    def _least_loaded(self, candidates: list[int]) -> int:
+    def _least_loaded(self, candidates: list[int], held: dict[int, int]) -> int:
+        """Fewest requests in flight; among those the longest cached prefix, then round-robin."""
         low = min(self.replicas[r].in_flight for r in candidates)
         tied = [r for r in candidates if self.replicas[r].in_flight == low]
+        longest = max(held[r] for r in tied)
+        tied = [r for r in tied if held[r] == longest]
         pick = tied[self._next % len(tied)]
         self._next += 1
         return pick
 
-    def _longest_prefix(self, prompt: Sequence[int], candidates: list[int]) -> tuple[int, int]:
+    def _longest_prefix(self, prompt: Sequence[int], replica: int) -> int:
         tokens = np.asarray(prompt, dtype=np.int64)
-        best, best_len = candidates[0], 0
-        for r in candidates:
-            for held in self.replicas[r].slots.values():
-                n = common_prefix(tokens, held)
-                if n > best_len:
-                    best, best_len = r, n
-        return best, best_len
+        return max((common_prefix(tokens, held) for held in self.replicas[replica].slots.values()), default=0)
 
     def _routed(self, replica: int, *, hit: bool) -> int:
         view = self.replicas[replica]

@@ -30,9 +30,23 @@ def test_a_short_or_small_shared_prefix_does_not_pull_work() -> None:
     assert picks == {0, 1}  # round-robin among the idle replicas, not all to replica 0
     router = PrefixRouter(2, 2, min_prefix_fraction=0.5, min_prefix_tokens=1)
     router.finished(0, 0, CONVERSATION[:20])
-    router.choose(CONVERSATION[:20] + list(range(1000, 1040)))  # 20 of 60 tokens cached: under half
-    assert router.replicas[0].prefix_hits == 0
+    router.started(0)  # replica 0 is busier: its prefix must be worth the wait
+    assert router.choose(CONVERSATION[:20] + list(range(1000, 1040))) == 1  # 20 of 60 tokens cached: under half
     assert router.choose(CONVERSATION[:20] + [7]) == 0 and router.replicas[0].prefix_hits == 1
+    router.finished(0)
+    assert router.choose(CONVERSATION[:20] + list(range(1000, 1040))) == 0  # equal load: the cache is free
+
+
+def test_a_prefix_every_replica_holds_does_not_pull_work() -> None:
+    router = PrefixRouter(2, 4)
+    system = list(range(300, 330))  # a system prompt both replicas have cached
+    router.finished(0, 0, system + [1, 2, 3])
+    router.finished(1, 0, system + [4, 5, 6])
+    router.finished(0, 1, system + list(range(50, 60)))
+    router.started(0)
+    assert router.choose(system + list(range(50, 54))) == 1  # 4 tokens more on replica 0: under 8, not worth it
+    assert router.choose(system + list(range(50, 60)) + [7, 7]) == 0  # 10 more: worth one request's wait
+    assert router.choose(system + [9, 9, 9, 9]) == 1  # nothing beyond the shared part: the idler one
 
 
 def test_a_busy_replica_loses_its_prefix_claim_to_an_idle_one() -> None:

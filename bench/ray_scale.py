@@ -1,0 +1,184 @@
+"""Scale-out on Ray Serve: throughput and latency with 1 and 2 engine replicas, in one run.
+
+Each replica is one spekula engine with `--threads 1`; the clients are `--clients` threads, each
+sending chat requests back to back (distinct prompts, greedy, `--max-tokens` each) over HTTP.
+Measured, in this order, on one machine:
+
+    plain     spekula serve --port (no Ray), 1 thread        -- the cost of Ray itself
+    ray x1    spekula serve --ray --replicas 1, 1 thread      -- at --clients, and at half of them
+    ray x2    spekula serve --ray --replicas 2, 1 thread each -- at --clients
+
+Throughput is completion tokens per second of wall time across all clients; latency is each
+request's wall time. Goals (issue 17): ray x2 >= 1.7x ray x1 throughput at the same client count;
+ray x2's p50 latency no worse than ray x1's at equal load per replica (x1 with half the clients).
+
+    .venv/bin/python bench/ray_scale.py --clients 16 --requests 3 --max-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+TOPICS = ("rivers", "bread", "trains", "owls", "copper", "tea", "glaciers", "chess", "wool", "radio", "maps",
+          "bees", "clocks", "salt", "kites", "ferns", "bridges", "paper", "wolves", "glass", "honey", "lamps",
+          "tides", "coral", "violins", "deserts", "printing", "volcanoes", "bicycles", "lighthouses", "cheese",
+          "comets", "silk", "moss", "canals", "pottery", "sundials", "whales", "bamboo", "telescopes", "ink",
+          "olives", "mirrors", "caves", "sails", "rain", "looms", "pepper", "marble", "frogs", "harps", "dams")
+
+
+class Server:
+    def __init__(self, model: str | None, extra: list[str], log_dir: Path, name: str) -> None:
+        self.cmd = [str(Path(sys.executable).with_name("spekula")), "serve", "--port", "0", "-c", "2048",
+                    "--temp", "0", *(["-m", model] if model else []), *extra]
+        self.log = log_dir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    def __enter__(self) -> Server:
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=out,
+                                         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            m = re.search(r"listening on http://[\d.]+:(\d+)", self.log.read_text(errors="replace"))
+            if m:
+                self.port = int(m.group(1))
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        while time.monotonic() < deadline:
+            try:
+                if get(self.port, "/health")[0] == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready: {self.log.read_text()[-3000:]}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def get(port: int, path: str) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"null")
+    finally:
+        conn.close()
+
+
+def chat(conn: http.client.HTTPConnection, topic: str, max_tokens: int) -> int:
+    body = {"messages": [{"role": "user", "content": f"Write a short paragraph about {topic}."}],
+            "max_tokens": max_tokens, "temperature": 0}
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    answer = json.loads(resp.read())
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {answer}")
+    return int(answer["usage"]["completion_tokens"])
+
+
+def load(port: int, clients: int, requests: int, max_tokens: int, offset: int) -> dict[str, float]:
+    latencies: list[float] = []
+    tokens = [0]
+    errors: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(clients + 1)
+
+    def client(c: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        start.wait()
+        for r in range(requests):
+            topic = TOPICS[(offset + c * requests + r) % len(TOPICS)]
+            t0 = time.perf_counter()
+            try:
+                n = chat(conn, f"{topic} (note {c}.{r})", max_tokens)
+            except Exception as exc:  # noqa: BLE001 - counted and reported
+                with lock:
+                    errors.append(repr(exc))
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+                continue
+            with lock:
+                latencies.append(time.perf_counter() - t0)
+                tokens[0] += n
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{len(errors)} request(s) failed, e.g. {errors[0]}")
+    return {"tok_s": tokens[0] / wall, "p50_s": statistics.median(latencies),
+            "p90_s": statistics.quantiles(latencies, n=10)[-1] if len(latencies) > 1 else latencies[0],
+            "requests": len(latencies), "tokens": tokens[0], "wall_s": wall}
+
+
+def measure(name: str, server: Server, clients: int, args: argparse.Namespace, rows: list[tuple[str, dict]]) -> None:
+    load(server.port, min(clients, 4), 1, 16, offset=1000)  # warm-up: first forwards, caches, Ray paths
+    row = load(server.port, clients, args.requests, args.max_tokens, offset=len(rows) * 7)
+    rows.append((name, row))
+    print(f"{name:<34} {row['tok_s']:8.1f} tok/s   p50 {row['p50_s']:6.2f} s   p90 {row['p90_s']:6.2f} s   "
+          f"({row['requests']} requests, {row['tokens']} tokens, {row['wall_s']:.1f} s)", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-m", "--model", default=None, help="GGUF model (default: the embedded SmolLM2)")
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--requests", type=int, default=4, help="requests per client")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--parallel", type=int, default=4, help="slots per engine (-np)")
+    p.add_argument("--spec-type", default="ngram-simple,ngram-mod")
+    args = p.parse_args(argv)
+    common = ["-np", str(args.parallel), "-t", "1", "--spec-type", args.spec_type]
+    rows: list[tuple[str, dict]] = []
+    print(f"{args.clients} clients x {args.requests} chat requests x {args.max_tokens} tokens, "
+          f"-np {args.parallel}, --spec-type {args.spec_type}, 1 thread per engine, {os.cpu_count()} cores")
+    with tempfile.TemporaryDirectory(prefix="ray-scale-") as tmp:
+        logs = Path(tmp)
+        with Server(args.model, common, logs, "plain") as srv:
+            measure(f"plain, {args.clients} clients", srv, args.clients, args, rows)
+        with Server(args.model, ["--ray", "--replicas", "1", *common], logs, "ray1") as srv:
+            measure(f"ray x1, {args.clients} clients", srv, args.clients, args, rows)
+            measure(f"ray x1, {args.clients // 2} clients", srv, args.clients // 2, args, rows)
+        with Server(args.model, ["--ray", "--replicas", "2", *common], logs, "ray2") as srv:
+            measure(f"ray x2, {args.clients} clients", srv, args.clients, args, rows)
+            health = get(srv.port, "/health")[1]
+    by = dict(rows)
+    plain, one, half, two = (by[f"plain, {args.clients} clients"], by[f"ray x1, {args.clients} clients"],
+                             by[f"ray x1, {args.clients // 2} clients"], by[f"ray x2, {args.clients} clients"])
+    print(f"\nray x1 / plain throughput: {one['tok_s'] / plain['tok_s']:.2f}x (the cost of the Ray hop)")
+    print(f"ray x2 / ray x1 throughput at {args.clients} clients: {two['tok_s'] / one['tok_s']:.2f}x (goal >= 1.7x)")
+    print(f"ray x2 p50 at {args.clients} clients / ray x1 p50 at {args.clients // 2} clients: "
+          f"{two['p50_s'] / half['p50_s']:.2f}x (goal <= 1.0x: equal load per replica)")
+    print("ray x2 requests per replica:", [r["routed"] for r in health["replicas"]])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
