@@ -146,6 +146,26 @@ def measure(name: str, server: Server, clients: int, args: argparse.Namespace, r
           f"({row['requests']} requests, {row['tokens']} tokens, {row['wall_s']:.1f} s)", flush=True)
 
 
+def one_round(args: argparse.Namespace, logs: Path, common: list[str]) -> dict[str, float]:
+    """Every configuration once; returns this round's ratios."""
+    rows: list[tuple[str, dict]] = []
+    full, half = args.clients, args.clients // 2
+    with Server(args.model, common, logs, "plain") as srv:
+        measure(f"plain, {full} clients", srv, full, args, rows)
+    with Server(args.model, ["--ray", "--replicas", "1", *common], logs, "ray1") as srv:
+        measure(f"ray x1, {full} clients", srv, full, args, rows)
+        measure(f"ray x1, {half} clients", srv, half, args, rows)
+    with Server(args.model, ["--ray", "--replicas", "2", *common], logs, "ray2") as srv:
+        measure(f"ray x2, {full} clients", srv, full, args, rows)
+        routed = [r["routed"] for r in get(srv.port, "/health")[1]["replicas"]]
+    plain, one, one_half, two = (row for _, row in rows)
+    ratios = {"hop": one["tok_s"] / plain["tok_s"], "scale": two["tok_s"] / one["tok_s"],
+              "p50": two["p50_s"] / one_half["p50_s"]}
+    print(f"  round: ray x1 / plain {ratios['hop']:.2f}x, ray x2 / ray x1 {ratios['scale']:.2f}x, "
+          f"p50 x2@{full} / x1@{half} {ratios['p50']:.2f}x, requests per replica {routed}", flush=True)
+    return ratios
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model", default=None, help="GGUF model (default: the embedded SmolLM2)")
@@ -154,29 +174,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--parallel", type=int, default=4, help="slots per engine (-np)")
     p.add_argument("--spec-type", default="ngram-simple,ngram-mod")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="repeat every configuration this many times (this machine's speed drifts)")
     args = p.parse_args(argv)
     common = ["-np", str(args.parallel), "-t", "1", "--spec-type", args.spec_type]
-    rows: list[tuple[str, dict]] = []
     print(f"{args.clients} clients x {args.requests} chat requests x {args.max_tokens} tokens, "
           f"-np {args.parallel}, --spec-type {args.spec_type}, 1 thread per engine, {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory(prefix="ray-scale-") as tmp:
-        logs = Path(tmp)
-        with Server(args.model, common, logs, "plain") as srv:
-            measure(f"plain, {args.clients} clients", srv, args.clients, args, rows)
-        with Server(args.model, ["--ray", "--replicas", "1", *common], logs, "ray1") as srv:
-            measure(f"ray x1, {args.clients} clients", srv, args.clients, args, rows)
-            measure(f"ray x1, {args.clients // 2} clients", srv, args.clients // 2, args, rows)
-        with Server(args.model, ["--ray", "--replicas", "2", *common], logs, "ray2") as srv:
-            measure(f"ray x2, {args.clients} clients", srv, args.clients, args, rows)
-            health = get(srv.port, "/health")[1]
-    by = dict(rows)
-    plain, one, half, two = (by[f"plain, {args.clients} clients"], by[f"ray x1, {args.clients} clients"],
-                             by[f"ray x1, {args.clients // 2} clients"], by[f"ray x2, {args.clients} clients"])
-    print(f"\nray x1 / plain throughput: {one['tok_s'] / plain['tok_s']:.2f}x (the cost of the Ray hop)")
-    print(f"ray x2 / ray x1 throughput at {args.clients} clients: {two['tok_s'] / one['tok_s']:.2f}x (goal >= 1.7x)")
+        rounds = [one_round(args, Path(tmp), common) for _ in range(args.rounds)]
+
+    def median(key: str) -> float:
+        return statistics.median(r[key] for r in rounds)
+
+    print(f"\nmedians over {args.rounds} round(s):")
+    print(f"ray x1 / plain throughput: {median('hop'):.2f}x (the cost of the Ray hop)")
+    print(f"ray x2 / ray x1 throughput at {args.clients} clients: {median('scale'):.2f}x (goal >= 1.7x)")
     print(f"ray x2 p50 at {args.clients} clients / ray x1 p50 at {args.clients // 2} clients: "
-          f"{two['p50_s'] / half['p50_s']:.2f}x (goal <= 1.0x: equal load per replica)")
-    print("ray x2 requests per replica:", [r["routed"] for r in health["replicas"]])
+          f"{median('p50'):.2f}x (goal <= 1.0x: equal load per replica)")
     return 0
 
 

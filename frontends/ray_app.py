@@ -86,7 +86,8 @@ def application(args: argparse.Namespace) -> Application:
     engines = [
         replica.options(
             name=f"engine-{i}", num_replicas=1,
-            ray_actor_options={"num_cpus": args.threads},
+            # A CUDA replica gets one GPU of its own from Ray (which sets CUDA_VISIBLE_DEVICES for it).
+            ray_actor_options={"num_cpus": args.threads, "num_gpus": 1 if str(args.device).startswith("cuda") else 0},
             # Requests queue in the engine (it schedules its slots), not in Ray.
             max_ongoing_requests=max(64, 16 * args.parallel),
             health_check_period_s=2.0, health_check_timeout_s=30.0, graceful_shutdown_timeout_s=args.drain_timeout,
