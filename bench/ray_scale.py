@@ -5,6 +5,7 @@ sending chat requests back to back (distinct prompts, greedy, `--max-tokens` eac
 Measured, in this order, on one machine:
 
     plain     spekula serve --port (no Ray), 1 thread        -- the cost of Ray itself
+    plain x2  two such servers side by side, half the clients each -- what the cores give without Ray
     ray x1    spekula serve --ray --replicas 1, 1 thread      -- at --clients, and at half of them
     ray x2    spekula serve --ray --replicas 2, 1 thread each -- at --clients
 
@@ -98,6 +99,22 @@ def chat(conn: http.client.HTTPConnection, topic: str, max_tokens: int) -> int:
     return int(answer["usage"]["completion_tokens"])
 
 
+def load_pair(ports: tuple[int, int], clients: int, requests: int, max_tokens: int) -> dict[str, float]:
+    """Two servers loaded at once, half the clients each: the rows of both, combined."""
+    out: list[dict[str, float]] = []
+    threads = [threading.Thread(target=lambda p=p, i=i: out.append(load(p, clients // 2, requests, max_tokens, i * 97)))
+               for i, p in enumerate(ports)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = max(r["wall_s"] for r in out)
+    tokens = sum(r["tokens"] for r in out)
+    return {"tok_s": tokens / wall, "p50_s": statistics.median(r["p50_s"] for r in out),
+            "p90_s": max(r["p90_s"] for r in out), "requests": sum(r["requests"] for r in out), "tokens": tokens,
+            "wall_s": wall}
+
+
 def load(port: int, clients: int, requests: int, max_tokens: int, offset: int) -> dict[str, float]:
     latencies: list[float] = []
     tokens = [0]
@@ -152,6 +169,12 @@ def one_round(args: argparse.Namespace, logs: Path, common: list[str]) -> dict[s
     full, half = args.clients, args.clients // 2
     with Server(args.model, common, logs, "plain") as srv:
         measure(f"plain, {full} clients", srv, full, args, rows)
+    with Server(args.model, common, logs, "plain-a") as a, Server(args.model, common, logs, "plain-b") as b:
+        for srv in (a, b):
+            load(srv.port, 4, 1, 16, offset=1000)
+        pair = load_pair((a.port, b.port), full, args.requests, args.max_tokens)
+        print(f"{'plain x2 side by side, ' + str(full) + ' clients':<34} {pair['tok_s']:8.1f} tok/s   "
+              f"p50 {pair['p50_s']:6.2f} s   p90 {pair['p90_s']:6.2f} s   ({pair['requests']} requests)", flush=True)
     with Server(args.model, ["--ray", "--replicas", "1", *common], logs, "ray1") as srv:
         measure(f"ray x1, {full} clients", srv, full, args, rows)
         measure(f"ray x1, {half} clients", srv, half, args, rows)
@@ -160,8 +183,9 @@ def one_round(args: argparse.Namespace, logs: Path, common: list[str]) -> dict[s
         routed = [r["routed"] for r in get(srv.port, "/health")[1]["replicas"]]
     plain, one, one_half, two = (row for _, row in rows)
     ratios = {"hop": one["tok_s"] / plain["tok_s"], "scale": two["tok_s"] / one["tok_s"],
-              "p50": two["p50_s"] / one_half["p50_s"]}
-    print(f"  round: ray x1 / plain {ratios['hop']:.2f}x, ray x2 / ray x1 {ratios['scale']:.2f}x, "
+              "p50": two["p50_s"] / one_half["p50_s"], "cores": pair["tok_s"] / plain["tok_s"]}
+    print(f"  round: plain pair / plain {ratios['cores']:.2f}x, ray x1 / plain {ratios['hop']:.2f}x, "
+          f"ray x2 / ray x1 {ratios['scale']:.2f}x, "
           f"p50 x2@{full} / x1@{half} {ratios['p50']:.2f}x, requests per replica {routed}", flush=True)
     return ratios
 
@@ -187,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         return statistics.median(r[key] for r in rounds)
 
     print(f"\nmedians over {args.rounds} round(s):")
+    print(f"two plain servers / one: {median('cores'):.2f}x (what the cores scale to without Ray)")
     print(f"ray x1 / plain throughput: {median('hop'):.2f}x (the cost of the Ray hop)")
     print(f"ray x2 / ray x1 throughput at {args.clients} clients: {median('scale'):.2f}x (goal >= 1.7x)")
     print(f"ray x2 p50 at {args.clients} clients / ray x1 p50 at {args.clients // 2} clients: "
