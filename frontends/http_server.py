@@ -77,7 +77,11 @@ async def serve(load: Callable[[], Engine], state: HttpState, http: HttpConfig, 
     config = uvicorn.Config(build_app(state), log_level="warning", access_log=False, lifespan="off",
                             timeout_keep_alive=http.timeout_keep_alive, limit_concurrency=http.max_connections,
                             timeout_graceful_shutdown=max(1, int(http.drain_timeout)), ws="none",
-                            server_header=False)
+                            server_header=False,
+                            # Pinned, not "auto": with uvicorn[standard] installed (the Ray extra brings it)
+                            # auto picks httptools, which sends header names lower-cased where llama-server's
+                            # clients and tests expect its Title-Case, and uvloop, which no measurement here used.
+                            http="h11", loop="asyncio")
     server = _Uvicorn(config)
     url = f"http://{host}:{port}"
     http_done = anyio.Event()
