@@ -75,7 +75,7 @@ def cluster() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def server(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
     log = tmp_path_factory.mktemp("ray") / "server.log"
-    srv = start(MODEL, "--ray", "--ray-address", cluster, "--replicas", "2", "-np", str(N_SLOTS), "-c", "256",
+    srv = start(MODEL, "--ray", "--ray-address", cluster, "--replicas", "2", "-np", str(N_SLOTS), "-c", "2048",
                 "-t", "1", "--temp", "0", "--metrics", *SPEC, log=log)
     try:
         yield srv
@@ -182,19 +182,52 @@ def test_health_slots_and_metrics_cover_every_replica(server: HttpServer) -> Non
     assert [s["replica"] for s in slots] == [0] * N_SLOTS + [1] * N_SLOTS
     assert server.get("/props")[1]["total_slots"] == 2 * N_SLOTS
 
-    def predicted() -> float:
-        status, text = server.get("/metrics")
-        assert status == 200
-        return float(next(line.split()[1] for line in text.splitlines()
-                          if line.startswith("llamacpp:tokens_predicted_total ")))
-
-    before = predicted()
+    before = _predicted(server)
     made = 0
     for i, prompt in enumerate(PROMPTS):  # id_slot spreads them over both replicas for certain
         status, got = server.post("/completion", {"prompt": prompt, "n_predict": 10, "id_slot": i % (2 * N_SLOTS)})
         assert status == 200, got
         made += got["tokens_predicted"]
-    assert predicted() - before == made
+    assert _predicted(server) - before == made
+
+
+def _predicted(server: HttpServer) -> float:
+    status, text = server.get("/metrics")
+    assert status == 200
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith("llamacpp:tokens_predicted_total ")))
+
+
+def _all_idle(server: HttpServer, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(s["is_processing"] for s in server.get("/slots")[1]):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"slots still busy: {server.get('/slots')[1]}")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_goes_away_frees_its_slot_on_the_replica(server: HttpServer, stream: bool) -> None:
+    _all_idle(server)
+    before = _predicted(server)
+    body = json.dumps({"prompt": PROMPTS[1], "n_predict": 2000, "ignore_eos": True, "stream": stream})
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    sock.sendall(f"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+    if stream:
+        got = b""
+        while b"data: " not in got:  # generating: the first event is out
+            chunk = sock.recv(65536)
+            assert chunk, got
+            got += chunk
+    else:
+        deadline = time.monotonic() + 30
+        while not any(s["is_processing"] for s in server.get("/slots")[1]):
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.01)
+    sock.close()
+    _all_idle(server)
+    assert _predicted(server) - before < 2000  # cancelled on the replica, not run to n_predict
 
 
 def test_a_replica_killed_under_load_loses_no_unstreamed_request(server: HttpServer) -> None:
