@@ -37,6 +37,12 @@ from .ray_replica import EngineReplica
 
 APP_NAME = "spekula"
 DEFAULT_PORT = 8000  # Ray Serve's own default HTTP port
+# For a cluster this command starts itself: Serve's control loop and metrics export run 10 times a
+# second in every Serve actor by default, CPU taken from the engines on a small machine. Slower
+# here (a failed replica is noticed within half a second either way: its calls fail at once).
+# Set in the environment to override; a cluster started with `ray start` keeps its own settings.
+LOCAL_CLUSTER_ENV = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5", "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
+                     "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 class SpekulaIngress:
@@ -79,6 +85,12 @@ def threads_per_replica(args: argparse.Namespace) -> int:
     return max(1, (os.cpu_count() or 1) // args.replicas)
 
 
+def serve_logging(args: argparse.Namespace) -> dict[str, Any]:
+    """Ray Serve's logs: a line per request and per call in every actor unless -v (each costs CPU
+    the engines would otherwise have; spekula's own warnings still go out)."""
+    return {"log_level": "INFO" if args.verbose else "WARNING", "enable_access_log": bool(args.verbose)}
+
+
 def application(args: argparse.Namespace) -> Application:
     args = argparse.Namespace(**vars(args))
     args.threads = threads_per_replica(args)
@@ -91,11 +103,13 @@ def application(args: argparse.Namespace) -> Application:
             # Requests queue in the engine (it schedules its slots), not in Ray.
             max_ongoing_requests=max(64, 16 * args.parallel),
             health_check_period_s=2.0, health_check_timeout_s=30.0, graceful_shutdown_timeout_s=args.drain_timeout,
+            logging_config=serve_logging(args),
         ).bind(args, i)
         for i in range(args.replicas)
     ]
     ingress = serve.deployment(serve.ingress()(SpekulaIngress)).options(
-        name="ingress", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000)
+        name="ingress", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000,
+        logging_config=serve_logging(args))
     return ingress.bind(args, *engines)
 
 
@@ -140,10 +154,12 @@ def serve_on_ray(args: argparse.Namespace) -> int:
     if args.ray_address:
         ray.init(address=args.ray_address, log_to_driver=args.verbose, logging_config=quiet)
     else:
+        for key, value in LOCAL_CLUSTER_ENV.items():
+            os.environ.setdefault(key, value)  # inherited by the cluster's processes
         ray.init(num_cpus=max(os.cpu_count() or 1, threads * args.replicas), include_dashboard=False,
                  log_to_driver=args.verbose, logging_config=quiet)
     try:
-        serve.start(http_options={"host": args.host, "port": port})
+        serve.start(http_options={"host": args.host, "port": port}, logging_config=serve_logging(args))
         try:
             serve.run(application(args), name=APP_NAME, route_prefix="/", blocking=False)
         except RuntimeError as exc:
