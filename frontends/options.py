@@ -270,6 +270,22 @@ def resolve_draft_path(args: argparse.Namespace) -> str | None:
     return str(args.spec_draft_model) if args.spec_draft_model else None
 
 
+def preflight(args: argparse.Namespace) -> None:
+    """The checks `build_engine` starts with, without loading weights: the options, the drafters,
+    and that the model (and draft model) files are readable GGUFs with a tokenizer. For a process
+    that hands the loading to others (Ray replicas), so a bad file is one clear error up front."""
+    from spekula.core.tokenizer import Tokenizer
+
+    _check_model_sources(args)
+    if args.parallel < 1:
+        raise ConfigError(f"--parallel must be >= 1; got {args.parallel}")
+    _check_implemented(spec_params_from_args(args).types, None)
+    draft_path = resolve_draft_path(args)
+    Tokenizer.from_gguf(GGUFFile.shared(resolve_model_path(args)))
+    if draft_path:
+        GGUFFile.shared(draft_path)
+
+
 def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None) -> Engine:
     """Load the target backend and tokenizer and create the drafters; any problem is a SpekulaError."""
     from spekula.core.tokenizer import Tokenizer

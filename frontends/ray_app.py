@@ -147,6 +147,9 @@ def _free_port(host: str) -> int:
 
 def serve_on_ray(args: argparse.Namespace) -> int:
     """`spekula serve --ray`: deploy, print the address, serve until SIGINT/SIGTERM, clean up."""
+    from .options import preflight
+
+    preflight(args)  # a bad model file or option is one clear error, before any replica tries it
     port = DEFAULT_PORT if args.port is None else args.port or _free_port(args.host)
     threads = threads_per_replica(args)
     quiet = ray.LoggingConfig(log_level="WARNING")

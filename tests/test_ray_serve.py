@@ -174,6 +174,30 @@ def test_a_user_sticks_to_one_replica(server: HttpServer) -> None:
     assert set(homes.values()) == {0, 1}  # new users still spread over the replicas
 
 
+def test_bad_requests_are_refused_at_the_ingress_and_serving_goes_on(server: HttpServer) -> None:
+    for raw, field in ((b"{bad", "invalid JSON"), (b'{"prompt": 5}', "prompt"), (b'{"prompt": "x", "nope": 1}', "nope"),
+                       (b"[" * 50_000, "invalid JSON"), (b'{"prompt": "x", "n_predict": 1e999}', "out of range"),
+                       (b'{"prompt": "x", "grammar": "root ::= ("}', "grammar"),
+                       (b'{"prompt": "x", "id_slot": 99}', "id_slot")):
+        status, _, body = server.call("POST", "/completion", raw=raw)
+        assert status == 400, (raw[:40], status, body)
+        assert field in body["error"]["message"], body
+    status, got = server.post("/completion", {"prompt": PROMPTS[0], "n_predict": 8})
+    assert status == 200 and got["tokens_predicted"] == 8
+
+
+def test_a_bad_model_or_option_is_one_clear_error_before_ray_starts(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(Path(MODEL).read_bytes()[:1000])
+    for args, words in ((["-m", bad], "truncated"), (["-m", tmp_path / "none.gguf"], "no such file"),
+                        (["-m", MODEL, "--spec-type", "draft-mtp"], "does not implement"),
+                        (["-m", MODEL, "--socket", tmp_path / "s"], "--socket cannot be combined")):
+        res = run_cli("serve", "--ray", "--port", "0", *args, timeout=120)
+        assert res.returncode == 1 and words in res.stderr, res.stderr
+    res = run_cli("serve", "-m", MODEL, "--replicas", "2", "--port", "0", timeout=60)
+    assert res.returncode == 1 and "need --ray" in res.stderr
+
+
 def test_health_slots_and_metrics_cover_every_replica(server: HttpServer) -> None:
     health = _health(server)
     assert [r["replica"] for r in health["replicas"]] == [0, 1] and all(r["up"] for r in health["replicas"])
