@@ -87,16 +87,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--connections", type=int, default=50)
     ap.add_argument("--n-predict", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ray-replicas", type=int, default=0,
+                    help="serve with --ray and this many engine replicas (RSS is then their sum)")
     args = ap.parse_args(argv)
-    srv = Spekula(args.model, args.threads, extra=["-np", "4"])
+    ray = ["--ray", "--replicas", str(args.ray_replicas)] if args.ray_replicas else []
+    srv = Spekula(args.model, args.threads, extra=["-np", "4", *ray])
     with srv:
         assert srv.proc is not None
+
+        def server_rss() -> float:
+            if not ray:
+                return rss_mb(srv.proc.pid)  # type: ignore[union-attr]
+            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+            conn.request("GET", "/health")
+            pids = [r["pid"] for r in json.loads(conn.getresponse().read())["replicas"] if r["pid"]]
+            conn.close()
+            return sum(rss_mb(pid) for pid in pids)
+
         ref = {}
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=600)
         for p in PROMPTS:
             ref[p] = complete(conn, p, args.n_predict)
         conn.close()
-        rss_start = rss_mb(srv.proc.pid)
+        rss_start = server_rss()
         lock = threading.Lock()
         todo = list(range(args.requests))
         done: dict[str, int] = {"ok": 0, "wrong": 0, "failed": 0}
@@ -121,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                     done[key] += 1
                     n = sum(done.values())
                     if n == args.requests // 5:
-                        marks.append((n, rss_mb(srv.proc.pid)))  # type: ignore[union-attr]
+                        marks.append((n, server_rss()))
             c.close()
 
         stop = threading.Event()
@@ -138,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         for t in hostiles:
             t.join(timeout=60)
         time.sleep(1.0)
-        rss_end = rss_mb(srv.proc.pid)
+        rss_end = server_rss()
         health = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
         health.request("GET", "/slots")
         busy = sum(s["is_processing"] for s in json.loads(health.getresponse().read()))
