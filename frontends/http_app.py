@@ -59,6 +59,7 @@ class HttpState:
     # Fetches the engine's live state before /health, /slots and /metrics answer: replicas of a
     # Ray deployment report over the network; a local engine is read directly (None).
     refresh: Callable[[], Awaitable[None]] | None = None
+    server_header: bool = True  # off behind Ray Serve, whose HTTP proxy sends its own
     started: float = field(default_factory=time.time)
 
     @property
@@ -147,7 +148,9 @@ class Gates:
                 # Header names in their usual case (Starlette lowercases them): HTTP does not care,
                 # but clients that copy headers into a plain dict look them up as `Content-Type`.
                 headers = [(_title(k), v) for k, v in [*message.get("headers", []), *cors]]
-                message = {**message, "headers": [*headers, (b"Server", b"spekula")]}
+                if self.state.server_header:
+                    headers.append((b"Server", b"spekula"))
+                message = {**message, "headers": headers}
             await send(message)
 
         try:

@@ -74,6 +74,7 @@ class SpekulaIngress:
         state.attach(engine, GenerationService(engine, server_defaults(args), state.write_timeout))
         state.metrics_render = partial(render_metrics, engine)
         state.refresh = engine.refresh
+        state.server_header = False
         self._watch = asyncio.get_running_loop().create_task(engine.watch())
         return build_app(state)
 

@@ -5,6 +5,7 @@ replica killed under load losing no request that had not started streaming."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -184,6 +185,12 @@ def test_bad_requests_are_refused_at_the_ingress_and_serving_goes_on(server: Htt
         assert field in body["error"]["message"], body
     status, got = server.post("/completion", {"prompt": PROMPTS[0], "n_predict": 8})
     assert status == 200 and got["tokens_predicted"] == 8
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("GET", "/health")
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    assert len(resp.headers.get_all("server") or []) == 1  # Ray's proxy names itself; the app does not too
 
 
 def test_a_bad_model_or_option_is_one_clear_error_before_ray_starts(tmp_path: Path) -> None:
