@@ -270,26 +270,8 @@ def resolve_draft_path(args: argparse.Namespace) -> str | None:
     return str(args.spec_draft_model) if args.spec_draft_model else None
 
 
-def preflight(args: argparse.Namespace) -> None:
-    """The checks `build_engine` starts with, without loading weights: the options, the drafters,
-    and that the model (and draft model) files are readable GGUFs with a tokenizer. For a process
-    that hands the loading to others (Ray replicas), so a bad file is one clear error up front."""
-    from spekula.core.tokenizer import Tokenizer
-
-    _check_model_sources(args)
-    if args.parallel < 1:
-        raise ConfigError(f"--parallel must be >= 1; got {args.parallel}")
-    _check_implemented(spec_params_from_args(args).types, None)
-    draft_path = resolve_draft_path(args)
-    Tokenizer.from_gguf(GGUFFile.shared(resolve_model_path(args)))
-    if draft_path:
-        GGUFFile.shared(draft_path)
-
-
-def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None) -> Engine:
-    """Load the target backend and tokenizer and create the drafters; any problem is a SpekulaError."""
-    from spekula.core.tokenizer import Tokenizer
-
+def _checked_spec(args: argparse.Namespace, drafters: list[Any] | None) -> tuple[SpecParams, str | None]:
+    """The options' speculation settings and the draft model's path, checked (no weights loaded)."""
     _check_model_sources(args)
     if args.parallel < 1:
         raise ConfigError(f"--parallel must be >= 1; got {args.parallel}")
@@ -302,16 +284,39 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
         # llama.cpp loads nothing for a plain -md either; say so instead of silently drafting nothing.
         log.warning("draft_model_unused", draft_model=draft_path,
                     hint="draft-simple must be enabled with --spec-type draft-simple")
+    return spec, draft_path
+
+
+def _open_target(args: argparse.Namespace) -> tuple[str, GGUFFile, Any]:
+    """The target's path, its GGUF (headers and metadata, no weights) and its tokenizer."""
+    from spekula.core.tokenizer import Tokenizer
+
     path = resolve_model_path(args)
     try:
         model_file = GGUFFile.shared(path)  # a corrupt or truncated file fails here, with the path in the message
-        tokenizer = Tokenizer.from_gguf(model_file)
+        return path, model_file, Tokenizer.from_gguf(model_file)
     except ModelFileError as exc:
         if args.model or getattr(args, "hf_repo", None):  # only the embedded default gets the "damaged" advice
             raise
         from spekula.frontends.default_model import damaged_default_model
 
         raise damaged_default_model(exc) from None
+
+
+def preflight(args: argparse.Namespace) -> None:
+    """The checks `build_engine` starts with, without loading weights: the options, the drafters,
+    and that the model (and draft model) files are readable GGUFs with a tokenizer. For a process
+    that hands the loading to others (Ray replicas), so a bad file is one clear error up front."""
+    _, draft_path = _checked_spec(args, None)
+    _open_target(args)
+    if draft_path:
+        GGUFFile.shared(draft_path)
+
+
+def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None) -> Engine:
+    """Load the target backend and tokenizer and create the drafters; any problem is a SpekulaError."""
+    spec, draft_path = _checked_spec(args, drafters)
+    path, _, tokenizer = _open_target(args)
     opts = BackendOptions(device=args.device, dtype=args.dtype, n_ctx=args.ctx_size, n_seq_max=args.parallel,
                           threads=args.threads, ort_provider=args.ort_provider)
     draft_opts = BackendOptions(device=args.spec_draft_device or args.device, dtype=args.spec_draft_dtype or args.dtype,
