@@ -187,14 +187,11 @@ async def apply_template(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     state: HttpState = request.app.state.http
-    if state.refresh is None:
-        state.ready()
-        return JSONResponse({"status": "ok"})
-    status = (await state.live()).health()  # replicas: ok while at least one answers
+    status = (await state.live()).health()  # Ray replicas: ok while at least one answers
     if status["status"] != "ok":
         raise HttpError("no engine replica is answering", "unavailable_error")
-    return JSONResponse({"status": "ok", "requests_retried": status.get("requests_retried", 0),
-                         "replicas": status.get("replicas", [])})
+    # llama-server's body, plus what a Ray deployment reports about its replicas
+    return JSONResponse({"status": "ok", **{k: status[k] for k in ("requests_retried", "replicas") if k in status}})
 
 
 async def props(request: Request) -> Response:
