@@ -100,13 +100,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_engine_options(p)
 
 
-def parse_serve_args(argv: list[str]) -> argparse.Namespace:
-    """`spekula serve` options from a list of arguments, as the command line would give them."""
-    from spekula.frontends.cli import normalize_option_names
-
+def serve_parser() -> argparse.ArgumentParser:
+    """`spekula serve`'s options on a parser of their own (for a Ray Serve application's args)."""
     parser = argparse.ArgumentParser(prog="spekula serve")
     add_arguments(parser)
-    return parser.parse_args(normalize_option_names(argv))
+    return parser
 
 
 def _port(text: str) -> int:

@@ -32,7 +32,8 @@ from ray.serve.handle import DeploymentHandle
 
 from spekula.core.errors import ConfigError
 
-from .cmd_serve import http_state, parse_serve_args, server_defaults
+from .cli import normalize_option_names
+from .cmd_serve import http_state, serve_parser, server_defaults
 from .ray_replica import EngineReplica
 
 APP_NAME = "spekula"
@@ -119,11 +120,8 @@ def app(config: dict[str, str]) -> Application:
     config file's `args:`). Each key is a `spekula serve` option without its dashes (`model`,
     `parallel`, `spec-type`, `replicas`, ...); a flag is on with `true`. `argv` takes a whole
     command line instead."""
-    probe = argparse.ArgumentParser()
-    from .cmd_serve import add_arguments
-
-    add_arguments(probe)
-    flags = {opt: action for action in probe._actions for opt in action.option_strings}
+    parser = serve_parser()
+    flags = {opt: action for action in parser._actions for opt in action.option_strings}
     argv = shlex.split(config.get("argv", ""))
     for key, value in config.items():
         if key == "argv":
@@ -137,7 +135,7 @@ def app(config: dict[str, str]) -> Application:
                 argv.append(opt)
         else:
             argv += [opt, str(value)]
-    return application(parse_serve_args(argv))
+    return application(parser.parse_args(normalize_option_names(argv)))
 
 
 def _free_port(host: str) -> int:
