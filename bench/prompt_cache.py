@@ -18,6 +18,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -78,28 +79,35 @@ def _round(port: int, topic: str, n_predict: int) -> dict[str, Any]:
 
 
 class Spekula:
-    def __init__(self, model: str | None, threads: int, extra: list[str] | None = None) -> None:
-        self.model, self.threads, self.extra = model, threads, list(extra or [])
+    """`spekula serve --port 0` as a context manager: started, ready (/health 200), terminated.
+
+    Its stderr goes to a file, not a pipe: a server that keeps logging (Ray's processes do) would
+    block once a pipe nobody reads filled up."""
+
+    def __init__(self, model: str | None, threads: int, extra: list[str] | None = None, *, ctx: int = 4096) -> None:
+        self.model, self.threads, self.extra, self.ctx = model, threads, list(extra or []), ctx
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.log = Path(tempfile.mkstemp(prefix="spekula-serve-", suffix=".log")[1])
 
     def __enter__(self) -> Spekula:
         exe = Path(sys.executable).with_name("spekula")
-        cmd = [str(exe), "serve", "--port", "0", "-c", "4096", "-t", str(self.threads), "--temp", "0"]
+        cmd = [str(exe), "serve", "--port", "0", "-c", str(self.ctx), "-t", str(self.threads), "--temp", "0"]
         if self.model:
             cmd += ["-m", self.model]
         cmd += self.extra
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     env={**os.environ, "OMP_NUM_THREADS": str(self.threads)})
-        assert self.proc.stderr is not None
-        for raw in self.proc.stderr:
-            m = re.search(r"listening on http://[\d.]+:(\d+)", raw.decode(errors="replace"))
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(cmd, stderr=out, stdout=subprocess.DEVNULL,
+                                         env={**os.environ, "OMP_NUM_THREADS": str(self.threads)})
+        deadline = time.monotonic() + 600
+        while not self.port:
+            m = re.search(r"listening on http://[\d.]+:(\d+)", self.log.read_text(errors="replace"))
             if m:
                 self.port = int(m.group(1))
-                break
-        else:
-            raise RuntimeError("spekula serve did not start")
-        deadline = time.monotonic() + 300
+            elif self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"spekula serve did not start: {self.log.read_text()[-3000:]}")
+            else:
+                time.sleep(0.2)
         while time.monotonic() < deadline:
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
@@ -109,12 +117,16 @@ class Spekula:
             except OSError:
                 pass
             time.sleep(0.2)
-        raise RuntimeError("spekula serve did not become ready")
+        raise RuntimeError(f"spekula serve did not become ready: {self.log.read_text()[-3000:]}")
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(timeout=60)
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:

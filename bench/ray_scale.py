@@ -22,60 +22,21 @@ import argparse
 import http.client
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prompt_cache import Spekula  # noqa: E402
 
 TOPICS = ("rivers", "bread", "trains", "owls", "copper", "tea", "glaciers", "chess", "wool", "radio", "maps",
           "bees", "clocks", "salt", "kites", "ferns", "bridges", "paper", "wolves", "glass", "honey", "lamps",
           "tides", "coral", "violins", "deserts", "printing", "volcanoes", "bicycles", "lighthouses", "cheese",
           "comets", "silk", "moss", "canals", "pottery", "sundials", "whales", "bamboo", "telescopes", "ink",
           "olives", "mirrors", "caves", "sails", "rain", "looms", "pepper", "marble", "frogs", "harps", "dams")
-
-
-class Server:
-    def __init__(self, model: str | None, extra: list[str], log_dir: Path, name: str) -> None:
-        self.cmd = [str(Path(sys.executable).with_name("spekula")), "serve", "--port", "0", "-c", "2048",
-                    "--temp", "0", *(["-m", model] if model else []), *extra]
-        self.log = log_dir / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
-
-    def __enter__(self) -> Server:
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=out,
-                                         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            m = re.search(r"listening on http://[\d.]+:(\d+)", self.log.read_text(errors="replace"))
-            if m:
-                self.port = int(m.group(1))
-                break
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
-            time.sleep(0.2)
-        while time.monotonic() < deadline:
-            try:
-                if get(self.port, "/health")[0] == 200:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"server not ready: {self.log.read_text()[-3000:]}")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 def get(port: int, path: str) -> tuple[int, Any]:
@@ -155,7 +116,7 @@ def load(port: int, clients: int, requests: int, max_tokens: int, offset: int) -
             "requests": len(latencies), "tokens": tokens[0], "wall_s": wall}
 
 
-def measure(name: str, server: Server, clients: int, args: argparse.Namespace, rows: list[tuple[str, dict]]) -> None:
+def measure(name: str, server: Spekula, clients: int, args: argparse.Namespace, rows: list[tuple[str, dict]]) -> None:
     load(server.port, min(clients, 4), 1, 16, offset=1000)  # warm-up: first forwards, caches, Ray paths
     row = load(server.port, clients, args.requests, args.max_tokens, offset=len(rows) * 7)
     rows.append((name, row))
@@ -163,22 +124,25 @@ def measure(name: str, server: Server, clients: int, args: argparse.Namespace, r
           f"({row['requests']} requests, {row['tokens']} tokens, {row['wall_s']:.1f} s)", flush=True)
 
 
-def one_round(args: argparse.Namespace, logs: Path, common: list[str]) -> dict[str, float]:
+def one_round(args: argparse.Namespace, common: list[str]) -> dict[str, float]:
     """Every configuration once; returns this round's ratios."""
     rows: list[tuple[str, dict]] = []
     full, half = args.clients, args.clients // 2
-    with Server(args.model, common, logs, "plain") as srv:
+    def server(*extra: str) -> Spekula:
+        return Spekula(args.model, 1, [*extra, *common], ctx=2048)
+
+    with server() as srv:
         measure(f"plain, {full} clients", srv, full, args, rows)
-    with Server(args.model, common, logs, "plain-a") as a, Server(args.model, common, logs, "plain-b") as b:
+    with server() as a, server() as b:
         for srv in (a, b):
             load(srv.port, 4, 1, 16, offset=1000)
         pair = load_pair((a.port, b.port), full, args.requests, args.max_tokens)
         print(f"{'plain x2 side by side, ' + str(full) + ' clients':<34} {pair['tok_s']:8.1f} tok/s   "
               f"p50 {pair['p50_s']:6.2f} s   p90 {pair['p90_s']:6.2f} s   ({pair['requests']} requests)", flush=True)
-    with Server(args.model, ["--ray", "--replicas", "1", *common], logs, "ray1") as srv:
+    with server("--ray", "--replicas", "1") as srv:
         measure(f"ray x1, {full} clients", srv, full, args, rows)
         measure(f"ray x1, {half} clients", srv, half, args, rows)
-    with Server(args.model, ["--ray", "--replicas", "2", *common], logs, "ray2") as srv:
+    with server("--ray", "--replicas", "2") as srv:
         measure(f"ray x2, {full} clients", srv, full, args, rows)
         routed = [r["routed"] for r in get(srv.port, "/health")[1]["replicas"]]
     plain, one, one_half, two = (row for _, row in rows)
@@ -201,11 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3,
                    help="repeat every configuration this many times (this machine's speed drifts)")
     args = p.parse_args(argv)
-    common = ["-np", str(args.parallel), "-t", "1", "--spec-type", args.spec_type]
+    common = ["-np", str(args.parallel), "--spec-type", args.spec_type]  # -t 1: Spekula's threads
     print(f"{args.clients} clients x {args.requests} chat requests x {args.max_tokens} tokens, "
           f"-np {args.parallel}, --spec-type {args.spec_type}, 1 thread per engine, {os.cpu_count()} cores")
-    with tempfile.TemporaryDirectory(prefix="ray-scale-") as tmp:
-        rounds = [one_round(args, Path(tmp), common) for _ in range(args.rounds)]
+    rounds = [one_round(args, common) for _ in range(args.rounds)]
 
     def median(key: str) -> float:
         return statistics.median(r[key] for r in rounds)
