@@ -177,10 +177,12 @@ class RoutedRequest:
         return event
 
     def _ended(self, replica: int, final: FinalEvent | None) -> None:
-        ran = final is not None and final.slot >= 0 and final.stop_type != "error"
-        local_slot = final.slot - replica * self.engine.per_replica if ran and final is not None else None
-        tokens = [*self.request.prompt, *final.tokens] if ran and final is not None else None
-        self.engine.router.finished(replica, local_slot, tokens)
+        router = self.engine.router
+        if final is None or final.slot < 0 or final.stop_type == "error":
+            router.finished(replica)  # it never ran in a slot, or we do not know what the slot holds
+        else:
+            router.finished(replica, final.slot - replica * self.engine.per_replica,
+                            [*self.request.prompt, *final.tokens])
 
     async def result(self) -> FinalEvent:
         exclude: frozenset[int] = frozenset()

@@ -83,4 +83,5 @@ class EngineReplica:
         await self._ensure_running()
         task = self._loop_task
         if task is not None and task.done():
-            raise RuntimeError(f"the engine loop of replica {self.index} stopped: {task.exception()!r}")
+            why = "cancelled" if task.cancelled() else repr(task.exception())
+            raise RuntimeError(f"the engine loop of replica {self.index} stopped: {why}")
