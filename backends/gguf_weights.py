@@ -1,4 +1,4 @@
-"""Hyper-parameters and float32 weights of llama / qwen2 / qwen3 GGUF models (numpy only).
+"""Hyper-parameters and float32 weights of llama / qwen2 / qwen3 / qwen3moe / glm4moe GGUF models (numpy only).
 
 Shared by the torch and ONNX backends. Tensors come back in PyTorch order under their GGUF names.
 llama's Q/K rows stay as stored (the converter permuted them for interleaved rope), so a runtime
@@ -16,11 +16,14 @@ import numpy as np
 
 from ..core.errors import ModelFileError
 from ..core.gguf_file import GGUFFile, TensorEntry
+from .gguf_moe import MOE_ARCHS, MoEParams, moe_ffn_shapes, read_moe_params
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe")
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 # Rope pairing is fixed per architecture in llama.cpp (llama_model_rope_type), not stored in the file.
-_NEOX_ARCHS = frozenset({"qwen2", "qwen3"})
+_NEOX_ARCHS = frozenset({"qwen2", "qwen3", "qwen3moe", "glm4moe"})
+# Per-head q/k RMS norm: always in qwen3 / qwen3moe; in glm4moe when the file has the tensors.
+_QK_NORM_ARCHS = frozenset({"qwen3", "qwen3moe"})
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class ModelHParams:
     has_qk_norm: bool
     tied_output: bool
     kq_scale: float = 0.0  # attention score scale; 0.0 means 1/sqrt(head_dim)
+    moe: MoEParams | None = None  # None: every block has the dense FFN
+    n_nextn: int = 0  # MTP blocks stored after the trunk (blk.{n_layer} ..)
+    ffn_norm_name: str = "ffn_norm"  # the norm before the FFN: glm4moe calls it post_attention_norm
 
     @property
     def attn_scale(self) -> float:
@@ -75,8 +81,11 @@ def read_hparams(f: GGUFFile) -> ModelHParams:
     n_embd = _uniform(f, "embedding_length", req("embedding_length"))
     n_head = _uniform(f, "attention.head_count", req("attention.head_count"))
     n_head_kv = _uniform(f, "attention.head_count_kv", opt("attention.head_count_kv", n_head))
-    n_layer = _uniform(f, "block_count", req("block_count")) - _uniform(f, "nextn", opt("nextn_predict_layers", 0))
-    n_ff = _uniform(f, "feed_forward_length", req("feed_forward_length"))
+    n_nextn = _uniform(f, "nextn_predict_layers", opt("nextn_predict_layers", 0))
+    n_layer = _uniform(f, "block_count", req("block_count")) - n_nextn
+    # An all-MoE model needs no dense FFN width (qwen3moe files may still carry one).
+    n_ff = _uniform(f, "feed_forward_length",
+                    opt("feed_forward_length", 0) if arch in MOE_ARCHS else req("feed_forward_length"))
     if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv != 0 or n_layer <= 0:
         raise ModelFileError(f.path, f"invalid head counts n_head={n_head} n_head_kv={n_head_kv} or n_layer={n_layer}")
     head_dim = _uniform(f, "attention.key_length", opt("attention.key_length", n_embd // n_head))
@@ -100,7 +109,11 @@ def read_hparams(f: GGUFFile) -> ModelHParams:
     if not f.has_tensor("token_embd.weight"):
         raise ModelFileError(f.path, "missing tensor 'token_embd.weight'")
     n_vocab = f.tensor("token_embd.weight").shape[0]
-    has_bias = f.has_tensor("blk.0.attn_q.bias") or f.has_tensor("blk.0.attn_qkv.bias")
+    # An MTP-only file (llama.cpp's --mtp output) has no trunk blocks: probe the first block it has.
+    probe = 0 if f.has_tensor("blk.0.attn_norm.weight") else n_layer
+    has_bias = f.has_tensor(f"blk.{probe}.attn_q.bias") or f.has_tensor(f"blk.{probe}.attn_qkv.bias")
+    qk_norm = arch in _QK_NORM_ARCHS or f.has_tensor(f"blk.{probe}.attn_q_norm.weight")
+    moe = read_moe_params(f, arch, lambda k, v: _uniform(f, k, v)) if arch in MOE_ARCHS else None
     return ModelHParams(
         arch=arch,
         n_vocab=int(n_vocab),
@@ -117,9 +130,12 @@ def read_hparams(f: GGUFFile) -> ModelHParams:
         n_ctx_train=_uniform(f, "context_length", opt("context_length", 4096)),
         rope_scale=rope_scale,
         has_qkv_bias=has_bias,
-        has_qk_norm=arch == "qwen3",
+        has_qk_norm=qk_norm,
         tied_output=not f.has_tensor("output.weight"),
         kq_scale=float(opt("attention.scale", 0.0) or 0.0),
+        moe=moe,
+        n_nextn=n_nextn,
+        ffn_norm_name="post_attention_norm" if arch == "glm4moe" else "ffn_norm",
     )
 
 
@@ -155,28 +171,37 @@ def dequantize(entry: TensorEntry, path: object = "<gguf>") -> np.ndarray:
         raise ModelFileError(path, f"cannot decode tensor {entry.name!r} ({entry.type_name}): {exc}") from None
 
 
-def expected_shapes(hp: ModelHParams) -> dict[str, tuple[int, ...]]:
-    """Required tensors with their shapes; qkv may be fused, handled by the caller."""
+def block_shapes(hp: ModelHParams, i: int) -> dict[str, tuple[int, ...]]:
+    """Required tensors of decoder block ``i`` (trunk or MTP block): attention, norms, FFN or MoE."""
     H, hd = hp.n_embd, hp.head_dim
     q, kv = hp.n_head * hd, hp.n_head_kv * hd
+    b = f"blk.{i}."
+    shapes: dict[str, tuple[int, ...]] = {
+        b + "attn_norm.weight": (H,),
+        b + "attn_q.weight": (q, H),
+        b + "attn_k.weight": (kv, H),
+        b + "attn_v.weight": (kv, H),
+        b + "attn_output.weight": (H, q),
+        b + hp.ffn_norm_name + ".weight": (H,),
+    }
+    if hp.moe is not None and hp.moe.is_moe(i):
+        shapes |= moe_ffn_shapes(hp.moe, b, H)
+    else:
+        shapes |= {b + "ffn_gate.weight": (hp.n_ff, H), b + "ffn_up.weight": (hp.n_ff, H),
+                   b + "ffn_down.weight": (H, hp.n_ff)}
+    if hp.has_qk_norm:
+        shapes |= {b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)}
+    if hp.has_qkv_bias:
+        shapes |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
+    return shapes
+
+
+def expected_shapes(hp: ModelHParams) -> dict[str, tuple[int, ...]]:
+    """Required tensors of the trunk with their shapes; qkv may be fused, handled by the caller."""
+    H = hp.n_embd
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (hp.n_vocab, H), "output_norm.weight": (H,)}
     for i in range(hp.n_layer):
-        b = f"blk.{i}."
-        shapes |= {
-            b + "attn_norm.weight": (H,),
-            b + "attn_q.weight": (q, H),
-            b + "attn_k.weight": (kv, H),
-            b + "attn_v.weight": (kv, H),
-            b + "attn_output.weight": (H, q),
-            b + "ffn_norm.weight": (H,),
-            b + "ffn_gate.weight": (hp.n_ff, H),
-            b + "ffn_up.weight": (hp.n_ff, H),
-            b + "ffn_down.weight": (H, hp.n_ff),
-        }
-        if hp.has_qk_norm:
-            shapes |= {b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)}
-        if hp.has_qkv_bias:
-            shapes |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
+        shapes |= block_shapes(hp, i)
     return shapes
 
 
