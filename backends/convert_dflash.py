@@ -19,7 +19,7 @@ from .convert_draft_vocab import write_d2t, write_embeddings, write_head
 from .convert_gguf import GGUFOut, head_dim, head_dim_known, write_decoder_keys
 from .convert_plain import _REQUIRED, write_layer
 from .convert_source import HFCheckpoint, merged_text_config, need
-from .convert_vocab import write_vocab
+from .convert_vocab import vocab_flavour, write_vocab
 
 DFLASH_ARCHS = ("DFlashDraftModel",)
 DSPARK_ARCHS = ("Qwen3DSparkModel", "DSparkDraftModel", "DSparkSpeculator")
@@ -123,7 +123,8 @@ def convert_dflash(ckpt: HFCheckpoint, target: HFCheckpoint, outfile: Path, outt
         causal = cfg.get("is_causal", dcfg.get("causal"))
         if causal is not None:
             w.add_bool("dflash.attention.causal", bool(causal))
-        write_vocab(out, target.path, vocab_size=n_vocab_t, pre=pre)
+        # the vocabulary is converted as the target's own converter would convert it
+        write_vocab(out, target.path, vocab_size=n_vocab_t, pre=pre, flavour=vocab_flavour(target.config))
         w.add_uint32("tokenizer.ggml.mask_token_id", int(mask_id))
 
         out.tensor("fc.weight", ckpt.get(top["fc.weight"]))

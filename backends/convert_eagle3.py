@@ -85,7 +85,8 @@ def convert_eagle3(ckpt: HFCheckpoint, target: HFCheckpoint, outfile: Path, outt
         w.add_uint32("eagle3.target_hidden_size", target_hidden)
         w.add_bool("eagle3.norm_before_residual", bool(cfg.get("norm_before_residual", False)))
         w.add_bool("eagle3.norm_before_fc", norm_before_fc)
-        write_vocab(out, target.path, vocab_size=n_vocab_t, pre=pre)
+        # llama.cpp converts EAGLE-3 as a llama model, whatever the target's architecture
+        write_vocab(out, target.path, vocab_size=n_vocab_t, pre=pre, flavour="llama")
 
         out.tensor("fc.weight", ckpt.get(top["fc.weight"]))
         if norm_before_fc:

@@ -40,6 +40,10 @@ class GGUFOut:
         # before the whole conversion has succeeded in memory.
         self.w = gguf.GGUFWriter(None, arch)
         self.w.add_file_type(file_type)
+        # written by llama.cpp's converter into every model file: "model" (not an adapter or projector),
+        # and the version of the block-quantization formats (2 since the Q4/Q5/Q8 layouts changed)
+        self.w.add_string("general.type", "model")
+        self.w.add_uint32("general.quantization_version", 2)
         self.tensor_names: list[str] = []
 
     def key(self, suffix: str) -> str:

@@ -11,6 +11,7 @@ from spekula.core.errors import ConfigError, ModelFileError
 
 from .convert_dflash import convert_dflash, dflash_kind
 from .convert_eagle3 import EAGLE3_ARCHS, convert_eagle3, is_eagle3
+from .convert_moe import MOE_ARCHS, MTP_MODES, convert_moe
 from .convert_output import check_output_path
 from .convert_plain import PLAIN_ARCHS, convert_plain
 from .convert_source import HFCheckpoint
@@ -20,7 +21,7 @@ _DRAFT_NAMES = {"eagle3": "an EAGLE-3", "dflash": "a DFlash", "dspark": "a DSpar
 
 
 def detect_layout(ckpt: HFCheckpoint) -> str:
-    """'plain', 'eagle3', 'dflash' or 'dspark'; a clear error for anything else."""
+    """'plain', 'moe', 'eagle3', 'dflash' or 'dspark'; a clear error for anything else."""
     cfg = ckpt.config
     archs = cfg.get("architectures")
     if not isinstance(archs, list) or not archs:
@@ -32,19 +33,31 @@ def detect_layout(ckpt: HFCheckpoint) -> str:
         return kind
     if archs[0] in PLAIN_ARCHS:
         return "plain"
-    known = ", ".join([*PLAIN_ARCHS, *EAGLE3_ARCHS, "DFlashDraftModel", "Qwen3DSparkModel", "DSparkDraftModel"])
+    if archs[0] in MOE_ARCHS:
+        return "moe"
+    known = ", ".join([*PLAIN_ARCHS, *MOE_ARCHS, *EAGLE3_ARCHS, "DFlashDraftModel", "Qwen3DSparkModel", "DSparkDraftModel"])
     raise ModelFileError(ckpt.path / "config.json", f"unknown checkpoint layout {archs[0]!r}; supported: {known}")
 
 
 def convert(checkpoint: str | Path, outfile: str | Path, *, outtype: str = "f16",
-            target_dir: str | Path | None = None, pre: str | None = None) -> tuple[str, Path]:
-    """Convert ``checkpoint`` to ``outfile``; returns (layout, path written)."""
+            target_dir: str | Path | None = None, pre: str | None = None, mtp: str = "keep") -> tuple[str, Path]:
+    """Convert ``checkpoint`` to ``outfile``; returns (layout, path written).
+
+    ``mtp`` handles a checkpoint's multi-token-prediction layers: "keep" them after the trunk, "drop"
+    them (``--no-mtp``) or write "only" them as a draft file (``--mtp``)."""
+    if mtp not in MTP_MODES:
+        raise ConfigError(f"unknown mtp mode {mtp!r}; choose one of {', '.join(MTP_MODES)}")
     ckpt = HFCheckpoint.open(checkpoint)
     layout = detect_layout(ckpt)
     out = Path(outfile)
     check_output_path(out, "--outfile")
+    if mtp != "keep" and layout != "moe":
+        raise ConfigError(f"--mtp / --no-mtp apply to checkpoints with MTP layers (Glm4MoeForCausalLM), "
+                          f"not to a {layout} checkpoint")
     if layout == "plain":
         return layout, convert_plain(ckpt, out, outtype, pre=pre)
+    if layout == "moe":
+        return layout, convert_moe(ckpt, out, outtype, pre=pre, mtp=mtp)
     if target_dir is None:
         raise ConfigError(f"{_DRAFT_NAMES[layout]} draft needs --target-model-dir (the target's tokenizer and config)")
     target = HFCheckpoint.open(target_dir)

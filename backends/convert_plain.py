@@ -14,7 +14,7 @@ from spekula.core.errors import ModelFileError
 
 from .convert_gguf import GGUFOut, head_dim_known, permute_qk, write_decoder_keys
 from .convert_source import HFCheckpoint, need
-from .convert_vocab import write_vocab
+from .convert_vocab import vocab_flavour, write_vocab
 
 PLAIN_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 
@@ -78,7 +78,7 @@ def convert_plain(ckpt: HFCheckpoint, outfile: Path, outtype: str, *, pre: str |
         out.w.add_string("general.name", ckpt.path.name)
         write_decoder_keys(out, cfg, n_layer=n_layer, where=ckpt.path, llama_style=arch == "llama",
                            head_dim_keys=head_dim_known(cfg, cfg))
-        write_vocab(out, ckpt.path, vocab_size=vocab_size, pre=pre)
+        write_vocab(out, ckpt.path, vocab_size=vocab_size, pre=pre, flavour=vocab_flavour(cfg))
         emb = ckpt.get("model.embed_tokens.weight")
         if emb.shape != (vocab_size, int(cfg["hidden_size"])):
             raise ModelFileError(ckpt.path, f"embed_tokens shape {emb.shape} != (vocab_size, hidden_size)")

