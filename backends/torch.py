@@ -1,4 +1,5 @@
-"""PyTorch backend: GGUF llama/qwen2/qwen3 models on CPU or CUDA, with a batch-invariant exact mode.
+"""PyTorch backend: GGUF llama/qwen2/qwen3/qwen3moe/glm4moe models on CPU or CUDA, with a batch-invariant
+exact mode.
 
 Exact mode (``BackendOptions.exact``, default): a row's logits are bitwise the same whatever else is
 in the forward and however the sequence was chunked. How (CPU fp32):
@@ -8,11 +9,13 @@ in the forward and however the sequence was chunked. How (CPU fp32):
   that depends on the CPU, so it is measured when the model loads (``torch_exact_probe``): oneDNN's
   prepacked linear when it is row-invariant at every shape of the model (it was on an AVX2 machine,
   not at every shape on an AVX-512/AMX one), else MKL on row counts padded to the measured multiple.
+  MoE experts, shared experts and routers are planned GEMMs like the others, so an expert's GEMM
+  gives a row the same bits whatever number of rows was routed to that expert.
 * Attention: a row at position p always attends over the key window
   ``[0, ceil((p+1)/KEY_GRANULE) * KEY_GRANULE)`` with later keys masked to an exact 0 weight, and its
   query GEMMs run on row groups padded to the same measured multiple, so every reduction has the same
   length and kernel.
-* Norms, rope and activations are row-wise.
+* Norms, rope, activations and routing (top-k by a stable sort) are row-wise.
 
 Rows go through the blocks in tiles of at most ``TILE_ROWS`` rows. Proven by tests/test_torch_backend.py
 and the conformance suite (bitwise checks). On CUDA or in f16/bf16 the same code runs but nothing

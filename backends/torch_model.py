@@ -1,14 +1,14 @@
-"""The llama / qwen2 / qwen3 decoder in plain PyTorch, run one row tile at a time.
+"""The llama / qwen2 / qwen3 / qwen3moe / glm4moe decoder in plain PyTorch, run one row tile at a time.
 
 The backend (``torch.py``) cuts a forward pass into :class:`Tile` s and this module runs a tile through
 every block. What makes the exact mode exact is decided by the planner; here the rule is only that
-every operation on a tile is either row-wise (norms, rope, activations) or a GEMM whose shapes the
-planner fixed, so a row meets the same kernels wherever it sits.
+every operation on a tile is either row-wise (norms, rope, activations, routing) or a GEMM whose shapes
+the planner fixed, so a row meets the same kernels wherever it sits (the FFNs, dense and MoE, are in
+``torch_moe``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from .gguf_weights import ModelHParams, rope_inv_freq
-from .torch_exact_probe import ONEDNN_PACK_HINT
 from .torch_kv import SeqCache
+from .torch_linear import GemmPlan, Lin, plain_gemm, planned_lin
+from .torch_moe import DenseFFN, MoEFFN, build_moe_ffn, moe_gemm_shapes
 
 
 @dataclass
@@ -54,37 +55,12 @@ class Tile:
 def model_gemm_shapes(hp: ModelHParams) -> list[tuple[int, int]]:
     """[n, k] of every linear the model runs (fused qkv and gate/up, as built below)."""
     qkv = (hp.n_head + 2 * hp.n_head_kv) * hp.head_dim
-    return [(qkv, hp.n_embd), (hp.n_embd, hp.n_head * hp.head_dim), (2 * hp.n_ff, hp.n_embd),
-            (hp.n_embd, hp.n_ff), (hp.n_vocab, hp.n_embd)]
-
-
-GemmPlan = Callable[[int, int], tuple[bool, int]]
-
-
-def plain_gemm(n: int, k: int) -> tuple[bool, int]:
-    return False, 1
-
-
-class Lin:
-    """y = x @ w.T (+ b): through a prepacked oneDNN kernel when ``packed`` (CPU fp32), else plain
-    F.linear on row counts padded to a multiple of ``align`` (what makes MKL row-invariant here)."""
-
-    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, *, packed: bool, align: int = 1) -> None:
-        self.b = b
-        self.align = align
-        self.w: torch.Tensor | None = None if packed else w
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, ONEDNN_PACK_HINT) if packed else None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.b, "none", [], "")
-        assert self.w is not None
-        m = x.shape[0]
-        extra = -m % self.align
-        if not extra:
-            return F.linear(x, self.w, self.b)
-        padded = torch.cat([x, x[-1:].expand(extra, -1)])
-        return F.linear(padded, self.w, self.b)[:m]
+    shapes = [(qkv, hp.n_embd), (hp.n_embd, hp.n_head * hp.head_dim), (hp.n_vocab, hp.n_embd)]
+    if hp.moe is None or hp.moe.n_dense_lead > 0:
+        shapes += [(2 * hp.n_ff, hp.n_embd), (hp.n_embd, hp.n_ff)]
+    if hp.moe is not None:
+        shapes += moe_gemm_shapes(hp.moe, hp.n_embd)
+    return shapes
 
 
 @dataclass
@@ -95,8 +71,7 @@ class LayerWeights:
     k_norm: torch.Tensor | None
     out: Lin
     ffn_norm: torch.Tensor
-    gate_up: Lin  # [2F, H]: gate rows then up rows
-    down: Lin
+    ffn: DenseFFN | MoEFFN
 
 
 def _rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -140,16 +115,18 @@ class TorchModel:
                             weights[name] = _unpermute_rows(weights[name], n)
         self.neox = hp.rope_neox or self.unpermuted
 
+        def dev(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(device=device, dtype=dtype).contiguous()
+
         def t(name: str) -> torch.Tensor:
-            return torch.from_numpy(weights[name]).to(device=device, dtype=dtype).contiguous()
+            return dev(weights[name])
 
         def opt(name: str) -> torch.Tensor | None:
             return t(name) if name in weights else None
 
         def cat(*names: str) -> torch.Tensor:
             # Fused rows: one GEMM instead of three (qkv) or two (gate/up) per block.
-            parts = [weights[n] for n in names]
-            return torch.from_numpy(np.concatenate(parts, axis=0)).to(device=device, dtype=dtype).contiguous()
+            return dev(np.concatenate([weights[n] for n in names], axis=0))
 
         self.embd = t("token_embd.weight")
         self.lm_head = self._lin(self.embd if hp.tied_output else t("output.weight"), opt("output.bias"))
@@ -158,6 +135,11 @@ class TorchModel:
         for i in range(hp.n_layer):
             b = f"blk.{i}."
             bias = cat(b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias") if hp.has_qkv_bias else None
+            if hp.moe is not None and hp.moe.is_moe(i):
+                ffn: DenseFFN | MoEFFN = build_moe_ffn(hp.moe, weights, b, to_tensor=dev, make_lin=self._lin)
+            else:
+                gate_up = self._lin(cat(b + "ffn_gate.weight", b + "ffn_up.weight"), self._gate_up_bias(weights, b))
+                ffn = DenseFFN(gate_up, self._lin(t(b + "ffn_down.weight"), opt(b + "ffn_down.bias")), hp.n_ff)
             self.layers.append(
                 LayerWeights(
                     attn_norm=t(b + "attn_norm.weight"),
@@ -165,16 +147,14 @@ class TorchModel:
                     q_norm=opt(b + "attn_q_norm.weight"),
                     k_norm=opt(b + "attn_k_norm.weight"),
                     out=self._lin(t(b + "attn_output.weight"), opt(b + "attn_output.bias")),
-                    ffn_norm=t(b + "ffn_norm.weight"),
-                    gate_up=self._lin(cat(b + "ffn_gate.weight", b + "ffn_up.weight"), self._gate_up_bias(weights, b)),
-                    down=self._lin(t(b + "ffn_down.weight"), opt(b + "ffn_down.bias")),
+                    ffn_norm=t(b + hp.ffn_norm_name + ".weight"),
+                    ffn=ffn,
                 )
             )
         self._build_rope_tables(weights, max_pos)
 
     def _lin(self, w: torch.Tensor, b: torch.Tensor | None) -> Lin:
-        packed, align = self.gemm(int(w.shape[0]), int(w.shape[1]))
-        return Lin(w, b, packed=packed, align=align)
+        return planned_lin(self.gemm, w, b)
 
     def _build_rope_tables(self, weights: dict[str, np.ndarray], max_pos: int) -> None:
         """Rope tables grow on demand (doubling) up to `max_pos`: a huge -c must not allocate
@@ -277,9 +257,7 @@ class TorchModel:
                 w.cache.v[li, :, w.pos0 : w.pos0 + n] = v[w.r0 : w.r1].transpose(0, 1)
             self._attention(tile, li, qk, attn_out)
             x = x + lw.out(attn_flat)
-            h = _rms_norm(x, lw.ffn_norm, hp.rms_eps)
-            gu = lw.gate_up(h)
-            x = x + lw.down(F.silu(gu[:, : hp.n_ff]) * gu[:, hp.n_ff :])
+            x = x + lw.ffn(_rms_norm(x, lw.ffn_norm, hp.rms_eps))
         if hp.n_layer in capture:
             captured[hp.n_layer] = x[: tile.n_real].clone()
         return _rms_norm(x, self.out_norm, hp.rms_eps), captured

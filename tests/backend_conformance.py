@@ -59,6 +59,10 @@ def smollm2_path() -> Path:
 def model_path(model: str) -> str:
     if model == "smollm2":
         return str(smollm2_path())
+    from spekula.fixtures.tiny_moe import MOE_ARCHS, tiny_moe_gguf_path
+
+    if model in MOE_ARCHS:
+        return str(tiny_moe_gguf_path(model))
     from spekula.fixtures.tiny_gguf import tiny_model_path
 
     return str(tiny_model_path(model))

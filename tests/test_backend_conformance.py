@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from backend_conformance import CHECKS, available_backends
 
-TINY = ("llama", "qwen2", "qwen3")
+TINY = ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe")
 BACKENDS = available_backends()
 
 
