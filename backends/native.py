@@ -9,6 +9,9 @@ that rounding (tests state the tolerance).
 Always exact in the project's sense: every output element is computed by one fixed instruction
 sequence whatever the batch, the chunking or the thread count (see backends/csrc/sk.h), so a row's
 logits are bitwise the same alone or inside any verification batch. The KV cache is float16.
+
+Mixture-of-experts blocks (qwen3moe, glm4moe) describe each expert as a view of its slice of the 3-D
+expert tensor (native_moe.py); the C side runs them as grouped matmuls (backends/csrc/sk_moe.c).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from .gguf_weights import (
     read_hparams,
     rope_inv_freq,
 )
+from .native_moe import moe_block
 from .seq_inputs import check_inputs
 
 _NO_CAPTURE = Capture()
@@ -53,6 +57,7 @@ class _Weights:
     def __init__(self, f: GGUFFile, hp: ModelHParams) -> None:
         self.f, self.hp = f, hp
         self.keep: list[np.ndarray] = []
+        self.structs: list[ctypes.Structure | ctypes.Array[nl.Tensor]] = []  # MoE descriptions the C side reads
         self.shapes = expected_shapes(hp) | optional_shapes(hp)
 
     def entry(self, name: str, shape: tuple[int, ...] | None = None) -> TensorEntry:
@@ -72,14 +77,23 @@ class _Weights:
         self.keep.append(arr)
         return arr
 
-    def matrix(self, name: str, bias: str | None = None, shape: tuple[int, ...] | None = None) -> nl.Tensor:
+    def typed_entry(self, name: str, shape: tuple[int, ...] | None = None) -> TensorEntry:
+        """A matmul weight's entry, checked to be of a block type the kernels read."""
         e = self.entry(name, shape)
         if e.type_name not in nl.TYPE_IDS:
             raise ModelFileError(
                 self.f.path, f"tensor {name!r} has type {e.type_name}, which the native backend does not read "
                 f"(it reads {', '.join(nl.TYPE_IDS)}); use --backend torch")
+        return e
+
+    def keep_data(self, e: TensorEntry) -> np.ndarray:
         data = np.ascontiguousarray(e.data)  # a view into the mapped file (already contiguous)
         self.keep.append(data)
+        return data
+
+    def matrix(self, name: str, bias: str | None = None, shape: tuple[int, ...] | None = None) -> nl.Tensor:
+        e = self.typed_entry(name, shape)
+        data = self.keep_data(e)
         b = self.vector(bias, required=False) if bias else None
         return nl.tensor(data, e.type_name, e.shape[0], e.shape[1], b)
 
@@ -88,7 +102,7 @@ def _build_layer(w: _Weights, i: int) -> nl.Layer:
     hp, b = w.hp, f"blk.{i}."
     layer = nl.Layer()
     layer.attn_norm = nl.ptr(w.vector(b + "attn_norm.weight"))
-    layer.ffn_norm = nl.ptr(w.vector(b + "ffn_norm.weight"))
+    layer.ffn_norm = nl.ptr(w.vector(b + hp.ffn_norm_name + ".weight"))
     if hp.has_qk_norm:
         layer.q_norm = nl.ptr(w.vector(b + "attn_q_norm.weight"))
         layer.k_norm = nl.ptr(w.vector(b + "attn_k_norm.weight"))
@@ -100,6 +114,9 @@ def _build_layer(w: _Weights, i: int) -> nl.Layer:
         layer.wk = w.matrix(b + "attn_k.weight", b + "attn_k.bias")
         layer.wv = w.matrix(b + "attn_v.weight", b + "attn_v.bias")
     layer.wo = w.matrix(b + "attn_output.weight", b + "attn_output.bias")
+    if hp.moe is not None and hp.moe.is_moe(i):
+        layer.moe = moe_block(w, i)
+        return layer
     layer.w_gate = w.matrix(b + "ffn_gate.weight", b + "ffn_gate.bias")
     layer.w_up = w.matrix(b + "ffn_up.weight", b + "ffn_up.bias")
     layer.w_down = w.matrix(b + "ffn_down.weight", b + "ffn_down.bias")

@@ -31,10 +31,24 @@ class Tensor(ctypes.Structure):
                 ("bias", ctypes.c_void_p)]
 
 
+# sk_moe's gating ids.
+GATING_IDS = {"softmax": 0, "sigmoid": 1}
+
+
+class MoE(ctypes.Structure):
+    """A MoE block's FFN (sk_moe.h): router, per-expert views into the 3-D expert tensors, shared expert."""
+
+    _fields_ = [("n_expert", ctypes.c_int32), ("n_expert_used", ctypes.c_int32), ("gating", ctypes.c_int32),
+                ("norm_weights", ctypes.c_int32), ("weights_scale", ctypes.c_float),
+                ("selection_bias", ctypes.c_void_p), ("router", Tensor), ("gate", ctypes.POINTER(Tensor)),
+                ("up", ctypes.POINTER(Tensor)), ("down", ctypes.POINTER(Tensor)), ("shared_gate", Tensor),
+                ("shared_up", Tensor), ("shared_down", Tensor)]
+
+
 class Layer(ctypes.Structure):
     _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
                 ("k_norm", ctypes.c_void_p), ("wq", Tensor), ("wk", Tensor), ("wv", Tensor), ("wo", Tensor),
-                ("w_gate", Tensor), ("w_up", Tensor), ("w_down", Tensor)]
+                ("w_gate", Tensor), ("w_up", Tensor), ("w_down", Tensor), ("moe", ctypes.POINTER(MoE))]
 
 
 class Config(ctypes.Structure):
@@ -86,6 +100,8 @@ def lib() -> ctypes.CDLL:
     so.sk_test_attend.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                   ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                   ctypes.POINTER(ctypes.c_double)]
+    so.sk_moe_experts_run.restype = ctypes.c_int64
+    so.sk_moe_experts_run.argtypes = []
     so.sk_profile_report.restype = None
     so.sk_profile_report.argtypes = [ctypes.POINTER(ctypes.c_double), ctypes.c_int]
     so.sk_profile_phase_name.restype = ctypes.c_char_p
@@ -101,6 +117,12 @@ def profile_report() -> dict[str, float]:
     out = (ctypes.c_double * len(names))()
     lib().sk_profile_report(out, len(names))
     return dict(zip(names, out, strict=True))
+
+
+def moe_experts_run() -> int:
+    """Experts (shared ones included) run since the last call, summed over MoE blocks and forwards, all
+    contexts of the process together: an expert that no row of a forward chose is not run."""
+    return int(lib().sk_moe_experts_run())
 
 
 def kernel_name(force_generic: bool = False) -> str:

@@ -1,4 +1,5 @@
-/* The llama / qwen2 / qwen3 decoder forward pass over GGUF blocks, on all threads of a pool.
+/* The llama / qwen2 / qwen3 / qwen3moe / glm4moe decoder forward pass over GGUF blocks, on all
+ * threads of a pool (a MoE block's FFN is in sk_moe.c).
  *
  * One call runs every row of a batch (rows of several sequences, each at its own position) through
  * every block. All threads run `forward_job` and meet at barriers between phases: row-wise phases
@@ -15,11 +16,13 @@
 #include <unistd.h>
 
 #include "sk.h"
+#include "sk_moe.h"
 #include "sk_pool.h"
 
 typedef struct {
     const float *attn_norm, *ffn_norm, *q_norm, *k_norm; /* q_norm / k_norm: NULL unless the arch has them */
     sk_tensor wq, wk, wv, wo, w_gate, w_up, w_down;       /* wk.data == NULL: wq is a fused [q; k; v] */
+    const sk_moe *moe;                                    /* non-NULL: a MoE FFN replaces w_gate/up/down */
 } sk_layer;
 
 typedef struct {
@@ -58,6 +61,8 @@ typedef struct {
     int64_t att_rows_cap, att_parts_cap;
     void **packed;       /* weight copies in the kernels' own layout, freed with the context */
     int n_packed;
+    sk_moe **moe;        /* [n_layer]: this context's copy of each MoE block's description, or NULL */
+    sk_moe_scratch *moe_scratch;
 } sk_ctx;
 
 typedef struct {
@@ -66,9 +71,9 @@ typedef struct {
 } job;
 
 /* Phase timing of thread 0 (SPEKULA_NATIVE_PROFILE=1): where a forward's time goes, for tuning. */
-enum { PH_EMBED, PH_NORM, PH_QKV, PH_ROPE, PH_ATTN, PH_OPROJ, PH_FFN_UP, PH_FFN_DOWN, PH_HEAD, PH_N };
+enum { PH_EMBED, PH_NORM, PH_QKV, PH_ROPE, PH_ATTN, PH_OPROJ, PH_FFN_UP, PH_FFN_DOWN, PH_MOE, PH_HEAD, PH_N };
 static const char *const phase_names[PH_N] = {"embed", "norm+quant", "qkv", "rope+kv", "attention", "o-proj",
-                                              "gate+up", "down", "head"};
+                                              "gate+up", "down", "moe", "head"};
 static double phase_seconds[PH_N];
 static int profiling = -1;
 
@@ -160,7 +165,7 @@ static int ensure_scratch(sk_ctx *c, int64_t m) {
     c->h = malloc((size_t)(m * wide) * 4);
     c->qkv = malloc((size_t)(m * qkv_dim(g)) * 4);
     c->att = malloc((size_t)(m * qd) * 4);
-    c->gu = malloc((size_t)(m * 2 * g->n_ff) * 4);
+    c->gu = malloc((size_t)(m * 2 * (g->n_ff > 0 ? g->n_ff : 1)) * 4); /* n_ff 0: every block is MoE */
     c->rope = malloc((size_t)(m * g->n_rot) * 4);
     c->act.q = xalloc((size_t)(m * kp));
     c->act.d = xalloc((size_t)(m * kp / 8));
@@ -188,6 +193,10 @@ SK_API void sk_ctx_free(sk_ctx *c) {
     free(c->att_parts);
     for (int i = 0; i < c->n_packed; i++) free(c->packed[i]);
     free(c->packed);
+    if (c->moe)
+        for (int l = 0; l < c->cfg.n_layer; l++) sk_moe_free(c->moe[l]);
+    free(c->moe);
+    sk_moe_scratch_free(c->moe_scratch);
     free_scratch(c);
     free(c->layers);
     free(c);
@@ -233,6 +242,8 @@ static int pack_weights(sk_ctx *c) {
         sk_tensor *ts[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (int i = 0; i < 7; i++)
             if (pack_tensor(c, ts[i]) != 0) return -1;
+        for (int64_t i = 0; c->moe[l] && i < sk_moe_n_tensors(c->moe[l]); i++)
+            if (pack_tensor(c, sk_moe_tensor(c->moe[l], i)) != 0) return -1;
     }
     return pack_tensor(c, &c->cfg.output);
 }
@@ -246,13 +257,19 @@ SK_API sk_ctx *sk_ctx_new(const sk_config *cfg, int force_generic) {
     c->cfg = *cfg;
     c->kern = pick_kernels(force_generic);
     c->layers = malloc(sizeof(sk_layer) * (size_t)cfg->n_layer);
+    c->moe = calloc((size_t)cfg->n_layer, sizeof(sk_moe *));
     c->kv = calloc((size_t)cfg->n_seq_max, sizeof(uint16_t *));
     c->att_scratch = calloc((size_t)cfg->n_threads, sizeof(float *));
     c->n_ctx_pad = sk_round_up(cfg->n_ctx, SK_KEY_BLOCK);
     c->kv_head_elems = c->n_ctx_pad * cfg->head_dim;
-    if (!c->layers || !c->kv || !c->att_scratch) { sk_ctx_free(c); return NULL; }
+    if (!c->layers || !c->moe || !c->kv || !c->att_scratch) { sk_ctx_free(c); return NULL; }
     memcpy(c->layers, cfg->layers, sizeof(sk_layer) * (size_t)cfg->n_layer);
     c->cfg.layers = c->layers;
+    for (int l = 0; l < cfg->n_layer; l++) {
+        if (!cfg->layers[l].moe) continue;
+        if (!(c->moe[l] = sk_moe_clone(cfg->layers[l].moe, cfg->n_embd))) { sk_ctx_free(c); return NULL; }
+        c->layers[l].moe = c->moe[l];
+    }
     for (int i = 0; i < cfg->n_threads; i++) {
         c->att_scratch[i] = xalloc((size_t)(cfg->n_head / cfg->n_head_kv) * SK_ATTN_CHUNK * 4);
         if (!c->att_scratch[i]) { sk_ctx_free(c); return NULL; }
@@ -477,8 +494,14 @@ static void forward_job(void *arg, int ith, int nth) {
         gemm_parts(c, &o, 1, c->att, qd, m, ith, nth);
         sk_pool_barrier(c->pool);
         phase(ith, PH_OPROJ, &t);
-        part gu[2] = {{&L->w_gate, c->gu, 2 * ff, 0}, {&L->w_up, c->gu + ff, 2 * ff, 0}};
         for (int64_t r = r0; r < r1; r++) c->kern->rms_norm(c->x + r * E, L->ffn_norm, E, g->rms_eps, c->h + r * E);
+        if (L->moe) {
+            const sk_moe_env env = {c->kern, c->pool, c->moe_scratch};
+            sk_moe_ffn(&env, L->moe, c->h, c->x, E, m, ith, nth);
+            phase(ith, PH_MOE, &t);
+            continue;
+        }
+        part gu[2] = {{&L->w_gate, c->gu, 2 * ff, 0}, {&L->w_up, c->gu + ff, 2 * ff, 0}};
         if (any_quant(gu, 2)) quantize(c, c->h, E, E, r0, r1);
         sk_pool_barrier(c->pool);
         phase(ith, PH_NORM, &t);
@@ -522,7 +545,9 @@ SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
     }
     for (int64_t i = 0; i < b->n_out; i++)
         if (b->out_rows[i] < 0 || b->out_rows[i] >= b->n_rows) return -2;
-    if (ensure_scratch(c, b->n_rows) != 0 || plan_attention(c, b) != 0) return -1;
+    if (ensure_scratch(c, b->n_rows) != 0 || plan_attention(c, b) != 0 ||
+        sk_moe_reserve(&c->moe_scratch, c->moe, g->n_layer, g->n_embd, b->n_rows) != 0)
+        return -1;
     if (profiling < 0) {
         const char *env = getenv("SPEKULA_NATIVE_PROFILE");
         profiling = env && env[0] == '1';
