@@ -30,6 +30,7 @@ from . import onnx_cache
 from .onnx_export import Export, ensure_export
 from .onnx_graph import HIDDEN_FINAL, resid_name
 from .onnx_kv import KVPool, SeqKV
+from .onnx_moe import MOE_ROWS, moe_rows
 from .onnx_providers import ProviderChoice, select_provider
 
 if TYPE_CHECKING:
@@ -86,6 +87,9 @@ class OnnxBackend(Backend):
         # Bitwise row invariance is a property of the CPU kernels; on CUDA (cuBLAS picks algorithms by
         # shape) the exact flag cannot be honoured, so rows are not padded there.
         self._row_multiple = EXACT_ROW_MULTIPLE if options.exact and self.provider.name == "cpu" else 1
+        # MoE graphs name the rows their experts compute; exact mode gives each expert GEMM a multiple of
+        # the row multiple by sending every row that many times (onnx_moe.py).
+        self._has_moe_rows = MOE_ROWS in {i.name for i in self._session.get_inputs()}
         self._kv = KVPool(n_layer=hp.n_layer, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, n_ctx=options.n_ctx,
                           n_seq_max=options.n_seq_max, device=self.provider.name, device_id=self.provider.device_id,
                           slack=self._row_multiple - 1)
@@ -193,6 +197,10 @@ class OnnxBackend(Backend):
             names.append((HIDDEN_FINAL, None))
         return names
 
+    def _moe_feed(self, real_rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The ``moe_rows`` input of MoE graphs (nothing for dense ones): padding rows skip the experts."""
+        return {MOE_ROWS: moe_rows(real_rows, self._row_multiple)} if self._has_moe_rows else {}
+
     def _run_one(self, inp: SeqInput, tokens: np.ndarray, rows: np.ndarray, capture: Capture) -> SeqOutput:
         hp, kv = self.hp, self._kv
         start, n = inp.start, len(tokens)
@@ -211,6 +219,7 @@ class OnnxBackend(Backend):
             # No rows wanted (a prompt chunk): compute row 0 anyway and drop it, so no kernel ever sees
             # a zero-sized matrix (cuBLAS/cuDNN paths are not all written for M = 0).
             "logit_rows": rows if len(rows) else np.zeros(1, dtype=np.int64),
+            **self._moe_feed(np.arange(n)),
         }
         for name, arr in host_inputs.items():
             binding.bind_cpu_input(name, arr)
@@ -266,7 +275,9 @@ class OnnxBackend(Backend):
             mask[b, 0, 0, :, p_max:] = new_part
             past[:, :, b, :start] = seq.host[:, :, :start]
             flat_rows.append(b * t_max + rows)
-        feeds = {"input_ids": ids, "position_ids": pos, "attn_mask": mask, "logit_rows": np.concatenate(flat_rows)}
+        real_rows = np.concatenate([b * t_max + np.arange(n) for b, n in enumerate(lens)])
+        feeds = {"input_ids": ids, "position_ids": pos, "attn_mask": mask, "logit_rows": np.concatenate(flat_rows),
+                 **self._moe_feed(real_rows)}
         for layer in range(hp.n_layer):
             feeds[f"past_k_{layer}"], feeds[f"past_v_{layer}"] = past[layer, 0], past[layer, 1]
         cap_names = [name for name, _ in self._capture_names(capture)]

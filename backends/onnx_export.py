@@ -1,4 +1,5 @@
-"""Export a GGUF model (llama, qwen2, qwen3) to a cached ONNX graph; reuse the cache when it is intact.
+"""Export a GGUF model (llama, qwen2, qwen3, qwen3moe, glm4moe) to a cached ONNX graph; reuse the cache when
+it is intact.
 
 One export per (GGUF content, exporter version, weight format); the graph outputs every capturable
 hidden state, so drafters' capture sets need no further variants (see onnx_cache.py for the cache
@@ -21,12 +22,14 @@ from ..core.errors import ConfigError
 from ..core.gguf_file import GGUFFile
 from . import onnx_cache
 from .gguf_weights import ModelHParams, load_model_weights, read_hparams
-from .onnx_graph import BuiltGraph, LinearFn, build_graph, linear_f32
+from .onnx_builder import LinearFn, linear_f32
+from .onnx_graph import BuiltGraph, build_graph
 
 log = structlog.get_logger("spekula.onnx")
 
 # Bump whenever the graph or the weight layout changes: old cache entries then stop matching.
-EXPORTER_VERSION = 2
+# 3: MoE blocks (qwen3moe / glm4moe) and their moe_rows input.
+EXPORTER_VERSION = 3
 WEIGHT_FORMATS = ("f32", "q4")
 _PAGE = 4096  # external tensors start on page boundaries so ORT can memory-map them
 _INLINE_BYTES = 1024  # smaller initializers stay inside the graph file

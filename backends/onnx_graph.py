@@ -1,4 +1,4 @@
-"""Build the ONNX graph of a llama / qwen2 / qwen3 decoder from dequantized numpy weights.
+"""Build the ONNX graph of a llama / qwen2 / qwen3 / qwen3moe / glm4moe decoder from dequantized numpy weights.
 
 The graph is written with ``onnx.helper`` so every op is visible here and no exporter tracing is
 involved. It computes one forward over ``T`` new tokens for ``B`` sequences at once:
@@ -8,6 +8,7 @@ inputs
   position_ids  int64   [B, T]
   attn_mask     float32 [B, 1, 1, T, P+T]   additive (0 or -inf): row t of sequence b may see key s
   logit_rows    int64   [N]                 flat indices into the B*T rows whose logits are wanted
+  moe_rows      int64   [M, C]              MoE graphs only: flat rows the experts compute, C copies each
   past_k_<l>, past_v_<l>  float32 [B, P, n_head_kv, head_dim]   cached keys/values (positions 0..P-1)
 outputs
   logits        float32 [N, n_vocab]
@@ -20,15 +21,16 @@ a preallocated buffer, so the backend can hand ORT the cache without copying and
 new keys straight into the buffer at their positions (see backends/onnx.py). The mask is an input so
 that any cache length, padding and batch layout is the caller's business, not the graph's.
 
-Standard ONNX ops only (plus MatMulNBits for the opt-in q4 weights, onnx_quant.py). ORT's
-GroupQueryAttention / RotaryEmbedding contrib ops are not used: their CUDA kernels want a shared
-past/present buffer layout that could not be checked here without a GPU, and on CPU ORT already fuses
-the RMSNorm pattern; GQA is done by broadcasting K/V over each group in MatMul instead of repeating it.
+Standard ONNX ops only, plus MatMulNBits for the opt-in q4 weights (onnx_quant.py) and MoE for the
+experts of qwen3moe / glm4moe blocks (onnx_moe.py). ORT's GroupQueryAttention / RotaryEmbedding
+contrib ops are not used: their CUDA kernels want a shared past/present buffer layout that could not
+be checked here without a GPU, and on CPU ORT already fuses the RMSNorm pattern; GQA is done by
+broadcasting K/V over each group in MatMul instead of repeating it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,13 +39,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .gguf_weights import rope_inv_freq
+from .onnx_builder import MS_DOMAIN, MS_OPSET, GraphBuilder, LinearFn
+from .onnx_moe import MOE_ROWS, moe_ffn
 
 if TYPE_CHECKING:
     from .gguf_weights import ModelHParams
 
 OPSET = 18
-MS_DOMAIN = "com.microsoft"
-MS_OPSET = 1  # com.microsoft contrib ops (MatMulNBits)
 IR_VERSION = 9  # understood by every onnxruntime >= 1.16
 
 
@@ -53,61 +55,6 @@ def resid_name(layer: int) -> str:
 
 
 HIDDEN_FINAL = "hidden_final"
-
-
-# A linear layer emitter: (builder, x, gguf tensor name) -> output name. The fp32 one is MatMul with a
-# transposed initializer; the quantized one (onnx_quant.py) emits MatMulNBits from the GGUF blocks.
-LinearFn = Callable[["GraphBuilder", str, str], str]
-
-
-class GraphBuilder:
-    """Appends nodes and initializers with unique names."""
-
-    def __init__(self) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        # Arrays are kept as numpy until the model is written: serializing hundreds of MB through
-        # protobuf is slow, so big ones go straight into the external-data file (see to_model).
-        self.initializers: dict[str, np.ndarray] = {}
-        self._count = 0
-        self._consts: dict[tuple[str, bytes], str] = {}
-
-    def _name(self, hint: str) -> str:
-        self._count += 1
-        return f"{hint}_{self._count}"
-
-    def init(self, name: str, arr: np.ndarray) -> str:
-        if name in self.initializers:
-            raise ValueError(f"initializer {name!r} defined twice")
-        self.initializers[name] = np.ascontiguousarray(arr)
-        return name
-
-    def const(self, values: Sequence[float] | Sequence[int] | np.ndarray, dtype: type = np.int64) -> str:
-        """A small shared constant (shapes, axes, scalars)."""
-        arr = np.asarray(values, dtype=dtype)
-        key = (str(arr.dtype) + str(arr.shape), arr.tobytes())
-        if key not in self._consts:
-            self._consts[key] = self.init(self._name("c"), arr)
-        return self._consts[key]
-
-    def op(self, op_type: str, inputs: Sequence[str], n_out: int = 1, domain: str = "", **attrs: object) -> str:
-        outs = [self._name(op_type.lower()) for _ in range(n_out)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), outs, domain=domain or None, **attrs))
-        return outs[0] if n_out == 1 else ",".join(outs)
-
-    def ops(self, op_type: str, inputs: Sequence[str], n_out: int, **attrs: object) -> list[str]:
-        return self.op(op_type, inputs, n_out, **attrs).split(",")
-
-    def rename_output(self, produced: str, name: str) -> None:
-        """Give the node output `produced` the graph-output name `name` (via Identity)."""
-        self.nodes.append(helper.make_node("Identity", [produced], [name]))
-
-
-def linear_f32(weights: dict[str, np.ndarray]) -> LinearFn:
-    def emit(g: GraphBuilder, x: str, name: str) -> str:
-        w = g.init(name, np.ascontiguousarray(weights[name].T))  # [in, out] for MatMul
-        return g.op("MatMul", [x, w])
-
-    return emit
 
 
 def _rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
@@ -172,6 +119,8 @@ def build_graph(hp: ModelHParams, weights: dict[str, np.ndarray], linear: Linear
         _value_info("attn_mask", f32, ["B", 1, 1, "T", "S"]),
         _value_info("logit_rows", TensorProto.INT64, ["N"]),
     ]
+    if hp.moe is not None:
+        inputs.append(_value_info(MOE_ROWS, TensorProto.INT64, ["M", "C"]))
     outputs = [_value_info("logits", f32, ["N", hp.n_vocab])]
     for i in range(hp.n_layer):
         inputs += [_value_info(f"past_k_{i}", f32, kv_shape), _value_info(f"past_v_{i}", f32, kv_shape)]
@@ -218,7 +167,10 @@ def build_graph(hp: ModelHParams, weights: dict[str, np.ndarray], linear: Linear
         att = g.op("Transpose", [g.op("MatMul", [probs, vt])], perm=[0, 3, 1, 2, 4])  # [B, T, kv, g, hd]
         att = g.op("Reshape", [att, g.const([0, 0, hp.n_head * hp.head_dim])])
         x = g.op("Add", [x, maybe_bias(linear(g, att, p + "attn_output.weight"), p + "attn_output.bias")])
-        h = _rms_norm(g, x, w(p + "ffn_norm.weight"), hp.rms_eps)
+        h = _rms_norm(g, x, w(p + hp.ffn_norm_name + ".weight"), hp.rms_eps)
+        if hp.moe is not None and hp.moe.is_moe(i):
+            x = g.op("Add", [x, moe_ffn(g, linear, weights, hp.moe, h, p, hp.n_embd)])
+            continue
         gate = maybe_bias(linear(g, h, p + "ffn_gate.weight"), p + "ffn_gate.bias")
         up = maybe_bias(linear(g, h, p + "ffn_up.weight"), p + "ffn_up.bias")
         act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])  # SiLU(gate) * up

@@ -20,7 +20,7 @@ time with q4 against ~0.45x with f32, while logits move by up to ~2.5 and the ar
 (random tokens) changes. Exact mode stays bitwise chunking-invariant with q4 (activations are quantized
 per row and block), so speculation on a q4 target is lossless with respect to q4 plain decoding. Nibble order differs too: a GGUF 4-bit block keeps element j in the low nibble of byte j
 and element j+16 in the high nibble; MatMulNBits packs consecutive elements (2i low, 2i+1 high).
-Any other tensor type (F16, K-quants, ...) falls back to the float32 MatMul of onnx_graph.linear_f32.
+Any other tensor type (F16, K-quants, ...) falls back to the float32 MatMul of onnx_builder.linear_f32.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.gguf_file import GGUFFile
-from .onnx_graph import MS_DOMAIN, GraphBuilder, LinearFn, linear_f32
+from .onnx_builder import MS_DOMAIN, GraphBuilder, LinearFn, linear_f32
 
 QK = 32  # block size of Q4_0 / Q4_1 / Q8_0
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
