@@ -9,6 +9,7 @@ the planner fixed, so a row meets the same kernels wherever it sits (the FFNs, d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -99,15 +100,19 @@ class TorchModel:
         device: torch.device,
         max_pos: int,
         gemm: GemmPlan = plain_gemm,
+        blocks: Sequence[int] | None = None,
     ) -> None:
+        """``blocks``: the GGUF block ids built as this model's layers, in order (default: the trunk,
+        0 .. n_layer-1); the MTP runtime builds its heads' blocks, run with :meth:`run_block`."""
         self.hp, self.dtype, self.device = hp, dtype, device
         self.gemm = gemm
+        block_ids = list(range(hp.n_layer)) if blocks is None else list(blocks)
         # llama's rows were permuted for interleaved rope; un-permuting Q and K alike leaves every
         # q.k score unchanged and lets all archs share the cheaper rotate-half rope.
         self.unpermuted = not hp.rope_neox and hp.n_rot == hp.head_dim and not hp.has_qk_norm
         weights = dict(weights)
         if self.unpermuted:
-            for i in range(hp.n_layer):
+            for i in block_ids:
                 for kind, n in (("q", hp.n_head), ("k", hp.n_head_kv)):
                     for suffix in ("weight", "bias"):
                         name = f"blk.{i}.attn_{kind}.{suffix}"
@@ -132,7 +137,7 @@ class TorchModel:
         self.lm_head = self._lin(self.embd if hp.tied_output else t("output.weight"), opt("output.bias"))
         self.out_norm = t("output_norm.weight")
         self.layers: list[LayerWeights] = []
-        for i in range(hp.n_layer):
+        for i in block_ids:
             b = f"blk.{i}."
             bias = cat(b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias") if hp.has_qkv_bias else None
             if hp.moe is not None and hp.moe.is_moe(i):
@@ -233,34 +238,40 @@ class TorchModel:
     def run_tile(self, tile: Tile, capture: frozenset[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Run every block on one tile; returns (post-norm hidden [M, H], captured layer inputs)."""
         hp = self.hp
-        nh, nkv, hd = hp.n_head, hp.n_head_kv, hp.head_dim
-        nq = nh * hd
         x = F.embedding(tile.tokens, self.embd)
-        M = x.shape[0]
         captured: dict[int, torch.Tensor] = {}
-        attn_out = torch.zeros((M, nh, hd), dtype=self.dtype, device=self.device)
-        attn_flat = attn_out.view(M, nq)
-        for li, lw in enumerate(self.layers):
+        attn_out = torch.zeros((x.shape[0], hp.n_head, hp.head_dim), dtype=self.dtype, device=self.device)
+        for li in range(len(self.layers)):
             if li in capture:
                 captured[li] = x[: tile.n_real].clone()
-            h = _rms_norm(x, lw.attn_norm, hp.rms_eps)
-            qkv = lw.qkv(h).view(M, nh + 2 * nkv, hd)
-            qk, v = qkv[:, : nh + nkv], qkv[:, nh + nkv :]
-            if lw.q_norm is not None and lw.k_norm is not None:
-                qk = torch.cat(
-                    (_rms_norm(qk[:, :nh], lw.q_norm, hp.rms_eps), _rms_norm(qk[:, nh:], lw.k_norm, hp.rms_eps)), 1
-                )
-            qk = self._rope(qk, tile.cos, tile.sin)
-            for w in tile.writes:
-                n = w.r1 - w.r0
-                w.cache.k[li, :, w.pos0 : w.pos0 + n] = qk[w.r0 : w.r1, nh:].transpose(0, 1)
-                w.cache.v[li, :, w.pos0 : w.pos0 + n] = v[w.r0 : w.r1].transpose(0, 1)
-            self._attention(tile, li, qk, attn_out)
-            x = x + lw.out(attn_flat)
-            x = x + lw.ffn(_rms_norm(x, lw.ffn_norm, hp.rms_eps))
+            x = self.run_block(tile, li, x, attn_out)
         if hp.n_layer in capture:
             captured[hp.n_layer] = x[: tile.n_real].clone()
         return _rms_norm(x, self.out_norm, hp.rms_eps), captured
+
+    def run_block(self, tile: Tile, li: int, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """Layer ``li`` over a tile's residual rows x [M, H]: attention (K/V written to KV layer ``li`` of
+        the tile's caches) and FFN, residuals added. ``attn_out``: zeroed [M, n_head, head_dim] scratch."""
+        hp = self.hp
+        nh, nkv, hd = hp.n_head, hp.n_head_kv, hp.head_dim
+        M = x.shape[0]
+        lw = self.layers[li]
+        attn_flat = attn_out.view(M, nh * hd)
+        h = _rms_norm(x, lw.attn_norm, hp.rms_eps)
+        qkv = lw.qkv(h).view(M, nh + 2 * nkv, hd)
+        qk, v = qkv[:, : nh + nkv], qkv[:, nh + nkv :]
+        if lw.q_norm is not None and lw.k_norm is not None:
+            qk = torch.cat(
+                (_rms_norm(qk[:, :nh], lw.q_norm, hp.rms_eps), _rms_norm(qk[:, nh:], lw.k_norm, hp.rms_eps)), 1
+            )
+        qk = self._rope(qk, tile.cos, tile.sin)
+        for w in tile.writes:
+            n = w.r1 - w.r0
+            w.cache.k[li, :, w.pos0 : w.pos0 + n] = qk[w.r0 : w.r1, nh:].transpose(0, 1)
+            w.cache.v[li, :, w.pos0 : w.pos0 + n] = v[w.r0 : w.r1].transpose(0, 1)
+        self._attention(tile, li, qk, attn_out)
+        x = x + lw.out(attn_flat)
+        return x + lw.ffn(_rms_norm(x, lw.ffn_norm, hp.rms_eps))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
