@@ -215,18 +215,23 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 
 
 def _infer_draft_type(path: str) -> tuple[str, ...]:
-    """llama.cpp infers a type from the draft GGUF only for DFlash/DSpark (and MTP); else none (docs/semantics.md §3)."""
+    """llama.cpp infers a type from the draft GGUF only for DFlash/DSpark and MTP files; else none (docs/semantics.md §3).
+
+    An MTP file is one whose last block has a ``nextn.eh_proj`` tensor (llama.cpp's test)."""
     f = GGUFFile(path)
-    if f.get("general.architecture") != "dflash":
-        return ()
+    arch = f.get("general.architecture")
+    if arch != "dflash":
+        blocks = f.get(f"{arch}.block_count")
+        mtp = isinstance(blocks, int) and f.has_tensor(f"blk.{blocks - 1}.nextn.eh_proj.weight")
+        return ("draft-mtp",) if mtp else ()
     from spekula.core.draft_models import read_draft_info
 
     return ("draft-dspark",) if read_draft_info(f).kind == "dspark" else ("draft-dflash",)
 
 
 def _check_implemented(types: Iterable[str], drafters: list[Any] | None) -> None:
-    """llama.cpp names that spekula has no drafter for (draft-mtp) get their own message: calling
-    them "unknown" would suggest a typo."""
+    """llama.cpp names that spekula has no drafter for (one whose plugin is not installed) get their
+    own message: calling them "unknown" would suggest a typo."""
     extra = [n for n in (getattr(d, "name", None) for d in drafters or ()) if isinstance(n, str)]
     installed = installed_spec_types(extra)
     for name in types:
@@ -307,10 +312,14 @@ def preflight(args: argparse.Namespace) -> None:
     """The checks `build_engine` starts with, without loading weights: the options, the drafters,
     and that the model (and draft model) files are readable GGUFs with a tokenizer. For a process
     that hands the loading to others (Ray replicas), so a bad file is one clear error up front."""
-    _, draft_path = _checked_spec(args, None)
-    _open_target(args)
+    spec, draft_path = _checked_spec(args, None)
+    target_path, _, _ = _open_target(args)
     if draft_path:
         GGUFFile.shared(draft_path)
+    if "draft-mtp" in spec.types:  # the heads must exist and fit: read from the headers alone
+        from spekula.core.mtp_runtime import check_mtp_files
+
+        check_mtp_files(target_path, draft_path)
 
 
 def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None) -> Engine:

@@ -197,7 +197,7 @@ def test_a_bad_model_or_option_is_one_clear_error_before_ray_starts(tmp_path: Pa
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(Path(MODEL).read_bytes()[:1000])
     for args, words in ((["-m", bad], "truncated"), (["-m", tmp_path / "none.gguf"], "no such file"),
-                        (["-m", MODEL, "--spec-type", "draft-mtp"], "does not implement"),
+                        (["-m", MODEL, "--spec-type", "draft-mtp"], "no multi-token-prediction layers"),
                         (["-m", MODEL, "--socket", tmp_path / "s"], "--socket cannot be combined")):
         res = run_cli("serve", "--ray", "--port", "0", *args, timeout=120)
         assert res.returncode == 1 and words in res.stderr, res.stderr
