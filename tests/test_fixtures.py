@@ -3,6 +3,7 @@ and not degenerate (greedy continuations vary)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import multiprocessing
@@ -51,14 +52,11 @@ def test_bpe_trainer_is_deterministic_and_complete() -> None:
     assert all(a + b in symbols for a, b in merges)
 
 
-def _build_into(path: str) -> str:
-    return str(build("llama", path))
-
-
 def test_parallel_builds_do_not_collide(tmp_path: Path) -> None:
     target = str(tmp_path / "same.gguf")
     with multiprocessing.get_context("spawn").Pool(2) as pool:
-        pool.map(_build_into, [target, target])
+        # build itself goes to the workers (a test-module function would need `tests` importable there)
+        pool.map(functools.partial(build, "llama"), [target, target])
     GGUFFile(target)  # complete and readable
     assert [p.name for p in tmp_path.iterdir()] == ["same.gguf"]
 
