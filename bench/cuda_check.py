@@ -6,6 +6,8 @@ for both backends, with a summary at the end.
 Conformance: every check of tests/backend_conformance.py on the tiny fixtures and SmolLM2, with both
 backends built for the GPU in fp32 (the torch backend on CUDA is also the reference there). CUDA
 kernels are not batch-invariant, so a "bitwise" check failing for torch on CUDA is reported, not hidden.
+MoE targets: the qwen3moe and glm4moe fixtures are in the conformance list; draft-mtp on the GLM fixture
+(torch on the GPU) must print what plain decoding prints.
 Bench: bench/backends.py's decode/verification latencies on the GPU.
 Without a usable CUDA GPU it prints "skipped: no CUDA" and exits 0. Exit 1 when a check fails.
 """
@@ -13,6 +15,7 @@ Without a usable CUDA GPU it prints "skipped: no CUDA" and exits 0. Exit 1 when 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import traceback
 from functools import cache
@@ -67,6 +70,22 @@ def run_conformance(device: str, backends: list[str], models: list[str]) -> list
     return results
 
 
+def mtp_matches_plain(device: str) -> str | None:
+    """None when draft-mtp on the GPU gives plain decoding's text on the GLM-MoE fixture, else why not."""
+    from spekula.fixtures.tiny_moe import tiny_moe_gguf_path
+
+    model = str(tiny_moe_gguf_path("glm4moe", n_mtp=2))
+    base = [sys.executable, "-m", "spekula.frontends.cli", "generate", "-m", model, "--device", device,
+            "--dtype", "f32", "-n", "48", "--temp", "0", "--ignore-eos", "-p", "the cat sat on the mat"]
+    outs = []
+    for extra in ([], ["--spec-type", "draft-mtp"]):
+        done = subprocess.run(base + extra, capture_output=True, text=True, timeout=600, check=False)
+        if done.returncode != 0:
+            return f"{' '.join(extra) or 'plain'} failed: {done.stderr.strip()[-300:]}"
+        outs.append(done.stdout)
+    return None if outs[0] == outs[1] else "draft-mtp output differs from plain decoding"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-m", "--model", help="GGUF model for the bench (default: the embedded SmolLM2)")
@@ -83,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         if why is not None:
             print(f"{name} backend cannot use CUDA: {why}")
 
-    results = run_conformance(args.device, usable, ["llama", "qwen2", "qwen3", "smollm2"])
+    results = run_conformance(args.device, usable, ["llama", "qwen2", "qwen3", "qwen3moe", "glm4moe", "smollm2"])
+    if "torch" in usable:
+        results.append(("torch", "glm4moe", "draft-mtp equals plain", mtp_matches_plain(args.device)))
     failed = [r for r in results if r[3] is not None]
     print(f"\nconformance on {args.device}: {len(results) - len(failed)} passed, {len(failed)} failed")
     for name, model, check, why in failed:
