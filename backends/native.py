@@ -171,6 +171,12 @@ class NativeBackend(Backend):
         self._len: dict[int, int] = {}
         self._next_id = 0
 
+    @property
+    def context(self) -> int | None:
+        """The C context (None once closed), for contexts made over it (native_mtp.py: the MTP heads run
+        on its threads with its prepared embedding and output head)."""
+        return self._ctx
+
     # ---- sequences ---------------------------------------------------------------------------------
 
     def new_seq(self) -> int:

@@ -57,13 +57,24 @@ class Config(ctypes.Structure):
         "rope_neox", "n_ctx", "n_seq_max", "n_threads")] + [
         ("rms_eps", ctypes.c_float), ("attn_scale", ctypes.c_float),
         ("rope_inv_freq", ctypes.c_void_p), ("output_norm", ctypes.c_void_p),
-        ("token_embd", Tensor), ("output", Tensor), ("layers", ctypes.POINTER(Layer))]
+        ("token_embd", Tensor), ("output", Tensor), ("layers", ctypes.POINTER(Layer)),
+        # MTP heads' input projection (data NULL: rows enter as their token's embedding)
+        ("in_proj", Tensor), ("in_embd_norm", ctypes.c_void_p), ("in_hidden_norm", ctypes.c_void_p)]
 
 
 class Batch(ctypes.Structure):
     _fields_ = [("n_rows", ctypes.c_int64), ("tokens", ctypes.c_void_p), ("pos", ctypes.c_void_p),
                 ("seq", ctypes.c_void_p), ("n_out", ctypes.c_int64), ("out_rows", ctypes.c_void_p),
-                ("logits", ctypes.c_void_p), ("capture", ctypes.c_void_p), ("hidden_final", ctypes.c_void_p)]
+                ("logits", ctypes.c_void_p), ("capture", ctypes.c_void_p), ("hidden_final", ctypes.c_void_p),
+                ("hidden_in", ctypes.c_void_p)]
+
+
+def ctx_config(ctx: int) -> Config:
+    """A context's config as it runs: its token_embd, output and in_proj as prepared (packed weights
+    point into memory the context owns)."""
+    cfg = Config()
+    lib().sk_ctx_config(ctx, ctypes.byref(cfg))
+    return cfg
 
 
 def library_path() -> Path:
@@ -78,6 +89,12 @@ def lib() -> ctypes.CDLL:
     so.sk_kernel_name.argtypes = [ctypes.c_int]
     so.sk_ctx_new.restype = ctypes.c_void_p
     so.sk_ctx_new.argtypes = [ctypes.POINTER(Config), ctypes.c_int]
+    so.sk_ctx_new_over.restype = ctypes.c_void_p
+    so.sk_ctx_new_over.argtypes = [ctypes.POINTER(Config), ctypes.c_void_p]
+    so.sk_ctx_config.restype = None
+    so.sk_ctx_config.argtypes = [ctypes.c_void_p, ctypes.POINTER(Config)]
+    so.sk_ctx_packed_bytes.restype = ctypes.c_int64
+    so.sk_ctx_packed_bytes.argtypes = [ctypes.c_void_p]
     so.sk_ctx_free.restype = None
     so.sk_ctx_free.argtypes = [ctypes.c_void_p]
     so.sk_ctx_kernel_name.restype = ctypes.c_char_p

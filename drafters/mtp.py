@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from spekula.core.backend import Capture, SeqInput, SeqOutput
+from spekula.core.backend import BackendOptions, Capture, SeqInput, SeqOutput
 from spekula.core.draft_models import choose
 from spekula.core.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
@@ -33,9 +33,17 @@ from spekula.core.slot_states import SlotStates
 
 from .hidden_drafter import HiddenSlot, HiddenStateDrafter, model_draft_options
 
-# The MTP runtime is torch's whatever the target runs on (native kernels and onnx graphs run trunks only).
-RUNTIME_BACKEND = "torch"
 _FLOAT_DTYPES = ("auto", "f32", "f16", "bf16")
+
+
+def runtime_backend(backend_name: str, options: BackendOptions) -> str:
+    """Which runtime runs the heads: the native kernels when the native backend runs the target (over the
+    target's threads and its prepared embedding and head, in the GGUF's block types), unless
+    --spec-draft-device / --spec-draft-dtype ask for another device or a float type; torch otherwise
+    (torch and onnx targets: onnx graphs run trunks only)."""
+    if backend_name == "native" and options.device.strip().lower() == "cpu" and options.dtype in ("auto", "native"):
+        return "native"
+    return "torch"
 
 
 @dataclass(slots=True)
@@ -75,9 +83,10 @@ class MtpDrafter:
     @classmethod
     def create(cls, ctx: DrafterContext) -> MtpDrafter:
         options = model_draft_options(ctx)
-        if options.dtype not in _FLOAT_DTYPES:  # e.g. onnx's q4 graphs: the heads run in the device's float type
+        backend = runtime_backend(ctx.backend_name, options)
+        if backend == "torch" and options.dtype not in _FLOAT_DTYPES:  # e.g. onnx's q4: the device's float type
             options = replace(options, dtype="auto")
-        runtime = load_mtp_runtime(RUNTIME_BACKEND, ctx.target, ctx.draft_model_path, options)
+        runtime = load_mtp_runtime(backend, ctx.target, ctx.draft_model_path, options)
         return cls(runtime, ctx.backend_name)
 
     @property

@@ -32,20 +32,22 @@ def target_backend(path: Path, n_slots: int = 2, name: str = "torch") -> Backend
     return load_backend(name, str(path), BackendOptions(n_ctx=N_CTX, n_seq_max=n_slots))
 
 
-def context(target: Backend, spec: SpecParams, draft: Path | None = None, n_slots: int = 2) -> DrafterContext:
+def context(target: Backend, spec: SpecParams, draft: Path | None = None, n_slots: int = 2,
+            backend_name: str = "torch") -> DrafterContext:
     tok = Tokenizer.from_gguf(GGUFFile(target.info.path))
-    return DrafterContext(spec=spec, target=target, tokenizer=tok, n_seq_max=n_slots,
+    return DrafterContext(spec=spec, target=target, tokenizer=tok, n_seq_max=n_slots, backend_name=backend_name,
                           draft_model_path=str(draft) if draft else None)
 
 
 def run_vs_plain(target_path: Path, spec: SpecParams, *, draft: Path | None = None, n_predict: int = 24,
                  sampling: SamplingParams | None = None, prompts: list[list[int]] | None = None, n_slots: int = 2,
-                 wrap: Any = None) -> tuple[list[list[int]], list[list[int]], dict[str, Any]]:
-    """All prompts at once through an engine with draft-mtp; (engine outputs, plain decoding, drafter stats)."""
+                 wrap: Any = None, backend: str = "torch") -> tuple[list[list[int]], list[list[int]], dict[str, Any]]:
+    """All prompts at once through an engine with draft-mtp on a `backend` target (whose runtime then runs
+    the heads); (engine outputs, plain decoding, drafter stats)."""
     sampling = sampling or SamplingParams(temperature=0.0)
-    target = target_backend(target_path, n_slots)
+    target = target_backend(target_path, n_slots, backend)
     tok = Tokenizer.from_gguf(GGUFFile(target_path))
-    drafter: Drafter = MtpDrafter.create(context(target, spec, draft, n_slots))
+    drafter: Drafter = MtpDrafter.create(context(target, spec, draft, n_slots, backend))
     if wrap is not None:
         drafter = wrap(drafter)
     engine = make_engine(target, tok, n_slots=n_slots, n_ctx=N_CTX, spec=spec, drafters=[drafter])
@@ -54,7 +56,7 @@ def run_vs_plain(target_path: Path, spec: SpecParams, *, draft: Path | None = No
     finals = anyio.run(run_requests, engine, reqs, 300.0)
     for f in finals:
         assert f.error is None, f.error
-    plain = target_backend(target_path, 1)
+    plain = target_backend(target_path, 1, backend)
     refs = [plain_decode(plain, p, n_predict=n_predict, sampling=sampling, seed=max(sampling.seed, 0),
                          is_eog=tok.is_eog, n_ctx=N_CTX, ignore_eos=True) for p in prompts]
     return [f.tokens for f in finals], refs, engine.stats()["drafters"]["draft-mtp"]
@@ -65,14 +67,16 @@ def random_target(request: pytest.FixtureRequest) -> Path:
     return tiny_mtp.random_mtp_gguf(request.param)
 
 
-def test_random_heads_are_lossless(random_target: Path) -> None:
-    outs, refs, st = run_vs_plain(random_target, SPEC)
+@pytest.mark.parametrize("backend", ["torch", "native"])
+def test_random_heads_are_lossless(random_target: Path, backend: str) -> None:
+    outs, refs, st = run_vs_plain(random_target, SPEC, backend=backend)
     assert outs == refs
     assert st["gen_drafts"] > 0 and st["gen_tokens"] >= st["gen_drafts"]
 
 
-def test_sampled_output_is_lossless(random_target: Path) -> None:
-    outs, refs, st = run_vs_plain(random_target, SPEC, sampling=SamplingParams(temperature=0.8, seed=7))
+@pytest.mark.parametrize("backend", ["torch", "native"])
+def test_sampled_output_is_lossless(random_target: Path, backend: str) -> None:
+    outs, refs, st = run_vs_plain(random_target, SPEC, sampling=SamplingParams(temperature=0.8, seed=7), backend=backend)
     assert outs == refs and st["gen_drafts"] > 0
 
 
@@ -240,7 +244,8 @@ def test_mtp_only_file_with_md_drafts_what_the_target_file_does() -> None:
     assert outs == refs and st["gen_drafts"] > 0
 
 
-def test_bad_heads_are_one_clear_error() -> None:
+@pytest.mark.parametrize("backend", ["torch", "native"])
+def test_bad_heads_are_one_clear_error(backend: str) -> None:
     from spekula.core.errors import SpekulaError
     from spekula.fixtures.tiny_gguf import tiny_model_path
 
@@ -252,9 +257,9 @@ def test_bad_heads_are_one_clear_error() -> None:
         (tiny_mtp.random_mtp_gguf(1), tiny_model_path("qwen3"), "no multi-token-prediction layers"),
     ]
     for target_path, draft, needle in cases:
-        target = target_backend(target_path, 1)
+        target = target_backend(target_path, 1, backend)
         with pytest.raises(SpekulaError, match=needle) as info:
-            MtpDrafter.create(context(target, SPEC, draft, 1))
+            MtpDrafter.create(context(target, SPEC, draft, 1, backend))
         assert str(draft or target_path) in str(info.value)
 
 
@@ -322,7 +327,8 @@ def test_ngram_drafts_come_first() -> None:
 
 @pytest.mark.parametrize("name", ["native", "onnx"])
 def test_other_target_backends_feed_the_heads(name: str) -> None:
-    """The heads run on torch whatever runs the target: any backend returning Capture(final_norm=True) rows."""
+    """Through the engine on a native target (the heads on the native runtime) and an onnx one (the heads on
+    torch): any backend returning Capture(final_norm=True) rows feeds them."""
     from spekula.core.errors import SpekulaError
 
     target_path = tiny_mtp.random_mtp_gguf(2)

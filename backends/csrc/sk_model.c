@@ -1,6 +1,12 @@
 /* The llama / qwen2 / qwen3 / qwen3moe / glm4moe decoder forward pass over GGUF blocks, on all
  * threads of a pool (a MoE block's FFN is in sk_moe.c).
  *
+ * A context runs the blocks its config lists. With an input projection (multi-token-prediction
+ * heads: one block of the file, fed a token and a hidden state per row) the rows enter as
+ * in_proj . [rmsnorm(E[token], in_embd_norm); rmsnorm(hidden_in, in_hidden_norm)] instead of E[token].
+ * A context made with sk_ctx_new_over runs on another context's threads and may take weights that
+ * context prepared (layout 1) as they are; it keeps that context alive until it is freed itself.
+ *
  * One call runs every row of a batch (rows of several sequences, each at its own position) through
  * every block. All threads run `forward_job` and meet at barriers between phases: row-wise phases
  * (norms, quantization, rope) split rows, matmuls split output columns, attention splits
@@ -9,6 +15,7 @@
  */
 #define _GNU_SOURCE
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -33,6 +40,9 @@ typedef struct {
     const float *output_norm;
     sk_tensor token_embd, output;
     const sk_layer *layers;
+    /* Input projection [n_embd, 2 n_embd] (embedding columns first) and its two norms; data NULL: none. */
+    sk_tensor in_proj;
+    const float *in_embd_norm, *in_hidden_norm;
 } sk_config;
 
 typedef struct {
@@ -43,9 +53,11 @@ typedef struct {
     float *logits;           /* [n_out, n_vocab] */
     float *const *capture;   /* NULL or [n_layer + 1]: residual entering block l, [n_rows, n_embd] each (or NULL) */
     float *hidden_final;     /* NULL or [n_rows, n_embd]: after output_norm */
+    const float *hidden_in;  /* [n_rows, n_embd] when the config has in_proj, else unused */
 } sk_batch;
 
-typedef struct {
+typedef struct sk_ctx sk_ctx;
+struct sk_ctx {
     sk_config cfg;
     sk_layer *layers;
     const sk_kernels *kern;
@@ -61,9 +73,12 @@ typedef struct {
     int64_t att_rows_cap, att_parts_cap;
     void **packed;       /* weight copies in the kernels' own layout, freed with the context */
     int n_packed;
+    int64_t packed_bytes;
     sk_moe **moe;        /* [n_layer]: this context's copy of each MoE block's description, or NULL */
     sk_moe_scratch *moe_scratch;
-} sk_ctx;
+    sk_ctx *base;        /* the context whose threads (and possibly prepared weights) this one uses, or NULL */
+    atomic_int refs;     /* 1 for the creator, 1 per context made over this one */
+};
 
 typedef struct {
     sk_ctx *c;
@@ -160,6 +175,7 @@ static int ensure_scratch(sk_ctx *c, int64_t m) {
     free_scratch(c);
     const sk_config *g = &c->cfg;
     int64_t qd = (int64_t)g->n_head * g->head_dim, wide = max3(g->n_embd, qd, g->n_ff);
+    if (g->in_proj.data && 2 * (int64_t)g->n_embd > wide) wide = 2 * (int64_t)g->n_embd; /* [e; h] rows */
     int64_t kp = sk_round_up(wide, 64);
     c->x = malloc((size_t)(m * g->n_embd) * 4);
     c->h = malloc((size_t)(m * wide) * 4);
@@ -180,9 +196,10 @@ static int ensure_scratch(sk_ctx *c, int64_t m) {
     return 0;
 }
 
+/* Drops the creator's reference; the memory goes once no context made over this one remains. */
 SK_API void sk_ctx_free(sk_ctx *c) {
-    if (!c) return;
-    if (c->pool) sk_pool_free(c->pool);
+    if (!c || atomic_fetch_sub(&c->refs, 1) > 1) return;
+    if (c->pool && !c->base) sk_pool_free(c->pool); /* a context over a base borrows the base's pool */
     if (c->kv)
         for (int s = 0; s < c->cfg.n_seq_max; s++) free(c->kv[s]);
     free(c->kv);
@@ -199,7 +216,9 @@ SK_API void sk_ctx_free(sk_ctx *c) {
     sk_moe_scratch_free(c->moe_scratch);
     free_scratch(c);
     free(c->layers);
+    sk_ctx *base = c->base;
     free(c);
+    sk_ctx_free(base);
 }
 
 /* Give back the pages of a mapped source range the process no longer reads (they stay in the page
@@ -221,6 +240,7 @@ static int pack_tensor(sk_ctx *c, sk_tensor *w) {
     if (list) c->packed = list;
     if (!dst || !list) { free(dst); return -1; }
     c->packed[c->n_packed++] = dst;
+    c->packed_bytes += size;
     /* In steps of ~1 MiB of source rows, giving their pages back as we go: the peak stays near the
      * packed size instead of packed + source. */
     const int64_t unit = c->kern->column_unit, units = (w->n_rows + unit - 1) / unit;
@@ -245,21 +265,39 @@ static int pack_weights(sk_ctx *c) {
         for (int64_t i = 0; c->moe[l] && i < sk_moe_n_tensors(c->moe[l]); i++)
             if (pack_tensor(c, sk_moe_tensor(c->moe[l], i)) != 0) return -1;
     }
+    if (pack_tensor(c, &c->cfg.in_proj) != 0) return -1;
     return pack_tensor(c, &c->cfg.output);
 }
 
-SK_API sk_ctx *sk_ctx_new(const sk_config *cfg, int force_generic) {
-    if (cfg->n_threads < 1 || cfg->n_ctx < 1 || cfg->n_seq_max < 1 || cfg->n_head_kv < 1 ||
-        cfg->n_head % cfg->n_head_kv != 0)
+static int in_proj_fits(const sk_config *cfg) {
+    const sk_tensor *p = &cfg->in_proj;
+    return !p->data || (p->n_rows == cfg->n_embd && p->n_cols == 2 * (int64_t)cfg->n_embd && cfg->in_embd_norm &&
+                        cfg->in_hidden_norm);
+}
+
+/* base NULL: own threads (cfg->n_threads) and kernel table; else base's, and base lives on until this
+ * context is freed (a weight of layout 1 in cfg is taken as prepared for that kernel table). */
+static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int force_generic) {
+    if ((!base && cfg->n_threads < 1) || cfg->n_ctx < 1 || cfg->n_seq_max < 1 || cfg->n_head_kv < 1 ||
+        cfg->n_head % cfg->n_head_kv != 0 || cfg->n_layer < 1 || !in_proj_fits(cfg))
         return NULL;
     sk_ctx *c = calloc(1, sizeof *c);
     if (!c) return NULL;
+    atomic_init(&c->refs, 1);
     c->cfg = *cfg;
-    c->kern = pick_kernels(force_generic);
+    if (base) {
+        atomic_fetch_add(&base->refs, 1);
+        c->base = base;
+        c->pool = base->pool;
+        c->kern = base->kern;
+        c->cfg.n_threads = sk_pool_size(base->pool);
+    } else {
+        c->kern = pick_kernels(force_generic);
+    }
     c->layers = malloc(sizeof(sk_layer) * (size_t)cfg->n_layer);
     c->moe = calloc((size_t)cfg->n_layer, sizeof(sk_moe *));
     c->kv = calloc((size_t)cfg->n_seq_max, sizeof(uint16_t *));
-    c->att_scratch = calloc((size_t)cfg->n_threads, sizeof(float *));
+    c->att_scratch = calloc((size_t)c->cfg.n_threads, sizeof(float *));
     c->n_ctx_pad = sk_round_up(cfg->n_ctx, SK_KEY_BLOCK);
     c->kv_head_elems = c->n_ctx_pad * cfg->head_dim;
     if (!c->layers || !c->moe || !c->kv || !c->att_scratch) { sk_ctx_free(c); return NULL; }
@@ -270,14 +308,27 @@ SK_API sk_ctx *sk_ctx_new(const sk_config *cfg, int force_generic) {
         if (!(c->moe[l] = sk_moe_clone(cfg->layers[l].moe, cfg->n_embd))) { sk_ctx_free(c); return NULL; }
         c->layers[l].moe = c->moe[l];
     }
-    for (int i = 0; i < cfg->n_threads; i++) {
+    for (int i = 0; i < c->cfg.n_threads; i++) {
         c->att_scratch[i] = xalloc((size_t)(cfg->n_head / cfg->n_head_kv) * SK_ATTN_CHUNK * 4);
         if (!c->att_scratch[i]) { sk_ctx_free(c); return NULL; }
     }
-    c->pool = sk_pool_new(cfg->n_threads);
-    if (!c->pool || sk_pool_size(c->pool) != cfg->n_threads || pack_weights(c) != 0) { sk_ctx_free(c); return NULL; }
+    if (!base) c->pool = sk_pool_new(cfg->n_threads);
+    if (!c->pool || sk_pool_size(c->pool) != c->cfg.n_threads || pack_weights(c) != 0) { sk_ctx_free(c); return NULL; }
     return c;
 }
+
+SK_API sk_ctx *sk_ctx_new(const sk_config *cfg, int force_generic) { return ctx_new(cfg, NULL, force_generic); }
+
+/* A context over base's threads and kernel table (see the top of this file); NULL as sk_ctx_new. */
+SK_API sk_ctx *sk_ctx_new_over(const sk_config *cfg, sk_ctx *base) {
+    return base ? ctx_new(cfg, base, 0) : NULL;
+}
+
+/* The context's config as it runs: token_embd, output and in_proj as prepared (layers: its own copy). */
+SK_API void sk_ctx_config(const sk_ctx *c, sk_config *out) { *out = c->cfg; }
+
+/* Bytes of the weight copies this context made in its kernels' layout (none for the generic table). */
+SK_API int64_t sk_ctx_packed_bytes(const sk_ctx *c) { return c->packed_bytes; }
 
 SK_API const char *sk_ctx_kernel_name(const sk_ctx *c) { return c->kern->name; }
 
@@ -455,13 +506,26 @@ static void forward_job(void *arg, int ith, int nth) {
     double t = profiling == 1 ? now_s() : 0.0;
 
     for (int64_t r = r0; r < r1; r++) {
-        sk_dequant_row(&g->token_embd, b->tokens[r], c->x + r * E);
+        if (g->in_proj.data) {
+            float *e = c->h + r * 2 * E; /* [rmsnorm(E[token]); rmsnorm(hidden)], what in_proj reads */
+            sk_dequant_row(&g->token_embd, b->tokens[r], e);
+            c->kern->rms_norm(e, g->in_embd_norm, E, g->rms_eps, e);
+            c->kern->rms_norm(b->hidden_in + r * E, g->in_hidden_norm, E, g->rms_eps, e + E);
+        } else {
+            sk_dequant_row(&g->token_embd, b->tokens[r], c->x + r * E);
+        }
         float *cs = c->rope + r * g->n_rot;
         for (int i = 0; i < g->n_rot / 2; i++) {
             double th = (double)b->pos[r] * g->rope_inv_freq[i];
             cs[i] = (float)cos(th);
             cs[g->n_rot / 2 + i] = (float)sin(th);
         }
+    }
+    if (g->in_proj.data) {
+        part in = {&g->in_proj, c->x, E, 0};
+        if (any_quant(&in, 1)) quantize(c, c->h, 2 * E, 2 * E, r0, r1);
+        sk_pool_barrier(c->pool);
+        gemm_parts(c, &in, 1, c->h, 2 * E, m, ith, nth);
     }
     sk_pool_barrier(c->pool);
     phase(ith, PH_EMBED, &t);
@@ -537,7 +601,7 @@ static void forward_job(void *arg, int ith, int nth) {
  * caller's mistake cannot write out of bounds). */
 SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
     const sk_config *g = &c->cfg;
-    if (b->n_rows < 1 || b->n_out < 0 || b->n_out > b->n_rows) return -2;
+    if (b->n_rows < 1 || b->n_out < 0 || b->n_out > b->n_rows || (g->in_proj.data && !b->hidden_in)) return -2;
     for (int64_t r = 0; r < b->n_rows; r++) {
         if (b->tokens[r] < 0 || b->tokens[r] >= g->n_vocab || b->pos[r] < 0 || b->pos[r] >= g->n_ctx ||
             b->seq[r] < 0 || b->seq[r] >= g->n_seq_max || !c->kv[b->seq[r]])

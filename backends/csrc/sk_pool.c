@@ -35,6 +35,7 @@ struct sk_pool {
     atomic_int sleepers;
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    pthread_mutex_t run_mu; /* one job at a time: contexts made over another share its pool */
 };
 
 typedef struct {
@@ -80,6 +81,7 @@ sk_pool *sk_pool_new(int n_threads) {
     p->n = n_threads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
+    pthread_mutex_init(&p->run_mu, NULL);
     p->threads = calloc((size_t)n_threads, sizeof(pthread_t));
     if (!p->threads) { free(p); return NULL; }
     for (int i = 1; i < n_threads; i++) {
@@ -101,6 +103,7 @@ void sk_pool_free(sk_pool *p) {
     for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&p->run_mu);
     free(p->threads);
     free(p);
 }
@@ -108,7 +111,12 @@ void sk_pool_free(sk_pool *p) {
 int sk_pool_size(const sk_pool *p) { return p->n; }
 
 void sk_pool_run(sk_pool *p, sk_job_fn fn, void *arg) {
-    if (p->n == 1) { fn(arg, 0, 1); return; }
+    pthread_mutex_lock(&p->run_mu);
+    if (p->n == 1) {
+        fn(arg, 0, 1);
+        pthread_mutex_unlock(&p->run_mu);
+        return;
+    }
     p->fn = fn;
     p->arg = arg;
     atomic_store(&p->done, 0);
@@ -125,6 +133,7 @@ void sk_pool_run(sk_pool *p, sk_job_fn fn, void *arg) {
         cpu_relax();
         if (++spins > BARRIER_SPINS_BEFORE_YIELD) sched_yield();
     }
+    pthread_mutex_unlock(&p->run_mu);
 }
 
 void sk_pool_barrier(sk_pool *p) {

@@ -1,0 +1,267 @@
+"""Multi-token-prediction heads on spekula's native kernels: each head is a native context over its one block.
+
+A head is a C context (backends/csrc/sk_model.c) whose config lists the head's block (``blk.{N + k}``,
+built by the native backend's own layer code: attention, the MoE FFN with its shared expert, norms,
+rope, float16 KV cache) and an input projection: its rows enter as
+``eh_proj . [rmsnorm(E[x], enorm); rmsnorm(h, hnorm)]`` instead of ``E[x]``, and its output norm and
+head are the head's ``shared_head_norm`` / ``shared_head_head`` or the trunk's ``output_norm`` /
+``output``. The C forward then returns hout (its ``hidden_final``) and the logits, quantizing
+activations to int8 before quantized matmuls as the target does, and bitwise independent of
+batching, chunking and threads like every native forward.
+
+Nothing is loaded twice. The heads' contexts are made over the target's (``sk_ctx_new_over``): they
+run on its thread pool and, when the heads are read from the target's own file, use the target's
+embedding and its output head as the target prepared them (repacked once at the target's load); a
+head falling back to a tensor an earlier head prepared (an MTP-only ``-md`` file's ``output``) takes
+that one. Only the heads' own blocks, ``eh_proj`` and the tensors a head has of its own are prepared
+here (the small norm vectors are read again). Each context keeps the one it was made over alive, so
+closing the target first is safe. Without a native target (the runtime built on its own) head 0
+starts its own thread pool.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from spekula.core.backend import Backend, BackendOptions
+from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError
+from spekula.core.gguf_file import GGUFFile
+from spekula.core.mtp_runtime import MtpInfo, MtpOut, MtpRows, MtpRuntime
+
+from . import native_lib as nl
+from .gguf_moe import nextn_shapes
+from .gguf_weights import ModelHParams, block_shapes, read_hparams, rope_inv_freq
+from .native import MAX_CTX, MAX_SEQS, MAX_THREADS, NativeBackend, _build_layer, _Weights, default_threads
+
+
+@dataclass(frozen=True)
+class _Sources:
+    """The tensors head k reads besides its block: its own when the file has them, else the trunk's."""
+
+    embd: str
+    norm: str
+    head: str
+
+
+def _sources(f: GGUFFile, hp: ModelHParams, block: int) -> _Sources:
+    b = f"blk.{block}.nextn."
+
+    def first(*names: str) -> str:
+        for name in names:
+            if f.has_tensor(name):
+                return name
+        raise ModelFileError(f.path, f"missing tensor {names[-1]!r} (needed by the MTP head)")
+
+    trunk_head = "token_embd.weight" if hp.tied_output else "output.weight"
+    return _Sources(first(b + "embed_tokens.weight", "token_embd.weight"),
+                    first(b + "shared_head_norm.weight", "output_norm.weight"),
+                    first(b + "shared_head_head.weight", trunk_head))
+
+
+def _check_options(options: BackendOptions) -> None:
+    if options.device.strip().lower() != "cpu" or options.dtype not in ("auto", "native"):
+        raise ConfigError(f"the native MTP runtime runs on the CPU in the GGUF's own block types (got --device "
+                          f"{options.device}, --dtype {options.dtype}); the torch runtime takes other devices and dtypes")
+    if not 0 < options.n_ctx <= MAX_CTX or not 0 < options.n_seq_max <= MAX_SEQS or options.threads > MAX_THREADS:
+        raise ConfigError(f"the native MTP runtime supports --ctx-size 1..{MAX_CTX}, 1..{MAX_SEQS} sequences and up "
+                          f"to {MAX_THREADS} threads (got {options.n_ctx}, {options.n_seq_max}, {options.threads})")
+
+
+class NativeMtpRuntime(MtpRuntime):
+    def __init__(self, f: GGUFFile, info: MtpInfo, target: Backend, options: BackendOptions) -> None:
+        _check_options(options)
+        self.info, self.options = info, options
+        hp = self.hp = read_hparams(f)
+        if hp.moe is None or hp.n_nextn != info.n_heads:
+            raise ModelFileError(f.path, f"{hp.arch} MTP heads need the MoE hyper-parameters and nextn_predict_layers")
+        self._lib = nl.lib()
+        self._file = f  # the mapped file every unpacked descriptor points into
+        self._ctxs: list[int] = []
+        blocks = [info.first_block + k for k in range(info.n_heads)]
+        w = self._weights = _Weights(f, hp)
+        for block in blocks:
+            required, optional = nextn_shapes(f"blk.{block}.", hp.n_embd, hp.n_vocab)
+            w.shapes |= block_shapes(hp, block) | required | optional
+        rope_freqs = w.vector("rope_freqs.weight", required=False)
+        self._inv = np.ascontiguousarray(
+            rope_inv_freq(hp, {} if rope_freqs is None else {"rope_freqs.weight": rope_freqs}), dtype=np.float64)
+        base = target.context if isinstance(target, NativeBackend) else None
+        # (role, tensor name) -> a descriptor some context already prepared: an embedding is looked up
+        # row by row in the file's layout, a head is a matmul weight in the kernels' layout.
+        prepared: dict[tuple[str, str], nl.Tensor] = {}
+        if base is not None and GGUFFile.shared(target.info.path) is f:
+            tcfg = nl.ctx_config(base)
+            prepared[("embd", "token_embd.weight")] = tcfg.token_embd
+            if not f.has_tensor("output.bias"):  # the target's head carries output.bias, the heads' none
+                prepared[("head", "token_embd.weight" if hp.tied_output else "output.weight")] = tcfg.output
+        self.threads = 0 if base is not None else (options.threads if options.threads > 0 else default_threads())
+        try:
+            for block in blocks:
+                base = self._new_head(w, block, prepared, base)
+        except BaseException:
+            self.close()
+            raise
+        self._slot_of: dict[int, int] = {}  # seq id -> KV slot (the same in every head)
+        self._len: dict[int, int] = {}
+        self._next_id = 0
+
+    def _new_head(self, w: _Weights, block: int, prepared: dict[tuple[str, str], nl.Tensor], base: int | None) -> int:
+        """Head `block`'s context, made over `base` (None: its own threads); what it prepared goes to `prepared`."""
+        hp, H, V = self.hp, self.hp.n_embd, self.hp.n_vocab
+        src, b = _sources(w.f, hp, block), f"blk.{block}.nextn."
+        embd = prepared.get(("embd", src.embd))
+        head = prepared.get(("head", src.head))
+        if embd is None:
+            embd = w.matrix(src.embd, shape=(V, H))
+        if head is None:
+            head = w.matrix(src.head, shape=(V, H))
+        layers = (nl.Layer * 1)(_build_layer(w, block))
+        w.structs.append(layers)
+        cfg = nl.Config(
+            n_vocab=V, n_embd=H, n_layer=1, n_head=hp.n_head, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim,
+            n_ff=0 if hp.moe is not None and hp.moe.is_moe(block) else hp.n_ff, n_rot=hp.n_rot,
+            rope_neox=int(hp.rope_neox), n_ctx=self.options.n_ctx, n_seq_max=self.options.n_seq_max,
+            n_threads=self.threads, rms_eps=hp.rms_eps, attn_scale=hp.attn_scale, rope_inv_freq=nl.ptr(self._inv),
+            output_norm=nl.ptr(w.vector(src.norm)), token_embd=embd, output=head, layers=layers,
+            in_proj=w.matrix(b + "eh_proj.weight"), in_embd_norm=nl.ptr(w.vector(b + "enorm.weight")),
+            in_hidden_norm=nl.ptr(w.vector(b + "hnorm.weight")))
+        if base is not None:
+            ctx = self._lib.sk_ctx_new_over(ctypes.byref(cfg), base)
+        else:
+            ctx = self._lib.sk_ctx_new(ctypes.byref(cfg), int(os.environ.get("SPEKULA_NATIVE_GENERIC", "0") == "1"))
+        if not ctx:
+            raise ConfigError(f"cannot create the native runtime of MTP block {block} of {w.f.path} (n_ctx "
+                              f"{self.options.n_ctx}, {self.options.n_seq_max} sequences): out of memory or threads")
+        self._ctxs.append(ctx)
+        ran = nl.ctx_config(ctx)
+        prepared.setdefault(("embd", src.embd), ran.token_embd)
+        prepared.setdefault(("head", src.head), ran.output)
+        return int(ctx)
+
+    def close(self) -> None:
+        """Free the heads' contexts (each lets go of the one it was made over)."""
+        for ctx in reversed(getattr(self, "_ctxs", [])):
+            self._lib.sk_ctx_free(ctx)
+        self._ctxs = []
+
+    def __del__(self) -> None:
+        self.close()
+
+    @property
+    def contexts(self) -> list[int]:
+        """The heads' C contexts, head 0 first (tests compare what they were given)."""
+        return list(self._ctxs)
+
+    # --- sequences -------------------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return self.options.n_ctx
+
+    def new_seq(self) -> int:
+        used = set(self._slot_of.values())
+        slot = next((s for s in range(self.options.n_seq_max) if s not in used), None)
+        if slot is None:
+            raise ConfigError(f"too many live MTP sequences (n_seq_max={self.options.n_seq_max})")
+        for k, ctx in enumerate(self._ctxs):
+            if self._lib.sk_kv_alloc(ctx, slot) != 0:
+                for done in self._ctxs[:k]:
+                    self._lib.sk_kv_release(done, slot)
+                raise ConfigError(f"cannot reserve the MTP heads' KV cache of one sequence for --ctx-size "
+                                  f"{self.options.n_ctx}; use a smaller --ctx-size")
+        seq_id = self._next_id
+        self._next_id += 1
+        self._slot_of[seq_id], self._len[seq_id] = slot, 0
+        return seq_id
+
+    def _slot(self, seq_id: int) -> int:
+        if seq_id not in self._slot_of:
+            raise ConfigError(f"unknown MTP sequence {seq_id}")
+        return self._slot_of[seq_id]
+
+    def free_seq(self, seq_id: int) -> None:
+        slot = self._slot(seq_id)
+        for ctx in self._ctxs:
+            self._lib.sk_kv_release(ctx, slot)
+        del self._slot_of[seq_id], self._len[seq_id]
+
+    def seq_len(self, seq_id: int) -> int:
+        self._slot(seq_id)
+        return self._len[seq_id]
+
+    def truncate(self, seq_id: int, n_keep: int) -> None:
+        self._slot(seq_id)
+        self._len[seq_id] = max(0, min(int(n_keep), self._len[seq_id]))
+
+    # --- decoding --------------------------------------------------------------------------------
+    def decode(self, rows: Sequence[MtpRows]) -> list[MtpOut]:
+        if not self._ctxs:
+            raise ConfigError("the native MTP runtime is closed")
+        by_head: dict[int, list[int]] = {}
+        for i, r in enumerate(rows):
+            self._check_rows(r)
+            by_head.setdefault(r.head, []).append(i)
+        outs = [MtpOut(None, None) for _ in rows]
+        for head, idx in sorted(by_head.items()):
+            seqs = [rows[i].seq_id for i in idx]
+            if len(set(seqs)) != len(seqs):
+                raise ValueError(f"MTP head {head}: a sequence appears twice in one decode")
+            for i, out in zip(idx, self._decode_head(head, [rows[i] for i in idx]), strict=True):
+                outs[i] = out
+        return outs
+
+    def _check_rows(self, r: MtpRows) -> None:
+        n = len(r.tokens)
+        if not 0 <= r.head < self.info.n_heads:
+            raise ValueError(f"MTP head {r.head} out of range (the model has {self.info.n_heads})")
+        if n == 0 or np.shape(r.hidden) != (n, self.info.n_embd):
+            raise ValueError(f"MTP rows need tokens [n > 0] and hidden [n, {self.info.n_embd}]")
+        tokens = np.asarray(r.tokens)
+        if tokens.min() < 0 or tokens.max() >= self.hp.n_vocab:
+            raise ValueError(f"MTP rows: token ids must be in [0, {self.hp.n_vocab})")
+        length = self.seq_len(r.seq_id)
+        if r.start < 0:
+            raise ValueError(f"MTP sequence {r.seq_id}: negative start {r.start}")
+        if r.start > length:
+            raise ConfigError(f"MTP sequence {r.seq_id}: write at {r.start} leaves a gap after {length}")
+        if r.start + n > self.n_ctx:
+            raise ContextOverflowError(f"MTP sequence {r.seq_id}: position {r.start + n - 1} exceeds n_ctx {self.n_ctx}")
+
+    def _decode_head(self, head: int, rows: list[MtpRows]) -> list[MtpOut]:
+        """One native forward of head `head` over every sequence's rows."""
+        H = self.info.n_embd
+        sizes = [len(r.tokens) for r in rows]
+        m = sum(sizes)
+        tokens = np.concatenate([np.asarray(r.tokens, dtype=np.int32) for r in rows])
+        pos = np.concatenate([np.arange(r.start, r.start + len(r.tokens), dtype=np.int32) for r in rows])
+        seq = np.concatenate([np.full(len(r.tokens), self._slot_of[r.seq_id], np.int32) for r in rows])
+        hidden_in = np.ascontiguousarray(np.concatenate([np.asarray(r.hidden, dtype=np.float32) for r in rows]))
+        ends = np.cumsum(sizes) - 1
+        out_rows = np.array([ends[k] for k, r in enumerate(rows) if r.want_last], dtype=np.int32)
+        logits = np.empty((out_rows.size, self.hp.n_vocab), np.float32)
+        hout = np.empty((m, H), np.float32) if out_rows.size else None
+        batch = nl.Batch(n_rows=m, tokens=nl.ptr(tokens), pos=nl.ptr(pos), seq=nl.ptr(seq), n_out=out_rows.size,
+                         out_rows=nl.ptr(out_rows) if out_rows.size else None, logits=nl.ptr(logits), capture=None,
+                         hidden_final=nl.ptr(hout), hidden_in=nl.ptr(hidden_in))
+        rc = self._lib.sk_forward(self._ctxs[head], ctypes.byref(batch))
+        if rc == -1:
+            raise MemoryError(f"native MTP forward of {m} rows: out of memory for its scratch buffers")
+        if rc != 0:
+            raise ConfigError(f"native MTP forward rejected the batch (rc={rc})")
+        for r in rows:
+            self._len[r.seq_id] = r.start + len(r.tokens)
+        outs, k = [], 0
+        for j, r in enumerate(rows):
+            if r.want_last and hout is not None:
+                outs.append(MtpOut(logits[k], hout[ends[j]]))
+                k += 1
+            else:
+                outs.append(MtpOut(None, None))
+        return outs
+
+
+runtime_class = NativeMtpRuntime
