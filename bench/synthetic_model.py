@@ -16,6 +16,7 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -74,18 +75,19 @@ def write_f16(path: Path, seed: int = 0) -> Path:
     return write_gguf(path, "llama", hparams, tensors, meta)  # type: ignore[arg-type]
 
 
-def synthetic_1b(llama_server: str | None) -> Path:
-    """The cached Q4_K_M file, built on first use with the llama-quantize next to `llama_server`."""
-    out = CACHE / "synthetic-1b-Q4_K_M.gguf"
+def quantized_q4_k_m(name: str, write_f16: Callable[[Path], Path], llama_server: str | None) -> Path:
+    """``CACHE/<name>-Q4_K_M.gguf``, built on first use: ``write_f16`` writes the F16 file, then the
+    llama-quantize next to `llama_server` quantizes it (the F16 file is removed afterwards)."""
+    out = CACHE / f"{name}-Q4_K_M.gguf"
     if out.is_file():
         return out
     if not llama_server:
-        raise SystemExit("building the synthetic model needs llama.cpp's llama-quantize (next to llama-server)")
+        raise SystemExit(f"building {name} needs llama.cpp's llama-quantize (next to llama-server)")
     quantize = Path(llama_server).resolve().with_name("llama-quantize")
     if not quantize.is_file():
         raise SystemExit(f"{quantize} not found (build the llama-quantize target of the same sdist)")
     CACHE.mkdir(parents=True, exist_ok=True)
-    f16 = CACHE / "synthetic-1b-F16.gguf"
+    f16 = CACHE / f"{name}-F16.gguf"
     print(f"writing {f16} ...", file=sys.stderr)
     write_f16(f16)
     tmp = out.with_suffix(".tmp")
@@ -95,6 +97,11 @@ def synthetic_1b(llama_server: str | None) -> Path:
     tmp.replace(out)
     f16.unlink()
     return out
+
+
+def synthetic_1b(llama_server: str | None) -> Path:
+    """The cached Q4_K_M file, built on first use with the llama-quantize next to `llama_server`."""
+    return quantized_q4_k_m("synthetic-1b", write_f16, llama_server)
 
 
 def main() -> int:

@@ -13,12 +13,11 @@ is what llama.cpp users run. Cached under ~/.cache/spekula/bench/.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-from synthetic_model import CACHE, _tokenizer_meta
+from synthetic_model import _tokenizer_meta, quantized_q4_k_m
 
 SHAPE = {"n_embd": 2048, "n_layer": 4, "n_head": 32, "n_head_kv": 4, "head_dim": 128, "n_expert": 128,
          "n_expert_used": 8, "n_ff_exp": 768, "vocab": 151936}
@@ -69,25 +68,7 @@ def write_f16(path: Path, seed: int = 0) -> Path:
 
 def synthetic_moe(llama_server: str | None) -> Path:
     """The cached Q4_K_M file, built on first use with the llama-quantize next to `llama_server`."""
-    out = CACHE / f"{NAME}-Q4_K_M.gguf"
-    if out.is_file():
-        return out
-    if not llama_server:
-        raise SystemExit("building the synthetic MoE model needs llama.cpp's llama-quantize (next to llama-server)")
-    quantize = Path(llama_server).resolve().with_name("llama-quantize")
-    if not quantize.is_file():
-        raise SystemExit(f"{quantize} not found (build the llama-quantize target of the same sdist)")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    f16 = CACHE / f"{NAME}-F16.gguf"
-    print(f"writing {f16} ...", file=sys.stderr)
-    write_f16(f16)
-    tmp = out.with_suffix(".tmp")
-    done = subprocess.run([str(quantize), str(f16), str(tmp), "Q4_K_M"], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"llama-quantize failed:\n{done.stderr[-3000:]}")
-    tmp.replace(out)
-    f16.unlink()
-    return out
+    return quantized_q4_k_m(NAME, write_f16, llama_server)
 
 
 def main() -> int:
