@@ -104,8 +104,9 @@ def synthetic_1b(llama_server: str | None) -> Path:
     return quantized_q4_k_m("synthetic-1b", write_f16, llama_server)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_cli(description: str, build: Callable[[str | None], Path]) -> int:
+    """`python bench/<synthetic model>.py [--llama-server PATH]`: build (or find) the file, print its path."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--llama-server", metavar="PATH")
     args = p.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -114,9 +115,9 @@ def main() -> int:
     binary, why = find_llama_server(args.llama_server)
     if binary is None:
         raise SystemExit(why)
-    print(synthetic_1b(binary))
+    print(build(binary))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(build_cli(__doc__.split("\n\n")[0], synthetic_1b))

@@ -12,12 +12,11 @@ is what llama.cpp users run. Cached under ~/.cache/spekula/bench/.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
-from synthetic_model import _tokenizer_meta, quantized_q4_k_m
+from synthetic_model import _tokenizer_meta, build_cli, quantized_q4_k_m
 
 SHAPE = {"n_embd": 2048, "n_layer": 4, "n_head": 32, "n_head_kv": 4, "head_dim": 128, "n_expert": 128,
          "n_expert_used": 8, "n_ff_exp": 768, "vocab": 151936}
@@ -71,19 +70,5 @@ def synthetic_moe(llama_server: str | None) -> Path:
     return quantized_q4_k_m(NAME, write_f16, llama_server)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--llama-server", metavar="PATH")
-    args = p.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from llama_server import find_llama_server
-
-    binary, why = find_llama_server(args.llama_server)
-    if binary is None:
-        raise SystemExit(why)
-    print(synthetic_moe(binary))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(build_cli(__doc__.split("\n\n")[0], synthetic_moe))
