@@ -36,6 +36,7 @@ from .gguf_weights import (
 )
 from .native_moe import moe_block
 from .seq_inputs import check_inputs
+from .seq_slots import PooledSeqs, SlotPool
 
 _NO_CAPTURE = Capture()
 # Bounds of the C structures' 32-bit fields, with room for positions and counts computed from them.
@@ -123,7 +124,7 @@ def _build_layer(w: _Weights, i: int) -> nl.Layer:
     return layer
 
 
-class NativeBackend(Backend):
+class NativeBackend(PooledSeqs, Backend):
     def __init__(self, model_path: str, options: BackendOptions) -> None:
         self.options = options
         if options.device.strip().lower() != "cpu":
@@ -167,9 +168,7 @@ class NativeBackend(Backend):
                               f"{options.n_seq_max} sequences): out of memory or threads")
         self.kernels = self._lib.sk_ctx_kernel_name(self._ctx).decode()
         self._rows = np.zeros((3, 64), np.int32)
-        self._slot_of: dict[int, int] = {}  # seq id -> KV slot
-        self._len: dict[int, int] = {}
-        self._next_id = 0
+        self._seqs = SlotPool(options.n_seq_max, self._reserve_kv, self._release_kv)
 
     @property
     def context(self) -> int | None:
@@ -177,47 +176,23 @@ class NativeBackend(Backend):
         on its threads with its prepared embedding and output head)."""
         return self._ctx
 
-    # ---- sequences ---------------------------------------------------------------------------------
+    # ---- sequences (new_seq, free_seq, seq_len, truncate: PooledSeqs over KV slots) ----------------
 
-    def new_seq(self) -> int:
-        used = set(self._slot_of.values())
-        free = next((s for s in range(self.options.n_seq_max) if s not in used), None)
-        if free is None:
-            raise ConfigError(f"too many live sequences (n_seq_max={self.options.n_seq_max})")
-        if self._lib.sk_kv_alloc(self._ctx, free) != 0:
+    def _reserve_kv(self, slot: int) -> None:
+        if self._lib.sk_kv_alloc(self._ctx, slot) != 0:
             hp = self.hparams
             gib = hp.n_layer * hp.n_head_kv * hp.head_dim * 2 * 2 * self.options.n_ctx / 2**30
             raise ConfigError(f"cannot reserve the KV cache of one sequence ({gib:.1f} GiB for --ctx-size "
                               f"{self.options.n_ctx}); use a smaller --ctx-size")
-        seq_id = self._next_id
-        self._next_id += 1
-        self._slot_of[seq_id], self._len[seq_id] = free, 0
-        return seq_id
 
-    def _slot(self, seq_id: int) -> int:
-        if seq_id not in self._slot_of:
-            raise ConfigError(f"unknown sequence {seq_id}")
-        return self._slot_of[seq_id]
-
-    def free_seq(self, seq_id: int) -> None:
-        slot = self._slot(seq_id)
+    def _release_kv(self, slot: int) -> None:
         self._lib.sk_kv_release(self._ctx, slot)
-        del self._slot_of[seq_id], self._len[seq_id]
-
-    def seq_len(self, seq_id: int) -> int:
-        self._slot(seq_id)
-        return self._len[seq_id]
-
-    def truncate(self, seq_id: int, n_keep: int) -> None:
-        self._slot(seq_id)
-        self._len[seq_id] = max(0, min(int(n_keep), self._len[seq_id]))
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
             self._lib.sk_ctx_free(self._ctx)
             self._ctx = None
-            self._slot_of.clear()
-            self._len.clear()
+            self._seqs.clear()
 
     def __del__(self) -> None:
         self.close()
@@ -245,7 +220,7 @@ class NativeBackend(Backend):
             n = int(c.tokens.size)
             rows[0, o : o + n] = c.tokens
             rows[1, o : o + n] = np.arange(c.start, c.start + n, dtype=np.int32)
-            rows[2, o : o + n] = self._slot_of[c.seq_id]
+            rows[2, o : o + n] = self._seqs.get(c.seq_id).slot
             lr = c.logit_rows
             ordered = ordered and (lr.size < 2 or bool(np.all(lr[1:] > lr[:-1])))
             wanted.append(lr + o)
@@ -274,7 +249,7 @@ class NativeBackend(Backend):
             raise ConfigError(f"native forward rejected the batch (rc={rc})")
         outs, k = [], 0
         for i, c in enumerate(checked):
-            self._len[c.seq_id] = c.start + int(c.tokens.size)
+            self._seqs.get(c.seq_id).length = c.start + int(c.tokens.size)
             n_out = int(c.logit_rows.size)
             lg = logits[k : k + n_out] if ordered else logits[np.searchsorted(out_rows, wanted[i])]
             k += n_out

@@ -37,6 +37,7 @@ from . import native_lib as nl
 from .gguf_moe import nextn_shapes
 from .gguf_weights import ModelHParams, block_shapes, read_hparams, rope_inv_freq
 from .native import MAX_CTX, MAX_SEQS, MAX_THREADS, NativeBackend, _build_layer, _Weights, default_threads
+from .seq_slots import PooledSeqs, SlotPool
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def _check_options(options: BackendOptions) -> None:
                           f"to {MAX_THREADS} threads (got {options.n_ctx}, {options.n_seq_max}, {options.threads})")
 
 
-class NativeMtpRuntime(MtpRuntime):
+class NativeMtpRuntime(PooledSeqs, MtpRuntime):
     def __init__(self, f: GGUFFile, info: MtpInfo, target: Backend, options: BackendOptions) -> None:
         _check_options(options)
         self.info, self.options = info, options
@@ -106,9 +107,7 @@ class NativeMtpRuntime(MtpRuntime):
         except BaseException:
             self.close()
             raise
-        self._slot_of: dict[int, int] = {}  # seq id -> KV slot (the same in every head)
-        self._len: dict[int, int] = {}
-        self._next_id = 0
+        self._seqs = SlotPool(options.n_seq_max, self._reserve_kv, self._release_kv, what="MTP sequence")
 
     def _new_head(self, w: _Weights, block: int, prepared: dict[tuple[str, str], nl.Tensor], base: int | None) -> int:
         """Head `block`'s context, made over `base` (None: its own threads); what it prepared goes to `prepared`."""
@@ -157,45 +156,23 @@ class NativeMtpRuntime(MtpRuntime):
         """The heads' C contexts, head 0 first (tests compare what they were given)."""
         return list(self._ctxs)
 
-    # --- sequences -------------------------------------------------------------------------------
+    # --- sequences (new_seq, free_seq, seq_len, truncate: PooledSeqs over KV slots) --------------
     @property
     def n_ctx(self) -> int:
         return self.options.n_ctx
 
-    def new_seq(self) -> int:
-        used = set(self._slot_of.values())
-        slot = next((s for s in range(self.options.n_seq_max) if s not in used), None)
-        if slot is None:
-            raise ConfigError(f"too many live MTP sequences (n_seq_max={self.options.n_seq_max})")
+    def _reserve_kv(self, slot: int) -> None:
+        """Slot `slot`'s cache in every head (the same slot in each), or none of them."""
         for k, ctx in enumerate(self._ctxs):
             if self._lib.sk_kv_alloc(ctx, slot) != 0:
                 for done in self._ctxs[:k]:
                     self._lib.sk_kv_release(done, slot)
                 raise ConfigError(f"cannot reserve the MTP heads' KV cache of one sequence for --ctx-size "
                                   f"{self.options.n_ctx}; use a smaller --ctx-size")
-        seq_id = self._next_id
-        self._next_id += 1
-        self._slot_of[seq_id], self._len[seq_id] = slot, 0
-        return seq_id
 
-    def _slot(self, seq_id: int) -> int:
-        if seq_id not in self._slot_of:
-            raise ConfigError(f"unknown MTP sequence {seq_id}")
-        return self._slot_of[seq_id]
-
-    def free_seq(self, seq_id: int) -> None:
-        slot = self._slot(seq_id)
+    def _release_kv(self, slot: int) -> None:
         for ctx in self._ctxs:
             self._lib.sk_kv_release(ctx, slot)
-        del self._slot_of[seq_id], self._len[seq_id]
-
-    def seq_len(self, seq_id: int) -> int:
-        self._slot(seq_id)
-        return self._len[seq_id]
-
-    def truncate(self, seq_id: int, n_keep: int) -> None:
-        self._slot(seq_id)
-        self._len[seq_id] = max(0, min(int(n_keep), self._len[seq_id]))
 
     # --- decoding --------------------------------------------------------------------------------
     def decode(self, rows: Sequence[MtpRows]) -> list[MtpOut]:
@@ -238,7 +215,7 @@ class NativeMtpRuntime(MtpRuntime):
         m = sum(sizes)
         tokens = np.concatenate([np.asarray(r.tokens, dtype=np.int32) for r in rows])
         pos = np.concatenate([np.arange(r.start, r.start + len(r.tokens), dtype=np.int32) for r in rows])
-        seq = np.concatenate([np.full(len(r.tokens), self._slot_of[r.seq_id], np.int32) for r in rows])
+        seq = np.concatenate([np.full(len(r.tokens), self._seqs.get(r.seq_id).slot, np.int32) for r in rows])
         hidden_in = np.ascontiguousarray(np.concatenate([np.asarray(r.hidden, dtype=np.float32) for r in rows]))
         ends = np.cumsum(sizes) - 1
         out_rows = np.array([ends[k] for k, r in enumerate(rows) if r.want_last], dtype=np.int32)
@@ -253,7 +230,7 @@ class NativeMtpRuntime(MtpRuntime):
         if rc != 0:
             raise ConfigError(f"native MTP forward rejected the batch (rc={rc})")
         for r in rows:
-            self._len[r.seq_id] = r.start + len(r.tokens)
+            self._seqs.get(r.seq_id).length = r.start + len(r.tokens)
         outs, k = [], 0
         for j, r in enumerate(rows):
             if r.want_last and hout is not None:

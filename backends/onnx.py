@@ -32,6 +32,7 @@ from .onnx_graph import HIDDEN_FINAL, resid_name
 from .onnx_kv import KVPool, SeqKV
 from .onnx_moe import MOE_ROWS, moe_rows
 from .onnx_providers import ProviderChoice, select_provider
+from .seq_slots import PooledSeqs
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -63,7 +64,7 @@ def _causal_mask(start: int, n: int) -> np.ndarray:
     return np.triu(np.full((n, start + n), -np.inf, dtype=np.float32), k=start + 1)
 
 
-class OnnxBackend(Backend):
+class OnnxBackend(PooledSeqs, Backend):
     def __init__(self, model_path: str | os.PathLike[str], options: BackendOptions | None = None) -> None:
         self.options = options = options or BackendOptions()
         # Named as the user sets them (-c / -np), not by the field names: this is what a CLI user sees.
@@ -90,7 +91,7 @@ class OnnxBackend(Backend):
         # MoE graphs name the rows their experts compute; exact mode gives each expert GEMM a multiple of
         # the row multiple by sending every row that many times (onnx_moe.py).
         self._has_moe_rows = MOE_ROWS in {i.name for i in self._session.get_inputs()}
-        self._kv = KVPool(n_layer=hp.n_layer, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, n_ctx=options.n_ctx,
+        self._kv = self._seqs = KVPool(n_layer=hp.n_layer, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, n_ctx=options.n_ctx,
                           n_seq_max=options.n_seq_max, device=self.provider.name, device_id=self.provider.device_id,
                           slack=self._row_multiple - 1)
         log.info("onnx backend ready", provider=self.provider.name, device_id=self.provider.device_id,
@@ -139,19 +140,10 @@ class OnnxBackend(Backend):
 
     # ---- sequences ----------------------------------------------------------------------------------
 
-    def new_seq(self) -> int:
+    def new_seq(self) -> int:  # free_seq, seq_len, truncate: PooledSeqs over the KV pool
         if self._session is None:
             raise ConfigError("onnx backend is closed")
-        return self._kv.new_seq()
-
-    def free_seq(self, seq_id: int) -> None:
-        self._kv.free(seq_id)
-
-    def seq_len(self, seq_id: int) -> int:
-        return self._kv.get(seq_id).length
-
-    def truncate(self, seq_id: int, n_keep: int) -> None:
-        self._kv.truncate(seq_id, n_keep)
+        return super().new_seq()
 
     # ---- forward ------------------------------------------------------------------------------------
 

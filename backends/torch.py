@@ -35,6 +35,7 @@ from ..core.errors import ConfigError
 from ..core.gguf_file import GGUFFile
 from .gguf_weights import ModelHParams, load_model_weights, read_hparams
 from .seq_inputs import check_inputs
+from .seq_slots import PooledSeqs
 from .torch_exact_probe import choose_exact_gemm, onednn_packing_available, padded_align
 from .torch_kv import KVPool, SeqCache
 from .torch_model import AttnGroup, KVWrite, Tile, TorchModel, model_gemm_shapes
@@ -85,7 +86,7 @@ class _Req:
     logit_slot: dict[int, int]  # row index in tokens -> row in out.logits
 
 
-class TorchBackend(Backend):
+class TorchBackend(PooledSeqs, Backend):
     def __init__(self, model_path: str, options: BackendOptions) -> None:
         self.options = options
         if options.n_ctx <= 0 or options.n_seq_max <= 0:
@@ -131,7 +132,7 @@ class TorchBackend(Backend):
         self._tile_rows = TILE_ROWS if self.exact else FAST_TILE_ROWS
         weights = load_model_weights(f, hp=hp)
         with torch.inference_mode():
-            self.kv = KVPool(
+            self.kv = self._seqs = KVPool(
                 n_layer=hp.n_layer,
                 n_head_kv=hp.n_head_kv,
                 head_dim=hp.head_dim,
@@ -147,20 +148,7 @@ class TorchBackend(Backend):
             )
         del weights
 
-    # ---- sequence management ----------------------------------------------------------------------
-
-    def new_seq(self) -> int:
-        with torch.inference_mode():
-            return self.kv.new_seq()
-
-    def free_seq(self, seq_id: int) -> None:
-        self.kv.free(seq_id)
-
-    def seq_len(self, seq_id: int) -> int:
-        return self.kv.get(seq_id).length
-
-    def truncate(self, seq_id: int, n_keep: int) -> None:
-        self.kv.truncate(seq_id, n_keep)
+    # ---- sequences (new_seq, free_seq, seq_len, truncate: PooledSeqs over the KV pool) -------------
 
     def close(self) -> None:
         self.kv.clear()

@@ -53,7 +53,8 @@ class KVPool:
 
     def _alloc(self, cap: int) -> torch.Tensor:
         shape = (self.n_layer, self.n_head_kv, cap, self.head_dim)
-        return torch.zeros(shape, dtype=self.dtype, device=self.device)
+        with torch.inference_mode():  # written only by forwards, which run in inference mode
+            return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def new_seq(self) -> int:
         if len(self._seqs) >= self.n_seq_max:

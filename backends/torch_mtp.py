@@ -25,6 +25,7 @@ from spekula.core.mtp_runtime import MtpInfo, MtpOut, MtpRows, MtpRuntime
 
 from .gguf_moe import nextn_shapes
 from .gguf_weights import ModelHParams, block_shapes, dequantize, read_hparams
+from .seq_slots import PooledSeqs
 from .torch_draft_common import device_dtype, rms_norm
 from .torch_kv import KVPool, SeqCache
 from .torch_linear import Lin, plain_gemm, planned_lin
@@ -88,7 +89,7 @@ class _Loader:
         raise ModelFileError(self.f.path, f"missing tensor {names[-1]!r} (needed by the MTP head)")
 
 
-class TorchMtpRuntime(MtpRuntime):
+class TorchMtpRuntime(PooledSeqs, MtpRuntime):
     def __init__(self, f: GGUFFile, info: MtpInfo, target: Backend, options: BackendOptions) -> None:
         self.info = info
         self.device, self.dtype = device_dtype(options)
@@ -102,7 +103,7 @@ class TorchMtpRuntime(MtpRuntime):
         load = _Loader(f, _borrowable(target, self.device, self.dtype) if same_file else {})
         weights, sources = self._read(load, hp, blocks)
         with torch.inference_mode():
-            self.kv = KVPool(n_layer=info.n_heads, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, n_ctx=options.n_ctx,
+            self.kv = self._seqs = KVPool(n_layer=info.n_heads, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, n_ctx=options.n_ctx,
                              n_seq_max=options.n_seq_max, granule=KEY_GRANULE, dtype=self.dtype, device=self.device)
             # The model's token_embd / output_norm / output are head 0's (its own or the borrowed ones).
             self.model = TorchModel(hp, weights, dtype=self.dtype, device=self.device, max_pos=self.kv.max_capacity,
@@ -159,23 +160,10 @@ class TorchMtpRuntime(MtpRuntime):
                                lin(b + "eh_proj.weight"), tensor(norm), lin(head)))
         return heads
 
-    # --- sequences -------------------------------------------------------------------------------
+    # --- sequences (new_seq, free_seq, seq_len, truncate: PooledSeqs over the KV pool) -----------
     @property
     def n_ctx(self) -> int:
         return self.kv.n_ctx
-
-    def new_seq(self) -> int:
-        with torch.inference_mode():
-            return self.kv.new_seq()
-
-    def free_seq(self, seq_id: int) -> None:
-        self.kv.free(seq_id)
-
-    def seq_len(self, seq_id: int) -> int:
-        return self.kv.get(seq_id).length
-
-    def truncate(self, seq_id: int, n_keep: int) -> None:
-        self.kv.truncate(seq_id, n_keep)
 
     # --- decoding --------------------------------------------------------------------------------
     @torch.inference_mode()
