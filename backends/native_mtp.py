@@ -31,7 +31,7 @@ import numpy as np
 from spekula.core.backend import Backend, BackendOptions
 from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
-from spekula.core.mtp_runtime import MtpInfo, MtpOut, MtpRows, MtpRuntime
+from spekula.core.mtp_runtime import MtpInfo, MtpOut, MtpRows, MtpRuntime, decode_by_head
 
 from . import native_lib as nl
 from .gguf_moe import nextn_shapes
@@ -178,25 +178,11 @@ class NativeMtpRuntime(PooledSeqs, MtpRuntime):
     def decode(self, rows: Sequence[MtpRows]) -> list[MtpOut]:
         if not self._ctxs:
             raise ConfigError("the native MTP runtime is closed")
-        by_head: dict[int, list[int]] = {}
-        for i, r in enumerate(rows):
-            self._check_rows(r)
-            by_head.setdefault(r.head, []).append(i)
-        outs = [MtpOut(None, None) for _ in rows]
-        for head, idx in sorted(by_head.items()):
-            seqs = [rows[i].seq_id for i in idx]
-            if len(set(seqs)) != len(seqs):
-                raise ValueError(f"MTP head {head}: a sequence appears twice in one decode")
-            for i, out in zip(idx, self._decode_head(head, [rows[i] for i in idx]), strict=True):
-                outs[i] = out
-        return outs
+        return decode_by_head(rows, self.info, self._decode_head, self._check_rows)
 
     def _check_rows(self, r: MtpRows) -> None:
+        """What the C forward cannot be handed: token ids outside the vocabulary, gaps, overflow."""
         n = len(r.tokens)
-        if not 0 <= r.head < self.info.n_heads:
-            raise ValueError(f"MTP head {r.head} out of range (the model has {self.info.n_heads})")
-        if n == 0 or np.shape(r.hidden) != (n, self.info.n_embd):
-            raise ValueError(f"MTP rows need tokens [n > 0] and hidden [n, {self.info.n_embd}]")
         tokens = np.asarray(r.tokens)
         if tokens.min() < 0 or tokens.max() >= self.hp.n_vocab:
             raise ValueError(f"MTP rows: token ids must be in [0, {self.hp.n_vocab})")

@@ -21,7 +21,7 @@ import torch
 from spekula.core.backend import Backend, BackendOptions
 from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
-from spekula.core.mtp_runtime import MtpInfo, MtpOut, MtpRows, MtpRuntime
+from spekula.core.mtp_runtime import MtpInfo, MtpOut, MtpRows, MtpRuntime, decode_by_head
 
 from .gguf_moe import nextn_shapes
 from .gguf_weights import ModelHParams, block_shapes, dequantize, read_hparams
@@ -168,21 +168,7 @@ class TorchMtpRuntime(PooledSeqs, MtpRuntime):
     # --- decoding --------------------------------------------------------------------------------
     @torch.inference_mode()
     def decode(self, rows: Sequence[MtpRows]) -> list[MtpOut]:
-        outs = [MtpOut(None, None) for _ in rows]
-        by_head: dict[int, list[int]] = {}
-        for i, r in enumerate(rows):
-            if not 0 <= r.head < self.info.n_heads:
-                raise ValueError(f"MTP head {r.head} out of range (the model has {self.info.n_heads})")
-            if len(r.tokens) == 0 or np.shape(r.hidden) != (len(r.tokens), self.info.n_embd):
-                raise ValueError(f"MTP rows need tokens [n > 0] and hidden [n, {self.info.n_embd}]")
-            by_head.setdefault(r.head, []).append(i)
-        for head, idx in sorted(by_head.items()):
-            seqs = [rows[i].seq_id for i in idx]
-            if len(set(seqs)) != len(seqs):
-                raise ValueError(f"MTP head {head}: a sequence appears twice in one decode")
-            for i, out in zip(idx, self._decode_head(head, [rows[i] for i in idx]), strict=True):
-                outs[i] = out
-        return outs
+        return decode_by_head(rows, self.info, self._decode_head)
 
     def _decode_head(self, head: int, rows: list[MtpRows]) -> list[MtpOut]:
         hw = self.heads[head]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -96,6 +96,31 @@ class MtpRuntime(ABC):
         Writing at ``start`` drops what the sequence held at or after ``start``; ``start`` must not
         exceed ``seq_len``.
         """
+
+
+def decode_by_head(rows: Sequence[MtpRows], info: MtpInfo, decode_head: Callable[[int, list[MtpRows]], list[MtpOut]],
+                   check_row: Callable[[MtpRows], None] | None = None) -> list[MtpOut]:
+    """A runtime's ``decode``: every row checked (head, shapes, then ``check_row``; no sequence twice under
+    one head), then ``decode_head(head, its rows)`` once per head in head order; outputs come back in the
+    rows' order."""
+    by_head: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        if not 0 <= r.head < info.n_heads:
+            raise ValueError(f"MTP head {r.head} out of range (the model has {info.n_heads})")
+        if len(r.tokens) == 0 or np.shape(r.hidden) != (len(r.tokens), info.n_embd):
+            raise ValueError(f"MTP rows need tokens [n > 0] and hidden [n, {info.n_embd}]")
+        if check_row is not None:
+            check_row(r)
+        by_head.setdefault(r.head, []).append(i)
+    for head, idx in by_head.items():
+        seqs = [rows[i].seq_id for i in idx]
+        if len(set(seqs)) != len(seqs):
+            raise ValueError(f"MTP head {head}: a sequence appears twice in one decode")
+    outs = [MtpOut(None, None) for _ in rows]
+    for head, idx in sorted(by_head.items()):
+        for i, out in zip(idx, decode_head(head, [rows[i] for i in idx]), strict=True):
+            outs[i] = out
+    return outs
 
 
 def read_mtp_info(f: GGUFFile) -> MtpInfo:
