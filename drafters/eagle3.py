@@ -10,17 +10,24 @@ On verification, ``accept`` rebases the pending row onto the last accepted row (
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
 from spekula.core.backend import SeqInput, SeqOutput
-from spekula.core.draft_models import Eagle3Rows, Eagle3Runtime, choose, load_draft_runtime
+from spekula.core.draft_models import Eagle3Rows, Eagle3Runtime, load_draft_runtime
 from spekula.core.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
 
-from .hidden_drafter import HiddenSlot, HiddenStateDrafter, model_draft_options, require_draft_path
+from .hidden_drafter import (
+    DraftRun,
+    HiddenSlot,
+    HiddenStateDrafter,
+    finish_drafts,
+    model_draft_options,
+    require_draft_path,
+)
 
 
 @dataclass(slots=True)
@@ -29,19 +36,6 @@ class _Slot(HiddenSlot):
     pending_pos: int = -1
     verify_g: np.ndarray | None = None  # [n, H] every row of the last target forward
     verify_pos: int = 0
-
-
-@dataclass(slots=True)
-class _Run:
-    index: int
-    slot: _Slot
-    pos: int  # pending position P: step j decodes at P + j
-    cap: int
-    p_min: float
-    temperature: float
-    probabilistic: bool
-    tokens: list[int] = field(default_factory=list)
-    probs: list[np.ndarray] = field(default_factory=list)
 
 
 class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
@@ -92,7 +86,7 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
 
     # --- drafting --------------------------------------------------------------------------------
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        runs: list[_Run] = []
+        runs: list[DraftRun] = []
         first: list[Eagle3Rows] = []
         for i, r in enumerate(requests):
             # step j writes at len(history) - 1 + j: stay inside the draft context
@@ -100,35 +94,23 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
             st = self._slots.peek(r.slot)
             if cap <= 0 or st is None or st.pending_g is None:
                 continue
-            pos = len(r.history) - 1  # the row whose successor is x
+            pos = len(r.history) - 1  # the row whose successor is x; step j decodes at pos + j
             if st.pending_pos != pos or self.runtime.seq_len(st.seq) < pos:
                 continue  # features for the committed history are incomplete: no draft this round
             self.runtime.truncate(st.seq, pos)
             prob = self.probabilistic(st, r)
-            runs.append(_Run(i, st, pos, cap, float(r.spec.p_min), float(r.temperature), prob))
+            runs.append(DraftRun(i, st, int(r.last), pos, cap, float(r.spec.p_min), float(r.temperature), prob))
             first.append(Eagle3Rows(st.seq, np.array([r.last], dtype=np.int32), st.pending_g[None], pos))
         active, rows = runs, first
         while active:
             outs = self.runtime.decode(rows)
-            nxt: list[_Run] = []
+            nxt: list[DraftRun] = []
             rows = []
             for run, out in zip(active, outs, strict=True):
                 assert out.logits is not None
-                c = choose(out.logits[-1], run.temperature, run.slot.rng if run.probabilistic else None)
-                if c.p_top < run.p_min:
-                    continue  # not confident enough: stop this slot, drop the token
-                run.tokens.append(c.token)
-                if c.q is not None:
-                    run.probs.append(c.q)
-                if len(run.tokens) < run.cap:
+                if run.take(out.logits[-1]) and not run.full:
                     nxt.append(run)
-                    rows.append(Eagle3Rows(run.slot.seq, np.array([c.token], dtype=np.int32), out.prenorm[-1:],
-                                           run.pos + len(run.tokens)))
+                    rows.append(Eagle3Rows(run.slot.seq, np.array([run.tokens[-1]], dtype=np.int32), out.prenorm[-1:],
+                                           run.start + len(run.tokens)))
             active = nxt
-        result = [Draft.empty() for _ in requests]
-        for run in runs:
-            self.runtime.truncate(run.slot.seq, run.pos)  # drafted entries are rewritten from the target
-            if run.tokens and len(run.tokens) >= int(requests[run.index].spec.n_min):
-                probs = np.stack(run.probs) if run.probabilistic and run.probs else None
-                result[run.index] = Draft(run.tokens, probs)
-        return result
+        return finish_drafts(self.runtime, requests, runs)

@@ -1,21 +1,24 @@
-"""What the hidden-state drafters (draft-eagle3, draft-dflash, draft-dspark) share.
+"""What the hidden-state drafters (draft-eagle3, draft-dflash, draft-dspark, draft-mtp) share.
 
-Both read the target's captured layer inputs, keep one draft-runtime sequence per slot and a
-per-request probabilistic sampler; this module holds that bookkeeping once, and the option and
-path rules for loading their draft model.
+All keep one draft-runtime sequence per slot and a per-request probabilistic sampler
+(:class:`SlotDrafter`); all but draft-mtp read the target's captured layer inputs
+(:class:`HiddenStateDrafter`; draft-mtp reads its final hidden states). Draft-eagle3 and draft-mtp
+grow their drafts a token a step the same way (:class:`DraftRun`, :func:`finish_drafts`). This
+module holds that once, and the option and path rules for loading a draft model.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, replace
-from typing import ClassVar, Generic, TypeVar
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 
 from spekula.core.backend import BackendOptions, Capture, SeqOutput
-from spekula.core.draft_models import DraftRuntime, draft_rng
-from spekula.core.drafter import DrafterContext, DraftRequest
+from spekula.core.draft_models import DraftRuntime, choose, draft_rng
+from spekula.core.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
 from spekula.core.slot_states import SlotStates
 
@@ -40,30 +43,37 @@ class HiddenSlot:
     rng_key: tuple[float, int] | None = None  # (temperature, seed) rng was seeded for
 
 
+class SeqRuntime(Protocol):
+    """The sequence side of a draft runtime (DraftRuntime, MtpRuntime)."""
+
+    def new_seq(self) -> int: ...
+
+    def free_seq(self, seq_id: int) -> None: ...
+
+    def truncate(self, seq_id: int, n_keep: int) -> None: ...
+
+
+SeqRuntimeT = TypeVar("SeqRuntimeT", bound=SeqRuntime)
 RuntimeT = TypeVar("RuntimeT", bound=DraftRuntime)
 SlotT = TypeVar("SlotT", bound=HiddenSlot)
 
 
-class HiddenStateDrafter(ABC, Generic[RuntimeT, SlotT]):
-    """Slot bookkeeping for a drafter fed by the target's captured layers.
+class SlotDrafter(ABC, Generic[SeqRuntimeT, SlotT]):
+    """Slot bookkeeping for a drafter with one draft-runtime sequence per slot.
 
-    Subclasses name their slot type in `new_slot` and implement create/observe/accept/draft.
+    Subclasses name their slot type in `new_slot` and implement create/capture/observe/accept/draft.
     """
 
     name: ClassVar[str]
     model_based: ClassVar[bool] = True
 
-    def __init__(self, runtime: RuntimeT) -> None:
+    def __init__(self, runtime: SeqRuntimeT) -> None:
         self.runtime = runtime
-        self.layers = runtime.info.target_layers
         self._slots: SlotStates[SlotT] = SlotStates(lambda _slot: self.new_slot(self.runtime.new_seq()))
 
     @abstractmethod
     def new_slot(self, seq: int) -> SlotT:
         """Fresh state for a slot whose draft-runtime sequence is `seq`."""
-
-    def capture(self) -> Capture:
-        return Capture(layers=frozenset(self.layers))
 
     def begin(self, slot: int, prompt: np.ndarray) -> None:
         # The prompt was already mirrored by observe (which runs before begin); only reset sampling.
@@ -74,13 +84,6 @@ class HiddenStateDrafter(ABC, Generic[RuntimeT, SlotT]):
         st = self._slots.pop(slot)
         if st is not None:
             self.runtime.free_seq(st.seq)
-
-    def features(self, out: SeqOutput) -> np.ndarray:
-        """The captured layer inputs of one target forward, side by side: [rows, len(layers) * H]."""
-        missing = [layer for layer in self.layers if layer not in out.layer_inputs]
-        if missing:
-            raise ConfigError(f"{self.name}: the target did not return captured layers {missing}")
-        return np.concatenate([out.layer_inputs[layer] for layer in self.layers], axis=1)
 
     @staticmethod
     def probabilistic(st: HiddenSlot, r: DraftRequest) -> bool:
@@ -94,3 +97,64 @@ class HiddenStateDrafter(ABC, Generic[RuntimeT, SlotT]):
         if st.rng is None or st.rng_key != (r.temperature, r.seed):
             st.rng, st.rng_key = draft_rng("probabilistic", r.temperature, r.seed), (r.temperature, r.seed)
         return True
+
+
+class HiddenStateDrafter(SlotDrafter[RuntimeT, SlotT]):
+    """A slot drafter fed by the target's captured layers."""
+
+    def __init__(self, runtime: RuntimeT) -> None:
+        super().__init__(runtime)
+        self.layers = runtime.info.target_layers
+
+    def capture(self) -> Capture:
+        return Capture(layers=frozenset(self.layers))
+
+    def features(self, out: SeqOutput) -> np.ndarray:
+        """The captured layer inputs of one target forward, side by side: [rows, len(layers) * H]."""
+        missing = [layer for layer in self.layers if layer not in out.layer_inputs]
+        if missing:
+            raise ConfigError(f"{self.name}: the target did not return captured layers {missing}")
+        return np.concatenate([out.layer_inputs[layer] for layer in self.layers], axis=1)
+
+
+@dataclass(slots=True)
+class DraftRun:
+    """One request's draft, grown a token a step until `cap` tokens or a token below `p_min`."""
+
+    index: int  # the request's index in draft()'s list
+    slot: HiddenSlot
+    last: int  # x, the token the draft follows
+    start: int  # the draft-runtime sequence is cut back to this length once drafting ends
+    cap: int
+    p_min: float
+    temperature: float
+    probabilistic: bool
+    tokens: list[int] = field(default_factory=list)
+    probs: list[np.ndarray] = field(default_factory=list)
+
+    def take(self, logits: np.ndarray) -> bool:
+        """Choose the next token from `logits` (best, or sampled by the slot's rng); False, dropping it,
+        when it is not confident enough: this run stops."""
+        c = choose(logits, self.temperature, self.slot.rng if self.probabilistic else None)
+        if c.p_top < self.p_min:
+            return False
+        self.tokens.append(c.token)
+        if c.q is not None:
+            self.probs.append(c.q)
+        return True
+
+    @property
+    def full(self) -> bool:
+        return len(self.tokens) >= self.cap
+
+
+def finish_drafts(runtime: SeqRuntime, requests: Sequence[DraftRequest], runs: Sequence[DraftRun]) -> list[Draft]:
+    """Each request's draft (empty where it drafted nothing or fewer than n_min tokens); the drafted
+    entries are dropped from the runtime's caches, since they are rewritten from the target."""
+    result = [Draft.empty() for _ in requests]
+    for run in runs:
+        runtime.truncate(run.slot.seq, run.start)
+        if run.tokens and len(run.tokens) >= int(requests[run.index].spec.n_min):
+            probs = np.stack(run.probs) if run.probabilistic and run.probs else None
+            result[run.index] = Draft(run.tokens, probs)
+    return result

@@ -25,13 +25,11 @@ from typing import ClassVar
 import numpy as np
 
 from spekula.core.backend import BackendOptions, Capture, SeqInput, SeqOutput
-from spekula.core.draft_models import choose
 from spekula.core.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
 from spekula.core.mtp_runtime import MtpRows, MtpRuntime, load_mtp_runtime
-from spekula.core.slot_states import SlotStates
 
-from .hidden_drafter import HiddenSlot, HiddenStateDrafter, model_draft_options
+from .hidden_drafter import DraftRun, HiddenSlot, SlotDrafter, finish_drafts, model_draft_options
 
 _FLOAT_DTYPES = ("auto", "f32", "f16", "bf16")
 
@@ -55,30 +53,23 @@ class _Slot(HiddenSlot):
 
 
 @dataclass(slots=True)
-class _Run:
-    index: int
-    slot: _Slot
-    last: int  # x
-    pos0: int  # x's position: step j of a single head decodes at pos0 + j
-    cap: int
-    p_min: float
-    temperature: float
-    probabilistic: bool
+class _Run(DraftRun):
+    """A draft from x at position `start` (step j of a single head decodes at start + j)."""
+
     chain_h: list[np.ndarray] = field(default_factory=list)  # [pending h, hout_0, ...]
-    tokens: list[int] = field(default_factory=list)
-    probs: list[np.ndarray] = field(default_factory=list)
 
 
-class MtpDrafter:
+class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
     name: ClassVar[str] = "draft-mtp"
-    model_based: ClassVar[bool] = True
 
     def __init__(self, runtime: MtpRuntime, backend_name: str) -> None:
-        self.runtime = runtime
+        super().__init__(runtime)
         self.backend_name = backend_name
         self.n_heads = runtime.info.n_heads
         self._zero_h = np.zeros(runtime.info.n_embd, dtype=np.float32)
-        self._slots: SlotStates[_Slot] = SlotStates(lambda _slot: _Slot(self.runtime.new_seq()))
+
+    def new_slot(self, seq: int) -> _Slot:
+        return _Slot(seq)
 
     @classmethod
     def create(cls, ctx: DrafterContext) -> MtpDrafter:
@@ -93,19 +84,9 @@ class MtpDrafter:
     def chained(self) -> bool:
         return self.n_heads > 1
 
-    # --- protocol --------------------------------------------------------------------------------
+    # --- protocol (begin, end: SlotDrafter) ------------------------------------------------------
     def capture(self) -> Capture:
         return Capture(final_norm=True)
-
-    def begin(self, slot: int, prompt: np.ndarray) -> None:
-        # The prompt was already written by observe (which runs before begin); only reset sampling.
-        st = self._slots.get(slot)
-        st.rng, st.rng_key = None, None
-
-    def end(self, slot: int) -> None:
-        st = self._slots.pop(slot)
-        if st is not None:
-            self.runtime.free_seq(st.seq)
 
     def observe(self, slot: int, inp: SeqInput, out: SeqOutput) -> None:
         n = len(inp.tokens)
@@ -150,39 +131,27 @@ class MtpDrafter:
             if cap <= 0:
                 continue
             self.runtime.truncate(st.seq, pos0)
-            prob = HiddenStateDrafter.probabilistic(st, r)
+            prob = self.probabilistic(st, r)
             runs.append(_Run(i, st, int(r.last), pos0, cap, float(r.spec.p_min), float(r.temperature), prob,
                              chain_h=[st.pending_h]))
         active, step = runs, 0
         while active:
             if self.chained:  # head `step` rewrites its own cache over the draft region
                 for run in active:
-                    self.runtime.truncate(run.slot.seq, run.pos0)
+                    self.runtime.truncate(run.slot.seq, run.start)
             outs = self.runtime.decode([self._step_rows(run, step) for run in active])
             nxt: list[_Run] = []
             for run, out in zip(active, outs, strict=True):
                 assert out.logits is not None and out.hidden is not None
-                c = choose(out.logits, run.temperature, run.slot.rng if run.probabilistic else None)
-                if c.p_top < run.p_min:
-                    continue  # not confident enough: stop this slot, drop the token
-                run.tokens.append(c.token)
-                if c.q is not None:
-                    run.probs.append(c.q)
-                if len(run.tokens) < run.cap:
+                if run.take(out.logits) and not run.full:
                     run.chain_h.append(out.hidden)
                     nxt.append(run)
             active, step = nxt, step + 1
-        result = [Draft.empty() for _ in requests]
-        for run in runs:
-            self.runtime.truncate(run.slot.seq, run.pos0)  # drafted entries are rewritten from the target
-            if run.tokens and len(run.tokens) >= int(requests[run.index].spec.n_min):
-                probs = np.stack(run.probs) if run.probabilistic and run.probs else None
-                result[run.index] = Draft(run.tokens, probs)
-        return result
+        return finish_drafts(self.runtime, requests, runs)
 
     def _step_rows(self, run: _Run, step: int) -> MtpRows:
         if self.chained:  # head `step` over the whole prefix [x, d_1 .. d_step]
             tokens = np.array([run.last, *run.tokens], dtype=np.int32)
-            return MtpRows(run.slot.seq, step, tokens, np.stack(run.chain_h), run.pos0)
+            return MtpRows(run.slot.seq, step, tokens, np.stack(run.chain_h), run.start)
         token = run.last if step == 0 else run.tokens[-1]
-        return MtpRows(run.slot.seq, 0, np.array([token], dtype=np.int32), run.chain_h[-1][None], run.pos0 + step)
+        return MtpRows(run.slot.seq, 0, np.array([token], dtype=np.int32), run.chain_h[-1][None], run.start + step)
