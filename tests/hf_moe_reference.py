@@ -4,7 +4,8 @@ GGUF runtimes (which read stacked ``ffn_*_exps`` tensors and run experts as grou
 transformers (which fuses the experts while loading).
 
 Routing is done one token at a time with Python's sort (ties: lower expert index first), partial
-rotary ropes the first ``rotary_dim`` dims in rotate-half pairs and passes the rest through.
+rotary ropes the first ``rotary_dim`` dims in rotate-half pairs and passes the rest through
+(hf_reference's rope and self-attention).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hf_reference import Tensors, attention, heads, load, rmsnorm, rotate_half
+from hf_reference import Tensors, head_dim, load, rmsnorm, self_attention, swiglu
 
 
 @dataclass
@@ -30,20 +31,6 @@ class MoEForward:
 
 def _top_k(scores: list[float], k: int) -> tuple[int, ...]:
     return tuple(sorted(range(len(scores)), key=lambda e: (-scores[e], e))[:k])
-
-
-def rope_partial(x: torch.Tensor, positions: torch.Tensor, theta: float, rotary_dim: int) -> torch.Tensor:
-    """HF rope on x [heads, n, hd]: dims [0, rotary_dim) in rotate-half pairs, the rest unchanged."""
-    inv = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
-    freqs = positions.double()[:, None] * inv[None, :]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
-    return torch.cat([rot * emb.cos() + rotate_half(rot) * emb.sin(), rest], dim=-1)
-
-
-def swiglu(t: Tensors, prefix: str, x: torch.Tensor) -> torch.Tensor:
-    g = torch.nn.functional.silu(x @ t[prefix + "gate_proj.weight"].T)
-    return (g * (x @ t[prefix + "up_proj.weight"].T)) @ t[prefix + "down_proj.weight"].T
 
 
 def _is_glm(cfg: dict[str, Any]) -> bool:
@@ -76,38 +63,33 @@ def moe_ffn(cfg: dict[str, Any], t: Tensors, p: str, x: torch.Tensor
     return out, routing, unbiased
 
 
+def moe_decoder_layer(cfg: dict[str, Any], t: Tensors, layer: int, x: torch.Tensor
+                      ) -> tuple[torch.Tensor, list[tuple[int, ...]] | None, list[tuple[int, ...]] | None]:
+    """Decoder layer ``layer`` of a Qwen3MoeForCausalLM / Glm4MoeForCausalLM checkpoint over rows x [T, H] at
+    positions 0..T-1: (output, chosen experts per token, the choice without the selection bias); the
+    choices are None for GLM's dense lead layers."""
+    p = f"model.layers.{layer}."
+    rotary_dim = int(head_dim(cfg) * cfg.get("partial_rotary_factor", 1.0))
+    x = self_attention(cfg, t, p, x, rotary_dim)
+    h = rmsnorm(x, t[p + "post_attention_layernorm.weight"], cfg["rms_norm_eps"])
+    if _is_glm(cfg) and layer < cfg.get("first_k_dense_replace", 0):
+        return x + swiglu(t, p + "mlp.", h), None, None
+    ffn, routing, unbiased = moe_ffn(cfg, t, p, h)
+    return x + ffn, routing, unbiased
+
+
 def moe_target_forward(path: Path, tokens: list[int]) -> MoEForward:
     """The trunk of a Qwen3MoeForCausalLM / Glm4MoeForCausalLM checkpoint (MTP layers are not run)."""
     cfg, t = load(path)
-    glm = _is_glm(cfg)
-    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
-    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    rotary_dim = int(hd * cfg.get("partial_rotary_factor", 1.0))
-    n_dense = cfg.get("first_k_dense_replace", 0) if glm else 0
-    ids = torch.tensor(tokens)
-    pos = torch.arange(len(tokens))
-    causal = torch.tril(torch.ones(len(tokens), len(tokens), dtype=torch.bool))
-    x = t["model.embed_tokens.weight"][ids]
+    x = t["model.embed_tokens.weight"][torch.tensor(tokens)]
     states = [x]
     routing: dict[int, list[tuple[int, ...]]] = {}
     unbiased: dict[int, list[tuple[int, ...]]] = {}
     for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        h = rmsnorm(x, t[p + "input_layernorm.weight"], eps)
-        proj = {n: h @ t[f"{p}self_attn.{n}_proj.weight"].T + t.get(f"{p}self_attn.{n}_proj.bias", 0) for n in "qkv"}
-        q, k, v = (heads(proj[n], hd) for n in "qkv")
-        if p + "self_attn.q_norm.weight" in t:
-            q = rmsnorm(q, t[p + "self_attn.q_norm.weight"], eps)
-            k = rmsnorm(k, t[p + "self_attn.k_norm.weight"], eps)
-        a = attention(rope_partial(q, pos, theta, rotary_dim), rope_partial(k, pos, theta, rotary_dim), v, causal)
-        x = x + a @ t[p + "self_attn.o_proj.weight"].T
-        h = rmsnorm(x, t[p + "post_attention_layernorm.weight"], eps)
-        if i < n_dense:
-            x = x + swiglu(t, p + "mlp.", h)
-        else:
-            ffn, routing[i], unbiased[i] = moe_ffn(cfg, t, p, h)
-            x = x + ffn
+        x, chosen, plain = moe_decoder_layer(cfg, t, i, x)
+        if chosen is not None and plain is not None:
+            routing[i], unbiased[i] = chosen, plain
         states.append(x)
-    final = rmsnorm(x, t["model.norm.weight"], eps)
+    final = rmsnorm(x, t["model.norm.weight"], cfg["rms_norm_eps"])
     head = t.get("lm_head.weight", t["model.embed_tokens.weight"])
     return MoEForward(final @ head.T, states, final, routing, unbiased)

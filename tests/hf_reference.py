@@ -36,13 +36,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-b, a], dim=-1)
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """x [heads, n, hd] with HF's cos/sin tables (rotate_half pairs i, i + hd/2)."""
-    hd = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float, rotary_dim: int | None = None) -> torch.Tensor:
+    """x [heads, n, hd] with HF's cos/sin tables: dims [0, rotary_dim) (all by default) in rotate_half
+    pairs i, i + rotary_dim/2, the rest unchanged (partial rotary)."""
+    rd = x.shape[-1] if rotary_dim is None else rotary_dim
+    inv = 1.0 / (theta ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
     freqs = positions.double()[:, None] * inv[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
-    return x * emb.cos() + rotate_half(x) * emb.sin()
+    rot, rest = x[..., :rd], x[..., rd:]
+    return torch.cat([rot * emb.cos() + rotate_half(rot) * emb.sin(), rest], dim=-1)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -56,35 +58,50 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     return o.transpose(0, 1).reshape(q.shape[1], -1)
 
 
+def swiglu(t: Tensors, prefix: str, x: torch.Tensor) -> torch.Tensor:
+    """The gated MLP ``prefix{gate,up,down}_proj`` over rows x."""
+    g = torch.nn.functional.silu(x @ t[prefix + "gate_proj.weight"].T)
+    return (g * (x @ t[prefix + "up_proj.weight"].T)) @ t[prefix + "down_proj.weight"].T
+
+
 def mlp(t: Tensors, p: str, x: torch.Tensor) -> torch.Tensor:
-    g = torch.nn.functional.silu(x @ t[p + "mlp.gate_proj.weight"].T)
-    return (g * (x @ t[p + "mlp.up_proj.weight"].T)) @ t[p + "mlp.down_proj.weight"].T
+    return swiglu(t, p + "mlp.", x)
 
 
 def heads(x: torch.Tensor, hd: int) -> torch.Tensor:
     return x.view(x.shape[0], -1, hd).transpose(0, 1)
 
 
+def head_dim(cfg: dict[str, Any]) -> int:
+    return int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+
+
+def self_attention(cfg: dict[str, Any], t: Tensors, p: str, x: torch.Tensor,
+                   rotary_dim: int | None = None) -> torch.Tensor:
+    """x plus the self-attention of decoder layer ``p`` over rows x [T, H] at positions 0..T-1, causal:
+    input_layernorm, q/k/v (with their biases and q/k norms when the checkpoint has them), rope, o_proj."""
+    eps, theta, hd = cfg["rms_norm_eps"], cfg["rope_theta"], head_dim(cfg)
+    pos = torch.arange(x.shape[0])
+    causal = torch.tril(torch.ones(x.shape[0], x.shape[0], dtype=torch.bool))
+    h = rmsnorm(x, t[p + "input_layernorm.weight"], eps)
+    proj = {n: h @ t[f"{p}self_attn.{n}_proj.weight"].T + t.get(f"{p}self_attn.{n}_proj.bias", 0) for n in "qkv"}
+    q, k, v = (heads(proj[n], hd) for n in "qkv")
+    if p + "self_attn.q_norm.weight" in t:
+        q = rmsnorm(q, t[p + "self_attn.q_norm.weight"], eps)
+        k = rmsnorm(k, t[p + "self_attn.k_norm.weight"], eps)
+    a = attention(rope(q, pos, theta, rotary_dim), rope(k, pos, theta, rotary_dim), v, causal)
+    return x + a @ t[p + "self_attn.o_proj.weight"].T
+
+
 def target_forward(path: Path, tokens: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """HF Llama/Qwen2/Qwen3 forward: (logits [T, V], hidden_states list: [k] = input of layer k)."""
     cfg, t = load(path)
-    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
-    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    ids = torch.tensor(tokens)
-    pos = torch.arange(len(tokens))
-    causal = torch.tril(torch.ones(len(tokens), len(tokens), dtype=torch.bool))
-    x = t["model.embed_tokens.weight"][ids]
+    eps = cfg["rms_norm_eps"]
+    x = t["model.embed_tokens.weight"][torch.tensor(tokens)]
     states = [x]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        h = rmsnorm(x, t[p + "input_layernorm.weight"], eps)
-        proj = {n: h @ t[f"{p}self_attn.{n}_proj.weight"].T + t.get(f"{p}self_attn.{n}_proj.bias", 0) for n in "qkv"}
-        q, k, v = (heads(proj[n], hd) for n in "qkv")
-        if p + "self_attn.q_norm.weight" in t:
-            q = rmsnorm(q, t[p + "self_attn.q_norm.weight"], eps)
-            k = rmsnorm(k, t[p + "self_attn.k_norm.weight"], eps)
-        a = attention(rope(q, pos, theta), rope(k, pos, theta), v, causal)
-        x = x + a @ t[p + "self_attn.o_proj.weight"].T
+        x = self_attention(cfg, t, p, x)
         x = x + mlp(t, p, rmsnorm(x, t[p + "post_attention_layernorm.weight"], eps))
         states.append(x)
     head = t.get("lm_head.weight", t["model.embed_tokens.weight"])
