@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from checkpoint_edits import edit_config, edit_tensors
 from output_paths import UNWRITABLE, unwritable_output
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from spekula.backends.convert_hf import convert
 from spekula.backends.convert_plain import unpermute_qk
@@ -23,20 +24,6 @@ from spekula.frontends.cli import main as cli_main
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_hf.write_target(tmp_path_factory.mktemp("t") / "hf", "llama", n_layer=8)
-
-
-def _edit_config(path: Path, **changes: object) -> None:
-    cfg = json.loads((path / "config.json").read_text())
-    cfg.update(changes)
-    (path / "config.json").write_text(json.dumps(cfg))
-
-
-def _edit_tensors(path: Path, drop: tuple[str, ...] = (), **replace: np.ndarray) -> None:
-    t = load_file(str(path / "model.safetensors"))
-    for k in drop:
-        del t[k]
-    t.update(replace)
-    save_file(t, str(path / "model.safetensors"))
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -139,7 +126,7 @@ def test_dflash_keys(target: Path, tmp_path: Path) -> None:
 
 def test_unknown_layout(tmp_path: Path) -> None:
     hf = tiny_hf.write_target(tmp_path / "hf", "llama", n_layer=1)
-    _edit_config(hf, architectures=["MambaForCausalLM"])
+    edit_config(hf, architectures=["MambaForCausalLM"])
     with pytest.raises(ModelFileError, match="unknown checkpoint layout 'MambaForCausalLM'"):
         convert(hf, tmp_path / "x.gguf")
     assert not (tmp_path / "x.gguf").exists()
@@ -155,7 +142,7 @@ def test_not_a_checkpoint(tmp_path: Path) -> None:
 
 def test_missing_tensor_leaves_no_file(tmp_path: Path) -> None:
     hf = tiny_hf.write_target(tmp_path / "hf", "qwen3", n_layer=2)
-    _edit_tensors(hf, drop=("model.layers.1.self_attn.k_norm.weight",))
+    edit_tensors(hf, drop=("model.layers.1.self_attn.k_norm.weight",))
     with pytest.raises(ModelFileError, match="k_norm"):
         convert(hf, tmp_path / "x.gguf")
     assert list(tmp_path.glob("x.gguf*")) == []
@@ -215,7 +202,7 @@ def test_outfile_mode_follows_the_umask_and_parents_are_created(tmp_path: Path) 
 
 def test_eagle3_shape_mismatch_with_target(target: Path, tmp_path: Path) -> None:
     hf = tiny_hf.write_eagle3(tmp_path / "e3")
-    _edit_config(hf, target_hidden_size=96)
+    edit_config(hf, target_hidden_size=96)
     with pytest.raises(ModelFileError, match="fc.weight shape"):
         convert(hf, tmp_path / "x.gguf", target_dir=target)
 
@@ -225,11 +212,11 @@ def test_eagle3_bad_layer_ids_and_d2t(target: Path, tmp_path: Path) -> None:
     with pytest.raises(ModelFileError, match="3 distinct target layer ids"):
         convert(hf, tmp_path / "x.gguf", target_dir=target)
     hf = tiny_hf.write_eagle3(tmp_path / "e3b")
-    _edit_tensors(hf, d2t=np.zeros(64, dtype=np.int64))  # offsets 0: draft id i is target id i (valid)
+    edit_tensors(hf, d2t=np.zeros(64, dtype=np.int64))  # offsets 0: draft id i is target id i (valid)
     convert(hf, tmp_path / "ok.gguf", target_dir=target)
     dup = np.zeros(64, dtype=np.int64)
     dup[1] = -1  # draft id 1 -> target id 0, same as draft id 0
-    _edit_tensors(hf, d2t=dup)
+    edit_tensors(hf, d2t=dup)
     with pytest.raises(ModelFileError, match="same target id"):
         convert(hf, tmp_path / "x.gguf", target_dir=target)
 
@@ -237,10 +224,10 @@ def test_eagle3_bad_layer_ids_and_d2t(target: Path, tmp_path: Path) -> None:
 def test_dflash_hidden_mismatch(target: Path, tmp_path: Path) -> None:
     hf = tiny_hf.write_dflash(tmp_path / "df")
     other = tiny_hf.write_target(tmp_path / "t2", "qwen3", n_layer=8)
-    _edit_config(other, hidden_size=128)
+    edit_config(other, hidden_size=128)
     with pytest.raises(ModelFileError, match="hidden_size 64 != target hidden_size 128"):
         convert(hf, tmp_path / "x.gguf", target_dir=other)
-    _edit_config(hf, dflash_config={"mask_token_id": 5000, "target_layer_ids": [1, 6]})
+    edit_config(hf, dflash_config={"mask_token_id": 5000, "target_layer_ids": [1, 6]})
     with pytest.raises(ModelFileError, match="mask_token_id"):
         convert(hf, tmp_path / "x.gguf", target_dir=target)
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from checkpoint_edits import edit_config, edit_tensors
 from safetensors.numpy import load_file, save_file
 
 from spekula.backends.convert_hf import convert
@@ -14,20 +14,6 @@ from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
 from spekula.fixtures import tiny_hf, tiny_moe
 from spekula.frontends.cli import main as cli_main
-
-
-def _edit_config(path: Path, **changes: object) -> None:
-    cfg = json.loads((path / "config.json").read_text())
-    cfg.update(changes)
-    (path / "config.json").write_text(json.dumps(cfg))
-
-
-def _edit_tensors(path: Path, drop: tuple[str, ...] = (), **replace: np.ndarray) -> None:
-    t = load_file(str(path / "model.safetensors"))
-    for k in drop:
-        del t[k]
-    t.update(replace)
-    save_file(t, str(path / "model.safetensors"))
 
 
 def _stacked(hf: dict[str, np.ndarray], layer: int, proj: str) -> np.ndarray:
@@ -121,24 +107,24 @@ def test_fused_expert_tensors_convert_like_per_expert_ones(tmp_path: Path) -> No
 def test_missing_or_unexpected_tensors_are_named(tmp_path: Path) -> None:
     hf = tiny_moe.write_glm4moe(tmp_path / "hf", n_mtp=1)
     gone = "model.layers.2.mlp.experts.3.up_proj.weight"
-    _edit_tensors(hf, drop=(gone,))
+    edit_tensors(hf, drop=(gone,))
     with pytest.raises(ModelFileError, match=f"missing tensor '{gone}'"):
         convert(hf, tmp_path / "x.gguf")
     assert not (tmp_path / "x.gguf").exists()
     hf = tiny_moe.write_glm4moe(tmp_path / "hf2", n_mtp=1)
-    _edit_tensors(hf, drop=("model.layers.3.eh_proj.weight",))
+    edit_tensors(hf, drop=("model.layers.3.eh_proj.weight",))
     with pytest.raises(ModelFileError, match="missing tensor 'model.layers.3.eh_proj.weight'"):
         convert(hf, tmp_path / "x.gguf")
     hf = tiny_moe.write_glm4moe(tmp_path / "hf3")
-    _edit_tensors(hf, **{"model.layers.1.mlp.experts.4.up_proj.weight": np.zeros((32, 64), np.float32)})
+    edit_tensors(hf, **{"model.layers.1.mlp.experts.4.up_proj.weight": np.zeros((32, 64), np.float32)})
     with pytest.raises(ModelFileError, match="unexpected tensor 'model.layers.1.mlp.experts.4.up_proj.weight'"):
         convert(hf, tmp_path / "x.gguf")
     hf = tiny_moe.write_glm4moe(tmp_path / "hf4", n_mtp=1)
-    _edit_config(hf, num_nextn_predict_layers=0)
+    edit_config(hf, num_nextn_predict_layers=0)
     with pytest.raises(ModelFileError, match="beyond num_hidden_layers"):
         convert(hf, tmp_path / "x.gguf")
     hf = tiny_moe.write_qwen3moe(tmp_path / "hf5", n_layer=1)
-    _edit_tensors(hf, **{"model.layers.0.mlp.gate.weight": np.zeros((3, 64), np.float32)})
+    edit_tensors(hf, **{"model.layers.0.mlp.gate.weight": np.zeros((3, 64), np.float32)})
     with pytest.raises(ModelFileError, match=r"mlp.gate.weight' has shape \(3, 64\), expected \(4, 64\)"):
         convert(hf, tmp_path / "x.gguf")
 
@@ -159,10 +145,10 @@ def test_mtp_flags_need_mtp_layers(tmp_path: Path) -> None:
 
 def test_qwen3moe_settings_the_graph_cannot_express_are_refused(tmp_path: Path) -> None:
     hf = tiny_moe.write_qwen3moe(tmp_path / "hf", n_layer=1)
-    _edit_config(hf, norm_topk_prob=False)
+    edit_config(hf, norm_topk_prob=False)
     with pytest.raises(ModelFileError, match="norm_topk_prob"):
         convert(hf, tmp_path / "x.gguf")
-    _edit_config(hf, norm_topk_prob=True, mlp_only_layers=[0])
+    edit_config(hf, norm_topk_prob=True, mlp_only_layers=[0])
     with pytest.raises(ModelFileError, match="mlp_only_layers"):
         convert(hf, tmp_path / "x.gguf")
 
