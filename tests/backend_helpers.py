@@ -1,6 +1,7 @@
-"""Feeding a backend in pieces, for the exact-mode chunking tests of the ONNX backend (f32 and q4).
+"""Feeding a backend in pieces, for the exact-mode chunking tests of the ONNX and native backends.
 
-Imported by tests/test_onnx_backend.py and test_onnx_quant.py (tests/conftest.py puts tests/ on sys.path).
+Imported by tests/test_onnx_backend.py, test_onnx_quant.py, test_native_backend.py and test_native_moe.py
+(tests/conftest.py puts tests/ on sys.path).
 """
 
 from __future__ import annotations
@@ -19,3 +20,12 @@ def chunked_logits(be: Backend, seq: int, ids: np.ndarray, sizes: Sequence[int])
         parts.append(be.forward([SeqInput(seq, ids[start : start + size], start, np.arange(size))])[0].logits)
         start += size
     return np.concatenate(parts)
+
+
+def fresh_logits(be: Backend, ids: np.ndarray, sizes: Sequence[int] | None = None) -> np.ndarray:
+    """:func:`chunked_logits` in a new sequence (freed afterwards); one chunk of all of ``ids`` by default."""
+    seq = be.new_seq()
+    try:
+        return chunked_logits(be, seq, ids, sizes or [ids.size])
+    finally:
+        be.free_seq(seq)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from backend_conformance import NATIVE_REL_TOL, smollm2_path
+from backend_helpers import fresh_logits
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,25 +33,13 @@ def native(type_name: str, threads: int = 1) -> NativeBackend:
     return NativeBackend(str(path), BackendOptions(n_ctx=256, n_seq_max=4, threads=threads))
 
 
-def logits(b: NativeBackend, tokens: np.ndarray, chunks: list[int] | None = None) -> np.ndarray:
-    s = b.new_seq()
-    try:
-        out, pos = [], 0
-        for n in chunks or [tokens.size]:
-            out.append(b.forward([SeqInput(s, tokens[pos : pos + n], pos, np.arange(n))])[0].logits)
-            pos += n
-        return np.concatenate(out)
-    finally:
-        b.free_seq(s)
-
-
 @pytest.mark.parametrize("type_name", TYPES)
 def test_logits_near_the_fp32_reference(type_name: str) -> None:
     b = native(type_name)
     path = tiny_model_path(ARCH_OF[type_name], weight_type=type_name)
     ref = load_backend("torch", str(path), BackendOptions(n_ctx=256, n_seq_max=1, threads=1))
     tokens = np.random.default_rng(1).integers(0, b.info.n_vocab, 40).astype(np.int32)
-    got = logits(b, tokens)
+    got = fresh_logits(b, tokens)
     s = ref.new_seq()
     want = ref.forward([SeqInput(s, tokens, 0, np.arange(40))])[0].logits
     # Every matrix here is quantized, the embedding and the head included: 1.5x the suite's tolerance.
@@ -65,13 +54,13 @@ def test_chunking_and_batching_are_bitwise_invariant(type_name: str, data: st.Da
     b = native(type_name)
     n = data.draw(st.integers(2, 60), label="n")
     tokens = np.asarray(data.draw(st.lists(st.integers(0, b.info.n_vocab - 1), min_size=n, max_size=n)), np.int32)
-    whole = logits(b, tokens)
+    whole = fresh_logits(b, tokens)
     cuts, left = [], n
     while left:
         c = data.draw(st.integers(1, left), label="chunk")
         cuts.append(c)
         left -= c
-    assert np.array_equal(logits(b, tokens, cuts), whole)
+    assert np.array_equal(fresh_logits(b, tokens, cuts), whole)
     other = np.asarray(data.draw(st.lists(st.integers(0, b.info.n_vocab - 1), min_size=1, max_size=30)), np.int32)
     s, o = b.new_seq(), b.new_seq()
     try:
@@ -85,7 +74,7 @@ def test_chunking_and_batching_are_bitwise_invariant(type_name: str, data: st.Da
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q4_K", "Q6_K"])
 def test_thread_count_does_not_change_a_bit(type_name: str) -> None:
     tokens = np.random.default_rng(2).integers(0, 320, 33).astype(np.int32)
-    assert np.array_equal(logits(native(type_name, 1), tokens), logits(native(type_name, 2), tokens))
+    assert np.array_equal(fresh_logits(native(type_name, 1), tokens), fresh_logits(native(type_name, 2), tokens))
 
 
 def test_capture_rows_split_per_sequence() -> None:

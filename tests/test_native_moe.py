@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from backend_conformance import NATIVE_REL_TOL
+from backend_helpers import fresh_logits
 
 from spekula.backends import native_lib as nl
 from spekula.backends.native import NativeBackend
@@ -30,24 +31,12 @@ def native(path: Path, threads: int = 1) -> NativeBackend:
     return NativeBackend(str(path), BackendOptions(n_ctx=256, n_seq_max=4, threads=threads))
 
 
-def logits(b: NativeBackend, tokens: np.ndarray, chunks: list[int] | None = None) -> np.ndarray:
-    s = b.new_seq()
-    try:
-        out, pos = [], 0
-        for n in chunks or [tokens.size]:
-            out.append(b.forward([SeqInput(s, tokens[pos : pos + n], pos, np.arange(n))])[0].logits)
-            pos += n
-        return np.concatenate(out)
-    finally:
-        b.free_seq(s)
-
-
 @pytest.mark.parametrize(("arch", "type_name"), CASES)
 def test_quantized_moe_logits_near_the_fp32_reference(arch: str, type_name: str) -> None:
     path = moe_quant_gguf_path(arch, type_name)
     ref = load_backend("torch", str(path), BackendOptions(n_ctx=256, n_seq_max=1, threads=1))
     tokens = np.random.default_rng(1).integers(0, 320, 40).astype(np.int32)
-    got = logits(native(path), tokens)
+    got = fresh_logits(native(path), tokens)
     s = ref.new_seq()
     want = ref.forward([SeqInput(s, tokens, 0, np.arange(40))])[0].logits
     # Every matrix is quantized (1.5x the suite's tolerance, as for the dense quantized fixtures). A
@@ -65,10 +54,10 @@ def test_quantized_moe_is_bitwise_invariant(arch: str, type_name: str, monkeypat
     b = native(path)
     rng = np.random.default_rng(2)
     tokens, other = rng.integers(0, 320, 45).astype(np.int32), rng.integers(0, 320, 13).astype(np.int32)
-    whole = logits(b, tokens)
-    assert np.array_equal(logits(b, tokens, [7, 1, 20, 17]), whole)
-    assert np.array_equal(logits(b, tokens, [30] + [1] * 15), whole)  # then token-by-token decode
-    assert np.array_equal(logits(native(path, threads=2), tokens, [16, 29]), whole)
+    whole = fresh_logits(b, tokens)
+    assert np.array_equal(fresh_logits(b, tokens, [7, 1, 20, 17]), whole)
+    assert np.array_equal(fresh_logits(b, tokens, [30] + [1] * 15), whole)  # then token-by-token decode
+    assert np.array_equal(fresh_logits(native(path, threads=2), tokens, [16, 29]), whole)
     s, o = b.new_seq(), b.new_seq()
     try:
         outs = b.forward([SeqInput(o, other, 0, np.arange(other.size)), SeqInput(s, tokens, 0, np.arange(45))])
@@ -80,7 +69,7 @@ def test_quantized_moe_is_bitwise_invariant(arch: str, type_name: str, monkeypat
     monkeypatch.setenv("SPEKULA_NATIVE_GENERIC", "1")
     g = NativeBackend(str(path), BackendOptions(n_ctx=64, n_seq_max=1, threads=2))
     assert g.kernels == "generic"
-    assert np.array_equal(logits(g, tokens[:20], [9, 11]), logits(g, tokens[:20]))
+    assert np.array_equal(fresh_logits(g, tokens[:20], [9, 11]), fresh_logits(g, tokens[:20]))
     g.close()
 
 
@@ -118,8 +107,8 @@ def _never_chosen(tmp_path: Path, fill: float) -> Path:
 
 def test_experts_no_row_chose_do_not_reach_the_output(tmp_path: Path) -> None:
     tokens = np.random.default_rng(3).integers(0, 320, 25).astype(np.int32)
-    with_nan = logits(NativeBackend(str(_never_chosen(tmp_path, np.nan)), BackendOptions(n_ctx=64, n_seq_max=1)), tokens)
-    with_zero = logits(NativeBackend(str(_never_chosen(tmp_path, 0.0)), BackendOptions(n_ctx=64, n_seq_max=1)), tokens)
+    with_nan = fresh_logits(NativeBackend(str(_never_chosen(tmp_path, np.nan)), BackendOptions(n_ctx=64, n_seq_max=1)), tokens)
+    with_zero = fresh_logits(NativeBackend(str(_never_chosen(tmp_path, 0.0)), BackendOptions(n_ctx=64, n_seq_max=1)), tokens)
     assert np.isfinite(with_nan).all()
     assert np.array_equal(with_nan, with_zero)
 
