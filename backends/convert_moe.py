@@ -21,24 +21,13 @@ import numpy as np
 from spekula.core.errors import ConfigError, ModelFileError
 
 from .convert_gguf import GGUFOut, head_dim, write_decoder_keys
+from .convert_plain import ATTN_MAP
 from .convert_source import HFCheckpoint, need
 from .convert_vocab import vocab_flavour, write_vocab
 
 MOE_ARCHS = {"Qwen3MoeForCausalLM": "qwen3moe", "Glm4MoeForCausalLM": "glm4moe"}
 MTP_MODES = ("keep", "drop", "only")
 
-_ATTN = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-}
 _DENSE = {"mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
           "mlp.down_proj.weight": "ffn_down.weight"}
 _SHARED = {"mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
@@ -187,7 +176,7 @@ def _write_block(out: GGUFOut, ckpt: HFCheckpoint, spec: _Spec, i: int) -> None:
         required += ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"]
     if spec.qk_norm:
         required += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
-    names = dict(_ATTN)
+    names = dict(ATTN_MAP)
     if i < spec.n_dense:
         required += list(_DENSE)
         names.update(_DENSE)

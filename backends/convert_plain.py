@@ -18,8 +18,9 @@ from .convert_vocab import vocab_flavour, write_vocab
 
 PLAIN_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 
-# HF per-layer suffix -> GGUF per-layer suffix (the shared llama/qwen naming).
-LAYER_MAP: dict[str, str] = {
+# HF per-layer suffix -> GGUF per-layer suffix of the attention half, shared by the llama/qwen and
+# the MoE (convert_moe.py) converters.
+ATTN_MAP: dict[str, str] = {
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.q_proj.bias": "attn_q.bias",
@@ -28,9 +29,14 @@ LAYER_MAP: dict[str, str] = {
     "self_attn.v_proj.weight": "attn_v.weight",
     "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.o_proj.bias": "attn_output.bias",
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
+
+# HF per-layer suffix -> GGUF per-layer suffix (the shared llama/qwen naming).
+LAYER_MAP: dict[str, str] = {
+    **ATTN_MAP,
+    "self_attn.o_proj.bias": "attn_output.bias",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
