@@ -13,6 +13,7 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
@@ -160,6 +161,17 @@ def check_target(info: DraftModelInfo, target: ModelInfo) -> None:
         raise ConfigError(f"draft model reads target layers {bad} but the target has {target.n_layer} layers")
 
 
+def runtime_module(module_name: str, missing: str) -> ModuleType:
+    """Import a draft runtime's module; ConfigError(`missing`) when there is no such module (an import
+    error inside an existing one propagates)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        raise ConfigError(missing) from None
+
+
 def load_draft_runtime(backend_name: str, gguf_path: str, target: ModelInfo,
                        options: BackendOptions | None = None) -> Eagle3Runtime | DFlashRuntime:
     """Open a draft GGUF and build its runtime on ``backend_name`` (``spekula.backends.<backend>_<arch>``)."""
@@ -168,13 +180,8 @@ def load_draft_runtime(backend_name: str, gguf_path: str, target: ModelInfo,
     check_target(info, target)
     # The native kernels run GGUF decoders only; hidden-state draft heads run on torch's CPU path there.
     runtime_backend = "torch" if backend_name == "native" else backend_name
-    module_name = f"spekula.backends.{runtime_backend}_{info.arch}"
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        raise ConfigError(f"draft architecture {info.arch!r} has no runtime for backend {backend_name!r}") from None
+    module = runtime_module(f"spekula.backends.{runtime_backend}_{info.arch}",
+                            f"draft architecture {info.arch!r} has no runtime for backend {backend_name!r}")
     runtime: Eagle3Runtime | DFlashRuntime = module.runtime_class(f, info, target, options or BackendOptions())
     return runtime
 

@@ -18,7 +18,6 @@ output). Implementations live in ``spekula.backends.<backend>_mtp`` and export `
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .draft_models import runtime_module
 from .errors import ConfigError, ModelFileError
 from .gguf_file import GGUFFile
 
@@ -170,12 +170,6 @@ def load_mtp_runtime(backend_name: str, target: Backend, draft_path: str | None,
     f = GGUFFile.shared(draft_path) if draft_path else GGUFFile.shared(target.info.path)
     info = read_mtp_info(f)
     check_mtp_fits(info, target.info.path, target.info.n_embd, target.info.n_vocab)
-    module_name = f"spekula.backends.{backend_name}_mtp"
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        raise ConfigError(f"draft-mtp has no runtime for backend {backend_name!r}") from None
+    module = runtime_module(f"spekula.backends.{backend_name}_mtp", f"draft-mtp has no runtime for backend {backend_name!r}")
     runtime: MtpRuntime = module.runtime_class(f, info, target, options)
     return runtime
