@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spekula.core.backend import Backend, BackendOptions
-from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError
+from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
 from spekula.core.mtp_runtime import MtpInfo, MtpOut, MtpRows, MtpRuntime, decode_by_head
 
@@ -178,21 +178,7 @@ class NativeMtpRuntime(PooledSeqs, MtpRuntime):
     def decode(self, rows: Sequence[MtpRows]) -> list[MtpOut]:
         if not self._ctxs:
             raise ConfigError("the native MTP runtime is closed")
-        return decode_by_head(rows, self.info, self._decode_head, self._check_rows)
-
-    def _check_rows(self, r: MtpRows) -> None:
-        """What the C forward cannot be handed: token ids outside the vocabulary, gaps, overflow."""
-        n = len(r.tokens)
-        tokens = np.asarray(r.tokens)
-        if tokens.min() < 0 or tokens.max() >= self.hp.n_vocab:
-            raise ValueError(f"MTP rows: token ids must be in [0, {self.hp.n_vocab})")
-        length = self.seq_len(r.seq_id)
-        if r.start < 0:
-            raise ValueError(f"MTP sequence {r.seq_id}: negative start {r.start}")
-        if r.start > length:
-            raise ConfigError(f"MTP sequence {r.seq_id}: write at {r.start} leaves a gap after {length}")
-        if r.start + n > self.n_ctx:
-            raise ContextOverflowError(f"MTP sequence {r.seq_id}: position {r.start + n - 1} exceeds n_ctx {self.n_ctx}")
+        return decode_by_head(rows, self.info, self._decode_head, seq_len=self.seq_len, n_ctx=self.n_ctx)
 
     def _decode_head(self, head: int, rows: list[MtpRows]) -> list[MtpOut]:
         """One native forward of head `head` over every sequence's rows."""

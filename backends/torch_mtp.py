@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from spekula.core.backend import Backend, BackendOptions
-from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError
+from spekula.core.errors import ModelFileError
 from spekula.core.gguf_file import GGUFFile
 from spekula.core.mtp_runtime import MtpInfo, MtpOut, MtpRows, MtpRuntime, decode_by_head
 
@@ -168,7 +168,7 @@ class TorchMtpRuntime(PooledSeqs, MtpRuntime):
     # --- decoding --------------------------------------------------------------------------------
     @torch.inference_mode()
     def decode(self, rows: Sequence[MtpRows]) -> list[MtpOut]:
-        return decode_by_head(rows, self.info, self._decode_head)
+        return decode_by_head(rows, self.info, self._decode_head, seq_len=self.seq_len, n_ctx=self.n_ctx)
 
     def _decode_head(self, head: int, rows: list[MtpRows]) -> list[MtpOut]:
         hw = self.heads[head]
@@ -212,10 +212,6 @@ class TorchMtpRuntime(PooledSeqs, MtpRuntime):
         for r in rows:
             cache = self.kv.get(r.seq_id)
             n, end = len(r.tokens), r.start + len(r.tokens)
-            if r.start > cache.length:
-                raise ConfigError(f"MTP sequence {r.seq_id}: write at {r.start} leaves a gap after {cache.length}")
-            if end > self.kv.n_ctx:
-                raise ContextOverflowError(f"MTP sequence {r.seq_id}: position {end - 1} exceeds n_ctx {self.kv.n_ctx}")
             self.kv.reserve_for(cache, end)
             future = np.arange(end)[None, :] > positions[r0:r0 + n, None]
             mask = torch.from_numpy(np.tile(np.where(future, -np.inf, 0.0).astype(np.float32), (group, 1)))

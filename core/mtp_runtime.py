@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .draft_models import runtime_module
-from .errors import ConfigError, ModelFileError
+from .errors import ConfigError, ContextOverflowError, ModelFileError
 from .gguf_file import GGUFFile
 
 if TYPE_CHECKING:
@@ -99,18 +99,28 @@ class MtpRuntime(ABC):
 
 
 def decode_by_head(rows: Sequence[MtpRows], info: MtpInfo, decode_head: Callable[[int, list[MtpRows]], list[MtpOut]],
-                   check_row: Callable[[MtpRows], None] | None = None) -> list[MtpOut]:
-    """A runtime's ``decode``: every row checked (head, shapes, then ``check_row``; no sequence twice under
-    one head), then ``decode_head(head, its rows)`` once per head in head order; outputs come back in the
+                   *, seq_len: Callable[[int], int], n_ctx: int) -> list[MtpOut]:
+    """A runtime's ``decode``: every row checked before anything runs (head, shapes, token ids, a write
+    that leaves no gap after ``seq_len(seq)`` and stays inside ``n_ctx``; no sequence twice under one
+    head), then ``decode_head(head, its rows)`` once per head in head order; outputs come back in the
     rows' order."""
     by_head: dict[int, list[int]] = {}
     for i, r in enumerate(rows):
         if not 0 <= r.head < info.n_heads:
             raise ValueError(f"MTP head {r.head} out of range (the model has {info.n_heads})")
-        if len(r.tokens) == 0 or np.shape(r.hidden) != (len(r.tokens), info.n_embd):
+        n = len(r.tokens)
+        if n == 0 or np.shape(r.hidden) != (n, info.n_embd):
             raise ValueError(f"MTP rows need tokens [n > 0] and hidden [n, {info.n_embd}]")
-        if check_row is not None:
-            check_row(r)
+        tokens = np.asarray(r.tokens)
+        if tokens.min() < 0 or tokens.max() >= info.n_vocab:
+            raise ValueError(f"MTP rows: token ids must be in [0, {info.n_vocab})")
+        length = seq_len(r.seq_id)
+        if r.start < 0:
+            raise ValueError(f"MTP sequence {r.seq_id}: negative start {r.start}")
+        if r.start > length:
+            raise ConfigError(f"MTP sequence {r.seq_id}: write at {r.start} leaves a gap after {length}")
+        if r.start + n > n_ctx:
+            raise ContextOverflowError(f"MTP sequence {r.seq_id}: position {r.start + n - 1} exceeds n_ctx {n_ctx}")
         by_head.setdefault(r.head, []).append(i)
     for head, idx in by_head.items():
         seqs = [rows[i].seq_id for i in idx]
