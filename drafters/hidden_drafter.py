@@ -22,12 +22,17 @@ from spekula.core.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
 from spekula.core.slot_states import SlotStates
 
+# Draft runtimes compute in a float type; a target's other dtypes (onnx's q4 graphs) mean "the device's".
+DRAFT_DTYPES = ("auto", "f32", "f16", "bf16")
+
 
 def model_draft_options(ctx: DrafterContext, extra_ctx: int = 0) -> BackendOptions:
-    """Draft runtime options: the target's device/dtype unless --spec-draft-* said otherwise, one
-    sequence per slot, and the target's context (plus room for a draft block beyond it)."""
+    """Draft runtime options: the target's device/dtype unless --spec-draft-* said otherwise (a dtype no
+    draft runtime computes in becomes "auto"), one sequence per slot, and the target's context (plus
+    room for a draft block beyond it)."""
     base = ctx.draft_backend_options or ctx.target.options
-    return replace(base, n_ctx=ctx.target.n_ctx + extra_ctx, n_seq_max=max(ctx.n_seq_max, 1))
+    dtype = base.dtype if base.dtype in DRAFT_DTYPES else "auto"
+    return replace(base, dtype=dtype, n_ctx=ctx.target.n_ctx + extra_ctx, n_seq_max=max(ctx.n_seq_max, 1))
 
 
 def require_draft_path(ctx: DrafterContext, name: str) -> str:

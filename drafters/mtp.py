@@ -19,7 +19,7 @@ Sampling follows the other model drafters: best (or sampled) of the top 10, p_mi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -30,8 +30,6 @@ from spekula.core.errors import ConfigError
 from spekula.core.mtp_runtime import MtpRows, MtpRuntime, load_mtp_runtime
 
 from .hidden_drafter import DraftRun, HiddenSlot, SlotDrafter, finish_drafts, model_draft_options
-
-_FLOAT_DTYPES = ("auto", "f32", "f16", "bf16")
 
 
 def runtime_backend(backend_name: str, options: BackendOptions) -> str:
@@ -75,8 +73,6 @@ class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
     def create(cls, ctx: DrafterContext) -> MtpDrafter:
         options = model_draft_options(ctx)
         backend = runtime_backend(ctx.backend_name, options)
-        if backend == "torch" and options.dtype not in _FLOAT_DTYPES:  # e.g. onnx's q4: the device's float type
-            options = replace(options, dtype="auto")
         runtime = load_mtp_runtime(backend, ctx.target, ctx.draft_model_path, options)
         return cls(runtime, ctx.backend_name)
 

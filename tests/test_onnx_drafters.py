@@ -97,3 +97,18 @@ def test_dflash_on_onnx_target(models: dict[str, Path]) -> None:
     st = _run(models["target"], models["dflash"], DFlashDrafter.create, SpecParams(types=("draft-dflash",), n_max=3),
               SamplingParams(temperature=0.0))
     assert st["gen_drafts"] > 0
+
+
+def test_model_drafters_on_a_q4_onnx_target_draft_in_float(models: dict[str, Path]) -> None:
+    """Without --spec-draft-dtype the draft runtimes take the target's options; onnx's q4 is not a type
+    they compute in, so they draft in the device's float type instead of refusing."""
+    from spekula.drafters.dflash import DFlashDrafter
+    from spekula.drafters.eagle3 import Eagle3Drafter
+
+    backend = OnnxBackend(models["target"], BackendOptions(n_ctx=N_CTX, n_seq_max=3, threads=1, dtype="q4"))
+    for make, name, draft in ((Eagle3Drafter.create, "draft-eagle3", "eagle3"),
+                              (DFlashDrafter.create, "draft-dflash", "dflash")):
+        ctx = DrafterContext(spec=SpecParams(types=(name,), n_max=3), target=backend, tokenizer=None, n_seq_max=2,
+                             backend_name="onnx", draft_model_path=str(models[draft]))
+        drafter = make(ctx)
+        assert str(drafter.runtime.dtype) == "torch.float32"  # the CPU's float type
