@@ -25,6 +25,8 @@ from ..core.errors import ModelFileError
 from ..core.gguf_file import GGUFFile
 
 MOE_ARCHS = frozenset({"qwen3moe", "glm4moe"})
+# The smallest sum the top-k weights are divided by when normalised (2^-14, as llama.cpp clamps it).
+WEIGHT_SUM_MIN = 6.103515625e-5
 # llama.cpp's expert_gating_func enum as stored in GGUF.
 _GATING = {1: "softmax", 2: "sigmoid"}
 

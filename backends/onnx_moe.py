@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .gguf_moe import WEIGHT_SUM_MIN
 from .onnx_builder import MS_DOMAIN, GraphBuilder, LinearFn
 
 if TYPE_CHECKING:
@@ -65,8 +66,6 @@ if TYPE_CHECKING:
 
 # Graph input (int64 [n, copies]): the flat rows the experts compute, each repeated `copies` times.
 MOE_ROWS = "moe_rows"
-# Clamp of the weight sum before normalising, as in the routing rule (2^-14, half's smallest normal).
-NORM_SUM_MIN = 6.103515625e-5
 # Router input of the experts not chosen: exp(-1e30 - max) is 0 in float32, so the op never picks them.
 _NOT_CHOSEN = -1e30
 # log() of a weight that underflowed to 0 would be -inf, below _NOT_CHOSEN: clamp to the smallest normal.
@@ -112,7 +111,7 @@ def route(g: GraphBuilder, linear: LinearFn, weights: dict[str, np.ndarray], moe
     w = g.op("GatherElements", [probs, chosen], axis=-1)
     if moe.norm_weights:
         total = g.op("ReduceSum", [w, g.const([-1])], keepdims=1)
-        w = g.op("Div", [w, g.op("Max", [total, g.const(NORM_SUM_MIN, np.float32)])])
+        w = g.op("Div", [w, g.op("Max", [total, g.const(WEIGHT_SUM_MIN, np.float32)])])
     if moe.weights_scale != 1.0:
         w = g.op("Mul", [w, g.const(moe.weights_scale, np.float32)])
     return chosen, w

@@ -19,11 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .gguf_moe import MoEParams
+from .gguf_moe import WEIGHT_SUM_MIN, MoEParams
 from .torch_linear import Lin
-
-# The smallest sum of top-k weights divided by (2^-14, as llama.cpp clamps it).
-MIN_WEIGHT_SUM = 6.103515625e-5
 
 MakeLin = Callable[[torch.Tensor, torch.Tensor | None], Lin]
 ToTensor = Callable[[np.ndarray], torch.Tensor]
@@ -91,7 +88,7 @@ class MoEFFN:
             total = weights[:, 0]
             for r in range(1, moe.n_expert_used):
                 total = total + weights[:, r]
-            weights = weights / total.clamp_min(MIN_WEIGHT_SUM).unsqueeze(1)
+            weights = weights / total.clamp_min(WEIGHT_SUM_MIN).unsqueeze(1)
         if moe.weights_scale != 1.0:
             weights = weights * moe.weights_scale
         return ids, weights
