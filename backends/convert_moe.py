@@ -211,9 +211,7 @@ def _write_block(out: GGUFOut, ckpt: HFCheckpoint, spec: _Spec, i: int) -> None:
 def convert_moe(ckpt: HFCheckpoint, outfile: Path, outtype: str, *, pre: str | None, mtp: str = "keep") -> Path:
     cfg = ckpt.config
     arch = MOE_ARCHS[cfg["architectures"][0]]
-    if mtp not in MTP_MODES:
-        raise ValueError(f"unknown mtp mode {mtp!r}")
-    spec = _spec(ckpt, arch)
+    spec = _spec(ckpt, arch)  # `mtp` is one of MTP_MODES: convert_hf.convert checked it
     if mtp != "keep" and arch == "qwen3moe":
         raise ConfigError("--mtp / --no-mtp: qwen3moe checkpoints have no MTP (nextn) layers")
     if mtp == "only" and spec.n_mtp == 0:

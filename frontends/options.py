@@ -292,14 +292,14 @@ def _checked_spec(args: argparse.Namespace, drafters: list[Any] | None) -> tuple
     return spec, draft_path
 
 
-def _open_target(args: argparse.Namespace) -> tuple[str, GGUFFile, Any]:
-    """The target's path, its GGUF (headers and metadata, no weights) and its tokenizer."""
+def _open_target(args: argparse.Namespace) -> tuple[str, Any]:
+    """The target's path and its tokenizer, its GGUF opened (headers and metadata, no weights) on the way."""
     from spekula.core.tokenizer import Tokenizer
 
     path = resolve_model_path(args)
     try:
         model_file = GGUFFile.shared(path)  # a corrupt or truncated file fails here, with the path in the message
-        return path, model_file, Tokenizer.from_gguf(model_file)
+        return path, Tokenizer.from_gguf(model_file)
     except ModelFileError as exc:
         if args.model or getattr(args, "hf_repo", None):  # only the embedded default gets the "damaged" advice
             raise
@@ -313,7 +313,7 @@ def preflight(args: argparse.Namespace) -> None:
     and that the model (and draft model) files are readable GGUFs with a tokenizer. For a process
     that hands the loading to others (Ray replicas), so a bad file is one clear error up front."""
     spec, draft_path = _checked_spec(args, None)
-    target_path, _, _ = _open_target(args)
+    target_path, _ = _open_target(args)
     if draft_path:
         GGUFFile.shared(draft_path)
     if "draft-mtp" in spec.types:  # the heads must exist and fit: read from the headers alone
@@ -325,7 +325,7 @@ def preflight(args: argparse.Namespace) -> None:
 def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None) -> Engine:
     """Load the target backend and tokenizer and create the drafters; any problem is a SpekulaError."""
     spec, draft_path = _checked_spec(args, drafters)
-    path, _, tokenizer = _open_target(args)
+    path, tokenizer = _open_target(args)
     opts = BackendOptions(device=args.device, dtype=args.dtype, n_ctx=args.ctx_size, n_seq_max=args.parallel,
                           threads=args.threads, ort_provider=args.ort_provider)
     draft_opts = BackendOptions(device=args.spec_draft_device or args.device, dtype=args.spec_draft_dtype or args.dtype,
