@@ -107,6 +107,30 @@ def moe_ffn_shapes(moe: MoEParams, prefix: str, n_embd: int) -> dict[str, tuple[
     return shapes
 
 
+@dataclass(frozen=True)
+class HeadSources:
+    """The tensors MTP head k reads besides its block: its own when the file has them, else the trunk's."""
+
+    embd: str
+    norm: str
+    head: str
+
+
+def head_sources(f: GGUFFile, tied_output: bool, block: int) -> HeadSources:
+    b = f"blk.{block}.nextn."
+
+    def first(*names: str) -> str:
+        for name in names:
+            if f.has_tensor(name):
+                return name
+        raise ModelFileError(f.path, f"missing tensor {names[-1]!r} (needed by the MTP head)")
+
+    trunk_head = "token_embd.weight" if tied_output else "output.weight"
+    return HeadSources(first(b + "embed_tokens.weight", "token_embd.weight"),
+                       first(b + "shared_head_norm.weight", "output_norm.weight"),
+                       first(b + "shared_head_head.weight", trunk_head))
+
+
 def nextn_shapes(prefix: str, n_embd: int, n_vocab: int) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
     """(required, optional) nextn tensors of one MTP block, on top of its ordinary block tensors."""
     H = n_embd

@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,34 +33,10 @@ from spekula.core.gguf_file import GGUFFile
 from spekula.core.mtp_runtime import MtpInfo, MtpOut, MtpRows, MtpRuntime, decode_by_head
 
 from . import native_lib as nl
-from .gguf_moe import nextn_shapes
-from .gguf_weights import ModelHParams, block_shapes, read_hparams, rope_inv_freq
+from .gguf_moe import head_sources, nextn_shapes
+from .gguf_weights import block_shapes, read_hparams, rope_inv_freq
 from .native import MAX_CTX, MAX_SEQS, MAX_THREADS, NativeBackend, _build_layer, _Weights, default_threads
 from .seq_slots import PooledSeqs, SlotPool
-
-
-@dataclass(frozen=True)
-class _Sources:
-    """The tensors head k reads besides its block: its own when the file has them, else the trunk's."""
-
-    embd: str
-    norm: str
-    head: str
-
-
-def _sources(f: GGUFFile, hp: ModelHParams, block: int) -> _Sources:
-    b = f"blk.{block}.nextn."
-
-    def first(*names: str) -> str:
-        for name in names:
-            if f.has_tensor(name):
-                return name
-        raise ModelFileError(f.path, f"missing tensor {names[-1]!r} (needed by the MTP head)")
-
-    trunk_head = "token_embd.weight" if hp.tied_output else "output.weight"
-    return _Sources(first(b + "embed_tokens.weight", "token_embd.weight"),
-                    first(b + "shared_head_norm.weight", "output_norm.weight"),
-                    first(b + "shared_head_head.weight", trunk_head))
 
 
 def _check_options(options: BackendOptions) -> None:
@@ -112,7 +87,7 @@ class NativeMtpRuntime(PooledSeqs, MtpRuntime):
     def _new_head(self, w: _Weights, block: int, prepared: dict[tuple[str, str], nl.Tensor], base: int | None) -> int:
         """Head `block`'s context, made over `base` (None: its own threads); what it prepared goes to `prepared`."""
         hp, H, V = self.hp, self.hp.n_embd, self.hp.n_vocab
-        src, b = _sources(w.f, hp, block), f"blk.{block}.nextn."
+        src, b = head_sources(w.f, hp.tied_output, block), f"blk.{block}.nextn."
         embd = prepared.get(("embd", src.embd))
         head = prepared.get(("head", src.head))
         if embd is None:

@@ -23,7 +23,7 @@ from spekula.core.errors import ModelFileError
 from spekula.core.gguf_file import GGUFFile
 from spekula.core.mtp_runtime import MtpInfo, MtpOut, MtpRows, MtpRuntime, decode_by_head
 
-from .gguf_moe import nextn_shapes
+from .gguf_moe import HeadSources, head_sources, nextn_shapes
 from .gguf_weights import ModelHParams, block_shapes, dequantize, read_hparams
 from .seq_slots import PooledSeqs
 from .torch_draft_common import device_dtype, rms_norm
@@ -81,12 +81,6 @@ class _Loader:
             self.arrays[name] = arr
         return self.arrays[name]
 
-    def first(self, shape: tuple[int, ...], *names: str) -> tuple[str, np.ndarray]:
-        """The first of ``names`` the file has (a head's own tensor before the trunk's it falls back to)."""
-        for name in names:
-            if self.has(name):
-                return name, self.get(name, shape)
-        raise ModelFileError(self.f.path, f"missing tensor {names[-1]!r} (needed by the MTP head)")
 
 
 class TorchMtpRuntime(PooledSeqs, MtpRuntime):
@@ -112,36 +106,34 @@ class TorchMtpRuntime(PooledSeqs, MtpRuntime):
 
     # --- loading ---------------------------------------------------------------------------------
     def _read(self, load: _Loader, hp: ModelHParams,
-              blocks: list[int]) -> tuple[dict[str, np.ndarray], list[tuple[str, str, str]]]:
+              blocks: list[int]) -> tuple[dict[str, np.ndarray], list[HeadSources]]:
         H, V = hp.n_embd, hp.n_vocab
         weights: dict[str, np.ndarray] = {}
-        sources: list[tuple[str, str, str]] = []
+        sources: list[HeadSources] = []
         for block in blocks:
             for name, shape in block_shapes(hp, block).items():
                 weights[name] = load.get(name, shape)
             required, _optional = nextn_shapes(f"blk.{block}.", H, V)
             for name, shape in required.items():
                 load.get(name, shape)
-            b = f"blk.{block}.nextn."
-            trunk_head = "token_embd.weight" if hp.tied_output else "output.weight"
-            embd, _ = load.first((V, H), b + "embed_tokens.weight", "token_embd.weight")
-            norm, _ = load.first((H,), b + "shared_head_norm.weight", "output_norm.weight")
-            head, _ = load.first((V, H), b + "shared_head_head.weight", trunk_head)
-            sources.append((embd, norm, head))
-        embd0, norm0, head0 = sources[0]
-        weights["token_embd.weight"] = load.arrays[embd0]
-        weights["output_norm.weight"] = load.arrays[norm0]
+            # Borrowed tensors are the same file's trunk tensors, so the file answers which exist.
+            src = head_sources(load.f, hp.tied_output, block)
+            for name, shape in ((src.embd, (V, H)), (src.norm, (H,)), (src.head, (V, H))):
+                load.get(name, shape)
+            sources.append(src)
+        weights["token_embd.weight"] = load.arrays[sources[0].embd]
+        weights["output_norm.weight"] = load.arrays[sources[0].norm]
         if not hp.tied_output:
-            weights["output.weight"] = load.arrays[head0]
+            weights["output.weight"] = load.arrays[sources[0].head]
         if load.has("rope_freqs.weight"):
             weights["rope_freqs.weight"] = load.get("rope_freqs.weight", (hp.n_rot // 2,))
         return weights, sources
 
-    def _heads(self, load: _Loader, sources: list[tuple[str, str, str]], blocks: list[int]) -> list[_Head]:
+    def _heads(self, load: _Loader, sources: list[HeadSources], blocks: list[int]) -> list[_Head]:
         # Head 0's tensors are the model's (its head too, unless a tied model made the embedding its head);
         # another head naming the same source shares the tensor.
-        tensors: dict[str, torch.Tensor] = {sources[0][0]: self.model.embd, sources[0][1]: self.model.out_norm}
-        lins: dict[str, Lin] = {} if self.hp.tied_output else {sources[0][2]: self.model.lm_head}
+        tensors: dict[str, torch.Tensor] = {sources[0].embd: self.model.embd, sources[0].norm: self.model.out_norm}
+        lins: dict[str, Lin] = {} if self.hp.tied_output else {sources[0].head: self.model.lm_head}
 
         def tensor(name: str) -> torch.Tensor:
             if name not in tensors:
@@ -154,10 +146,10 @@ class TorchMtpRuntime(PooledSeqs, MtpRuntime):
             return lins[name]
 
         heads = []
-        for block, (embd, norm, head) in zip(blocks, sources, strict=True):
+        for block, src in zip(blocks, sources, strict=True):
             b = f"blk.{block}.nextn."
-            heads.append(_Head(tensor(embd), tensor(b + "enorm.weight"), tensor(b + "hnorm.weight"),
-                               lin(b + "eh_proj.weight"), tensor(norm), lin(head)))
+            heads.append(_Head(tensor(src.embd), tensor(b + "enorm.weight"), tensor(b + "hnorm.weight"),
+                               lin(b + "eh_proj.weight"), tensor(src.norm), lin(src.head)))
         return heads
 
     # --- sequences (new_seq, free_seq, seq_len, truncate: PooledSeqs over the KV pool) -----------
