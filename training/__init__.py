@@ -1,0 +1,1 @@
+"""Drafter training: self-distillation data, EAGLE-3 and DFlash heads, the training loop (`spekula train-drafter`)."""
