@@ -19,7 +19,8 @@ from .convert_draft_vocab import write_d2t, write_embeddings, write_head
 from .convert_gguf import GGUFOut, head_dim, head_dim_known, write_decoder_keys
 from .convert_plain import _REQUIRED, write_layer
 from .convert_source import HFCheckpoint, merged_text_config, need
-from .convert_vocab import vocab_flavour, write_vocab
+from .convert_target import TargetSource
+from .convert_vocab import vocab_flavour
 
 DFLASH_ARCHS = ("DFlashDraftModel",)
 DSPARK_ARCHS = ("Qwen3DSparkModel", "DSparkDraftModel", "DSparkSpeculator")
@@ -50,7 +51,7 @@ def _de_interleave(w: np.ndarray, hd: int) -> np.ndarray:
     return w.reshape(-1, hd // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-def convert_dflash(ckpt: HFCheckpoint, target: HFCheckpoint, outfile: Path, outtype: str, *, pre: str | None) -> Path:
+def convert_dflash(ckpt: HFCheckpoint, target: TargetSource, outfile: Path, outtype: str, *, pre: str | None) -> Path:
     raw = ckpt.config
     kind = dflash_kind(raw)
     where = ckpt.path
@@ -124,8 +125,8 @@ def convert_dflash(ckpt: HFCheckpoint, target: HFCheckpoint, outfile: Path, outt
         if causal is not None:
             w.add_bool("dflash.attention.causal", bool(causal))
         # the vocabulary is converted as the target's own converter would convert it
-        write_vocab(out, target.path, vocab_size=n_vocab_t, pre=pre, flavour=vocab_flavour(target.config))
-        w.add_uint32("tokenizer.ggml.mask_token_id", int(mask_id))
+        target.write_vocab(out, vocab_size=n_vocab_t, pre=pre, flavour=vocab_flavour(target.config),
+                           mask_token_id=int(mask_id))
 
         out.tensor("fc.weight", ckpt.get(top["fc.weight"]))
         out.tensor("enc.output_norm.weight", ckpt.get(top["hidden_norm.weight"]))

@@ -17,7 +17,7 @@ from .convert_draft_vocab import write_d2t, write_embeddings, write_head
 from .convert_gguf import GGUFOut, head_dim, head_dim_known, write_decoder_keys
 from .convert_plain import write_layer
 from .convert_source import HFCheckpoint, merged_text_config, need
-from .convert_vocab import write_vocab
+from .convert_target import TargetSource
 
 EAGLE3_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator", "Eagle3DraftModel")
 _LAYER_PREFIXES = ("midlayer.", "model.midlayer.", "layers.0.", "model.layers.0.")
@@ -35,7 +35,7 @@ def is_eagle3(config: dict[str, Any]) -> bool:
     return arch in EAGLE3_ARCHS or ("draft_vocab_size" in cfg and cfg.get("num_hidden_layers") == 1)
 
 
-def convert_eagle3(ckpt: HFCheckpoint, target: HFCheckpoint, outfile: Path, outtype: str, *, pre: str | None) -> Path:
+def convert_eagle3(ckpt: HFCheckpoint, target: TargetSource, outfile: Path, outtype: str, *, pre: str | None) -> Path:
     cfg = eagle3_config(ckpt.config)
     tcfg = merged_text_config(target.config)
     where = ckpt.path
@@ -86,7 +86,7 @@ def convert_eagle3(ckpt: HFCheckpoint, target: HFCheckpoint, outfile: Path, outt
         w.add_bool("eagle3.norm_before_residual", bool(cfg.get("norm_before_residual", False)))
         w.add_bool("eagle3.norm_before_fc", norm_before_fc)
         # llama.cpp converts EAGLE-3 as a llama model, whatever the target's architecture
-        write_vocab(out, target.path, vocab_size=n_vocab_t, pre=pre, flavour="llama")
+        target.write_vocab(out, vocab_size=n_vocab_t, pre=pre, flavour="llama")
 
         out.tensor("fc.weight", ckpt.get(top["fc.weight"]))
         if norm_before_fc:

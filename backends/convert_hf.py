@@ -15,6 +15,7 @@ from .convert_moe import MOE_ARCHS, MTP_MODES, convert_moe
 from .convert_output import check_output_path
 from .convert_plain import PLAIN_ARCHS, convert_plain
 from .convert_source import HFCheckpoint
+from .convert_target import open_target
 
 # Layout -> how messages name it, with its article: "a eagle3 draft" read badly.
 _DRAFT_NAMES = {"eagle3": "an EAGLE-3", "dflash": "a DFlash", "dspark": "a DSpark"}
@@ -40,10 +41,12 @@ def detect_layout(ckpt: HFCheckpoint) -> str:
 
 
 def convert(checkpoint: str | Path, outfile: str | Path, *, outtype: str = "f16",
-            target_dir: str | Path | None = None, pre: str | None = None, mtp: str = "keep") -> tuple[str, Path]:
+            target_dir: str | Path | None = None, target_gguf: str | Path | None = None,
+            pre: str | None = None, mtp: str = "keep") -> tuple[str, Path]:
     """Convert ``checkpoint`` to ``outfile``; returns (layout, path written).
 
-    ``mtp`` handles a checkpoint's multi-token-prediction layers: "keep" them after the trunk, "drop"
+    A draft (EAGLE-3, DFlash, DSpark) names its target by exactly one of ``target_dir`` (its HF folder)
+    and ``target_gguf`` (its GGUF file, whose vocabulary the draft then copies). ``mtp`` handles a checkpoint's multi-token-prediction layers: "keep" them after the trunk, "drop"
     them (``--no-mtp``) or write "only" them as a draft file (``--mtp``)."""
     if mtp not in MTP_MODES:
         raise ConfigError(f"unknown mtp mode {mtp!r}; choose one of {', '.join(MTP_MODES)}")
@@ -58,9 +61,7 @@ def convert(checkpoint: str | Path, outfile: str | Path, *, outtype: str = "f16"
         return layout, convert_plain(ckpt, out, outtype, pre=pre)
     if layout == "moe":
         return layout, convert_moe(ckpt, out, outtype, pre=pre, mtp=mtp)
-    if target_dir is None:
-        raise ConfigError(f"{_DRAFT_NAMES[layout]} draft needs --target-model-dir (the target's tokenizer and config)")
-    target = HFCheckpoint.open(target_dir)
+    target = open_target(target_dir, target_gguf, _DRAFT_NAMES[layout])
     if layout == "eagle3":
         return layout, convert_eagle3(ckpt, target, out, outtype, pre=pre)
     return layout, convert_dflash(ckpt, target, out, outtype, pre=pre)

@@ -169,9 +169,14 @@ class GGUFFile:
         if n_tensors > 1_000_000 or n_kv > 1_000_000:
             raise ModelFileError(self.path, f"corrupt header: {n_tensors} tensors, {n_kv} metadata keys")
         meta: dict[str, Any] = {}
+        types: dict[str, tuple[int, int | None]] = {}
         for _ in range(n_kv):
             key = cur.string()
-            meta[key] = cur.value(cur.scalar("<I"))
+            vtype = cur.scalar("<I")
+            # an array's element type leads its value; peeked so that copies can keep it (see value_type)
+            etype = struct.unpack_from("<I", self._mmap, cur.pos)[0] if vtype == _ARRAY else None
+            types[key] = (vtype, etype)
+            meta[key] = cur.value(vtype)
         infos: list[tuple[str, tuple[int, ...], int, int]] = []
         for _ in range(n_tensors):
             name = cur.string()
@@ -183,6 +188,7 @@ class GGUFFile:
         align = int(meta.get("general.alignment", DEFAULT_ALIGNMENT))
         data_start = -(-cur.pos // align) * align
         self.metadata_dict = meta
+        self._value_types = types
         self._infos: dict[str, _TensorInfo] = {}
         file_size = len(self._mmap)
         for name, ne, type_id, rel in infos:
@@ -228,6 +234,13 @@ class GGUFFile:
         if key not in self.metadata_dict:
             raise ModelFileError(self.path, f"missing metadata key {key!r}")
         return self.metadata_dict[key]
+
+    def value_type(self, key: str) -> tuple[int, int | None]:
+        """(GGUF value type, element type for arrays else None) of a metadata key, as stored: the plain
+        values of `metadata` lose the difference between u32 and i32, which a verbatim copy must keep."""
+        if key not in self._value_types:
+            raise ModelFileError(self.path, f"missing metadata key {key!r}")
+        return self._value_types[key]
 
     @property
     def architecture(self) -> str:

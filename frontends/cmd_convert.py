@@ -14,8 +14,13 @@ HELP = "Convert a Hugging Face checkpoint (target, Qwen3-MoE/GLM-4.5-MoE target,
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", metavar="CHECKPOINT_DIR", help="folder with config.json and *.safetensors")
-    p.add_argument("--target-model-dir", default=None,
-                   help="the target's HF folder (required for EAGLE-3/DFlash/DSpark: tokenizer, vocab, layers)")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--target-model-dir", default=None,
+                        help="the target's HF folder (EAGLE-3/DFlash/DSpark need this or --target-model: "
+                             "tokenizer, vocab, layers)")
+    target.add_argument("--target-model", default=None, metavar="TARGET.gguf",
+                        help="the target's GGUF file, for a draft whose target exists only as a GGUF: its "
+                             "vocabulary is copied into the draft as stored")
     p.add_argument("--outtype", choices=list(OUTTYPES), default="f16", help="type of 2-D weights (default f16)")
     p.add_argument("--outfile", required=True, help="GGUF file to write")
     p.add_argument("--pre", default=None, choices=list(KNOWN_PRE),
@@ -30,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     layout, path = convert(args.checkpoint, args.outfile, outtype=args.outtype,
-                           target_dir=args.target_model_dir, pre=args.pre, mtp=args.mtp)
+                           target_dir=args.target_model_dir, target_gguf=args.target_model, pre=args.pre,
+                           mtp=args.mtp)
     print(f"wrote {path} ({layout}, {args.outtype})", file=sys.stderr)
     return 0
