@@ -22,7 +22,11 @@ OUTTYPES: dict[str, tuple[gguf.GGMLQuantizationType, int]] = {
     "f32": (gguf.GGMLQuantizationType.F32, 0),
     "f16": (gguf.GGMLQuantizationType.F16, 1),
     "bf16": (gguf.GGMLQuantizationType.BF16, 32),
+    "q8_0": (gguf.GGMLQuantizationType.Q8_0, 7),
 }
+
+
+_FLOAT_TYPES = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
 
 
 class GGUFOut:
@@ -50,11 +54,15 @@ class GGUFOut:
         return f"{self.arch}.{suffix}"
 
     def tensor(self, name: str, arr: np.ndarray, *, keep_f32: bool = False) -> None:
-        """Add a float tensor given in PyTorch order. Vectors (norms, biases) stay F32 as llama.cpp keeps them."""
+        """Add a float tensor given in PyTorch order. Vectors (norms, biases) stay F32 as llama.cpp keeps them;
+        a block type's matrix whose rows do not split into whole blocks is stored F16, as llama.cpp's
+        converter falls back."""
         data = np.ascontiguousarray(arr, dtype=np.float32)
         if not np.all(np.isfinite(data)):
             raise ModelFileError(name, "tensor holds NaN or Inf values")
         qtype = gguf.GGMLQuantizationType.F32 if (keep_f32 or data.ndim <= 1) else self.qtype
+        if qtype not in _FLOAT_TYPES and data.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
+            qtype = gguf.GGMLQuantizationType.F16
         if qtype == gguf.GGMLQuantizationType.F32:
             self.w.add_tensor(name, data)
         elif qtype == gguf.GGMLQuantizationType.F16:

@@ -21,7 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target.add_argument("--target-model", default=None, metavar="TARGET.gguf",
                         help="the target's GGUF file, for a draft whose target exists only as a GGUF: its "
                              "vocabulary is copied into the draft as stored")
-    p.add_argument("--outtype", choices=list(OUTTYPES), default="f16", help="type of 2-D weights (default f16)")
+    p.add_argument("--outtype", choices=list(OUTTYPES), default="f16", help="type of 2-D weights (default f16; q8_0 keeps rows that are not whole 32-value "
+                        "blocks f16); vectors stay f32")
     p.add_argument("--outfile", required=True, help="GGUF file to write")
     p.add_argument("--pre", default=None, choices=list(KNOWN_PRE),
                    help="llama.cpp pre-tokenizer name (default: inferred from tokenizer.json)")
