@@ -22,6 +22,8 @@ from spekula.core.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
 from spekula.core.slot_states import SlotStates
 
+from .shipped_heads import shipped_draft_path
+
 # Draft runtimes compute in a float type; a target's other dtypes (onnx's q4 graphs) mean "the device's".
 DRAFT_DTYPES = ("auto", "f32", "f16", "bf16")
 
@@ -36,8 +38,9 @@ def model_draft_options(ctx: DrafterContext, extra_ctx: int = 0) -> BackendOptio
 
 
 def require_draft_path(ctx: DrafterContext, name: str) -> str:
+    """-md's file, else the head shipped for the target (drafters/shipped_heads.py), else a ConfigError."""
     if not ctx.draft_model_path:
-        raise ConfigError(f"{name} needs a draft model: pass -md/--spec-draft-model FILE.gguf")
+        return shipped_draft_path(name, ctx.target.info.path)
     return str(ctx.draft_model_path)
 
 
