@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "tui": "Terminal UI with live speculation statistics",
     "convert": "Convert a Hugging Face checkpoint (target, Qwen3-MoE/GLM-4.5-MoE target, EAGLE-3, DFlash, DSpark) to GGUF",
     "truncate-model": "Write a layer-truncated copy of a GGUF model (a no-training draft model)",
+    "train-drafter": "Train an EAGLE-3 or DFlash draft head for a target by self-distillation (CPU or CUDA)",
     "ngram-cache": "Build an ngram-cache static lookup file from a text corpus",
     "fetch-default": "Download the embedded default model (SmolLM2-135M-Instruct Q4_1) into the cache",
 }
