@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install lint clean
+.PHONY: run test install lint clean drafter
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,6 +23,20 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+
+# The shipped SmolLM2 heads, from scratch: self-distillation data (cached under ~/.cache/spekula/train),
+# then both heads trained side by side on one thread each (results are reproducible for a fixed seed and
+# thread count), converted to Q8_0 GGUFs and installed into drafters/heads/ with their recipe.
+# An interrupted run continues where it stopped: `make drafter RESUME=--resume`.
+DRAFTER_DIR ?= build/drafters
+DRAFTER_ARGS ?= --tokens 400000 --steps 200 --seed 0 -t 1 --outtype q8_0
+drafter: $(STAMP)
+	$(BIN)/spekula fetch-default
+	$(BIN)/spekula train-drafter eagle3 -o $(DRAFTER_DIR)/eagle3 $(DRAFTER_ARGS) --distill-only
+	$(BIN)/spekula train-drafter eagle3 -o $(DRAFTER_DIR)/eagle3 $(DRAFTER_ARGS) $(RESUME) & e=$$!; \
+	$(BIN)/spekula train-drafter dflash -o $(DRAFTER_DIR)/dflash $(DRAFTER_ARGS) $(RESUME) & d=$$!; \
+	wait $$e; a=$$?; wait $$d; b=$$?; test $$a -eq 0 -a $$b -eq 0
+	$(BIN)/python -m spekula.training.install_head $(DRAFTER_DIR)/eagle3 $(DRAFTER_DIR)/dflash
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

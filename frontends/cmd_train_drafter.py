@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
     p.add_argument("--resume", action="store_true", help="continue the run in DIR from its last checkpoint")
     p.add_argument("--quick", action="store_true", help="a seconds-long run for tiny test models")
+    p.add_argument("--distill-only", action="store_true",
+                   help="only build the self-distillation feature cache (so several trainings can then share it)")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: torch's); results are "
                    "reproducible for a fixed seed and thread count")
     p.add_argument("--cache-dir", default=None, help="feature cache folder (default: under the spekula cache)")
@@ -121,12 +123,18 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     from spekula.frontends.default_model import ensure_default_model
-    from spekula.training.run import run_training
+    from spekula.training.run import prepare_data, run_training
 
     target = args.model or str(ensure_default_model())
     req = _request(args, target)
     ui = _Progress()
     try:
+        if args.distill_only:
+            data = prepare_data(req, ui.distill)
+            ui.close()
+            print(f"feature cache {data.root}: {len(data.cache)} sequences, {data.cache.n_tokens} tokens "
+                  f"({data.seconds:.0f}s)", file=sys.stderr)
+            return 0
         outcome = run_training(req, on_distill=ui.distill, on_step=ui.step)
     finally:
         ui.close()

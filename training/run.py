@@ -23,7 +23,8 @@ from spekula.frontends.default_model import cache_dir
 from .checkpoint import has_checkpoint, load_checkpoint
 from .distill import DistillOptions, DistillProgress, default_cache_dir, distill, recipe_for
 from .export import export_gguf, write_hf_checkpoint
-from .head_api import read_target_facts
+from .feature_cache import FeatureCache
+from .head_api import TargetFacts, read_target_facts
 from .head_factory import HEAD_KINDS, default_layers
 from .loop import RunConfig, StepReport, TrainResult, train
 from .prompts import builtin_prompts, iter_prompt_files
@@ -81,13 +82,38 @@ class TrainOutcome:
     summary: dict[str, Any]
 
 
-def run_training(req: TrainRequest, *, on_distill: Callable[[DistillProgress], None] | None = None,
-                 on_step: Callable[[StepReport], None] | None = None) -> TrainOutcome:
+@dataclass(slots=True)
+class PreparedData:
+    facts: TargetFacts
+    layers: tuple[int, ...]
+    cache: FeatureCache
+    recipe: dict[str, Any]
+    root: Path
+    seconds: float
+
+
+def prepare_data(req: TrainRequest, on_distill: Callable[[DistillProgress], None] | None = None) -> PreparedData:
+    """Distil the request's data into its feature cache (or find it there)."""
     if req.kind not in HEAD_KINDS:
         raise ConfigError(f"unknown drafter kind {req.kind!r}; choose one of {', '.join(HEAD_KINDS)}")
-    if req.steps < 1 or req.tokens < 1:
-        raise ConfigError("--steps and --tokens must be positive")
+    if req.tokens < 1:
+        raise ConfigError("--tokens must be positive")
     facts = read_target_facts(req.target)
+    layers = tuple(req.head.get("layers") or default_layers(req.kind, facts.n_layer))
+    prompts = list(iter_prompt_files(list(req.prompt_files))) if req.prompt_files else \
+        builtin_prompts(req.n_prompts, seed=0)
+    recipe = recipe_for(req.target, prompts, layers, req.distill)
+    root = req.cache_dir or default_cache_dir(cache_dir() / "train", recipe)
+    t0 = time.perf_counter()
+    dopts = req.distill if req.threads <= 0 else DistillOptions(**{**asdict(req.distill), "threads": req.threads})
+    cache = distill(req.target, prompts, layers, root, req.tokens, dopts, on_distill)
+    return PreparedData(facts, layers, cache, recipe, root, time.perf_counter() - t0)
+
+
+def run_training(req: TrainRequest, *, on_distill: Callable[[DistillProgress], None] | None = None,
+                 on_step: Callable[[StepReport], None] | None = None) -> TrainOutcome:
+    if req.steps < 1:
+        raise ConfigError("--steps must be positive")
     out = req.out_dir
     if out.exists() and not out.is_dir():
         raise ConfigError(f"-o {out}: exists and is not a folder")
@@ -97,17 +123,10 @@ def run_training(req: TrainRequest, *, on_distill: Callable[[DistillProgress], N
         raise ConfigError(f"--resume: {out} holds no checkpoint to continue")
     if req.threads > 0:
         torch.set_num_threads(req.threads)
-
-    layers = tuple(req.head.get("layers") or default_layers(req.kind, facts.n_layer))
+    data = prepare_data(req, on_distill)
+    facts, layers, cache, recipe, root, distill_s = (data.facts, data.layers, data.cache, data.recipe, data.root,
+                                                     data.seconds)
     head_opts = {**req.head, "layers": list(layers)}
-    prompts = list(iter_prompt_files(list(req.prompt_files))) if req.prompt_files else \
-        builtin_prompts(req.n_prompts, seed=0)
-    recipe = recipe_for(req.target, prompts, layers, req.distill)
-    root = req.cache_dir or default_cache_dir(cache_dir() / "train", recipe)
-    t0 = time.perf_counter()
-    dopts = req.distill if req.threads <= 0 else DistillOptions(**{**asdict(req.distill), "threads": req.threads})
-    cache = distill(req.target, prompts, layers, root, req.tokens, dopts, on_distill)
-    distill_s = time.perf_counter() - t0
 
     cfg = RunConfig(kind=req.kind, steps=req.steps, seed=req.seed, lr=req.lr, batch_seqs=req.batch_seqs,
                     seq_len=req.seq_len, n_eval=req.n_eval, head=head_opts)
