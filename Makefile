@@ -33,8 +33,8 @@ DRAFTER_ARGS ?= --tokens 400000 --steps 200 --seed 0 -t 1 --outtype q8_0
 drafter: $(STAMP)
 	$(BIN)/spekula fetch-default
 	$(BIN)/spekula train-drafter eagle3 -o $(DRAFTER_DIR)/eagle3 $(DRAFTER_ARGS) --distill-only
-	$(BIN)/spekula train-drafter eagle3 -o $(DRAFTER_DIR)/eagle3 $(DRAFTER_ARGS) $(RESUME) & e=$$!; \
-	$(BIN)/spekula train-drafter dflash -o $(DRAFTER_DIR)/dflash $(DRAFTER_ARGS) $(RESUME) & d=$$!; \
+	$(BIN)/spekula train-drafter eagle3 -o $(DRAFTER_DIR)/eagle3 $(DRAFTER_ARGS) --lr 1e-3 $(RESUME) & e=$$!; \
+	$(BIN)/spekula train-drafter dflash -o $(DRAFTER_DIR)/dflash $(DRAFTER_ARGS) --lr 2e-3 $(RESUME) & d=$$!; \
 	wait $$e; a=$$?; wait $$d; b=$$?; test $$a -eq 0 -a $$b -eq 0
 	$(BIN)/python -m spekula.training.install_head $(DRAFTER_DIR)/eagle3 $(DRAFTER_DIR)/dflash
 

@@ -86,6 +86,32 @@ def mtp_matches_plain(device: str) -> str | None:
     return None if outs[0] == outs[1] else "draft-mtp output differs from plain decoding"
 
 
+def quick_training_on(device: str) -> str | None:
+    """None when `train-drafter --quick --device DEVICE` trains both head kinds on a tiny target (distillation
+    on the GPU's torch backend, the heads on the GPU) and the EAGLE-3 head decodes what plain decoding does."""
+    import tempfile
+
+    from spekula.fixtures.tiny_gguf import tiny_model_path
+
+    model = str(tiny_model_path("llama"))
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in ("eagle3", "dflash"):
+            cmd = [sys.executable, "-m", "spekula.frontends.cli", "train-drafter", kind, "-m", model, "-o",
+                   f"{tmp}/{kind}", "--quick", "--device", device, "--cache-dir", f"{tmp}/cache-{kind}"]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+            if done.returncode != 0:
+                return f"train-drafter {kind} failed: {done.stderr.strip()[-300:]}"
+        base = [sys.executable, "-m", "spekula.frontends.cli", "generate", "-m", model, "--device", device,
+                "--dtype", "f32", "-n", "32", "--temp", "0", "--ignore-eos", "-p", "the cat sat on the mat"]
+        outs = []
+        for extra in ([], ["--spec-type", "draft-eagle3", "-md", f"{tmp}/eagle3/eagle3.gguf"]):
+            done = subprocess.run(base + extra, capture_output=True, text=True, timeout=600, check=False)
+            if done.returncode != 0:
+                return f"{' '.join(extra[:2]) or 'plain'} failed: {done.stderr.strip()[-300:]}"
+            outs.append(done.stdout)
+    return None if outs[0] == outs[1] else "draft-eagle3 with the trained head differs from plain decoding"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-m", "--model", help="GGUF model for the bench (default: the embedded SmolLM2)")
@@ -105,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run_conformance(args.device, usable, ["llama", "qwen2", "qwen3", "qwen3moe", "glm4moe", "smollm2"])
     if "torch" in usable:
         results.append(("torch", "glm4moe", "draft-mtp equals plain", mtp_matches_plain(args.device)))
+        results.append(("torch", "llama", "train-drafter --quick on the GPU", quick_training_on(args.device)))
     failed = [r for r in results if r[3] is not None]
     print(f"\nconformance on {args.device}: {len(results) - len(failed)} passed, {len(failed)} failed")
     for name, model, check, why in failed:

@@ -75,7 +75,8 @@ def _request(args: argparse.Namespace, target: str) -> Any:
 class _Progress:
     """A rich progress bar on a terminal; otherwise one plain line every few seconds."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
         self.tty = sys.stderr.isatty()
         self.last = 0.0
         self.bar: Any = None
@@ -104,7 +105,7 @@ class _Progress:
     def step(self, r: Any) -> None:
         self._start("training", r.steps)
         info = f"loss {r.loss:.3f}  accept~{r.accept_estimate:.2f}  {r.tokens_per_s:,.0f} tok/s"
-        self._show(r.step, info, f"train: step {r.step}/{r.steps}  {info}  {r.elapsed_s:.0f}s")
+        self._show(r.step, info, f"train {self.kind}: step {r.step}/{r.steps}  {info}  {r.elapsed_s:.0f}s")
 
     def _show(self, done: int, info: str, line: str) -> None:
         if self.bar is not None:
@@ -127,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
 
     target = args.model or str(ensure_default_model())
     req = _request(args, target)
-    ui = _Progress()
+    ui = _Progress(args.kind)
     try:
         if args.distill_only:
             data = prepare_data(req, ui.distill)
