@@ -21,9 +21,10 @@ from spekula.drafters.shipped_heads import register_head, shipped_heads_dir
 
 def recipe_text(summary: dict[str, Any]) -> str:
     data = summary["data"]
+    # Distillation time is not part of it: a run that found its feature cache did not spend it.
     return (f"{summary['command']} (seed {summary['seed']}, {summary['threads']} thread(s), {summary['device']}; "
             f"{data['sequences']} self-distilled sequences, {data['tokens']} tokens from {data['prompts']} prompts; "
-            f"distillation {summary['distill_seconds']:.0f} s, training {summary['train_seconds']:.0f} s)")
+            f"training {summary['train_seconds']:.0f} s)")
 
 
 def install(run_dir: Path, target: str, heads_dir: Path) -> Path:
