@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import save_file
 
 from spekula.backends.convert_hf import convert
 from spekula.backends.torch_draft_common import target_embeddings
@@ -25,6 +23,7 @@ from spekula.training.dflash_head import (
     mask_token_for,
 )
 from spekula.training.eagle3_head import default_eagle3_layers
+from spekula.training.export import write_hf_checkpoint
 from spekula.training.head_api import TargetFacts, TrainBatch, read_target_facts
 
 BLOCK = 4
@@ -85,11 +84,7 @@ def test_forward_equals_the_converted_draft_runtime(target: tuple[Path, Path], t
     head = DFlashHead.create(facts, embd, out_head, DFlashHeadOptions(block_size=BLOCK, mask_token_id=318), seed=0)
     assert head.layers == default_dflash_layers(4) == (2, 3, 4)
     _scramble(head, 1)
-    config, tensors = head.hf_checkpoint()
-    folder = tmp_path / "draft-hf"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    save_file(tensors, str(folder / "model.safetensors"))
+    folder = write_hf_checkpoint(head, tmp_path / "draft-hf")
     draft = tmp_path / "draft.gguf"
     convert(folder, draft, outtype="f32", target_dir=hf)
 
@@ -110,7 +105,7 @@ def test_forward_equals_the_converted_draft_runtime(target: tuple[Path, Path], t
             runtime.truncate(seq, 0)
     assert np.abs(ours[:, :, 1:] - ours[:, :, :1]).max() > 1.0  # the block rows really differ
 
-    again = DFlashHead.from_hf(config, tensors, embd, out_head, facts)
+    again = DFlashHead.from_hf(*head.hf_checkpoint(), embd, out_head, facts)
     with torch.no_grad():
         np.testing.assert_array_equal(again(batch.features, batch.tokens, anchors).numpy(), ours)
 

@@ -179,3 +179,14 @@ def test_held_out_evaluation_counts_every_position(bigram: Path, cache_dir: Path
     ev = out.summary["eval"]
     assert len(ev["accuracy"]) == 3 and all(0.0 <= a <= 1.0 for a in ev["accuracy"])
     assert 1.0 <= ev["accept_estimate"] <= 4.0
+
+
+def test_an_moe_target_trains_and_its_head_is_lossless(tmp_path: Path) -> None:
+    from spekula.fixtures.tiny_moe import tiny_moe_gguf_path
+
+    target = tiny_moe_gguf_path("qwen3moe")
+    out = run_training(quick_request("eagle3", str(target), tmp_path / "run", cache_dir=tmp_path / "cache", steps=8))
+    assert out.gguf is not None
+    spec = SpecParams(types=("draft-eagle3",), n_max=3, adaptive=False)
+    outs, refs, st = engine_vs_plain(target, out.gguf, Eagle3Drafter.create, spec, n_predict=16)
+    assert outs == refs and st["gen_drafts"] > 0

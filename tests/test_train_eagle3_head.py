@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import save_file
 
 from spekula.backends.convert_hf import convert
 from spekula.backends.torch_draft_common import target_embeddings
@@ -21,6 +19,7 @@ from spekula.training.eagle3_head import (
     default_eagle3_layers,
     draft_vocabulary,
 )
+from spekula.training.export import write_hf_checkpoint
 from spekula.training.head_api import TargetFacts, TrainBatch, read_target_facts
 
 torch.set_num_threads(1)
@@ -60,11 +59,7 @@ def test_exported_head_matches_the_torch_runtime(tmp_path: Path) -> None:
     counts = np.random.default_rng(0).integers(0, 50, facts.n_vocab)
     module = Eagle3Head.create(facts, embd, head, counts, Eagle3HeadOptions(draft_vocab=64), seed=3)
     _randomise(module, 4)
-    config, tensors = module.hf_checkpoint()
-    folder = tmp_path / "draft-hf"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    save_file(tensors, str(folder / "model.safetensors"))
+    folder = write_hf_checkpoint(module, tmp_path / "draft-hf")
     draft = tmp_path / "draft.gguf"
     convert(folder, draft, outtype="f32", target_dir=hf)
     info = ModelInfo(str(target), facts.arch, "target", facts.n_vocab, facts.n_embd, facts.n_layer, facts.n_ctx_train)

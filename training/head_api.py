@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from spekula.backends.gguf_weights import read_hparams
 from spekula.core.errors import ModelFileError
 from spekula.core.gguf_file import GGUFFile
 
@@ -42,28 +43,14 @@ class TargetFacts:
 def read_target_facts(path: str) -> TargetFacts:
     """TargetFacts of a target GGUF; a clear error for files the trainer cannot train a head for."""
     f = GGUFFile(path)
-    arch = f.architecture
-    if arch not in TRAINABLE_TARGET_ARCHS:
-        raise ModelFileError(f.path, f"architecture {arch!r} is not a target spekula can train a drafter for "
-                             f"(supported: {', '.join(TRAINABLE_TARGET_ARCHS)})")
-    n_embd = int(f.require(f"{arch}.embedding_length"))
-    n_head = int(f.require(f"{arch}.attention.head_count"))
-    n_head_kv = int(f.get(f"{arch}.attention.head_count_kv") or n_head)
-    head_dim = int(f.get(f"{arch}.attention.key_length") or n_embd // n_head)
-    tokens = f.get("tokenizer.ggml.tokens")
-    n_vocab = int(f.get(f"{arch}.vocab_size") or (len(tokens) if tokens else 0))
-    if n_vocab <= 0:
-        raise ModelFileError(f.path, "cannot tell the vocabulary size")
-    n_ff = f.get(f"{arch}.feed_forward_length")
-    if isinstance(n_ff, (list, tuple, np.ndarray)):
-        n_ff = max(int(x) for x in n_ff)
-    return TargetFacts(
-        path=str(path), arch=arch, n_vocab=n_vocab, n_embd=n_embd,
-        n_layer=int(f.require(f"{arch}.block_count")), n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
-        n_ff=int(n_ff or 4 * n_embd), rope_theta=float(f.get(f"{arch}.rope.freq_base", 10000.0)),
-        rms_eps=float(f.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        n_ctx_train=int(f.get(f"{arch}.context_length", 2048)),
-    )
+    if f.architecture not in TRAINABLE_TARGET_ARCHS:
+        raise ModelFileError(f.path, f"architecture {f.architecture!r} is not a target spekula can train a drafter "
+                             f"for (supported: {', '.join(TRAINABLE_TARGET_ARCHS)})")
+    hp = read_hparams(f)  # the same reading (and checks) the backends load the target with
+    n_ff = hp.n_ff or (hp.moe.n_ff_exp * hp.moe.n_expert_used if hp.moe is not None else 4 * hp.n_embd)
+    return TargetFacts(path=str(path), arch=hp.arch, n_vocab=hp.n_vocab, n_embd=hp.n_embd, n_layer=hp.n_layer,
+                       n_head=hp.n_head, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, n_ff=n_ff,
+                       rope_theta=hp.rope_base, rms_eps=hp.rms_eps, n_ctx_train=hp.n_ctx_train)
 
 
 @dataclass(slots=True)
