@@ -136,8 +136,8 @@ def builtin_prompts(n: int, *, seed: int = 0, split: str = "train", code_fractio
     rng.shuffle(chat)
     n_code = int(round(n * code_fraction))
     tasks = _part(CODE_TASKS, split)
-    # Held-out code comes from other modules than training code (a different seed's shuffle, disjoint by
-    # position in the list).
+    # Held-out code tasks are built on other functions than training ones: alternate picks from one list
+    # (a module may give functions to both sides; no function is in both).
     funcs = stdlib_functions(2 * n_code + 2, seed)
     funcs = funcs[1::2] if split == "heldout" else funcs[0::2]
     code = [tasks[i % len(tasks)].format(c=f) for i, f in enumerate(funcs[:n_code])]
