@@ -63,8 +63,9 @@ def _request(args: argparse.Namespace, target: str) -> Any:
     given = {k: v for k, v in {"steps": args.steps, "tokens": args.tokens, "n_prompts": args.n_prompts,
                                "lr": args.lr, "batch_seqs": args.batch}.items() if v is not None}
     # The distillation seed only matters when answers are sampled; greedy data stay shareable across seeds.
+    # The target answers on the training device too (a large target distils on its GPU).
     distill = replace(req.distill, max_new=args.max_new or req.distill.max_new, temperature=args.temp,
-                      seed=args.seed if args.temp > 0 else 0)
+                      seed=args.seed if args.temp > 0 else 0, device=args.device)
     return replace(req, **given, head=head, distill=distill, seed=args.seed, prompt_files=tuple(args.prompts),
                    device=args.device, resume=args.resume, threads=args.threads,
                    cache_dir=Path(args.cache_dir) if args.cache_dir else None, outtype=args.outtype,
@@ -137,6 +138,11 @@ def run(args: argparse.Namespace) -> int:
                   f"({data.seconds:.0f}s)", file=sys.stderr)
             return 0
         outcome = run_training(req, on_distill=ui.distill, on_step=ui.step)
+    except KeyboardInterrupt:  # the training loop handles Ctrl-C itself; this is the distillation
+        ui.close()
+        print("interrupted while distilling; every finished shard of the feature cache is kept: run the same "
+              "command again to continue", file=sys.stderr)
+        return 130
     finally:
         ui.close()
     res = outcome.result

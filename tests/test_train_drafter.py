@@ -164,6 +164,15 @@ def test_cli_quick_run_and_bad_input(bigram: Path, cache_dir: Path, tmp_path: Pa
     assert "not a target spekula can train a drafter for" in capsys.readouterr().err
     with pytest.raises(ModelFileError):
         read_target_facts(str(out / "eagle3.gguf"))
+    # an unusable device or run folder is a clear error before any work
+    if not torch.cuda.is_available():
+        assert main(["train-drafter", "eagle3", "-m", str(bigram), "-o", str(tmp_path / "z"), "--quick",
+                     "--device", "cuda"]) == 1
+        assert "CUDA is not available" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["train-drafter", "eagle3", "-m", str(bigram), "-o", str(blocker / "run"), "--quick"]) == 1
+    assert "cannot create the run folder" in capsys.readouterr().err
     # a damaged feature cache is reported, not trained on
     shard = next((cache_dir / "cli").glob("shard-*.features.npy"))
     raw = bytearray(shard.read_bytes())

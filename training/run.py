@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from spekula.backends.torch import resolve_device
+from spekula.core.backend import BackendOptions
 from spekula.core.errors import ConfigError
 from spekula.frontends.default_model import cache_dir
 
@@ -121,6 +123,11 @@ def run_training(req: TrainRequest, *, on_distill: Callable[[DistillProgress], N
         raise ConfigError(f"-o {out} already holds a training run; pass --resume to continue it or choose another folder")
     if req.resume and not has_checkpoint(out):
         raise ConfigError(f"--resume: {out} holds no checkpoint to continue")
+    resolve_device(BackendOptions(device=req.device))  # a clear error before any work, not torch's
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"-o {out}: cannot create the run folder: {exc.strerror or exc}") from None
     if req.threads > 0:
         torch.set_num_threads(req.threads)
     data = prepare_data(req, on_distill)
