@@ -82,18 +82,6 @@ def mask_token_for(target_path: str, counts: Sequence[int] | np.ndarray) -> int:
     return choose_mask_token([int(t) for t in types], counts)
 
 
-@dataclass(frozen=True)
-class _Dims:
-    hidden: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff: int
-    rope_theta: float
-    rms_eps: float
-    n_ctx_train: int
-
-
 class _RMSNorm(nn.Module):
     def __init__(self, n: int, eps: float) -> None:
         super().__init__()
@@ -109,13 +97,13 @@ def _linear(n_in: int, n_out: int) -> nn.Linear:
 
 
 class _Attention(nn.Module):
-    def __init__(self, d: _Dims) -> None:
+    def __init__(self, d: TargetFacts) -> None:
         super().__init__()
         self.n_head, self.n_head_kv, self.head_dim = d.n_head, d.n_head_kv, d.head_dim
-        self.q_proj = _linear(d.hidden, d.n_head * d.head_dim)
-        self.k_proj = _linear(d.hidden, d.n_head_kv * d.head_dim)
-        self.v_proj = _linear(d.hidden, d.n_head_kv * d.head_dim)
-        self.o_proj = _linear(d.n_head * d.head_dim, d.hidden)
+        self.q_proj = _linear(d.n_embd, d.n_head * d.head_dim)
+        self.k_proj = _linear(d.n_embd, d.n_head_kv * d.head_dim)
+        self.v_proj = _linear(d.n_embd, d.n_head_kv * d.head_dim)
+        self.o_proj = _linear(d.n_head * d.head_dim, d.n_embd)
         self.q_norm = _RMSNorm(d.head_dim, d.rms_eps)
         self.k_norm = _RMSNorm(d.head_dim, d.rms_eps)
 
@@ -141,21 +129,21 @@ class _Attention(nn.Module):
 
 
 class _MLP(nn.Module):
-    def __init__(self, d: _Dims) -> None:
+    def __init__(self, d: TargetFacts) -> None:
         super().__init__()
-        self.gate_proj, self.up_proj = _linear(d.hidden, d.n_ff), _linear(d.hidden, d.n_ff)
-        self.down_proj = _linear(d.n_ff, d.hidden)
+        self.gate_proj, self.up_proj = _linear(d.n_embd, d.n_ff), _linear(d.n_embd, d.n_ff)
+        self.down_proj = _linear(d.n_ff, d.n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class _Layer(nn.Module):
-    def __init__(self, d: _Dims) -> None:
+    def __init__(self, d: TargetFacts) -> None:
         super().__init__()
-        self.input_layernorm = _RMSNorm(d.hidden, d.rms_eps)
+        self.input_layernorm = _RMSNorm(d.n_embd, d.rms_eps)
         self.self_attn = _Attention(d)
-        self.post_attention_layernorm = _RMSNorm(d.hidden, d.rms_eps)
+        self.post_attention_layernorm = _RMSNorm(d.n_embd, d.rms_eps)
         self.mlp = _MLP(d)
 
 
@@ -174,24 +162,24 @@ class DFlashHead(nn.Module):
     target_embd: torch.Tensor
     target_head: torch.Tensor
 
-    def __init__(self, dims: _Dims, embd: torch.Tensor, head: torch.Tensor, options: DFlashHeadOptions) -> None:
+    def __init__(self, dims: TargetFacts, embd: torch.Tensor, head: torch.Tensor, options: DFlashHeadOptions) -> None:
         super().__init__()
         if options.layers is None or options.mask_token_id is None:
             raise ValueError("DFlashHead needs resolved layers and mask_token_id (use create or from_hf)")
         if options.block_size < 2:
             raise ValueError(f"block_size {options.block_size} < 2")
-        if embd.shape[1] != dims.hidden or head.shape[1] != dims.hidden:
-            raise ValueError(f"target embeddings {tuple(embd.shape)} / head {tuple(head.shape)} are not {dims.hidden} wide")
+        if embd.shape[1] != dims.n_embd or head.shape[1] != dims.n_embd:
+            raise ValueError(f"target embeddings {tuple(embd.shape)} / head {tuple(head.shape)} are not {dims.n_embd} wide")
         if not 0 <= options.mask_token_id < embd.shape[0]:
             raise ValueError(f"mask_token_id {options.mask_token_id} is outside the vocabulary ({embd.shape[0]})")
         self.dims, self.options = dims, options
         self.layers: tuple[int, ...] = tuple(options.layers)
         self.block_size, self.mask_token_id = options.block_size, options.mask_token_id
-        self.fc = _linear(len(self.layers) * dims.hidden, dims.hidden)
-        self.hidden_norm = _RMSNorm(dims.hidden, dims.rms_eps)
+        self.fc = _linear(len(self.layers) * dims.n_embd, dims.n_embd)
+        self.hidden_norm = _RMSNorm(dims.n_embd, dims.rms_eps)
         # "blocks" here, "layers" in the checkpoint: DraftHead.layers names the target layers read
         self.blocks = nn.ModuleList(_Layer(dims) for _ in range(options.n_layer))
-        self.norm = _RMSNorm(dims.hidden, dims.rms_eps)
+        self.norm = _RMSNorm(dims.n_embd, dims.rms_eps)
         # Frozen and not part of the state: the runtime takes them from the target file.
         self.register_buffer("target_embd", embd.detach(), persistent=False)
         self.register_buffer("target_head", head.detach(), persistent=False)
@@ -207,8 +195,7 @@ class DFlashHead(nn.Module):
             raise ConfigError(f"DFlash layers {list(layers)} must be distinct layer inputs in 1..{facts.n_layer}")
         if options.mask_token_id is None:
             raise ConfigError("DFlash needs a mask token id: pick one with mask_token_for(target path, label counts)")
-        dims = _Dims(facts.n_embd, facts.n_head, facts.n_head_kv, facts.head_dim, options.n_ff or facts.n_ff,
-                     facts.rope_theta, facts.rms_eps, facts.n_ctx_train)
+        dims = replace(facts, n_ff=options.n_ff or facts.n_ff)
         module = cls(dims, embd, head, replace(options, layers=tuple(layers), n_ff=dims.n_ff))
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
@@ -230,10 +217,11 @@ class DFlashHead(nn.Module):
             raise ModelFileError("config.json", f"hidden_size {config['hidden_size']} != the target's {facts.n_embd}")
         dcfg = config["dflash_config"]
         n_head = int(config["num_attention_heads"])
-        dims = _Dims(facts.n_embd, n_head, int(config.get("num_key_value_heads") or n_head),
-                     int(config.get("head_dim") or facts.n_embd // n_head), int(config["intermediate_size"]),
-                     float(config.get("rope_theta", facts.rope_theta)), float(config.get("rms_norm_eps", facts.rms_eps)),
-                     int(config.get("max_position_embeddings", facts.n_ctx_train)))
+        dims = replace(facts, n_head=n_head, n_head_kv=int(config.get("num_key_value_heads") or n_head),
+                       head_dim=int(config.get("head_dim") or facts.n_embd // n_head),
+                       n_ff=int(config["intermediate_size"]), rope_theta=float(config.get("rope_theta", facts.rope_theta)),
+                       rms_eps=float(config.get("rms_norm_eps", facts.rms_eps)),
+                       n_ctx_train=int(config.get("max_position_embeddings", facts.n_ctx_train)))
         opts = replace(options or DFlashHeadOptions(), n_layer=int(config["num_hidden_layers"]),
                        block_size=int(dcfg.get("block_size", config.get("block_size", 16))), n_ff=dims.n_ff,
                        mask_token_id=int(dcfg["mask_token_id"]),
@@ -275,7 +263,7 @@ class DFlashHead(nn.Module):
             ctx_k, ctx_v = layer.self_attn.keys_values(c, ctx_rope)
             x = x + layer.self_attn(layer.input_layernorm(x), block_rope, ctx_k, ctx_v, mask)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.norm(x).view(B, A, S, self.dims.hidden)
+        return self.norm(x).view(B, A, S, self.dims.n_embd)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits (float32) of normed rows, through the target's head."""
@@ -336,7 +324,7 @@ class DFlashHead(nn.Module):
         d = self.dims
         config: dict[str, Any] = {
             "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
-            "hidden_size": d.hidden, "intermediate_size": d.n_ff, "num_attention_heads": d.n_head,
+            "hidden_size": d.n_embd, "intermediate_size": d.n_ff, "num_attention_heads": d.n_head,
             "num_key_value_heads": d.n_head_kv, "head_dim": d.head_dim, "num_hidden_layers": len(self.blocks),
             "vocab_size": int(self.target_embd.shape[0]), "rms_norm_eps": d.rms_eps, "rope_theta": d.rope_theta,
             "max_position_embeddings": d.n_ctx_train, "tie_word_embeddings": False,
