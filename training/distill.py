@@ -19,12 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
+from spekula.backends.onnx_cache import gguf_sha256
 from spekula.core.backend import BackendOptions, Capture, SeqInput, load_backend, resolve_backend_name
 from spekula.core.errors import ConfigError
 from spekula.core.gguf_file import GGUFFile
 from spekula.core.tokenizer import Tokenizer
 
-from .feature_cache import DistilledSequence, FeatureCache, FeatureCacheWriter, file_digest
+from .feature_cache import DistilledSequence, FeatureCache, FeatureCacheWriter
 from .prompts import prompt_digest
 
 PREFILL_CHUNK = 512  # prompt rows per forward: bounds the logits array of a long prompt
@@ -53,8 +54,9 @@ class DistillProgress:
 
 
 def target_identity(path: str) -> str:
-    """What names the target in a cache recipe: its file's digest (a re-fetched identical file matches)."""
-    return file_digest(Path(path))
+    """What names the target in a cache recipe: its file's digest (a re-fetched identical file matches),
+    memoised per (path, size, mtime) with the other users of a GGUF's digest."""
+    return gguf_sha256(path)
 
 
 def recipe_for(target: str, prompts: Sequence[str], layers: Sequence[int], options: DistillOptions) -> dict[str, object]:

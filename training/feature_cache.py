@@ -16,7 +16,6 @@ error naming the file, never silently different training data.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from spekula.backends.onnx_cache import sha256_file
 from spekula.core.errors import SpekulaError
 
 FORMAT_VERSION = 1
@@ -44,14 +44,6 @@ class DistilledSequence:
     labels: np.ndarray  # int32 [T]: the target's greedy next token after reading tokens[:t+1]
     features: np.ndarray  # float16 [T, len(layers) * n_embd]
     answer_start: int  # index of the first answer token in `tokens`
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync_replace(tmp: Path, final: Path) -> None:
@@ -133,7 +125,7 @@ class FeatureCacheWriter:
         entry = {"stem": stem, "n_prompts": int(n_prompts), "n_sequences": len(seqs), "n_tokens": int(len(tokens))}
         for suffix in (".npz", ".features.npy"):
             p = self.root / f"{stem}{suffix}"
-            entry[suffix] = {"size": p.stat().st_size, "sha256": file_digest(p)}
+            entry[suffix] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
         self.manifest["shards"].append(entry)
         _write_json(self.root / MANIFEST, self.manifest)
 
@@ -171,7 +163,7 @@ class FeatureCache:
             for suffix in (".npz", ".features.npy"):
                 p = root / f"{stem}{suffix}"
                 want = entry[suffix]
-                if not p.is_file() or p.stat().st_size != int(want["size"]) or file_digest(p) != want["sha256"]:
+                if not p.is_file() or p.stat().st_size != int(want["size"]) or sha256_file(p) != want["sha256"]:
                     raise CacheError(f"{p}: damaged or missing feature-cache shard; delete {root} to rebuild it")
             try:
                 with np.load(root / f"{stem}.npz") as z:

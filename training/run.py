@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from spekula.backends.convert_output import atomic_output
 from spekula.backends.torch import resolve_device
 from spekula.core.backend import BackendOptions
 from spekula.core.errors import ConfigError
@@ -159,7 +160,6 @@ def run_training(req: TrainRequest, *, on_distill: Callable[[DistillProgress], N
     hf = write_hf_checkpoint(result.head, out / "hf")
     gguf = export_gguf(hf, req.target, out / f"{req.kind}.gguf", req.outtype)
     summary["gguf"] = gguf.name
-    tmp = out / "train.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1), encoding="utf-8")
-    os.replace(tmp, out / "train.json")
+    with atomic_output(out / "train.json", "the run summary") as tmp:
+        tmp.write_text(json.dumps(summary, indent=1), encoding="utf-8")
     return TrainOutcome(result, gguf, hf, summary)
