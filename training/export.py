@@ -8,6 +8,7 @@ against the target GGUF itself, whose vocabulary it copies.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ def write_hf_checkpoint(head: DraftHead, folder: Path) -> Path:
     config, tensors = head.hf_checkpoint()
     with atomic_output(folder / "model.safetensors", "the head checkpoint") as tmp:
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp))
+        os.chmod(tmp, 0o644)  # safetensors recreates the file private; a checkpoint folder is meant to be shared
     with atomic_output(folder / "config.json", "the head checkpoint") as tmp:
         tmp.write_text(json.dumps(config, indent=1, default=_plain), encoding="utf-8")
     return folder
