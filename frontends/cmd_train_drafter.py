@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         if args.distill_only:
             data = prepare_data(req, ui.distill)
             ui.close()
-            print(f"feature cache {data.root}: {len(data.cache)} sequences, {data.cache.n_tokens} tokens "
+            print(f"feature cache {data.cache.root}: {len(data.cache)} sequences, {data.cache.n_tokens} tokens "
                   f"({data.seconds:.0f}s)", file=sys.stderr)
             return 0
         outcome = run_training(req, on_distill=ui.distill, on_step=ui.step)

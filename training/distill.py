@@ -24,6 +24,7 @@ from spekula.core.backend import BackendOptions, Capture, SeqInput, load_backend
 from spekula.core.errors import ConfigError
 from spekula.core.gguf_file import GGUFFile
 from spekula.core.tokenizer import Tokenizer
+from spekula.frontends.default_model import cache_dir
 
 from .feature_cache import DistilledSequence, FeatureCache, FeatureCacheWriter
 from .prompts import prompt_digest
@@ -67,9 +68,10 @@ def recipe_for(target: str, prompts: Sequence[str], layers: Sequence[int], optio
             "prompts": prompt_digest(list(prompts)), "n_prompts": len(prompts), "generation": gen}
 
 
-def default_cache_dir(base: Path, recipe: dict[str, object]) -> Path:
+def default_cache_dir(recipe: dict[str, object]) -> Path:
+    """Where a recipe's data live unless --cache-dir says otherwise: named by the recipe, in the user cache."""
     key = hashlib.sha256(repr(sorted(recipe.items())).encode()).hexdigest()[:16]
-    return base / f"distill-{key}"
+    return cache_dir() / "train" / f"distill-{key}"
 
 
 @dataclass(slots=True)
@@ -162,17 +164,18 @@ def _sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) ->
     return int(rng.choice(len(p), p=p))
 
 
-def distill(target: str, prompts: Sequence[str], layers: Sequence[int], cache_root: Path, tokens_goal: int,
+def distill(target: str, prompts: Sequence[str], layers: Sequence[int], cache_root: Path | None, tokens_goal: int,
             options: DistillOptions, progress: Callable[[DistillProgress], None] | None = None) -> FeatureCache:
-    """Fill (or continue) the cache at ``cache_root`` until it holds ``tokens_goal`` tokens or the prompts
-    run out; returns the verified cache."""
+    """Fill (or continue) the cache at ``cache_root`` (None: the recipe's default folder) until it holds
+    ``tokens_goal`` tokens or the prompts run out; returns the verified cache."""
     recipe = recipe_for(target, prompts, layers, options)
+    cache_root = cache_root or default_cache_dir(recipe)
     probe = GGUFFile(target)
     n_embd = int(probe.require(f"{probe.architecture}.embedding_length"))
     writer = FeatureCacheWriter(cache_root, recipe, len(layers) * n_embd)
     cursor = writer.n_prompts
     if writer.n_tokens >= tokens_goal or cursor >= len(prompts):
-        return FeatureCache(cache_root)
+        return writer.verified or FeatureCache(cache_root)  # nothing to add: what opening checked is it
     distiller = Distiller(target, layers, options)
     t0, read = time.perf_counter(), 0
 

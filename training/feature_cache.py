@@ -75,9 +75,10 @@ class FeatureCacheWriter:
             if manifest["recipe"] != recipe:
                 raise CacheError(f"{root} holds data of another recipe; choose another --cache-dir or delete it")
             # Verify what is there before appending to it (a damaged shard would otherwise stay).
-            FeatureCache(root, manifest)
+            self.verified: FeatureCache | None = FeatureCache(root, manifest)
             self.manifest = manifest
         else:
+            self.verified = None
             self.manifest = {"version": FORMAT_VERSION, "recipe": recipe, "n_features": n_features,
                              "shards": [], "exhausted": False}
             _write_json(path, self.manifest)
@@ -122,6 +123,7 @@ class FeatureCacheWriter:
             for tmp in (meta_tmp, feat_tmp):
                 tmp.unlink(missing_ok=True)
             raise
+        self.verified = None  # the view opened before this shard no longer covers the folder
         entry = {"stem": stem, "n_prompts": int(n_prompts), "n_sequences": len(seqs), "n_tokens": int(len(tokens))}
         for suffix in (".npz", ".features.npy"):
             p = self.root / f"{stem}{suffix}"

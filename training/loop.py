@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from spekula.core.errors import ConfigError
+
 from .batches import BatchSource
 from .checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from .feature_cache import FeatureCache
@@ -127,6 +129,11 @@ def train(cfg: RunConfig, facts: TargetFacts, cache: FeatureCache, cache_layers:
     dev = torch.device(device)
     run_dir.mkdir(parents=True, exist_ok=True)
     state: dict[str, Any] | None = load_checkpoint(run_dir) if resume and has_checkpoint(run_dir) else None
+    if state is not None and state["config"] != cfg.to_dict():
+        saved, asked = state["config"], cfg.to_dict()
+        diff = sorted(k for k in set(saved) | set(asked) if saved.get(k) != asked.get(k))
+        raise ConfigError(f"--resume: {run_dir} was trained with other settings ({', '.join(diff)}); "
+                          f"repeat the original command line with --resume")
     head = build_head(cfg, facts, cache, dev)
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=cfg.weight_decay)

@@ -11,7 +11,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,9 @@ from spekula.backends.convert_output import atomic_output
 from spekula.backends.torch import resolve_device
 from spekula.core.backend import BackendOptions
 from spekula.core.errors import ConfigError
-from spekula.frontends.default_model import cache_dir
 
-from .checkpoint import has_checkpoint, load_checkpoint
-from .distill import DistillOptions, DistillProgress, default_cache_dir, distill, recipe_for
+from .checkpoint import has_checkpoint
+from .distill import DistillOptions, DistillProgress, distill
 from .export import export_gguf, write_hf_checkpoint
 from .feature_cache import FeatureCache
 from .head_api import TargetFacts, read_target_facts
@@ -89,9 +88,7 @@ class TrainOutcome:
 class PreparedData:
     facts: TargetFacts
     layers: tuple[int, ...]
-    cache: FeatureCache
-    recipe: dict[str, Any]
-    root: Path
+    cache: FeatureCache  # its root and recipe say where the data are and what made them
     seconds: float
 
 
@@ -105,12 +102,10 @@ def prepare_data(req: TrainRequest, on_distill: Callable[[DistillProgress], None
     layers = tuple(req.head.get("layers") or default_layers(req.kind, facts.n_layer))
     prompts = list(iter_prompt_files(list(req.prompt_files))) if req.prompt_files else \
         builtin_prompts(req.n_prompts, seed=0)
-    recipe = recipe_for(req.target, prompts, layers, req.distill)
-    root = req.cache_dir or default_cache_dir(cache_dir() / "train", recipe)
     t0 = time.perf_counter()
-    dopts = req.distill if req.threads <= 0 else DistillOptions(**{**asdict(req.distill), "threads": req.threads})
-    cache = distill(req.target, prompts, layers, root, req.tokens, dopts, on_distill)
-    return PreparedData(facts, layers, cache, recipe, root, time.perf_counter() - t0)
+    dopts = req.distill if req.threads <= 0 else replace(req.distill, threads=req.threads)
+    cache = distill(req.target, prompts, layers, req.cache_dir, req.tokens, dopts, on_distill)
+    return PreparedData(facts, layers, cache, time.perf_counter() - t0)
 
 
 def run_training(req: TrainRequest, *, on_distill: Callable[[DistillProgress], None] | None = None,
@@ -132,27 +127,20 @@ def run_training(req: TrainRequest, *, on_distill: Callable[[DistillProgress], N
     if req.threads > 0:
         torch.set_num_threads(req.threads)
     data = prepare_data(req, on_distill)
-    facts, layers, cache, recipe, root, distill_s = (data.facts, data.layers, data.cache, data.recipe, data.root,
-                                                     data.seconds)
+    facts, layers, cache = data.facts, data.layers, data.cache
     head_opts = {**req.head, "layers": list(layers)}
 
     cfg = RunConfig(kind=req.kind, steps=req.steps, seed=req.seed, lr=req.lr, batch_seqs=req.batch_seqs,
                     seq_len=req.seq_len, n_eval=req.n_eval, head=head_opts)
-    if req.resume:
-        saved = load_checkpoint(out)["config"]
-        if saved != cfg.to_dict():
-            diff = sorted(k for k in set(saved) | set(cfg.to_dict()) if saved.get(k) != cfg.to_dict().get(k))
-            raise ConfigError(f"--resume: {out} was trained with other settings ({', '.join(diff)}); "
-                              f"repeat the original command line with --resume")
     result = train(cfg, facts, cache, list(layers), out, resume=req.resume, device=req.device,
                    checkpoint_every_s=req.checkpoint_every_s, progress=on_step)
     summary: dict[str, Any] = {
         "command": req.command, "kind": req.kind, "target": os.path.basename(req.target), "target_digest":
-        recipe["target"], "seed": req.seed, "steps": req.steps, "steps_done": result.steps_done,
+        cache.recipe["target"], "seed": req.seed, "steps": req.steps, "steps_done": result.steps_done,
         "threads": torch.get_num_threads(), "device": req.device, "config": cfg.to_dict(),
-        "data": {"recipe": recipe, "cache": str(root), "sequences": len(cache), "tokens": cache.n_tokens,
+        "data": {"recipe": cache.recipe, "cache": str(cache.root), "sequences": len(cache), "tokens": cache.n_tokens,
                  "prompts": "files" if req.prompt_files else f"built-in ({req.n_prompts})"},
-        "distill_seconds": round(distill_s, 1), "train_seconds": round(result.train_seconds, 1),
+        "distill_seconds": round(data.seconds, 1), "train_seconds": round(result.train_seconds, 1),
         "eval": result.eval,
     }
     if result.interrupted:
