@@ -6,12 +6,14 @@ whole batch, the engine keeps the draft tokens whose expected value pays for the
 
     expected emitted tokens  E = sum over slots of (1 + P_s(1) + ... + P_s(k_s))
     round time               T = forward(rows) + drafting + engine overhead
-    maximise E / T over k_s in 0..len(draft_s)
+    maximise E - rate * T over k_s in 0..len(draft_s)
 
-P_s(i) is the probability that the first i draft tokens of slot s are all accepted, from decayed
-per-position acceptance estimates of the drafter (per slot, leaning on the drafter's global
-estimates until the slot has its own); forward(rows) comes from timings of the target at start-up,
-refined by every forward. Shortening or dropping a draft never changes the output: verification of
+where rate is what the engine has been emitting per second lately (at least what plain decoding
+would): a kept token must bring more than the engine makes elsewhere in the time of its row.
+
+P_s(i) is the probability that the first i draft tokens of slot s are all accepted, from the
+drafter's acceptance estimates (core/acceptance.py); forward(rows) comes from timings of the target
+at start-up, refined by every forward. Shortening or dropping a draft never changes the output: verification of
 any draft prefix emits exactly what plain decoding would. No torch here: the scheduler imports this.
 """
 
@@ -19,28 +21,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-# Acceptance estimates: an observation weighs DECAY^age, a slot's own counts start with
-# PRIOR_WEIGHT pseudo-observations of the drafter's global estimate, and a drafter nobody has seen
-# yet starts optimistic enough to be tried.
-DECAY = 0.9
-PRIOR_WEIGHT = 1.5
-FIRST_PRIOR = 0.5
-LATER_PRIOR = 0.92
+from .acceptance import AcceptanceModel
+
 # A slot whose drafts were all dropped this many rounds in a row verifies one token anyway, so an
 # estimate that turned pessimistic can recover when the text becomes predictable.
 PROBE_AFTER = 8
 PROBE_MAX = 32
-# A cheap draftless drafter that keeps finding nothing for a slot is asked less often: after
-# MISS_STREAK empty calls in a row every 2nd round, after twice as many every MISS_GAP_MAX-th. Its
-# first draft then comes at most MISS_GAP_MAX - 1 rounds late, while open-ended text, where it
-# finds nothing for hundreds of rounds, stops paying for the calls.
-MISS_STREAK = 4
+# A cheap draftless drafter that keeps finding nothing of use for a slot (no draft, or one cut to
+# nothing) is asked less often: after MISS_STREAK such calls in a row every 2nd round, after twice
+# as many every MISS_GAP_MAX-th. Its first draft then comes at most MISS_GAP_MAX - 1 rounds late,
+# while open-ended text, where it finds nothing for hundreds of rounds, stops paying for the calls.
+# The streak is long enough to cover the dozen or so rounds an n-gram drafter needs to find its
+# place again after an edit in copied text, where a late restart loses the tokens it would copy.
+MISS_STREAK = 16
 MISS_GAP_MAX = 4
 _ROW_POINTS = (1, 2, 4, 8, 16, 32, 64)
 MIN_GAIN = 1e-3  # a draft token less likely than this to be accepted is never worth its row
 _COST_EMA = 0.2
+# The engine's recent rate (tokens per second) weighs a round RATE_DECAY^age: about the last 20 rounds.
+RATE_DECAY = 0.95
 _COST_EMA_ALL = 0.05
 
 
@@ -123,77 +124,6 @@ class CostModel:
 
 
 @dataclass(slots=True)
-class _Counts:
-    """Decayed successes / observations per draft position (conditional on the earlier ones)."""
-
-    hit: list[float] = field(default_factory=list)
-    seen: list[float] = field(default_factory=list)
-
-    def observe(self, k: int, n_accepted: int) -> None:
-        """A verified draft of k tokens of which the first n_accepted were accepted."""
-        n_obs = min(k, n_accepted + 1)  # positions past the first rejection were not tested
-        while len(self.seen) < n_obs:
-            self.hit.append(0.0)
-            self.seen.append(0.0)
-        for i in range(len(self.seen)):
-            self.hit[i] *= DECAY
-            self.seen[i] *= DECAY
-        for i in range(n_obs):
-            self.seen[i] += 1.0
-            if i < n_accepted:
-                self.hit[i] += 1.0
-
-    def rate(self, i: int, prior: float, weight: float) -> float:
-        """Position i's rate; a position never tested takes the last tested one's (a drafter that has
-        been right up to where its drafts were cut is likely right a little further)."""
-        if not self.seen:
-            return prior
-        i = min(i, len(self.seen) - 1)
-        return (self.hit[i] + weight * prior) / (self.seen[i] + weight)
-
-
-class AcceptanceModel:
-    """Per-position conditional acceptance, per drafter (global) and per (drafter, slot)."""
-
-    def __init__(self) -> None:
-        self._global: dict[str, _Counts] = {}
-        self._slot: dict[tuple[str, int], _Counts] = {}
-
-    def observe(self, drafter: str, slot: int, k: int, n_accepted: int) -> None:
-        if k <= 0:
-            return
-        self._global.setdefault(drafter, _Counts()).observe(k, n_accepted)
-        self._slot.setdefault((drafter, slot), _Counts()).observe(k, n_accepted)
-
-    def forget_slot(self, slot: int) -> None:
-        """A new request on the slot starts from the drafters' global estimates."""
-        for key in [key for key in self._slot if key[1] == slot]:
-            del self._slot[key]
-
-    def conditional(self, drafter: str, slot: int, i: int) -> float:
-        return _rate(self._global.get(drafter), self._slot.get((drafter, slot)), i)
-
-    def cumulative(self, drafter: str, slot: int, n: int) -> list[float]:
-        """[P(first 1 accepted), ..., P(first n accepted)]."""
-        g, own = self._global.get(drafter), self._slot.get((drafter, slot))
-        out, p = [], 1.0
-        for i in range(n):
-            p *= _rate(g, own, i)
-            out.append(p)
-            if p < 1e-4:  # the rest is worth nothing: pad instead of computing
-                out.extend([0.0] * (n - i - 1))
-                break
-        return out
-
-
-def _rate(glob: _Counts | None, own: _Counts | None, i: int) -> float:
-    """Position i's conditional acceptance: the slot's counts over the drafter's global ones over the prior."""
-    prior = FIRST_PRIOR if i == 0 else LATER_PRIOR
-    rate = glob.rate(i, prior, PRIOR_WEIGHT) if glob is not None else prior
-    return own.rate(i, rate, PRIOR_WEIGHT) if own is not None else rate
-
-
-@dataclass(slots=True)
 class Offer:
     """One slot's draft as offered to the planner."""
 
@@ -216,13 +146,21 @@ class Plan:
     plain_time: float  # the same round without any of the offered tokens
 
 
-def choose_lengths(offers: Sequence[Offer], round_time: Callable[[int], float], base_tokens: float | None = None) -> Plan:
-    """The draft prefixes that maximise expected emitted tokens per second for the whole forward.
+def choose_lengths(offers: Sequence[Offer], round_time: Callable[[int], float], base_tokens: float | None = None,
+                   rate: float | None = None) -> Plan:
+    """The draft prefixes that pay best for the whole forward.
 
     `round_time(n)` is the round's time with n offered tokens added to its rows. A kept token's
     worth is the probability that it and all before it are accepted, which never increases along
     a draft; so, taking the best remaining token over all slots one at a time, the best prefix of
     that order is the optimum whenever the cost of a row does not fall as rows are added.
+
+    With `rate` (the engine's emitted tokens per second over recent rounds) a prefix is judged by
+    expected tokens minus rate x time: a token is worth its row when it brings more than the engine
+    makes elsewhere in that row's time. Without it, by expected tokens per second of this round
+    alone, which is the same choice when every round is like this one; the long-run form is the
+    right one when they are not (drafting rounds among plain ones, where cutting a draft short
+    pays a whole round's fixed cost again to verify the rest next round).
     `base_tokens`: what the round emits without any offered token (default: one per offer)."""
     lengths = {o.slot: 0 for o in offers}
     expected = float(len(offers)) if base_tokens is None else float(base_tokens)
@@ -233,9 +171,14 @@ def choose_lengths(offers: Sequence[Offer], round_time: Callable[[int], float], 
             expected += o.gains[0]
             extra += 1
             spent += o.token_cost
+
+    def score(e: float, t: float) -> float:
+        return e / max(t, 1e-12) if rate is None else e - rate * t
+
     plain = round_time(0)
-    best_ratio = expected / max(round_time(extra) + spent, 1e-12)
-    best, best_expected, best_time = dict(lengths), expected, round_time(extra) + spent
+    t = round_time(extra) + spent
+    best_score = score(expected, t)
+    best, best_expected, best_time = dict(lengths), expected, t
     if len(offers) == 1:  # one draft: its gains are already in order
         o = offers[0]
         order = [(g, i, o) for i, g in enumerate(o.gains) if i >= lengths[o.slot]]
@@ -251,9 +194,9 @@ def choose_lengths(offers: Sequence[Offer], round_time: Callable[[int], float], 
         extra += 1
         spent += o.token_cost
         t = round_time(extra) + spent
-        ratio = expected / max(t, 1e-12)
-        if ratio > best_ratio:
-            best_ratio, best, best_expected, best_time = ratio, dict(taken), expected, t
+        value = score(expected, t)
+        if value > best_score:
+            best_score, best, best_expected, best_time = value, dict(taken), expected, t
     return Plan(best, best_expected, best_time, plain)
 
 
@@ -275,6 +218,8 @@ class AdaptiveController:
         self._interval: dict[int, int] = {}  # slot -> rounds between probes
         self._misses: dict[tuple[str, int], int] = {}  # (drafter, slot) -> empty calls in a row
         self._wait: dict[tuple[str, int], int] = {}  # (drafter, slot) -> rounds before the next call
+        self._rate_tokens = 0.0  # decayed emitted tokens and seconds of recent generating rounds
+        self._rate_seconds = 0.0
 
     def begin_request(self, slot: int) -> None:
         self.acceptance.forget_slot(slot)
@@ -288,8 +233,9 @@ class AdaptiveController:
     def probing(self, slot: int) -> bool:
         return self._quiet.get(slot, 0) >= self._interval.get(slot, PROBE_AFTER)
 
-    def offer(self, slot: int, drafter: str, length: int, token_cost: float = 0.0) -> Offer:
-        return Offer(slot, drafter, self.acceptance.cumulative(drafter, slot, length), self.probing(slot), token_cost)
+    def offer(self, slot: int, drafter: str, length: int, token_cost: float = 0.0, start: int = 0) -> Offer:
+        return Offer(slot, drafter, self.acceptance.cumulative(drafter, slot, length, start), self.probing(slot),
+                     token_cost)
 
     def ask_length(self, slot: int, drafter: str, n_max: int, round_time: Callable[[int], float], *,
                    base_tokens: float, call_cost: float, token_cost: float) -> int:
@@ -299,25 +245,56 @@ class AdaptiveController:
         if n_max <= 0:
             return 0
         offer = self.offer(slot, drafter, n_max, token_cost)
-        plan = choose_lengths([offer], round_time, base_tokens)
+        rate = self.rate(base_tokens, round_time(0))
+        plan = choose_lengths([offer], round_time, base_tokens, rate)
         kept = plan.lengths[slot]
         if offer.probe:
             return max(kept, 1)
         if kept == 0:
             return 0
         hit = self.hit_rate(drafter, slot)
-        expected = base_tokens + hit * (plan.expected_tokens - base_tokens)
-        seconds = plan.plain_time + call_cost + hit * (plan.predicted_time - plan.plain_time)
-        return kept if expected / seconds > base_tokens / plan.plain_time else 0
+        gain = hit * (plan.expected_tokens - base_tokens)
+        seconds = call_cost + hit * (plan.predicted_time - plan.plain_time)
+        return kept if gain > rate * seconds else 0
+
+    def rate(self, base_tokens: float, plain_time: float) -> float:
+        """The rate a draft token must beat: emitted tokens per second over the recent generating
+        rounds, but never below what plain decoding of this round would make (always within reach by
+        not drafting: rounds slowed by rejected drafts must not lower the bar for more of them)."""
+        plain = base_tokens / max(plain_time, 1e-12)
+        if self._rate_seconds > 0:
+            return max(self._rate_tokens / self._rate_seconds, plain)
+        return plain
+
+    def observe_round(self, tokens: int, seconds: float) -> None:
+        """A round in which only generating slots ran emitted `tokens` in `seconds` (rounds with prompt
+        chunks are left out: their time buys no tokens yet)."""
+        if seconds > 0 and math.isfinite(seconds):
+            self._rate_tokens = RATE_DECAY * self._rate_tokens + tokens
+            self._rate_seconds = RATE_DECAY * self._rate_seconds + seconds
 
     def hit_rate(self, drafter: str, slot: int) -> float:
         return self.hits.conditional(drafter, slot, 0)
 
     def called(self, drafter: str, slot: int, drafted: bool) -> None:
-        """A call of `drafter` for `slot` returned a draft (or nothing)."""
+        """A call of `drafter` for `slot` returned a draft (or nothing). Whether a draft was of any use
+        is told by `kept`, once the cut has been made."""
         self.hits.observe(drafter, slot, 1, int(drafted))
+        if not drafted:
+            self._missed(drafter, slot)
+
+    def kept(self, drafter: str, slot: int, n: int) -> None:
+        """The cut kept n tokens of `drafter`'s draft for `slot`: a draft cut to nothing counts as a call
+        that found nothing (open-ended text gives some drafters a one-token guess nearly every round,
+        and asking for those costs as much as asking in vain)."""
+        if n > 0:
+            self._misses[(drafter, slot)] = 0
+        else:
+            self._missed(drafter, slot)
+
+    def _missed(self, drafter: str, slot: int) -> None:
         key = (drafter, slot)
-        misses = 0 if drafted else self._misses.get(key, 0) + 1
+        misses = self._misses.get(key, 0) + 1
         self._misses[key] = misses
         if misses >= MISS_STREAK:
             self._wait[key] = (2 if misses < 2 * MISS_STREAK else MISS_GAP_MAX) - 1

@@ -21,15 +21,17 @@ import numpy as np
 from .adaptive import AdaptiveController, Offer, choose_lengths
 from .backend import SeqInput
 from .constraint import trim_draft
+from .draft_tails import DraftTails, Tail
 from .drafter import Draft, Drafter, DraftRequest
 from .registry import order_drafters
 from .slot import Slot, SlotState
 
-# A draftless drafter whose call costs less than this fraction of the round's forward is always
-# asked: a draft found is worth far more than the call, and skipping calls also starves the
-# estimates of the evidence that the text has become predictable. The cut after drafting still
-# sizes what is verified.
-CHEAP_CALL = 0.02
+# A draftless drafter whose call costs less than this fraction of the round's forward is asked
+# without weighing the call first (only a long run of calls that gave nothing of use makes its calls
+# sparser): a draft found is worth far more than the call, weighing costs about as much as a cheap
+# call, and skipping calls also starves the estimates of the evidence that the text has become
+# predictable. The cut after drafting still sizes what is verified.
+CHEAP_CALL = 0.1
 # Whether a draftless drafter is worth asking is judged on its first positions only (the worth of
 # later ones is small, and the decision itself must stay cheap).
 DECIDE_POSITIONS = 16
@@ -90,6 +92,9 @@ class RoundPlanner:
         # Drafter sets seen so far -> (drafter, drafts per token?) in precedence order: sorting and
         # flag lookups would otherwise be paid every round.
         self._orders: dict[tuple[int, ...], list[tuple[Drafter, bool]]] = {}
+        self.tails = DraftTails()
+        # This round's slots whose draft is the kept rest of a cut one -> its first token's draft position.
+        self._continued: dict[int, int] = {}
 
     def plan(self, slots: list[Slot]) -> RoundPlan:
         busy = [s for s in slots if s.busy and not s.finished]
@@ -183,7 +188,10 @@ class RoundPlanner:
         looking = {s.id: (s, n) for s, n in wants}
         chosen: dict[int, tuple[Draft, Drafter]] = {}
         calls: list[DraftCall] = []
-        for drafter, per_token in self._order(wants):
+        self._continued = {}
+        tails = {s.id: t for s, _ in wants if s.plan is not None and s.plan.adaptive and (t := self.tails.take(s))}
+        order = self._order(wants)
+        for drafter, per_token in order:
             mine: list[tuple[Slot, int]] = []
             for s, n in looking.values():
                 if drafter not in s.drafters:
@@ -237,7 +245,33 @@ class RoundPlanner:
                 self.controller.cost.observe_draft(drafter.name, call.seconds, steps, per_token=per_token)
             if not looking:
                 break
+        if tails:
+            self._continue(tails, {s.id: n for s, n in wants}, chosen, calls, decisions, order)
         return chosen, calls
+
+    def _continue(self, tails: dict[int, Tail], budget: dict[int, int], chosen: dict[int, tuple[Draft, Drafter]],
+                  calls: list[DraftCall], decisions: dict[int, Decision], order: list[tuple[Drafter, bool]]) -> None:
+        """Verify the kept rest of last round's cut draft (core/draft_tails.py) instead of what its drafter,
+        or a drafter after it in precedence, drafted this round; a drafter before it still wins."""
+        rank = {id(d): i for i, (d, _) in enumerate(order)}
+        for sid, tail in tails.items():
+            now = chosen.get(sid)
+            if now is not None and rank.get(id(now[1]), 0) < rank.get(id(tail.drafter), 0):
+                continue
+            rest = tail.rest[: budget[sid]]
+            if not rest:
+                continue
+            for call in calls:  # the statistics count what is verified
+                if sid in call.lengths and call.drafter is not tail.drafter:
+                    call.lengths[sid] = 0
+            call = next((c for c in calls if c.drafter is tail.drafter), None)
+            if call is None:
+                call = DraftCall(tail.drafter, {}, 0.0)
+                calls.append(call)
+            call.lengths[sid] = len(rest)
+            chosen[sid] = (Draft(rest), tail.drafter)
+            decisions.pop(sid, None)
+            self._continued[sid] = tail.start
 
     def _grammar_trim(self, s: Slot, drafter: Drafter, d: Draft, call: DraftCall) -> Draft:
         """Drop what the request's grammar forbids before it costs a verification row."""
@@ -268,8 +302,9 @@ class RoundPlanner:
         offers: list[Offer] = []
         for sid in adaptive:
             draft, drafter = chosen[sid]
-            offers.append(self.controller.offer(sid, drafter.name, len(draft.tokens)))
-        result = choose_lengths(offers, round_time, base_tokens=n_gen)
+            offers.append(self.controller.offer(sid, drafter.name, len(draft.tokens), start=self._continued.get(sid, 0)))
+        result = choose_lengths(offers, round_time, base_tokens=n_gen,
+                                rate=self.controller.rate(n_gen, round_time(0)))
         for o in offers:
             draft, drafter = chosen[o.slot]
             kept = result.lengths[o.slot]
@@ -277,6 +312,8 @@ class RoundPlanner:
             for call in plan.calls:  # the statistics count what is verified
                 if call.drafter is drafter and o.slot in call.lengths:
                     call.lengths[o.slot] = kept
+            self.tails.keep(slots[o.slot], drafter, draft.tokens, kept, self._continued.get(o.slot, 0))
+            self.controller.kept(drafter.name, o.slot, kept)
             if kept < o.length:
                 trim = getattr(drafter, "shortened", None)
                 if callable(trim):

@@ -72,6 +72,10 @@ class Scheduler:
         cost = self.controller.cost
         cost.observe_forward(plan.rows, forward_seconds)
         cost.observe_overhead(max(0.0, round_seconds - forward_seconds - plan.drafting_seconds))
+        if not any(w.prompt_chunk for w in plan.work):
+            # In the cost model's own seconds (which follow the measured ones), so that the rate
+            # and the round times it is weighed against are in one unit.
+            self.controller.observe_round(sum(emitted.values()), cost.round_time(plan.rows, plan.drafting_seconds))
         if plan.plain_seconds <= 0:
             return
         predicted = plan.predicted_seconds / plan.plain_seconds

@@ -18,15 +18,13 @@ from toy_backend import (
     run_requests,
 )
 
+from spekula.core.acceptance import FIRST_PRIOR, LATER_PRIOR, AcceptanceModel
 from spekula.core.adaptive import (
-    FIRST_PRIOR,
-    LATER_PRIOR,
     MIN_GAIN,
     MISS_GAP_MAX,
     MISS_STREAK,
     PROBE_AFTER,
     PROBE_MAX,
-    AcceptanceModel,
     AdaptiveController,
     CostModel,
     Offer,
@@ -113,10 +111,11 @@ def test_acceptance_starts_from_the_global_estimate_and_decays() -> None:
     for _ in range(30):
         acc.observe("d", 0, 2, 2)  # slot 0: always fully accepted
     assert acc.conditional("d", 0, 0) > 0.95
-    assert 0.9 < acc.conditional("d", 1, 0) < acc.conditional("d", 0, 0)  # slot 1 leans on the global one
+    # Slot 1 has nothing of its own: it takes the global estimate, which holds slot 0's evidence.
+    assert 0.9 < acc.conditional("d", 1, 0) <= acc.conditional("d", 0, 0)
     for _ in range(30):
         acc.observe("d", 0, 2, 0)  # then always rejected: old evidence fades
-    assert acc.conditional("d", 0, 0) < 0.1
+    assert acc.conditional("d", 0, 0) < 0.15  # about PRIOR_WEIGHT pseudo-observations over ~10 decayed ones
     acc.forget_slot(0)
     assert acc.conditional("d", 0, 0) == acc.conditional("d", 5, 0)
 
@@ -147,7 +146,7 @@ def test_probes_back_off_when_they_fail_and_reset_when_they_succeed() -> None:
 def test_a_drafter_that_keeps_finding_nothing_is_asked_less_often_until_it_drafts() -> None:
     ctl = AdaptiveController(CostModel())
     asked = []
-    for _ in range(40):
+    for _ in range(4 * MISS_STREAK + 4 * MISS_GAP_MAX):  # 16 calls every round, 16 every 2nd, then sparse
         due = ctl.due("d", 0)
         asked.append(due)
         if due:
@@ -158,7 +157,8 @@ def test_a_drafter_that_keeps_finding_nothing_is_asked_less_often_until_it_draft
     assert ctl.due("d", 1)  # another slot is unaffected
     while not ctl.due("d", 0):
         pass
-    ctl.called("d", 0, drafted=True)  # a draft: back to every round
+    ctl.called("d", 0, drafted=True)
+    ctl.kept("d", 0, 2)  # a draft of some use: back to every round
     assert all(ctl.due("d", 0) for _ in range(3))
     ctl.called("d", 0, drafted=False)
     assert ctl.due("d", 0)
