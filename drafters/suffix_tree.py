@@ -39,7 +39,7 @@ def _lib() -> ctypes.CDLL:
     so.st_seq_new.restype = ctypes.c_int32
     so.st_seq_new.argtypes = [ctypes.c_void_p]
     so.st_seq_append.restype = ctypes.c_int
-    so.st_seq_append.argtypes = [ctypes.c_void_p, ctypes.c_int32, _i32p, ctypes.c_int64]
+    so.st_seq_append.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64]
     so.st_seq_remove.restype = None
     so.st_seq_remove.argtypes = [ctypes.c_void_p, ctypes.c_int32]
     so.st_seq_len.restype = ctypes.c_int64
@@ -47,9 +47,11 @@ def _lib() -> ctypes.CDLL:
     so.st_count.restype = ctypes.c_int64
     so.st_count.argtypes = [ctypes.c_void_p, _i32p, ctypes.c_int32]
     so.st_speculate.restype = ctypes.c_int32
-    so.st_speculate.argtypes = [ctypes.c_void_p, _i32p, ctypes.c_int32, ctypes.c_int32, ctypes.c_float,
-                                ctypes.c_float, ctypes.c_int32, ctypes.c_int32, _i32p, _f32p,
-                                ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int32)]
+    # Buffers go in as plain addresses (arr.ctypes.data): building a typed pointer per argument cost
+    # more than the search itself.
+    so.st_speculate.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_float,
+                                ctypes.c_float, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_void_p]
     return so
 
 
@@ -75,6 +77,14 @@ class SuffixTree:
         self._tree = self._lib.st_new(max_depth)
         if not self._tree:
             raise ConfigError(f"cannot create a suffix tree of depth {max_depth} (1..1024, or out of memory)")
+        # speculate()'s output buffers, reused: its tokens, their probabilities, and (score, match length)
+        # as a float32 and an int32 side by side.
+        self._out = np.zeros(2, np.int32)
+        self._buffers(32)
+
+    def _buffers(self, n: int) -> None:
+        self._tokens, self._probs = np.zeros(n, np.int32), np.zeros(n, np.float32)
+        self._addr = (self._tokens.ctypes.data, self._probs.ctypes.data, self._out.ctypes.data)
 
     def close(self) -> None:
         if self._tree:
@@ -96,7 +106,7 @@ class SuffixTree:
 
     def append(self, handle: int, tokens: Sequence[int] | np.ndarray) -> None:
         arr = _i32(tokens)
-        if arr.size and self._lib.st_seq_append(self._tree, handle, arr.ctypes.data_as(_i32p), arr.size) != 0:
+        if arr.size and self._lib.st_seq_append(self._tree, handle, arr.ctypes.data, arr.size) != 0:
             raise MemoryError("suffix tree: out of memory while adding tokens")
 
     def remove(self, handle: int) -> None:
@@ -115,12 +125,13 @@ class SuffixTree:
         if max_spec <= 0 or len(context) == 0:
             return NO_SPECULATION
         ctx = _i32(context[-(self.max_depth - 1) :] if self.max_depth > 1 else context[:0])
-        tokens = np.zeros(max_spec, np.int32)
-        probs = np.zeros(max_spec, np.float32)
-        score, match = ctypes.c_float(0.0), ctypes.c_int32(0)
-        n = int(self._lib.st_speculate(self._tree, ctx.ctypes.data_as(_i32p), ctx.size, max_spec, factor, min_prob,
-                                       min_match, self_count, tokens.ctypes.data_as(_i32p), probs.ctypes.data_as(_f32p),
-                                       ctypes.byref(score), ctypes.byref(match)))
+        if len(self._tokens) < max_spec:
+            self._buffers(max_spec)
+        tokens, probs, out = self._tokens, self._probs, self._out
+        addr = self._addr
+        n = int(self._lib.st_speculate(self._tree, ctx.ctypes.data, ctx.size, max_spec, factor, min_prob, min_match,
+                                       self_count, addr[0], addr[1], addr[2], addr[2] + 4))
         if n <= 0:
             return NO_SPECULATION
-        return Speculation(tokens[:n].tolist(), probs[:n].tolist(), float(score.value), int(match.value))
+        return Speculation(tokens[:n].tolist(), probs[:n].tolist(), float(out[:1].view(np.float32)[0]),
+                           int(out[1]))

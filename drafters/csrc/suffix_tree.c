@@ -324,6 +324,18 @@ int32_t st_speculate(const st_tree *t, const int32_t *ctx, int32_t n_ctx, int32_
     float *probs = malloc((size_t)(max_spec > 0 ? max_spec : 1) * sizeof *probs);
     if (!toks || !probs || max_spec <= 0) goto done;
     int32_t longest = n_ctx < t->max_depth - 1 ? n_ctx : t->max_depth - 1;
+    /* A suffix of the context occurs at most as often as every shorter one (each occurrence of it ends
+     * with an occurrence of the shorter), so the longest one occurring more than self_count times is
+     * found by bisection. Longer ones have no continuation to give, and walking them all cost most
+     * of a call on open-ended text, where the context's own occurrence makes every suffix present. */
+    int32_t lo = 0, hi = longest;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo + 1) / 2;
+        int32_t node = walk(t, ctx + n_ctx - mid, mid);
+        if (node != NONE && t->count[node] > self_count) lo = mid;
+        else hi = mid - 1;
+    }
+    longest = lo;
     for (int32_t m = longest; m >= (min_match > 1 ? min_match : 1); m--) {
         int32_t node = walk(t, ctx + n_ctx - m, m);
         if (node == NONE) continue;
