@@ -34,8 +34,11 @@ PROBE_MAX = 32
 # as many every MISS_GAP_MAX-th. Its first draft then comes at most MISS_GAP_MAX - 1 rounds late,
 # while open-ended text, where it finds nothing for hundreds of rounds, stops paying for the calls.
 # The streak is long enough to cover the dozen or so rounds an n-gram drafter needs to find its
-# place again after an edit in copied text, where a late restart loses the tokens it would copy.
+# place again after an edit in copied text, where a late restart loses the tokens it would copy;
+# a drafter whose call costs more than DEAR_CALL of a one-row forward gets the shorter streak.
 MISS_STREAK = 16
+MISS_STREAK_DEAR = 4
+DEAR_CALL = 0.01
 MISS_GAP_MAX = 4
 _ROW_POINTS = (1, 2, 4, 8, 16, 32, 64)
 MIN_GAIN = 1e-3  # a draft token less likely than this to be accepted is never worth its row
@@ -296,8 +299,9 @@ class AdaptiveController:
         key = (drafter, slot)
         misses = self._misses.get(key, 0) + 1
         self._misses[key] = misses
-        if misses >= MISS_STREAK:
-            self._wait[key] = (2 if misses < 2 * MISS_STREAK else MISS_GAP_MAX) - 1
+        streak = MISS_STREAK if self.cost.drafting(drafter) <= DEAR_CALL * self.cost.forward(1) else MISS_STREAK_DEAR
+        if misses >= streak:
+            self._wait[key] = (2 if misses < 2 * streak else MISS_GAP_MAX) - 1
 
     def due(self, drafter: str, slot: int) -> bool:
         """Whether a cheap draftless drafter is asked for `slot` this round (see MISS_STREAK); a

@@ -192,6 +192,8 @@ class RoundPlanner:
         tails = {s.id: t for s, _ in wants if s.plan is not None and s.plan.adaptive and (t := self.tails.take(s))}
         order = self._order(wants)
         for drafter, per_token in order:
+            if tails:
+                self._continue(drafter, tails, looking, chosen, calls, decisions)
             mine: list[tuple[Slot, int]] = []
             for s, n in looking.values():
                 if drafter not in s.drafters:
@@ -245,32 +247,31 @@ class RoundPlanner:
                 self.controller.cost.observe_draft(drafter.name, call.seconds, steps, per_token=per_token)
             if not looking:
                 break
-        if tails:
-            self._continue(tails, {s.id: n for s, n in wants}, chosen, calls, decisions, order)
         return chosen, calls
 
-    def _continue(self, tails: dict[int, Tail], budget: dict[int, int], chosen: dict[int, tuple[Draft, Drafter]],
-                  calls: list[DraftCall], decisions: dict[int, Decision], order: list[tuple[Drafter, bool]]) -> None:
-        """Verify the kept rest of last round's cut draft (core/draft_tails.py) instead of what its drafter,
-        or a drafter after it in precedence, drafted this round; a drafter before it still wins."""
-        rank = {id(d): i for i, (d, _) in enumerate(order)}
-        for sid, tail in tails.items():
-            now = chosen.get(sid)
-            if now is not None and rank.get(id(now[1]), 0) < rank.get(id(tail.drafter), 0):
-                continue
-            rest = tail.rest[: budget[sid]]
+    def _continue(self, drafter: Drafter, tails: dict[int, Tail], looking: dict[int, tuple[Slot, int]],
+                  chosen: dict[int, tuple[Draft, Drafter]], calls: list[DraftCall],
+                  decisions: dict[int, Decision]) -> None:
+        """Where it is `drafter`'s turn for a slot still looking and the slot kept the rest of its cut
+        draft (core/draft_tails.py), that rest is its draft this round, without a call: drafters before
+        it in precedence were asked and had nothing, and the drafter's own state still follows the
+        draft the rest came from."""
+        call: DraftCall | None = None
+        for sid in [sid for sid, t in tails.items() if t.drafter is drafter and sid in looking]:
+            tail = tails.pop(sid)
+            rest = tail.rest[: looking[sid][1]]
             if not rest:
                 continue
-            for call in calls:  # the statistics count what is verified
-                if sid in call.lengths and call.drafter is not tail.drafter:
-                    call.lengths[sid] = 0
-            call = next((c for c in calls if c.drafter is tail.drafter), None)
             if call is None:
-                call = DraftCall(tail.drafter, {}, 0.0)
+                call = DraftCall(drafter, {}, 0.0)
                 calls.append(call)
             call.lengths[sid] = len(rest)
-            chosen[sid] = (Draft(rest), tail.drafter)
+            trim = getattr(drafter, "shortened", None)
+            if callable(trim):  # what the drafter judges its acceptance against: the tokens verified now
+                trim(sid, len(rest))
+            chosen[sid] = (Draft(rest), drafter)
             decisions.pop(sid, None)
+            del looking[sid]
             self._continued[sid] = tail.start
 
     def _grammar_trim(self, s: Slot, drafter: Drafter, d: Draft, call: DraftCall) -> Draft:
