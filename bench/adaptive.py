@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens per single-stream request")
     p.add_argument("--edit-n-predict", type=int, default=640, help="token cap per editing turn")
     p.add_argument("--edit-reps", type=int, default=2, help="repetitions of the editing workload per configuration")
-    p.add_argument("--reps", type=int, default=5, help="repetitions per single-stream configuration")
+    p.add_argument("--reps", type=int, default=9, help="repetitions per single-stream configuration")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--backend", default="native")
     p.add_argument("--parts", default="single,sweep,editing,server")
