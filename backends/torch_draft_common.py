@@ -210,6 +210,13 @@ class TorchDraftBase:
         self.freq_scale = 1.0 / scale if f.get(f"{arch}.rope.scaling.type") == "linear" and scale > 0 else 1.0
         self.eps = float(f.require(f"{arch}.attention.layer_norm_rms_epsilon"))
 
+    def share_cpu(self) -> None:
+        """Run on one intra-op thread when another runtime's kernels (the native target's) use the cores:
+        torch's idle worker threads spin-wait and would take time from them. torch's thread count is
+        per process; with a torch target the target's own setting stands (this is not called)."""
+        if self.device.type == "cpu":
+            torch.set_num_threads(1)
+
     # --- sequences -------------------------------------------------------------------------------
     @property
     def n_ctx(self) -> int:

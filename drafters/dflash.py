@@ -17,11 +17,17 @@ from typing import ClassVar
 import numpy as np
 
 from spekula.core.backend import SeqInput, SeqOutput
-from spekula.core.draft_models import DFlashBlock, DFlashOut, DFlashRuntime, choose, load_draft_runtime
+from spekula.core.draft_models import DFlashBlock, DFlashOut, DFlashRuntime, choose
 from spekula.core.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
 
-from .hidden_drafter import HiddenSlot, HiddenStateDrafter, model_draft_options, require_draft_path
+from .hidden_drafter import (
+    HiddenSlot,
+    HiddenStateDrafter,
+    load_head_runtime,
+    model_draft_options,
+    require_draft_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +54,7 @@ class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, HiddenSlot]):
     @classmethod
     def create(cls, ctx: DrafterContext) -> DFlashDrafter:
         path = require_draft_path(ctx, cls.name)
-        runtime = load_draft_runtime("torch", path, ctx.target.info, model_draft_options(ctx, extra_ctx=64))
+        runtime = load_head_runtime(ctx, path, model_draft_options(ctx, extra_ctx=64))
         if not isinstance(runtime, DFlashRuntime) or runtime.info.kind != cls.kind:
             raise ConfigError(f"{path} is a {runtime.info.kind} model, not {cls.kind}; "
                               f"use --spec-type draft-{runtime.info.kind}")

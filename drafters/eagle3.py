@@ -5,18 +5,24 @@ the fc projection of the target's three captured layer inputs at P. So after eac
 last row is *pending* (its next token is not known yet): its g is kept, and the draft starts from
 ``(x, g_pending)`` at the pending position. Later steps feed the layer's own pre-norm output back as g.
 On verification, ``accept`` rebases the pending row onto the last accepted row (whoever drafted).
+
+The draft KV is brought up to date lazily: each target forward's rows (their tokens and captured
+features) are queued, and the queue is encoded and decoded in one batch when the drafter is next
+asked for a draft. A round in which the cost model does not ask the drafter then costs it nothing;
+updating the draft layer after every target forward (torch, one row at a time) took about as long
+as SmolLM2's own forward.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
 from spekula.core.backend import SeqInput, SeqOutput
-from spekula.core.draft_models import Eagle3Rows, Eagle3Runtime, load_draft_runtime
+from spekula.core.draft_models import Eagle3Rows, Eagle3Runtime
 from spekula.core.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
 
@@ -25,6 +31,7 @@ from .hidden_drafter import (
     HiddenSlot,
     HiddenStateDrafter,
     finish_drafts,
+    load_head_runtime,
     model_draft_options,
     require_draft_path,
 )
@@ -32,10 +39,15 @@ from .hidden_drafter import (
 
 @dataclass(slots=True)
 class _Slot(HiddenSlot):
-    pending_g: np.ndarray | None = None  # [H] g of the last target row whose successor is unknown
+    pending_feat: np.ndarray | None = None  # [3H] features of the last target row whose successor is unknown
     pending_pos: int = -1
-    verify_g: np.ndarray | None = None  # [n, H] every row of the last target forward
+    verify_feat: np.ndarray | None = None  # [n, 3H] every row of the last target forward
     verify_pos: int = 0
+    # Rows not yet decoded into the draft KV, contiguous from the runtime's length: entry k pairs
+    # queue_tokens[k] with the features queue_feats[k] at position len + k.
+    queue_tokens: list[np.ndarray] = field(default_factory=list)
+    queue_feats: list[np.ndarray] = field(default_factory=list)
+    queued: int = 0
 
 
 class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
@@ -45,7 +57,7 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
     def create(cls, ctx: DrafterContext) -> Eagle3Drafter:
         path = require_draft_path(ctx, cls.name)
         # Draft runtimes exist for torch only; an onnx target still hands over numpy hidden states.
-        runtime = load_draft_runtime("torch", path, ctx.target.info, model_draft_options(ctx))
+        runtime = load_head_runtime(ctx, path, model_draft_options(ctx))
         if not isinstance(runtime, Eagle3Runtime):
             raise ConfigError(f"{path} is a {runtime.info.kind} model, not EAGLE-3; use --spec-type draft-{runtime.info.kind}")
         return cls(runtime)
@@ -60,48 +72,97 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
             return
         st = self._slots.get(slot)
         if inp.start == 0:  # a new sequence in this slot
-            self.runtime.truncate(st.seq, 0)
-            st.pending_g = None
-        g = self.runtime.encode(self.features(out))
+            self._cut(st, 0)
+            st.pending_feat = None
+        feats = self.features(out)
         tokens = np.asarray(inp.tokens, dtype=np.int32)
-        have = self.runtime.seq_len(st.seq)
-        if st.pending_g is not None and st.pending_pos == inp.start - 1 and have <= st.pending_pos:
+        have = self._length(st)
+        if st.pending_feat is not None and st.pending_pos == inp.start - 1 and have <= st.pending_pos:
             # Bridge: the previous forward's last row pairs with this forward's first token.
-            rows = Eagle3Rows(st.seq, tokens, np.concatenate([st.pending_g[None], g[:-1]]), st.pending_pos, False)
+            self._queue(st, tokens, np.concatenate([st.pending_feat[None], feats[:-1]]), st.pending_pos)
         else:
-            rows = Eagle3Rows(st.seq, tokens[1:], g[:-1], inp.start, False)
-        if len(rows.tokens) and self.runtime.seq_len(st.seq) >= rows.start:
-            self.runtime.decode([rows])
-        st.pending_g, st.pending_pos = g[-1], inp.start + n - 1
-        st.verify_g, st.verify_pos = g, inp.start
+            self._queue(st, tokens[1:], feats[:-1], inp.start)
+        st.pending_feat, st.pending_pos = feats[-1], inp.start + n - 1
+        st.verify_feat, st.verify_pos = feats, inp.start
 
     def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
         st = self._slots.peek(slot)
-        if st is None or st.verify_g is None:
+        if st is None or st.verify_feat is None:
             return
-        i = min(int(n_accepted), len(st.verify_g) - 1)
-        st.pending_g, st.pending_pos = st.verify_g[i], st.verify_pos + i
+        i = min(int(n_accepted), len(st.verify_feat) - 1)
+        st.pending_feat, st.pending_pos = st.verify_feat[i], st.verify_pos + i
         # Entries from the pending position on pair rejected tokens: drop them.
-        self.runtime.truncate(st.seq, st.pending_pos)
+        self._cut(st, st.pending_pos)
+
+    # --- the lazy draft KV -----------------------------------------------------------------------
+    def _length(self, st: _Slot) -> int:
+        """The draft KV's length once the queue is decoded."""
+        return self.runtime.seq_len(st.seq) + st.queued
+
+    def _cut(self, st: _Slot, n_keep: int) -> None:
+        """Keep positions [0, n_keep) of the draft KV and the queue together."""
+        base = self.runtime.seq_len(st.seq)
+        if n_keep <= base:
+            self.runtime.truncate(st.seq, n_keep)
+            st.queue_tokens, st.queue_feats, st.queued = [], [], 0
+            return
+        drop = base + st.queued - n_keep
+        while drop > 0:
+            last = len(st.queue_tokens[-1])
+            if last <= drop:
+                st.queue_tokens.pop()
+                st.queue_feats.pop()
+                st.queued -= last
+                drop -= last
+            else:
+                st.queue_tokens[-1], st.queue_feats[-1] = st.queue_tokens[-1][:-drop], st.queue_feats[-1][:-drop]
+                st.queued -= drop
+                drop = 0
+
+    def _queue(self, st: _Slot, tokens: np.ndarray, feats: np.ndarray, start: int) -> None:
+        """Rows for positions start.. (a write there drops what came after it, as in the KV store); a
+        start past the end would leave a gap: those rows are not kept (no draft until re-synced)."""
+        if not len(tokens) or self._length(st) < start:
+            return
+        self._cut(st, start)
+        st.queue_tokens.append(tokens)
+        st.queue_feats.append(feats)
+        st.queued += len(tokens)
+
+    def _flush(self, slots: Sequence[_Slot]) -> list[np.ndarray]:
+        """Decode every slot's queue in one batch; returns each slot's encoded pending row g."""
+        feats = [f for st in slots for f in st.queue_feats] + [st.pending_feat[None] for st in slots]  # type: ignore[index]
+        g = self.runtime.encode(np.concatenate(feats))
+        rows, off = [], 0
+        for st in slots:
+            if st.queued:
+                start = self.runtime.seq_len(st.seq)
+                rows.append(Eagle3Rows(st.seq, np.concatenate(st.queue_tokens), g[off:off + st.queued], start, False))
+                off += st.queued
+            st.queue_tokens, st.queue_feats, st.queued = [], [], 0
+        if rows:
+            self.runtime.decode(rows)
+        return [g[off + i] for i in range(len(slots))]
 
     # --- drafting --------------------------------------------------------------------------------
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         runs: list[DraftRun] = []
-        first: list[Eagle3Rows] = []
         for i, r in enumerate(requests):
             # step j writes at len(history) - 1 + j: stay inside the draft context
             cap = min(int(r.spec.n_max), int(r.n_max), self.runtime.n_ctx - len(r.history) + 1)
             st = self._slots.peek(r.slot)
-            if cap <= 0 or st is None or st.pending_g is None:
+            if cap <= 0 or st is None or st.pending_feat is None:
                 continue
             pos = len(r.history) - 1  # the row whose successor is x; step j decodes at pos + j
-            if st.pending_pos != pos or self.runtime.seq_len(st.seq) < pos:
+            if st.pending_pos != pos or self._length(st) < pos:
                 continue  # features for the committed history are incomplete: no draft this round
-            self.runtime.truncate(st.seq, pos)
+            self._cut(st, pos)
             prob = self.probabilistic(st, r)
             runs.append(DraftRun(i, st, int(r.last), pos, cap, float(r.spec.p_min), float(r.temperature), prob))
-            first.append(Eagle3Rows(st.seq, np.array([r.last], dtype=np.int32), st.pending_g[None], pos))
-        active, rows = runs, first
+        pending = self._flush([run.slot for run in runs]) if runs else []  # type: ignore[misc]
+        rows = [Eagle3Rows(run.slot.seq, np.array([requests[run.index].last], dtype=np.int32), g[None], run.start)
+                for run, g in zip(runs, pending, strict=True)]
+        active = runs
         while active:
             outs = self.runtime.decode(rows)
             nxt: list[DraftRun] = []

@@ -79,19 +79,51 @@ def test_pairing_bridge_and_rebase(models: dict[str, Path]) -> None:
         d.begin(slot, np.array(prompt))
     st0, st1 = d._slots.get(0), d._slots.get(1)
     assert st0.pending_pos == st1.pending_pos == len(prompt) - 1
-    assert d.runtime.seq_len(st0.seq) == d.runtime.seq_len(st1.seq) == len(prompt) - 1
-    np.testing.assert_allclose(st0.pending_g, st1.pending_g, atol=1e-5)
+    assert d._length(st0) == d._length(st1) == len(prompt) - 1
+    assert d.runtime.seq_len(st0.seq) == 0  # queued, not decoded: nothing asked for a draft yet
+    np.testing.assert_allclose(st0.pending_feat, st1.pending_feat, atol=1e-5)
     reqs = [DraftRequest(s, np.array(prompt), 42, 8, SPEC, 0.0, 0) for s in (0, 1)]
     a, b = d.draft(reqs)
     assert a.tokens == b.tokens and len(a.tokens) == SPEC.n_max
-    assert d.runtime.seq_len(st0.seq) == len(prompt) - 1  # drafted entries dropped again
+    assert d.runtime.seq_len(st0.seq) == len(prompt) - 1  # the queue decoded, drafted entries dropped again
     # Verification batch [x, d1, d2, d3, d4] at len(prompt); accept 2 -> pending row = index 2.
     _observe(d, target, 0, s0, [42, *a.tokens], len(prompt))
-    g_rows = st0.verify_g
+    rows = st0.verify_feat
     d.accept(0, 2, True)
     assert st0.pending_pos == len(prompt) + 2
-    np.testing.assert_array_equal(st0.pending_g, g_rows[2])
-    assert d.runtime.seq_len(st0.seq) == len(prompt) + 2
+    np.testing.assert_array_equal(st0.pending_feat, rows[2])
+    assert d._length(st0) == len(prompt) + 2
+
+
+def test_the_lazy_draft_kv_drafts_what_an_update_after_every_forward_drafts(models: dict[str, Path]) -> None:
+    """Rounds in which the drafter is not asked only queue rows; the drafts once it is asked are the
+    same as with the draft KV brought up to date after every target forward."""
+    target = target_backend(models["target"])
+    lazy = Eagle3Drafter.create(drafter_context(target, models["draft"], SPEC))
+    eager = Eagle3Drafter.create(drafter_context(target, models["draft"], SPEC))
+    history = [5, 17, 200, 33, 99, 120, 7, 8]
+    seqs = {id(d): target.new_seq() for d in (lazy, eager)}
+    for d in (lazy, eager):
+        _observe(d, target, 0, seqs[id(d)], history, 0)
+        d.begin(0, np.array(history))
+    rng = np.random.default_rng(3)
+    drafts: dict[int, list[list[int]]] = {id(lazy): [], id(eager): []}
+    x = 42
+    for rnd in range(6):
+        guess = [int(t) for t in rng.integers(0, tiny_hf.VOCAB, 3)]
+        n_acc = int(rng.integers(0, 4))
+        for d in (lazy, eager):
+            st = d._slots.get(0)
+            if rnd % 3 == 2:  # asked for a draft every third round
+                drafts[id(d)].append(d.draft([DraftRequest(0, np.array(history), x, 8, SPEC, 0.0, 0)])[0].tokens)
+            _observe(d, target, 0, seqs[id(d)], [x, *guess], len(history))
+            d.accept(0, n_acc, False)
+            if d is eager:
+                d._flush([st])
+                assert st.queued == 0 and d.runtime.seq_len(st.seq) == st.pending_pos
+        history = [*history, x, *guess[:n_acc]]
+        x = int(rng.integers(0, tiny_hf.VOCAB))
+    assert drafts[id(lazy)] == drafts[id(eager)] and all(drafts[id(lazy)])
 
 
 def test_caps_p_min_n_min(models: dict[str, Path]) -> None:
@@ -165,10 +197,11 @@ def _step0_logits(d: Eagle3Drafter, r: DraftRequest) -> np.ndarray | None:
     from spekula.core.draft_models import Eagle3Rows
 
     st, pos = d._slots.get(r.slot), len(r.history) - 1
-    if st is None or st.pending_g is None or st.pending_pos != pos:
+    if st is None or st.pending_feat is None or st.pending_pos != pos or d._length(st) < pos:
         return None
-    d.runtime.truncate(st.seq, pos)
-    out = d.runtime.decode([Eagle3Rows(st.seq, np.array([r.last], np.int32), st.pending_g[None], pos)])[0]
+    d._cut(st, pos)
+    [g] = d._flush([st])  # brings the draft KV up to date, as draft() is about to
+    out = d.runtime.decode([Eagle3Rows(st.seq, np.array([r.last], np.int32), g[None], pos)])[0]
     d.runtime.truncate(st.seq, pos)
     assert out.logits is not None
     return out.logits[-1]
