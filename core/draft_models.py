@@ -99,6 +99,10 @@ class DraftRuntime(ABC):
     def truncate(self, seq_id: int, n_keep: int) -> None:
         """Keep positions [0, n_keep)."""
 
+    def share_cpu(self) -> None:  # noqa: B027 - optional hook
+        """Another runtime's kernels (the native target's) use this process's cores: keep out of their
+        way. Nothing to do unless the runtime has worker threads of its own."""
+
 
 class Eagle3Runtime(DraftRuntime):
     @abstractmethod

@@ -52,6 +52,3 @@ class DraftTails:
         if tail is None or tail.request_id != s.request_id or tail.position != s.n_hist or tail.tokens[0] != s.last:
             return None
         return tail
-
-    def drop(self, s: Slot) -> None:
-        self._tails.pop(s.id, None)

@@ -97,6 +97,7 @@ class RoundPlanner:
         self._continued: dict[int, int] = {}
 
     def plan(self, slots: list[Slot]) -> RoundPlan:
+        self._continued = {}
         busy = [s for s in slots if s.busy and not s.finished]
         if busy:
             self._rotate = (self._rotate + 1) % len(busy)
@@ -188,7 +189,6 @@ class RoundPlanner:
         looking = {s.id: (s, n) for s, n in wants}
         chosen: dict[int, tuple[Draft, Drafter]] = {}
         calls: list[DraftCall] = []
-        self._continued = {}
         tails = {s.id: t for s, _ in wants if s.plan is not None and s.plan.adaptive and (t := self.tails.take(s))}
         order = self._order(wants)
         for drafter, per_token in order:
@@ -266,9 +266,7 @@ class RoundPlanner:
                 call = DraftCall(drafter, {}, 0.0)
                 calls.append(call)
             call.lengths[sid] = len(rest)
-            trim = getattr(drafter, "shortened", None)
-            if callable(trim):  # what the drafter judges its acceptance against: the tokens verified now
-                trim(sid, len(rest))
+            _shortened(drafter, sid, len(rest))  # what it judges its acceptance against: the tokens verified now
             chosen[sid] = (Draft(rest), drafter)
             decisions.pop(sid, None)
             del looking[sid]
@@ -316,9 +314,7 @@ class RoundPlanner:
             self.tails.keep(slots[o.slot], drafter, draft.tokens, kept, self._continued.get(o.slot, 0))
             self.controller.kept(drafter.name, o.slot, kept)
             if kept < o.length:
-                trim = getattr(drafter, "shortened", None)
-                if callable(trim):
-                    trim(o.slot, kept)
+                _shortened(drafter, o.slot, kept)
                 if kept == 0:
                     del chosen[o.slot]
                 else:
@@ -341,3 +337,11 @@ class RoundPlanner:
                 self.controller.probe_found_nothing(sid)  # every drafter was asked and had nothing
             else:
                 self.controller.planned(sid, 0)
+
+
+def _shortened(drafter: Drafter, slot: int, n: int) -> None:
+    """Tell a drafter that keeps state by its draft's length (`shortened`, optional) that n tokens of
+    its draft for `slot` are verified."""
+    trim = getattr(drafter, "shortened", None)
+    if callable(trim):
+        trim(slot, n)

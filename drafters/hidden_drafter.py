@@ -50,9 +50,7 @@ def load_head_runtime(ctx: DrafterContext, path: str, options: BackendOptions) -
     forward took 6.8-7.3 ms instead of 4.2-4.4 (EAGLE-3 108 -> 131 tok/s, DFlash 99 -> 139 tok/s)."""
     runtime = load_draft_runtime("torch", path, ctx.target.info, options)
     if ctx.backend_name == "native":
-        share = getattr(runtime, "share_cpu", None)
-        if callable(share):
-            share()
+        runtime.share_cpu()
     return runtime
 
 

@@ -20,7 +20,6 @@ from spekula.core.errors import ConfigError
 from spekula.core.extension import extension_path
 
 _i32p = ctypes.POINTER(ctypes.c_int32)
-_f32p = ctypes.POINTER(ctypes.c_float)
 
 
 def _library_path() -> Path:

@@ -160,8 +160,8 @@ def test_cut_drafts_are_continued_in_the_engine_and_output_stays_plain(monkeypat
     continued: list[int] = []
     original = RoundPlanner._continue
 
-    def spy(self, tails, *args):  # type: ignore[no-untyped-def]
-        original(self, tails, *args)
+    def spy(self, *args):  # type: ignore[no-untyped-def]
+        original(self, *args)
         continued.extend(self._continued)
 
     monkeypatch.setattr(RoundPlanner, "_continue", spy)
