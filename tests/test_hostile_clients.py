@@ -366,7 +366,7 @@ def test_fuzzed_messages_never_stop_the_server(server: Server, msg: Any, as_batc
 @pytest.mark.slow
 def test_one_minute_soak_on_smollm2() -> None:
     """bench/soak.py for one minute at full slot load (the benchmark runs it for 30): no crash, no lost
-    request, every greedy answer equal to its reference, memory flat after warm-up."""
+    request, every greedy answer equal to its reference, the RSS floor flat after warm-up."""
     import subprocess
 
     from backend_conformance import smollm2_path
