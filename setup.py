@@ -9,14 +9,16 @@ after a CPU check, so the build stays portable.
 
 from setuptools import Extension, setup
 
-SOURCES = ["sk_model.c", "sk_moe.c", "sk_pool.c", "sk_generic.c", "sk_avx512.c", "sk_avx512_gemm.c"]
+SOURCES = ["sk_model.c", "sk_moe.c", "sk_pool.c", "sk_pack.c", "sk_generic.c", "sk_avx2.c", "sk_avx2_gemm.c",
+           "sk_avx512.c", "sk_avx512_gemm.c"]
 
 setup(
     ext_modules=[
         Extension(
             "spekula.backends._sk",
             sources=[f"backends/csrc/{name}" for name in SOURCES],
-            depends=["backends/csrc/sk.h", "backends/csrc/sk_moe.h", "backends/csrc/sk_pool.h", "backends/csrc/sk_avx512.h"],
+            depends=["backends/csrc/sk.h", "backends/csrc/sk_moe.h", "backends/csrc/sk_pool.h", "backends/csrc/sk_avx512.h",
+                     "backends/csrc/sk_avx2.h", "backends/csrc/sk_pack.h"],
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread", "-std=gnu11"],
             extra_link_args=["-pthread"],
             libraries=["m"],

@@ -162,7 +162,7 @@ class NativeBackend(PooledSeqs, Backend):
             token_embd=embd, output=output, layers=self._layers)
         self._cfg = cfg
         self._lib = nl.lib()
-        self._ctx = self._lib.sk_ctx_new(ctypes.byref(cfg), int(os.environ.get("SPEKULA_NATIVE_GENERIC", "0") == "1"))
+        self._ctx = self._lib.sk_ctx_new(ctypes.byref(cfg), nl.env_kernel_cap())
         if not self._ctx:
             raise ConfigError(f"cannot create the native runtime ({self.threads} threads, n_ctx {options.n_ctx}, "
                               f"{options.n_seq_max} sequences): out of memory or threads")

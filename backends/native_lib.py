@@ -8,6 +8,7 @@ every call that takes a while releases the GIL (ctypes does so for foreign calls
 from __future__ import annotations
 
 import ctypes
+import os
 from functools import cache
 from pathlib import Path
 
@@ -142,9 +143,36 @@ def moe_experts_run() -> int:
     return int(lib().sk_moe_experts_run())
 
 
-def kernel_name(force_generic: bool = False) -> str:
-    """Which kernel set this CPU gets: 'avx512-vnni' or 'generic'."""
-    return str(lib().sk_kernel_name(int(force_generic)).decode())
+# The most a context may use (sk.h's SK_KERNELS_*): the best this CPU runs, the portable C, or at most
+# AVX2 (which tests select on AVX-512 machines so that path is checked too).
+KERNEL_CAPS = {"best": 0, "generic": 1, "avx2": 2}
+KERNELS_ENV = "SPEKULA_NATIVE_KERNELS"
+
+
+def kernel_cap(choice: str) -> int:
+    if choice not in KERNEL_CAPS:
+        raise ConfigError(f"unknown native kernel choice {choice!r} (choose one of {', '.join(KERNEL_CAPS)})")
+    return KERNEL_CAPS[choice]
+
+
+def env_kernel_cap() -> int:
+    """The cap named by SPEKULA_NATIVE_KERNELS (best when unset): how a whole process is pinned to one set."""
+    choice = os.environ.get(KERNELS_ENV, "best") or "best"
+    if choice not in KERNEL_CAPS:
+        raise ConfigError(f"{KERNELS_ENV}={choice!r} is not a native kernel choice (choose one of "
+                          f"{', '.join(KERNEL_CAPS)})")
+    return KERNEL_CAPS[choice]
+
+
+def kernel_name(kernels: str = "best") -> str:
+    """Which kernel set this CPU gets under a cap: 'avx512-vnni', 'avx2' or 'generic'."""
+    return str(lib().sk_kernel_name(kernel_cap(kernels)).decode())
+
+
+def available_kernels() -> list[str]:
+    """The kernel sets this CPU runs, the portable one first."""
+    names = [kernel_name("generic"), kernel_name("avx2"), kernel_name("best")]
+    return list(dict.fromkeys(names))
 
 
 def ptr(a: np.ndarray | None) -> int | None:
@@ -164,7 +192,7 @@ def tensor(data: np.ndarray, type_name: str, n_rows: int, n_cols: int, bias: np.
     return Tensor(ptr(data), TYPE_IDS[type_name], 0, n_rows, n_cols, row_bytes, ptr(bias))
 
 
-def quantize_rows(x: np.ndarray, *, generic: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def quantize_rows(x: np.ndarray, *, kernels: str = "best") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The activation quantization the matmuls use: (q int8 [m, kp], d and s float32 [m, kp/32],
     qs16 int32 [m, kp/16]); kp = n_cols rounded up to 64."""
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -172,21 +200,21 @@ def quantize_rows(x: np.ndarray, *, generic: bool = False) -> tuple[np.ndarray, 
     kp = -(-k // 64) * 64
     q = np.zeros((m, kp), np.int8)
     d, s, qs16 = np.zeros((m, kp // 32), np.float32), np.zeros((m, kp // 32), np.float32), np.zeros((m, kp // 16), np.int32)
-    lib().sk_test_quantize(ptr(x), m, k, ptr(q), ptr(d), ptr(s), ptr(qs16), int(generic))
+    lib().sk_test_quantize(ptr(x), m, k, ptr(q), ptr(d), ptr(s), ptr(qs16), kernel_cap(kernels))
     return q, d, s, qs16
 
 
-def matmul(w: Tensor, x: np.ndarray, *, generic: bool = False) -> np.ndarray:
+def matmul(w: Tensor, x: np.ndarray, *, kernels: str = "best") -> np.ndarray:
     """x [m, n_cols] times the weight transposed -> [m, n_rows], through the kernel the model uses."""
-    return timed_matmul(w, x, generic=generic)[0]
+    return timed_matmul(w, x, kernels=kernels)[0]
 
 
-def timed_matmul(w: Tensor, x: np.ndarray, *, generic: bool = False, reps: int = 1) -> tuple[np.ndarray, float]:
+def timed_matmul(w: Tensor, x: np.ndarray, *, kernels: str = "best", reps: int = 1) -> tuple[np.ndarray, float]:
     """matmul run `reps` times on one thread; also the seconds of one run (weight repacking excluded)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.empty((x.shape[0], w.n_rows), np.float32)
     seconds = ctypes.c_double(0.0)
-    rc = lib().sk_test_gemm(ctypes.byref(w), ptr(x), x.shape[0], ptr(out), int(generic), reps, ctypes.byref(seconds))
+    rc = lib().sk_test_gemm(ctypes.byref(w), ptr(x), x.shape[0], ptr(out), kernel_cap(kernels), reps, ctypes.byref(seconds))
     if rc != 0:
         raise ConfigError(f"no kernel for this tensor (rc={rc})")
     return out, seconds.value
@@ -201,7 +229,7 @@ def key_layout(keys: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(nb, KEY_BLOCK, hd).transpose(0, 2, 1))
 
 
-def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, *, generic: bool = False,
+def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, *, kernels: str = "best",
            reps: int = 1) -> tuple[np.ndarray, float]:
     """Attention of query heads q [n_q, hd] over keys/values [n_keys, hd] (rounded to float16 as the
     cache holds them) through the model's kernel; also the seconds of one call."""
@@ -211,7 +239,7 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, *,
     out = np.empty_like(q)
     seconds = ctypes.c_double(0.0)
     rc = lib().sk_test_attend(ptr(q), q.shape[0], ptr(k), ptr(v), keys.shape[0], q.shape[1], scale, ptr(out),
-                              int(generic), reps, ctypes.byref(seconds))
+                              kernel_cap(kernels), reps, ctypes.byref(seconds))
     if rc != 0:
         raise MemoryError("attention scratch")
     return out, seconds.value

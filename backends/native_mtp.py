@@ -22,7 +22,6 @@ starts its own thread pool.
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -107,7 +106,7 @@ class NativeMtpRuntime(PooledSeqs, MtpRuntime):
         if base is not None:
             ctx = self._lib.sk_ctx_new_over(ctypes.byref(cfg), base)
         else:
-            ctx = self._lib.sk_ctx_new(ctypes.byref(cfg), int(os.environ.get("SPEKULA_NATIVE_GENERIC", "0") == "1"))
+            ctx = self._lib.sk_ctx_new(ctypes.byref(cfg), nl.env_kernel_cap())
         if not ctx:
             raise ConfigError(f"cannot create the native runtime of MTP block {block} of {w.f.path} (n_ctx "
                               f"{self.options.n_ctx}, {self.options.n_seq_max} sequences): out of memory or threads")

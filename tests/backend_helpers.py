@@ -6,11 +6,38 @@ Imported by tests/test_onnx_backend.py, test_onnx_quant.py, test_native_backend.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
 from spekula.core.backend import Backend, SeqInput
+
+
+def native_simd_choices() -> list[str]:
+    """Native kernel choices to run the backend tests under: the best set, and AVX2 where it is not the
+    best (an AVX-512 machine), so both SIMD paths pass the same bitwise checks."""
+    from spekula.backends import native_lib as nl
+
+    sets = nl.available_kernels()
+    return ["best"] + (["avx2"] if "avx2" in sets and nl.kernel_name() != "avx2" else [])
+
+
+@contextmanager
+def native_kernels(choice: str) -> Iterator[None]:
+    """Native backends built inside use the kernel choice (read when a context is made)."""
+    from spekula.backends.native_lib import KERNELS_ENV
+
+    old = os.environ.get(KERNELS_ENV)
+    os.environ[KERNELS_ENV] = choice
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[KERNELS_ENV]
+        else:
+            os.environ[KERNELS_ENV] = old
 
 
 def chunked_logits(be: Backend, seq: int, ids: np.ndarray, sizes: Sequence[int]) -> np.ndarray:

@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from backend_conformance import NATIVE_REL_TOL, smollm2_path
-from backend_helpers import fresh_logits
+from backend_helpers import fresh_logits, native_kernels, native_simd_choices
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from spekula.backends import native_lib as nl
 from spekula.backends.native import NativeBackend
 from spekula.core.backend import BackendOptions, Capture, SeqInput, load_backend
 from spekula.core.errors import ConfigError, ModelFileError
@@ -25,17 +26,20 @@ from spekula.fixtures.tiny_gguf import tiny_model_path
 TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16")
 ARCH_OF = {t: ("llama", "qwen2", "qwen3")[i % 3] for i, t in enumerate(TYPES)}
 HYP = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+KERNELS = native_simd_choices()
 
 
 @cache
-def native(type_name: str, threads: int = 1) -> NativeBackend:
+def native(type_name: str, threads: int = 1, kernels: str = "best") -> NativeBackend:
     path = tiny_model_path(ARCH_OF[type_name], weight_type=type_name)
-    return NativeBackend(str(path), BackendOptions(n_ctx=256, n_seq_max=4, threads=threads))
+    with native_kernels(kernels):
+        return NativeBackend(str(path), BackendOptions(n_ctx=256, n_seq_max=4, threads=threads))
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("type_name", TYPES)
-def test_logits_near_the_fp32_reference(type_name: str) -> None:
-    b = native(type_name)
+def test_logits_near_the_fp32_reference(type_name: str, kernels: str) -> None:
+    b = native(type_name, kernels=kernels)
     path = tiny_model_path(ARCH_OF[type_name], weight_type=type_name)
     ref = load_backend("torch", str(path), BackendOptions(n_ctx=256, n_seq_max=1, threads=1))
     tokens = np.random.default_rng(1).integers(0, b.info.n_vocab, 40).astype(np.int32)
@@ -47,11 +51,12 @@ def test_logits_near_the_fp32_reference(type_name: str) -> None:
     assert (got.argmax(1) == want.argmax(1)).mean() >= 0.8
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("type_name", TYPES)
 @HYP
 @given(data=st.data())
-def test_chunking_and_batching_are_bitwise_invariant(type_name: str, data: st.DataObject) -> None:
-    b = native(type_name)
+def test_chunking_and_batching_are_bitwise_invariant(type_name: str, kernels: str, data: st.DataObject) -> None:
+    b = native(type_name, kernels=kernels)
     n = data.draw(st.integers(2, 60), label="n")
     tokens = np.asarray(data.draw(st.lists(st.integers(0, b.info.n_vocab - 1), min_size=n, max_size=n)), np.int32)
     whole = fresh_logits(b, tokens)
@@ -71,10 +76,18 @@ def test_chunking_and_batching_are_bitwise_invariant(type_name: str, data: st.Da
         b.free_seq(o)
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q4_K", "Q6_K"])
-def test_thread_count_does_not_change_a_bit(type_name: str) -> None:
+def test_thread_count_does_not_change_a_bit(type_name: str, kernels: str) -> None:
     tokens = np.random.default_rng(2).integers(0, 320, 33).astype(np.int32)
-    assert np.array_equal(fresh_logits(native(type_name, 1), tokens), fresh_logits(native(type_name, 2), tokens))
+    one, two = native(type_name, 1, kernels), native(type_name, 2, kernels)
+    assert one.kernels == two.kernels == nl.kernel_name(kernels)
+    assert np.array_equal(fresh_logits(one, tokens), fresh_logits(two, tokens))
+
+
+def test_an_unknown_kernel_choice_is_a_clear_error() -> None:
+    with native_kernels("avx9000"), pytest.raises(ConfigError, match="SPEKULA_NATIVE_KERNELS|unknown native kernel"):
+        NativeBackend(str(tiny_model_path("llama", weight_type="Q4_1")), BackendOptions(n_ctx=64, n_seq_max=1))
 
 
 def test_capture_rows_split_per_sequence() -> None:

@@ -66,7 +66,7 @@ def test_quantized_moe_is_bitwise_invariant(arch: str, type_name: str, monkeypat
         b.free_seq(s)
         b.free_seq(o)
     # the portable kernels keep the same property (their numbers differ from the SIMD ones by rounding)
-    monkeypatch.setenv("SPEKULA_NATIVE_GENERIC", "1")
+    monkeypatch.setenv("SPEKULA_NATIVE_KERNELS", "generic")
     g = NativeBackend(str(path), BackendOptions(n_ctx=64, n_seq_max=1, threads=2))
     assert g.kernels == "generic"
     assert np.array_equal(fresh_logits(g, tokens[:20], [9, 11]), fresh_logits(g, tokens[:20]))

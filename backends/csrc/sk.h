@@ -81,8 +81,13 @@ typedef struct {
 
 extern const sk_kernels sk_generic_kernels;
 #if defined(__x86_64__)
+extern const sk_kernels sk_avx2_kernels;
 extern const sk_kernels sk_avx512_kernels;
 #endif
+
+/* Which kernel table a context may use at most (sk_ctx_new, the test entry points): the best this CPU
+ * runs, the portable C, or at most AVX2 (so that path is tested on AVX-512 machines too). */
+enum { SK_KERNELS_BEST = 0, SK_KERNELS_GENERIC = 1, SK_KERNELS_AVX2 = 2 };
 
 /* True for the types whose blocks go through the int8 path. */
 static inline int sk_is_quant(int type) {

@@ -8,6 +8,7 @@
 
 #include "sk.h"
 #include "sk_avx512.h"
+#include "sk_pack.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -88,17 +89,17 @@ static void gemm_f(const sk_tensor *w, int64_t n0, int64_t n1, const float *x, i
 }
 
 static int supports(const sk_tensor *w) {
-    if (sk_is_quant(w->type)) return sk_avx512_quant_supported(w);
+    if (sk_is_quant(w->type)) return sk_packed_supported(w);
     return w->layout == 0 && w->n_cols % 16 == 0;
 }
 
 static int64_t packed_size(const sk_tensor *w, int64_t *row_bytes) {
-    int64_t gb = sk_avx512_packed_group_bytes(w);
+    int64_t gb = sk_packed_group_bytes(w);
     *row_bytes = gb;
     return gb * ((w->n_rows + 15) / 16);
 }
 
-static void pack(const sk_tensor *w, int64_t u0, int64_t u1, uint8_t *dst) { sk_avx512_pack_groups(w, u0, u1, dst); }
+static void pack(const sk_tensor *w, int64_t u0, int64_t u1, uint8_t *dst) { sk_pack_groups(w, u0, u1, dst); }
 
 /* ---- activation quantization (bitwise the same numbers as the generic version) ----------------- */
 

@@ -4,9 +4,6 @@
 
 #include "sk.h"
 
-int64_t sk_avx512_packed_group_bytes(const sk_tensor *w);
-int sk_avx512_quant_supported(const sk_tensor *w);
-void sk_avx512_pack_groups(const sk_tensor *w, int64_t g0, int64_t g1, uint8_t *dst);
 void sk_avx512_gemm_q(const sk_tensor *w, int64_t n0, int64_t n1, const sk_act *a, int64_t m, float *out, int64_t ldo,
                       int accumulate);
 

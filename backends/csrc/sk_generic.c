@@ -1,4 +1,4 @@
-/* Portable C kernels: the fallback on CPUs without AVX-512 VNNI, and the place where each block
+/* Portable C kernels: the fallback on CPUs without AVX2, and the place where each block
  * format's meaning is written down plainly (the SIMD kernels must agree with these to rounding). */
 #include <math.h>
 #include <string.h>

@@ -112,21 +112,22 @@ SK_API void sk_profile_report(double *out, int n) {
 
 SK_API const char *sk_profile_phase_name(int i) { return i >= 0 && i < PH_N ? phase_names[i] : NULL; }
 
-static const sk_kernels *pick_kernels(int force_generic) {
+static const sk_kernels *pick_kernels(int cap) {
 #if defined(__x86_64__)
-    if (!force_generic) {
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-            __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma"))
-            return &sk_avx512_kernels;
-    }
+    __builtin_cpu_init();
+    if (cap == SK_KERNELS_BEST && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma"))
+        return &sk_avx512_kernels;
+    if (cap != SK_KERNELS_GENERIC && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2"))
+        return &sk_avx2_kernels;
 #endif
-    (void)force_generic;
+    (void)cap;
     return &sk_generic_kernels;
 }
 
-SK_API const char *sk_kernel_name(int force_generic) { return pick_kernels(force_generic)->name; }
+SK_API const char *sk_kernel_name(int cap) { return pick_kernels(cap)->name; }
 
 /* 64-byte aligned memory (aligned_alloc wants the size rounded to the alignment). */
 static void *xalloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
@@ -277,7 +278,7 @@ static int in_proj_fits(const sk_config *cfg) {
 
 /* base NULL: own threads (cfg->n_threads) and kernel table; else base's, and base lives on until this
  * context is freed (a weight of layout 1 in cfg is taken as prepared for that kernel table). */
-static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int force_generic) {
+static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int kernel_cap) {
     if ((!base && cfg->n_threads < 1) || cfg->n_ctx < 1 || cfg->n_seq_max < 1 || cfg->n_head_kv < 1 ||
         cfg->n_head % cfg->n_head_kv != 0 || cfg->n_layer < 1 || !in_proj_fits(cfg))
         return NULL;
@@ -292,7 +293,7 @@ static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int force_generic) {
         c->kern = base->kern;
         c->cfg.n_threads = sk_pool_size(base->pool);
     } else {
-        c->kern = pick_kernels(force_generic);
+        c->kern = pick_kernels(kernel_cap);
     }
     c->layers = malloc(sizeof(sk_layer) * (size_t)cfg->n_layer);
     c->moe = calloc((size_t)cfg->n_layer, sizeof(sk_moe *));
@@ -317,7 +318,7 @@ static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int force_generic) {
     return c;
 }
 
-SK_API sk_ctx *sk_ctx_new(const sk_config *cfg, int force_generic) { return ctx_new(cfg, NULL, force_generic); }
+SK_API sk_ctx *sk_ctx_new(const sk_config *cfg, int kernel_cap) { return ctx_new(cfg, NULL, kernel_cap); }
 
 /* A context over base's threads and kernel table (see the top of this file); NULL as sk_ctx_new. */
 SK_API sk_ctx *sk_ctx_new_over(const sk_config *cfg, sk_ctx *base) {
@@ -624,17 +625,17 @@ SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
 /* ---- single-kernel entry points for tests ----------------------------------------------------- */
 
 SK_API void sk_test_quantize(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s, int32_t *qs16,
-                             int force_generic) {
+                             int kernel_cap) {
     sk_act a = {q, d, s, qs16, sk_round_up(k, 64), m};
-    pick_kernels(force_generic)->quantize_rows(x, k, m, k, &a, 0);
+    pick_kernels(kernel_cap)->quantize_rows(x, k, m, k, &a, 0);
 }
 
 /* out[m, w->n_rows] = x[m, n_cols] times w transposed, through the path the model would use. */
 /* out[m, w->n_rows] = x[m, n_cols] times w transposed, through the path the model would use, `reps`
  * times (one thread); *seconds gets the time of one quantize + matmul, packing excluded. */
-SK_API int sk_test_gemm(const sk_tensor *w_in, const float *x, int64_t m, float *out, int force_generic, int reps,
+SK_API int sk_test_gemm(const sk_tensor *w_in, const float *x, int64_t m, float *out, int kernel_cap, int reps,
                         double *seconds) {
-    const sk_kernels *base = pick_kernels(force_generic);
+    const sk_kernels *base = pick_kernels(kernel_cap);
     sk_tensor packed = *w_in;
     const sk_tensor *w = w_in;
     uint8_t *buf = NULL;
@@ -679,14 +680,14 @@ SK_API void sk_test_dequant(const sk_tensor *w, int64_t row, float *out) { sk_de
 /* One row's attention (keys in the cache layout) through the model's chunking and merge, `reps`
  * times; *seconds gets the time of one. */
 SK_API int sk_test_attend(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int64_t n_keys, int head_dim,
-                          float scale, float *out, int force_generic, int reps, double *seconds) {
+                          float scale, float *out, int kernel_cap, int reps, double *seconds) {
     sk_ctx c;
     memset(&c, 0, sizeof c);
     c.cfg.n_head = n_q;
     c.cfg.n_head_kv = 1;
     c.cfg.head_dim = head_dim;
     c.cfg.attn_scale = scale;
-    c.kern = pick_kernels(force_generic);
+    c.kern = pick_kernels(kernel_cap);
     int32_t pos = (int32_t)(n_keys - 1), zero = 0;
     sk_batch b = {.n_rows = 1, .pos = &pos, .seq = &zero};
     float *scratch = xalloc((size_t)n_q * SK_ATTN_CHUNK * 4);

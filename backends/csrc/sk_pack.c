@@ -1,0 +1,180 @@
+/* Packing quantized weights into the SIMD kernels' column-interleaved layout (sk_pack.h). Portable C:
+ * it runs once per weight at load, on whichever kernel set the CPU gets. */
+#include <string.h>
+
+#include "sk.h"
+#include "sk_pack.h"
+
+static void kscale(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+int64_t sk_packed_group_bytes(const sk_tensor *w) {
+    int64_t sb = sk_super_tile_bytes(w->type), bb = sk_block_tile_bytes(w->type);
+    if (sb) return w->n_cols % 256 == 0 ? sb * (w->n_cols / 256) : 0;
+    if (bb) return w->n_cols % 64 == 0 ? bb * (w->n_cols / 32) : 0;
+    return 0;
+}
+
+int sk_packed_supported(const sk_tensor *w) {
+    return w->layout == 1 && sk_packed_group_bytes(w) > 0;
+}
+
+/* ---- packing ----------------------------------------------------------------------------------- */
+
+/* Values of GGUF block b (32 values) of one row as unsigned integers (Q8_0: value + 128). */
+static void gguf_values(int type, const uint8_t *row, int64_t b, uint8_t v[32]) {
+    const uint8_t *p, *qs;
+    uint32_t qh = 0;
+    switch (type) {
+    case SK_Q4_0: p = row + b * 18; qs = p + 2; break;
+    case SK_Q4_1: p = row + b * 20; qs = p + 4; break;
+    case SK_Q5_0: p = row + b * 22; memcpy(&qh, p + 2, 4); qs = p + 6; break;
+    case SK_Q5_1: p = row + b * 24; memcpy(&qh, p + 4, 4); qs = p + 8; break;
+    case SK_Q8_0:
+        p = row + b * 34;
+        for (int l = 0; l < 32; l++) v[l] = (uint8_t)(p[2 + l] ^ 0x80);
+        return;
+    case SK_Q4_K:
+    case SK_Q5_K: {
+        int five = type == SK_Q5_K, j = (int)(b % 8);
+        p = row + (b / 8) * (five ? 176 : 144);
+        const uint8_t *kq = p + (five ? 48 : 16) + 32 * (j / 2);
+        for (int l = 0; l < 32; l++) {
+            int q = (j & 1) ? kq[l] >> 4 : kq[l] & 15;
+            if (five && ((p[16 + l] >> j) & 1)) q += 16;
+            v[l] = (uint8_t)q;
+        }
+        return;
+    }
+    default: { /* Q6_K */
+        p = row + (b / 8) * 210;
+        int j = (int)(b % 8), n = j / 4, jj = j % 4;
+        const uint8_t *ql = p + 64 * n + ((jj & 1) ? 32 : 0), *h = p + 128 + 32 * n;
+        for (int l = 0; l < 32; l++) {
+            int lo = (jj & 2) ? ql[l] >> 4 : ql[l] & 15;
+            v[l] = (uint8_t)(lo | (((h[l] >> (2 * jj)) & 3) << 4));
+        }
+        return;
+    }
+    }
+    for (int l = 0; l < 16; l++) {
+        v[l] = (uint8_t)((qs[l] & 15) | (((qh >> l) & 1) << 4));
+        v[l + 16] = (uint8_t)((qs[l] >> 4) | (((qh >> (l + 16)) & 1) << 4));
+    }
+}
+
+static void put_nibbles(uint8_t *dst, uint8_t v[SK_GROUP][32]) {
+    for (int j = 0; j < 4; j++)
+        for (int c = 0; c < SK_GROUP; c++)
+            for (int i = 0; i < 4; i++)
+                dst[64 * j + 4 * c + i] = (uint8_t)((v[c][4 * j + i] & 15) | ((v[c][16 + 4 * j + i] & 15) << 4));
+}
+
+static void put_high5(uint8_t *dst, uint8_t v[SK_GROUP][32]) {
+    for (int c = 0; c < SK_GROUP; c++)
+        for (int i = 0; i < 4; i++) {
+            int byte = 0;
+            for (int t = 0; t < 8; t++) byte |= ((v[c][4 * t + i] >> 4) & 1) << t;
+            dst[4 * c + i] = (uint8_t)byte;
+        }
+}
+
+static void put_high6(uint8_t *dst, uint8_t v[SK_GROUP][32]) {
+    for (int p = 0; p < 2; p++)
+        for (int c = 0; c < SK_GROUP; c++)
+            for (int i = 0; i < 4; i++) {
+                int byte = 0;
+                for (int u = 0; u < 4; u++) byte |= ((v[c][4 * (4 * p + u) + i] >> 4) & 3) << (2 * u);
+                dst[64 * p + 4 * c + i] = (uint8_t)byte;
+            }
+}
+
+static void put_bytes(uint8_t *dst, uint8_t v[SK_GROUP][32]) {
+    for (int t = 0; t < 8; t++)
+        for (int c = 0; c < SK_GROUP; c++)
+            for (int i = 0; i < 4; i++) dst[64 * t + 4 * c + i] = v[c][4 * t + i];
+}
+
+/* The block's quantized values after its scales, as the kernels read them. */
+static uint8_t *put_values(int type, uint8_t *dst, uint8_t v[SK_GROUP][32]) {
+    switch (type) {
+    case SK_Q8_0: put_bytes(dst, v); return dst + SK_BYTES8;
+    case SK_Q5_0: case SK_Q5_1: case SK_Q5_K: put_high5(dst, v); put_nibbles(dst + SK_HB5, v); return dst + SK_HB5 + SK_NIB;
+    case SK_Q6_K: put_high6(dst, v); put_nibbles(dst + SK_HB6, v); return dst + SK_HB6 + SK_NIB;
+    default: put_nibbles(dst, v); return dst + SK_NIB;
+    }
+}
+
+/* f16 scale fields at byte offset `off` of the GGUF block / super-block of each column of a group. */
+static void put_f16s(uint8_t *dst, const sk_tensor *w, int64_t col0, int64_t blk_bytes, int64_t blk, int off) {
+    for (int c = 0; c < SK_GROUP; c++) {
+        uint16_t h = 0;
+        if (col0 + c < w->n_rows) memcpy(&h, w->data + (col0 + c) * w->row_bytes + blk * blk_bytes + off, 2);
+        memcpy(dst + 2 * c, &h, 2);
+    }
+}
+
+static void gather_values(const sk_tensor *w, int64_t col0, int64_t b, uint8_t v[SK_GROUP][32]) {
+    for (int c = 0; c < SK_GROUP; c++) {
+        if (col0 + c < w->n_rows) gguf_values(w->type, w->data + (col0 + c) * w->row_bytes, b, v[c]);
+        else memset(v[c], w->type == SK_Q8_0 ? 0x80 : 0, 32); /* zero weights (Q8_0 stores value + 128) */
+    }
+}
+
+static void pack_group32(const sk_tensor *w, int64_t col0, uint8_t *dst) {
+    static const int16_t bytes_of[] = {[SK_Q4_0] = 18, [SK_Q4_1] = 20, [SK_Q5_0] = 22, [SK_Q5_1] = 24, [SK_Q8_0] = 34};
+    const int asym = w->type == SK_Q4_1 || w->type == SK_Q5_1;
+    const int64_t bb = bytes_of[w->type];
+    uint8_t v[SK_GROUP][32];
+    for (int64_t b = 0; b < w->n_cols / 32; b++) {
+        put_f16s(dst, w, col0, bb, b, 0);
+        if (asym) put_f16s(dst + SK_DVEC, w, col0, bb, b, 2);
+        gather_values(w, col0, b, v);
+        dst = put_values(w->type, dst + (asym ? 2 : 1) * SK_DVEC, v);
+    }
+}
+
+static void pack_group_k(const sk_tensor *w, int64_t col0, uint8_t *dst) {
+    const int six = w->type == SK_Q6_K;
+    const int64_t sbb = six ? 210 : w->type == SK_Q5_K ? 176 : 144;
+    uint8_t v[SK_GROUP][32];
+    for (int64_t sb = 0; sb < w->n_cols / 256; sb++) {
+        if (six) {
+            put_f16s(dst, w, col0, sbb, sb, 208);
+            for (int s = 0; s < 16; s++)
+                for (int c = 0; c < SK_GROUP; c++)
+                    dst[SK_DVEC + SK_GROUP * s + c] = col0 + c < w->n_rows ? w->data[(col0 + c) * w->row_bytes + sb * sbb + 192 + s] : 0;
+            dst += SK_Q6HDR;
+        } else {
+            put_f16s(dst, w, col0, sbb, sb, 0);
+            put_f16s(dst + SK_DVEC, w, col0, sbb, sb, 2);
+            for (int j = 0; j < 8; j++)
+                for (int c = 0; c < SK_GROUP; c++) {
+                    int sc = 0, mn = 0;
+                    if (col0 + c < w->n_rows) kscale(w->data + (col0 + c) * w->row_bytes + sb * sbb + 4, j, &sc, &mn);
+                    dst[2 * SK_DVEC + SK_GROUP * j + c] = (uint8_t)sc;
+                    dst[2 * SK_DVEC + 8 * SK_GROUP + SK_GROUP * j + c] = (uint8_t)mn;
+                }
+            dst += SK_KHDR;
+        }
+        for (int j = 0; j < 8; j++) {
+            gather_values(w, col0, sb * 8 + j, v);
+            dst = put_values(w->type, dst, v);
+        }
+    }
+}
+
+void sk_pack_groups(const sk_tensor *w, int64_t g0, int64_t g1, uint8_t *dst) {
+    int64_t gb = sk_packed_group_bytes(w);
+    for (int64_t g = g0; g < g1; g++, dst += gb) {
+        if (sk_super_tile_bytes(w->type)) pack_group_k(w, g * SK_GROUP, dst);
+        else pack_group32(w, g * SK_GROUP, dst);
+    }
+}

@@ -1,0 +1,56 @@
+/* The column-interleaved layout the SIMD kernels read quantized weights in (packed once at load).
+ *
+ * Each quantized weight is rewritten losslessly (the same integers and scales, moved) so that 16
+ * output columns sit side by side: one 64-byte vector holds 4 consecutive values of one 32-value
+ * block for each of the 16 columns (4 bytes per column, columns in order). The AVX-512 kernels read a
+ * vector as one register, the AVX2 kernels as two (columns 0-7 and 8-15).
+ *
+ * Layout per group of 16 columns (columns past the tensor's end are zero), `row_bytes` = one group:
+ *   Q4_0 block: [16 f16 d] [4 x 64 B nibbles]              Q4_1: [16 d] [16 m] [4 x 64 B]
+ *   Q5_0 block: [16 d] [64 B high bits] [4 x 64 B]         Q5_1: [16 d] [16 m] [64 B] [4 x 64 B]
+ *   Q8_0 block: [16 d] [8 x 64 B bytes, value + 128]
+ *   Q4_K / Q5_K super-block: [16 d] [16 dmin] [8 x 16 sc] [8 x 16 mn], then 8 blocks as Q4_0 / Q5_0
+ *                            without the d
+ *   Q6_K super-block: [16 d] [16 x 16 int8 sc], then 8 blocks of [2 x 64 B high bits] [4 x 64 B nibbles]
+ * Nibble vector j: lane c byte i = value 4j+i | value 16+4j+i << 4 (low nibbles: group j, high: j+4,
+ * group t = values 4t..4t+3). High bits (Q5): lane c byte i bit t = bit 4 of value 4t+i. High bits
+ * (Q6): plane p, lane c byte i, bits 2u..2u+1 = bits 4-5 of value 4(4p+u)+i.
+ */
+#ifndef SK_PACK_H
+#define SK_PACK_H
+
+#include "sk.h"
+
+enum { SK_GROUP = 16, SK_NIB = 256, SK_HB5 = 64, SK_HB6 = 128, SK_BYTES8 = 512, SK_DVEC = 32 };
+enum { SK_KHDR = 2 * SK_DVEC + 2 * 8 * SK_GROUP, SK_Q6HDR = SK_DVEC + 16 * SK_GROUP };
+
+/* Bytes of one 32-value block of a column group (0: a super-block type or unsupported). */
+static inline int64_t sk_block_tile_bytes(int type) {
+    switch (type) {
+    case SK_Q4_0: return SK_DVEC + SK_NIB;
+    case SK_Q4_1: return 2 * SK_DVEC + SK_NIB;
+    case SK_Q5_0: return SK_DVEC + SK_HB5 + SK_NIB;
+    case SK_Q5_1: return 2 * SK_DVEC + SK_HB5 + SK_NIB;
+    case SK_Q8_0: return SK_DVEC + SK_BYTES8;
+    default: return 0;
+    }
+}
+
+/* Bytes of one 256-value super-block of a column group (0: not a K type). */
+static inline int64_t sk_super_tile_bytes(int type) {
+    switch (type) {
+    case SK_Q4_K: return SK_KHDR + 8 * SK_NIB;
+    case SK_Q5_K: return SK_KHDR + 8 * (SK_HB5 + SK_NIB);
+    case SK_Q6_K: return SK_Q6HDR + 8 * (SK_HB6 + SK_NIB);
+    default: return 0;
+    }
+}
+
+/* Bytes of one packed group of 16 columns (the layout's row_bytes); 0 when the tensor cannot be packed. */
+int64_t sk_packed_group_bytes(const sk_tensor *w);
+/* Whether w is a packed quantized weight the SIMD kernels read. */
+int sk_packed_supported(const sk_tensor *w);
+/* Columns [16 g0, 16 g1) (in groups of 16) into dst, one group after another. */
+void sk_pack_groups(const sk_tensor *w, int64_t g0, int64_t g1, uint8_t *dst);
+
+#endif
