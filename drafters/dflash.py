@@ -1,17 +1,22 @@
 """draft-dflash: block denoising over the target's hidden states (docs/model-formats.md §3.3).
 
-Every target forward's captured features are injected as keys/values of every draft layer at their
-positions (prompt chunks and verification rows alike; rejected rows are overwritten later since
-writes go by position). A draft is one non-causal forward of the block ``[x, MASK, ...]`` at
-positions ``pos0..``; block index j proposes the token at pos0+j. The block's own K/V are dropped
-afterwards so only target context persists. ``--spec-draft-n-max`` is clamped to block_size - 1.
+Every target forward's captured features become keys/values of every draft layer at their positions
+(prompt chunks and verification rows alike; a later write at a position replaces what was there and
+after it). A draft is one non-causal forward of the block ``[x, MASK, ...]`` at positions
+``pos0..``; block index j proposes the token at pos0+j. The block's own K/V are dropped afterwards so
+only target context persists. ``--spec-draft-n-max`` is clamped to block_size - 1.
+
+The context is injected lazily: each forward's features are queued, cut where a later forward
+rewrites them, and injected in one batch when the drafter is next asked for a draft (only the rows
+up to the committed history, so rejected verification rows are never injected). A round in which
+the cost model does not ask the drafter costs it nothing.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -33,16 +38,24 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
+class DFlashSlot(HiddenSlot):
+    # Features not yet injected, contiguous from the runtime's length: row k of the concatenation is
+    # position len + k.
+    queue: list[np.ndarray] = field(default_factory=list)
+    queued: int = 0
+
+
+@dataclass(slots=True)
 class _Plan:
     index: int
-    slot: HiddenSlot
+    slot: DFlashSlot
     pos0: int
     block: np.ndarray
     n_spec: int  # block drafts before the request's cap
     cap: int
 
 
-class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, HiddenSlot]):
+class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, DFlashSlot]):
     name: ClassVar[str] = "draft-dflash"
     kind: ClassVar[str] = "dflash"
 
@@ -75,21 +88,56 @@ class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, HiddenSlot]):
             log.warning("%s: %s", self.name, msg)
 
     # --- protocol (capture, begin, end: HiddenStateDrafter) ---------------------------------------
-    def new_slot(self, seq: int) -> HiddenSlot:
-        return HiddenSlot(seq)
+    def new_slot(self, seq: int) -> DFlashSlot:
+        return DFlashSlot(seq)
 
     def observe(self, slot: int, inp: SeqInput, out: SeqOutput) -> None:
         if len(inp.tokens) == 0:
             return
         st = self._slots.get(slot)
-        feats = self.features(out)
-        if self.runtime.seq_len(st.seq) < inp.start:
+        if self.context_length(st) < inp.start:
             return  # a gap (should not happen): leave it; draft() sees the missing context and skips
-        self.runtime.inject(st.seq, feats, inp.start)
+        self._cut(st, inp.start)
+        st.queue.append(self.features(out))
+        st.queued += len(inp.tokens)
 
     def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
-        # Rejected rows stay injected beyond the committed end; draft() truncates to the context first.
+        # Rejected rows stay queued beyond the committed end; draft() cuts at the context first.
         return None
+
+    # --- the lazy context --------------------------------------------------------------------------
+    def context_length(self, st: DFlashSlot) -> int:
+        """Positions of target context the slot holds, injected or queued."""
+        return self.runtime.seq_len(st.seq) + st.queued
+
+    def _cut(self, st: DFlashSlot, n_keep: int) -> None:
+        """Keep positions [0, n_keep) of the context, injected and queued together."""
+        base = self.runtime.seq_len(st.seq)
+        if n_keep <= base:
+            self.runtime.truncate(st.seq, n_keep)
+            st.queue, st.queued = [], 0
+            return
+        drop = base + st.queued - n_keep
+        while drop > 0:
+            last = len(st.queue[-1])
+            if last <= drop:
+                st.queue.pop()
+                st.queued -= last
+                drop -= last
+            else:
+                st.queue[-1] = st.queue[-1][:-drop]
+                st.queued -= drop
+                drop = 0
+
+    def sync(self, st: DFlashSlot, pos0: int) -> bool:
+        """Bring the injected context to exactly [0, pos0); False when the slot lacks some of it."""
+        if self.context_length(st) < pos0:
+            return False
+        self._cut(st, pos0)
+        if st.queued:
+            self.runtime.inject(st.seq, np.concatenate(st.queue), self.runtime.seq_len(st.seq))
+            st.queue, st.queued = [], 0
+        return True
 
     # --- block layout (DSpark overrides) ------------------------------------------------------------
     def max_block_draft(self) -> int:
@@ -123,12 +171,11 @@ class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, HiddenSlot]):
             st = self._slots.peek(r.slot)
             n_spec = min(int(r.spec.n_max), self.max_block_draft())
             pos0 = len(r.history)
-            if st is None or n_spec <= 0 or int(r.n_max) <= 0 or self.runtime.seq_len(st.seq) < pos0:
+            if st is None or n_spec <= 0 or int(r.n_max) <= 0 or self.context_length(st) < pos0:
                 continue
             block = self.block_for(int(r.last), n_spec)
-            if pos0 + len(block) > self.runtime.n_ctx:
+            if pos0 + len(block) > self.runtime.n_ctx or not self.sync(st, pos0):
                 continue
-            self.runtime.truncate(st.seq, pos0)
             self.probabilistic(st, r)
             plans.append(_Plan(i, st, pos0, block, n_spec, min(n_spec, int(r.n_max))))
         outs = self.runtime.draft_blocks([DFlashBlock(p.slot.seq, p.block, p.pos0) for p in plans])

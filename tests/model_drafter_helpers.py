@@ -204,9 +204,8 @@ def block_logits(d: Any, r: Any) -> Any:
     from spekula.core.draft_models import DFlashBlock
 
     st, pos0 = d._slots.get(r.slot), len(r.history)
-    if st is None or d.runtime.seq_len(st.seq) < pos0:
+    if st is None or not d.sync(st, pos0):  # the context injected up to the committed history
         return None
-    d.runtime.truncate(st.seq, pos0)
     n_spec = min(int(r.spec.n_max), d.max_block_draft())
     out = d.runtime.draft_blocks([DFlashBlock(st.seq, d.block_for(int(r.last), n_spec), pos0)])[0]
     d.runtime.truncate(st.seq, pos0)

@@ -55,11 +55,12 @@ def _setup(models: dict[str, Path], spec: SpecParams = SPEC) -> tuple[DFlashDraf
 
 def test_block_is_read_from_index_one_and_context_persists(models: dict[str, Path]) -> None:
     d, _ = _setup(models)
-    seq = d._slots.get(0).seq
-    assert d.runtime.seq_len(seq) == len(PROMPT)  # every prompt row injected
+    st = d._slots.get(0)
+    seq = st.seq
+    assert d.runtime.seq_len(seq) == 0 and d.context_length(st) == len(PROMPT)  # every prompt row queued
     req = DraftRequest(0, np.array(PROMPT), 42, 8, SPEC, 0.0, 0)
     (draft,) = d.draft([req])
-    assert d.runtime.seq_len(seq) == len(PROMPT)  # the block's K/V were dropped again
+    assert d.runtime.seq_len(seq) == len(PROMPT) and st.queued == 0  # injected; the block's K/V dropped again
     from spekula.core.draft_models import DFlashBlock
 
     block = np.array([42] + [d.info.mask_token_id] * 3, dtype=np.int32)
@@ -67,6 +68,42 @@ def test_block_is_read_from_index_one_and_context_persists(models: dict[str, Pat
     assert draft.tokens == [int(np.argmax(out.logits[j])) for j in (1, 2, 3)]
     (again,) = d.draft([req])
     assert again.tokens == draft.tokens  # deterministic: nothing leaked from the previous block
+
+
+def test_the_lazy_context_drafts_what_injecting_after_every_forward_drafts(models: dict[str, Path]) -> None:
+    """Rounds in which the drafter is not asked only queue features (cut where a later forward
+    rewrites them); the drafts once it is asked are those of a context injected after every forward."""
+    target = target_backend(models["target"])
+    lazy = DFlashDrafter.create(drafter_context(target, models["draft"], SPEC))
+    eager = DFlashDrafter.create(drafter_context(target, models["draft"], SPEC))
+    history = list(PROMPT)
+    seqs = {id(d): target.new_seq() for d in (lazy, eager)}
+
+    def observe(d: DFlashDrafter, tokens: list[int], start: int) -> None:
+        inp = SeqInput(seqs[id(d)], np.array(tokens, dtype=np.int32), start, np.arange(len(tokens)))
+        d.observe(0, inp, target.forward([inp], Capture(layers=frozenset(d.layers)))[0])
+
+    for d in (lazy, eager):
+        observe(d, history, 0)
+        d.begin(0, np.array(history))
+    rng = np.random.default_rng(3)
+    drafts: dict[int, list[list[int]]] = {id(lazy): [], id(eager): []}
+    x = 42
+    for rnd in range(8):
+        guess = [int(t) for t in rng.integers(0, tiny_hf.VOCAB, 3)]
+        n_acc = int(rng.integers(0, 4))
+        for d in (lazy, eager):
+            st = d._slots.get(0)
+            if rnd % 3 == 2:  # asked for a draft every third round
+                drafts[id(d)].append(d.draft([DraftRequest(0, np.array(history), x, 8, SPEC, 0.0, 0)])[0].tokens)
+            observe(d, [x, *guess], len(history))
+            d.accept(0, n_acc, False)
+            if d is eager:  # everything observed injected at once, rejected rows included
+                assert d.sync(st, d.context_length(st)) and st.queued == 0
+        history = [*history, x, *guess[:n_acc]]
+        x = int(rng.integers(0, tiny_hf.VOCAB))
+    assert drafts[id(lazy)] == drafts[id(eager)] and all(drafts[id(lazy)])
+    assert lazy._slots.get(0).queued > 0  # the lazy one still holds the last rounds' rows
 
 
 def test_n_max_clamped_to_block_size_minus_one(models: dict[str, Path], caplog: pytest.LogCaptureFixture) -> None:

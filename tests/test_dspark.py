@@ -44,6 +44,7 @@ def _ready(models: dict[str, Path], name: str, spec: SpecParams = SPEC) -> DSpar
     inp = SeqInput(target.new_seq(), np.array(PROMPT, dtype=np.int32), 0)
     d.observe(0, inp, target.forward([inp], Capture(layers=frozenset(d.layers)))[0])
     d.begin(0, np.array(PROMPT))
+    assert d.sync(d._slots.get(0), len(PROMPT))  # the prompt's context injected, for tests that read the runtime
     return d
 
 
