@@ -6,6 +6,10 @@ counter. `tests/data/fixed_engine_stats.json` was written by this script run aga
 
     python tests/fixed_stats_golden.py --source <checkout of 0eb15dc> --write tests/data/fixed_engine_stats.json
 
+(with that checkout's extension built in place: `python setup.py build_ext --inplace`). The native
+cases run on the portable C kernels, which have not changed since that commit, so the file holds on
+any CPU.
+
 and tests/test_adaptive_off.py runs `collect()` on today's engine with adaptive lengths off and
 compares. Durations are left out (they are timings); every count, per-position table, token and
 statistics line (without its `dur` field) is kept.
@@ -17,6 +21,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -77,7 +82,19 @@ def collect(tests_dir: Path = Path(__file__).parent) -> list[dict[str, Any]]:
         else:
             path = str(tiny_model_path(case["arch"]))
             tok = Tokenizer.from_gguf(GGUFFile(path))
-            backend = load_backend("native", path, BackendOptions(n_ctx=N_CTX, n_seq_max=case["n_slots"], threads=1))
+            # The portable kernels, so the golden holds on every CPU (each SIMD set rounds its own way).
+            # Today's engine reads SPEKULA_NATIVE_KERNELS, the engine of 0eb15dc SPEKULA_NATIVE_GENERIC.
+            saved = {k: os.environ.get(k) for k in ("SPEKULA_NATIVE_KERNELS", "SPEKULA_NATIVE_GENERIC")}
+            os.environ.update(SPEKULA_NATIVE_KERNELS="generic", SPEKULA_NATIVE_GENERIC="1")
+            try:
+                backend = load_backend("native", path,
+                                       BackendOptions(n_ctx=N_CTX, n_seq_max=case["n_slots"], threads=1))
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
         spec = SpecParams(types=tuple(case["types"]), n_max=case["n_max"], drafter_options=dict(OPTIONS), **fixed)
         engine = make_engine(backend, tok, n_slots=case["n_slots"], n_ctx=N_CTX, n_batch=64, spec=spec,
                              drafters=[RepeatDrafter(), GarbageDrafter(backend.info.n_vocab, n_max=4)])
