@@ -29,6 +29,7 @@ from spekula.core.errors import ConfigError
 from .hidden_drafter import (
     HiddenSlot,
     HiddenStateDrafter,
+    drop_queued_tail,
     load_head_runtime,
     model_draft_options,
     require_draft_path,
@@ -117,17 +118,8 @@ class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, DFlashSlot]):
             self.runtime.truncate(st.seq, n_keep)
             st.queue, st.queued = [], 0
             return
-        drop = base + st.queued - n_keep
-        while drop > 0:
-            last = len(st.queue[-1])
-            if last <= drop:
-                st.queue.pop()
-                st.queued -= last
-                drop -= last
-            else:
-                st.queue[-1] = st.queue[-1][:-drop]
-                st.queued -= drop
-                drop = 0
+        drop_queued_tail([st.queue], base + st.queued - n_keep)
+        st.queued = min(st.queued, n_keep - base)  # a cut past the end keeps everything
 
     def sync(self, st: DFlashSlot, pos0: int) -> bool:
         """Bring the injected context to exactly [0, pos0); False when the slot lacks some of it."""

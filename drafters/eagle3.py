@@ -30,6 +30,7 @@ from .hidden_drafter import (
     DraftRun,
     HiddenSlot,
     HiddenStateDrafter,
+    drop_queued_tail,
     finish_drafts,
     load_head_runtime,
     model_draft_options,
@@ -106,18 +107,8 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
             self.runtime.truncate(st.seq, n_keep)
             st.queue_tokens, st.queue_feats, st.queued = [], [], 0
             return
-        drop = base + st.queued - n_keep
-        while drop > 0:
-            last = len(st.queue_tokens[-1])
-            if last <= drop:
-                st.queue_tokens.pop()
-                st.queue_feats.pop()
-                st.queued -= last
-                drop -= last
-            else:
-                st.queue_tokens[-1], st.queue_feats[-1] = st.queue_tokens[-1][:-drop], st.queue_feats[-1][:-drop]
-                st.queued -= drop
-                drop = 0
+        drop_queued_tail([st.queue_tokens, st.queue_feats], base + st.queued - n_keep)
+        st.queued = min(st.queued, n_keep - base)  # a cut past the end keeps everything
 
     def _queue(self, st: _Slot, tokens: np.ndarray, feats: np.ndarray, start: int) -> None:
         """Rows for positions start.. (a write there drops what came after it, as in the KV store); a

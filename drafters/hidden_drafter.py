@@ -61,6 +61,22 @@ def require_draft_path(ctx: DrafterContext, name: str) -> str:
     return str(ctx.draft_model_path)
 
 
+def drop_queued_tail(queues: Sequence[list[np.ndarray]], drop: int) -> None:
+    """Remove the newest `drop` rows from parallel queues of row arrays (entry k of each queue has the
+    same length): the lazy context of EAGLE-3 and DFlash, cut where a later forward rewrites it."""
+    lead = queues[0]
+    while drop > 0:
+        last = len(lead[-1])
+        if last <= drop:
+            for q in queues:
+                q.pop()
+            drop -= last
+        else:
+            for q in queues:
+                q[-1] = q[-1][:-drop]
+            drop = 0
+
+
 @dataclass(slots=True)
 class HiddenSlot:
     seq: int  # the slot's sequence in the draft runtime
