@@ -1,7 +1,7 @@
 """The Unix-socket JSON-RPC server: socket file lifecycle, accept loop, graceful shutdown.
 
-Socket file rules: created 0600 (umask held around bind, then chmod), a stale file left by a dead
-server is replaced, a live server's socket or a non-socket file is never touched. SIGTERM/SIGINT
+Socket file rules: created 0600 (umask held around bind, then chmod), present only once it listens, a
+stale file left by a dead server is replaced, a live server's socket or a non-socket file is never touched. SIGTERM/SIGINT
 stop accepting, let in-flight requests finish (bounded by `drain_timeout`), then remove the file.
 A second signal during the drain stops at once.
 """
@@ -12,6 +12,7 @@ import contextlib
 import errno
 import logging
 import os
+import secrets
 import select
 import signal
 import socket
@@ -109,14 +110,39 @@ def check_socket_path(path: str) -> None:
     prepare_socket_path(path)
 
 
+def _staging_path(path: str) -> str | None:
+    """A private name beside `path` to bind and listen on before the socket takes its real name, or None
+    when no such name fits in sun_path."""
+    parent = os.path.dirname(os.path.abspath(path))
+    staging = os.path.join(parent, f".spekula-{os.getpid()}-{secrets.token_hex(4)}.sock")
+    return staging if len(os.fsencode(staging)) <= _SUN_PATH_MAX else None
+
+
 async def create_listener(path: str) -> SocketListener:
+    """Listen on `path`. The file appears only once the socket listens (bound and listening under a staging
+    name, then hard-linked into place), so a client that waits for the file never sees ECONNREFUSED; the
+    link also fails rather than replacing a socket another server created meanwhile."""
     check_socket_path(path)
+    staging = _staging_path(path)
     # umask makes the file 0600 from the moment it exists; `mode` re-applies it explicitly.
     try:
         with _umask(0o177):
-            return await anyio.create_unix_listener(path, mode=0o600)
+            listener = await anyio.create_unix_listener(staging or path, mode=0o600)
     except OSError as exc:
         raise SocketInUseError(f"cannot listen on {path}: {exc.strerror or exc}") from None
+    if staging is None:
+        return listener
+    try:
+        os.link(staging, path)
+    except OSError as exc:
+        await listener.aclose()
+        if exc.errno == errno.EEXIST:
+            raise SocketInUseError(f"{path} appeared while this server was starting; refusing to replace it") from None
+        raise SocketInUseError(f"cannot listen on {path}: {exc.strerror or exc}") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staging)
+    return listener
 
 
 DEFAULT_MAX_CONNECTIONS = 256

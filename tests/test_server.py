@@ -69,6 +69,40 @@ def test_stale_socket_replaced_live_refused_other_file_kept(sock_path: str, tmp_
     assert regular.read_text() == "keep me"
 
 
+def test_socket_file_appears_only_once_it_listens(sock_path: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clients wait for the file, then connect: the file must never exist before listen() (anyio binds in
+    a worker thread and listens later, a window a loaded machine widens), and a file that another server
+    put there meanwhile is neither replaced nor removed."""
+    from spekula.frontends import server as server_mod
+
+    real = anyio.create_unix_listener
+    seen: list[bool] = []
+
+    async def listening_then_check(path: str, **kw: Any) -> Any:
+        listener = await real(path, **kw)
+        seen.append(os.path.exists(sock_path))
+        return listener
+
+    monkeypatch.setattr(server_mod.anyio, "create_unix_listener", listening_then_check)
+    with running_server(sock_path), SpekulaClient(sock_path) as c:
+        assert c.health()["status"] == "ok"
+        assert stat.S_IMODE(os.stat(sock_path).st_mode) == 0o600
+    assert seen == [False]
+    assert sorted(os.listdir(tmp_path)) == []  # no staging name left behind
+
+    async def another_server_meanwhile(path: str, **kw: Any) -> Any:
+        listener = await real(path, **kw)
+        Path(sock_path).write_text("someone else's")
+        return listener
+
+    monkeypatch.setattr(server_mod.anyio, "create_unix_listener", another_server_meanwhile)
+    with pytest.raises(SocketInUseError, match="appeared while"):
+        anyio.run(server_mod.create_listener, sock_path)
+    assert Path(sock_path).read_text() == "someone else's"
+    assert os.listdir(tmp_path) == ["s.sock"]
+
+
 def test_sync_client_methods_stream_cancel_and_errors(sock_path: str) -> None:
     with running_server(sock_path, fakes.FakeEngine(round_delay=0.02)), SpekulaClient(sock_path) as c:
         full = c.completion("hello", n_predict=12, return_tokens=True)
