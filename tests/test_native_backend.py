@@ -33,7 +33,7 @@ KERNELS = native_simd_choices()
 def native(type_name: str, threads: int = 1, kernels: str = "best") -> NativeBackend:
     path = tiny_model_path(ARCH_OF[type_name], weight_type=type_name)
     with native_kernels(kernels):
-        return NativeBackend(str(path), BackendOptions(n_ctx=256, n_seq_max=4, threads=threads))
+        return NativeBackend(str(path), BackendOptions(n_ctx=512, n_seq_max=4, threads=threads))
 
 
 @pytest.mark.parametrize("kernels", KERNELS)
@@ -83,6 +83,21 @@ def test_thread_count_does_not_change_a_bit(type_name: str, kernels: str) -> Non
     one, two = native(type_name, 1, kernels), native(type_name, 2, kernels)
     assert one.kernels == two.kernels == nl.kernel_name(kernels)
     assert np.array_equal(fresh_logits(one, tokens), fresh_logits(two, tokens))
+
+
+SIMD_SETS = [k for k in nl.available_kernels() if k != "generic"]
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_the_simd_sets_compute_the_same_model(type_name: str) -> None:
+    """AVX2 and AVX-512 give the same logits to the bit, whole forwards included (norms, attention,
+    activations): a model answers the same on every x86-64 machine with either set."""
+    if len(SIMD_SETS) < 2:
+        pytest.skip(f"this CPU runs one SIMD kernel set ({', '.join(SIMD_SETS) or 'none'}): nothing to compare")
+    tokens = np.random.default_rng(3).integers(0, 320, 300).astype(np.int32)  # 300 keys: two attention chunks
+    best, avx2 = native(type_name), native(type_name, kernels="avx2")
+    assert best.kernels != avx2.kernels
+    assert np.array_equal(fresh_logits(best, tokens, [200, 1, 99]), fresh_logits(avx2, tokens, [200, 1, 99]))
 
 
 def test_an_unknown_kernel_choice_is_a_clear_error() -> None:

@@ -42,7 +42,7 @@ INLINE int hsum_i32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-INLINE void store_tile(float res[2][4], int mr, int nr, int64_t r0, int64_t n0, const float *bias, float *out,
+INLINE void store_tile(float res[2][2], int mr, int nr, int64_t r0, int64_t n0, const float *bias, float *out,
                        int64_t ldo, int accumulate) {
     for (int r = 0; r < mr; r++)
         for (int n = 0; n < nr; n++) {
@@ -64,38 +64,46 @@ INLINE __m256 load_w8(int type, const uint8_t *row, int64_t c) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* MR rows x NR weight rows: one 8-lane fma chain per output element, then hsum. */
+/* MR rows x NR weight rows over 16-column steps: two 8-lane fma chains per output element (columns
+ * 16c..16c+7 and 16c+8..16c+15), added and reduced as the AVX-512 kernel reduces its 16 lanes, so both
+ * sets compute float matmuls to the same bits. */
 INLINE void tile_f(int type, const uint8_t *w0, int64_t rb, int64_t nc, const float *x, int64_t ldx, int64_t r0,
-                   const int MR, const int NR, float res[2][4]) {
-    __m256 acc[2][4];
+                   const int MR, const int NR, float res[2][2]) {
+    __m256 lo[2][2], hi[2][2];
     for (int r = 0; r < MR; r++)
-        for (int n = 0; n < NR; n++) acc[r][n] = _mm256_setzero_ps();
+        for (int n = 0; n < NR; n++) lo[r][n] = hi[r][n] = _mm256_setzero_ps();
     for (int64_t c = 0; c < nc; c++) {
-        __m256 W[4];
-        for (int n = 0; n < NR; n++) W[n] = load_w8(type, w0 + n * rb, c);
+        __m256 wl[2], wh[2];
+        for (int n = 0; n < NR; n++) {
+            wl[n] = load_w8(type, w0 + n * rb, 2 * c);
+            wh[n] = load_w8(type, w0 + n * rb, 2 * c + 1);
+        }
         for (int r = 0; r < MR; r++) {
-            __m256 X = _mm256_loadu_ps(x + (r0 + r) * ldx + 8 * c);
-            for (int n = 0; n < NR; n++) acc[r][n] = _mm256_fmadd_ps(W[n], X, acc[r][n]);
+            const __m256 xl = _mm256_loadu_ps(x + (r0 + r) * ldx + 16 * c), xh = _mm256_loadu_ps(x + (r0 + r) * ldx + 16 * c + 8);
+            for (int n = 0; n < NR; n++) {
+                lo[r][n] = _mm256_fmadd_ps(wl[n], xl, lo[r][n]);
+                hi[r][n] = _mm256_fmadd_ps(wh[n], xh, hi[r][n]);
+            }
         }
     }
     for (int r = 0; r < MR; r++)
-        for (int n = 0; n < NR; n++) res[r][n] = hsum(acc[r][n]);
+        for (int n = 0; n < NR; n++) res[r][n] = hsum(_mm256_add_ps(hi[r][n], lo[r][n]));
 }
 
 #define DEF_FGEMM(NAME, TYPE)                                                                                 \
     static void NAME(const sk_tensor *w, int64_t n0, int64_t n1, const float *x, int64_t ldx, int64_t m,      \
                      float *out, int64_t ldo, int accumulate) {                                               \
-        const int64_t nc = w->n_cols / 8, rb = w->row_bytes;                                                  \
-        float res[2][4];                                                                                      \
+        const int64_t nc = w->n_cols / 16, rb = w->row_bytes;                                                 \
+        float res[2][2];                                                                                      \
         for (int64_t m0 = 0; m0 < m; m0 += ROW_BLOCK) {                                                       \
             const int64_t m1 = m0 + ROW_BLOCK < m ? m0 + ROW_BLOCK : m;                                       \
             for (int64_t n = n0; n < n1;) {                                                                   \
-                const int nr = n1 - n >= 4 ? 4 : 1;                                                           \
+                const int nr = n1 - n >= 2 ? 2 : 1;                                                           \
                 const uint8_t *w0 = w->data + n * rb;                                                         \
                 for (int64_t r = m0; r < m1;) {                                                               \
                     const int mr = m1 - r >= 2 ? 2 : 1;                                                       \
-                    if (nr == 4 && mr == 2) tile_f(TYPE, w0, rb, nc, x, ldx, r, 2, 4, res);                    \
-                    else if (nr == 4) tile_f(TYPE, w0, rb, nc, x, ldx, r, 1, 4, res);                          \
+                    if (nr == 2 && mr == 2) tile_f(TYPE, w0, rb, nc, x, ldx, r, 2, 2, res);                    \
+                    else if (nr == 2) tile_f(TYPE, w0, rb, nc, x, ldx, r, 1, 2, res);                          \
                     else if (mr == 2) tile_f(TYPE, w0, rb, nc, x, ldx, r, 2, 1, res);                          \
                     else tile_f(TYPE, w0, rb, nc, x, ldx, r, 1, 1, res);                                       \
                     store_tile(res, mr, nr, r, n, w->bias, out, ldo, accumulate);                             \
@@ -119,7 +127,7 @@ static void gemm_f(const sk_tensor *w, int64_t n0, int64_t n1, const float *x, i
 
 static int supports(const sk_tensor *w) {
     if (sk_is_quant(w->type)) return sk_packed_supported(w);
-    return w->layout == 0 && w->n_cols % 8 == 0;
+    return w->layout == 0 && w->n_cols % 16 == 0; /* as AVX-512: other widths go to the portable kernel on both */
 }
 
 static int64_t packed_size(const sk_tensor *w, int64_t *row_bytes) {
@@ -185,13 +193,16 @@ INLINE __m256 exp256(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+/* The sum of squares runs in 16 lanes (two 8-lane halves) and reduces as the AVX-512 kernel's does, so
+ * both sets normalize to the same bits. */
 static void rms_norm(const float *x, const float *w, int64_t n, float eps, float *y) {
-    __m256 ss = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += 8) {
-        __m256 v = _mm256_maskload_ps(x + i, tail_mask(n - i));
-        ss = _mm256_fmadd_ps(v, v, ss);
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m256 a = _mm256_maskload_ps(x + i, tail_mask(n - i)), b = _mm256_maskload_ps(x + i + 8, tail_mask(n - i - 8));
+        lo = _mm256_fmadd_ps(a, a, lo);
+        hi = _mm256_fmadd_ps(b, b, hi);
     }
-    const float scale = 1.0f / sqrtf(hsum(ss) / (float)n + eps);
+    const float scale = 1.0f / sqrtf(hsum(_mm256_add_ps(hi, lo)) / (float)n + eps);
     const __m256 vs = _mm256_set1_ps(scale);
     for (int64_t i = 0; i < n; i += 8) {
         const __m256i k = tail_mask(n - i);
@@ -281,16 +292,17 @@ INLINE void attend_heads(const int G, const float *const *qh, const uint16_t *k,
     for (int h = 0; h < G; h++) {
         mxs[h] = hmax(vmax[h]);
         const __m256 mx = _mm256_set1_ps(mxs[h]);
-        __m256 vsum = _mm256_setzero_ps();
+        /* 16 running sums (one per key lane of a block), reduced as the AVX-512 kernel reduces its own. */
+        __m256 vsum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
         for (int64_t b = 0; b < nb; b++)
             for (int half = 0; half < 2; half++) {
                 float *s = sh[h] + b * 16 + 8 * half;
                 const __m256 live = _mm256_castsi256_ps(tail_mask(n_keys - b * 16 - 8 * half));
                 const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(s), mx)), live);
                 _mm256_storeu_ps(s, e);
-                vsum = _mm256_add_ps(vsum, e);
+                vsum[half] = _mm256_add_ps(vsum[half], e);
             }
-        sums[h] = hsum(vsum);
+        sums[h] = hsum(_mm256_add_ps(vsum[1], vsum[0]));
     }
     for (int h = 0; h < G; h += PV_HEADS)
         for (int d0 = 0; d0 < head_dim; d0 += 16) {
