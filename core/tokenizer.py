@@ -89,6 +89,12 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 _BYTE_OF_CHAR = {c: b for b, c in bytes_to_unicode().items()}
+# str.translate table taking each byte-alphabet character to the Latin-1 character of its byte, and each
+# other character below U+0100 to its UTF-8 bytes as Latin-1 characters: a piece then encodes to Latin-1
+# in one C call, and only a piece with a character from U+0100 up outside the alphabet fails and takes
+# the per-character path.
+_LATIN1_OF_CHAR = {**{i: chr(i).encode("utf-8").decode("latin-1") for i in range(256)},
+                   **{ord(c): chr(b) for c, b in _BYTE_OF_CHAR.items()}}
 
 
 def byte_level_pre_tokenizer(pre: str) -> tuple[pre_tokenizers.PreTokenizer, bool]:
@@ -304,7 +310,10 @@ class Tokenizer:
         if self.model_kind == "llama":
             return text.replace("\u2581", " ").encode("utf-8")
         # characters outside the byte alphabet (hand-added tokens) stand for their own UTF-8
-        return b"".join(bytes([_BYTE_OF_CHAR[c]]) if c in _BYTE_OF_CHAR else c.encode("utf-8") for c in text)
+        try:
+            return text.translate(_LATIN1_OF_CHAR).encode("latin-1")
+        except UnicodeEncodeError:
+            return b"".join(bytes([_BYTE_OF_CHAR[c]]) if c in _BYTE_OF_CHAR else c.encode("utf-8") for c in text)
 
     # ---- public API ----------------------------------------------------------------------------
 

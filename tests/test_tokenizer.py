@@ -12,6 +12,7 @@ import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spekula.core import tokenizer as tok_mod
 from spekula.core.chat_template import ChatTemplateError, render_chat
 from spekula.core.errors import ModelFileError, SpekulaError
 from spekula.core.gguf_file import GGUFFile
@@ -356,3 +357,20 @@ def test_smollm_isolates_digits_before_whitespace_rules() -> None:
     tok = _tokenizer(str(tiny_model_path("llama")))
     ids = tok.encode("a  12", add_special=False)
     assert [tok.token_text(i) for i in ids] == ["a", "\u0120\u0120", "1", "2"]
+
+
+_BYTE_ALPHABET = sorted(tok_mod._BYTE_OF_CHAR)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.one_of(st.sampled_from(_BYTE_ALPHABET), st.characters(max_codepoint=0x2FF),
+                         st.characters(blacklist_categories=("Cs",))),
+               max_size=12))
+def test_byte_level_pieces_decode_character_by_character(text: str) -> None:
+    """A byte-level piece is the byte of each alphabet character and the UTF-8 of any other character,
+    whichever path (one translate, or character by character) computes it."""
+    want = b"".join(bytes([tok_mod._BYTE_OF_CHAR[c]]) if c in tok_mod._BYTE_OF_CHAR else c.encode("utf-8")
+                    for c in text)
+    tok = object.__new__(tok_mod.Tokenizer)
+    tok._tokens, tok._types, tok.model_kind = [text], [tok_mod.NORMAL], "gpt2"
+    assert tok._piece(0) == want
