@@ -60,9 +60,11 @@ def check_all_combinations(
     model: Path, texts: list[str], options: dict[str, Any], n_predict: int
 ) -> dict[tuple[str, ...], int]:
     """Run plain, then every combination; assert identical tokens; return draft tokens per combination."""
-    from spekula.backends.torch import TorchBackend
+    from spekula.backends.native import NativeBackend
 
-    backend = TorchBackend(str(model), BackendOptions(n_ctx=512, n_seq_max=2))
+    # The default backend: exact (a row's logits never depend on its batch), so plain and speculative
+    # decoding must agree token for token; tests/test_lossless_gguf.py runs the drafters on torch too.
+    backend = NativeBackend(str(model), BackendOptions(n_ctx=512, n_seq_max=2))
     tokenizer = Tokenizer.from_gguf(GGUFFile(model))
     prompts = [tokenizer.encode(t) for t in texts]
     # Fixed lengths, so every combination verifies drafts (the cost model may rightly skip a drafter

@@ -25,7 +25,7 @@ from spekula.core.params import CompletionRequest, SamplingParams
 pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.slow
 
-N_PREDICT = 128
+N_PREDICT = 64
 NEAR_TIE = 2e-3
 PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
