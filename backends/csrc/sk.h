@@ -144,6 +144,14 @@ static inline uint16_t sk_f32_to_f16(float f) {
     return (uint16_t)(sign | half);
 }
 
+/* An activation block's scale or scaled sum, rounded to float16 as llama.cpp stores them; a finite value
+ * beyond float16's range (a block of activations summing past 65504 times its scale) stays float32
+ * instead of turning into an infinity that would poison every output of the row. */
+static inline float sk_act_round(float f) {
+    const float r = sk_f16_to_f32(sk_f32_to_f16(f));
+    return __builtin_isinf(r) && __builtin_isfinite(f) ? f : r;
+}
+
 static inline float sk_bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v = {(uint32_t)h << 16};
     return v.f;

@@ -164,8 +164,8 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t m, int64_t k, sk_
             const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
             _mm256_storeu_si256((__m256i *)(q + i0), _mm256_permutevar8x32_epi32(p, order));
             const int s0 = hsum_i32(_mm256_add_epi32(qi[0], qi[1])), s1 = hsum_i32(_mm256_add_epi32(qi[2], qi[3]));
-            a->d[row * (kp / 32) + b] = sk_f16_to_f32(sk_f32_to_f16(d)); /* float16, as the generic version */
-            a->s[row * (kp / 32) + b] = sk_f16_to_f32(sk_f32_to_f16(d * (float)(s0 + s1)));
+            a->d[row * (kp / 32) + b] = sk_act_round(d); /* float16, as the generic version */
+            a->s[row * (kp / 32) + b] = sk_act_round(d * (float)(s0 + s1));
             a->qs16[row * (kp / 16) + 2 * b] = s0;
             a->qs16[row * (kp / 16) + 2 * b + 1] = s1;
         }

@@ -121,8 +121,8 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t m, int64_t k, sk_
             _mm_storeu_si128((__m128i *)(q + i0), _mm512_cvtepi32_epi8(q0));
             _mm_storeu_si128((__m128i *)(q + i0 + 16), _mm512_cvtepi32_epi8(q1));
             int s0 = _mm512_reduce_add_epi32(q0), s1 = _mm512_reduce_add_epi32(q1);
-            a->d[row * (kp / 32) + b] = sk_f16_to_f32(sk_f32_to_f16(d));  /* float16, as the generic version */
-            a->s[row * (kp / 32) + b] = sk_f16_to_f32(sk_f32_to_f16(d * (float)(s0 + s1)));
+            a->d[row * (kp / 32) + b] = sk_act_round(d);  /* float16, as the generic version */
+            a->s[row * (kp / 32) + b] = sk_act_round(d * (float)(s0 + s1));
             a->qs16[row * (kp / 16) + 2 * b] = s0;
             a->qs16[row * (kp / 16) + 2 * b + 1] = s1;
         }

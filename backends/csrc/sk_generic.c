@@ -147,8 +147,8 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t m, int64_t k, sk_
             }
             /* The scale and the block sum are kept as float16 values, as llama.cpp's q8_0/q8_1 blocks
              * keep them, so products with the weights round the way llama.cpp's do. */
-            a->d[row * (kp / 32) + b] = sk_f16_to_f32(sk_f32_to_f16(d));
-            a->s[row * (kp / 32) + b] = sk_f16_to_f32(sk_f32_to_f16(d * (float)(sum[0] + sum[1])));
+            a->d[row * (kp / 32) + b] = sk_act_round(d);
+            a->s[row * (kp / 32) + b] = sk_act_round(d * (float)(sum[0] + sum[1]));
             a->qs16[row * (kp / 16) + 2 * b] = sum[0];
             a->qs16[row * (kp / 16) + 2 * b + 1] = sum[1];
         }
