@@ -33,6 +33,9 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     seed: int = -1  # -1: random, resolved once per request
+    # (token id, bias) pairs added to the target's logits before anything else, in order (a token
+    # named twice gets both); -inf bans the token (llama-server's `false`).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:

@@ -1,7 +1,7 @@
 """The target's token sampler: llama.cpp's default chain, numpy only.
 
-Chain order (llama.cpp's common sampler): repetition penalty -> top-k -> top-p -> min-p ->
-temperature -> dist. top-p and min-p look at the temperature-1 distribution because they run
+Chain order (llama.cpp's common sampler): logit bias -> repetition penalty -> top-k -> top-p ->
+min-p -> temperature -> dist. top-p and min-p look at the temperature-1 distribution because they run
 before the temperature stage, exactly as in llama.cpp.
 
 `sample` draws exactly one uniform from the request's Generator when temperature > 0 and none when
@@ -40,6 +40,9 @@ def _validate(params: SamplingParams) -> None:
         raise ConfigError(f"repeat_penalty must be > 0; got {params.repeat_penalty}")
     if not -1 <= params.repeat_last_n < 2**31:
         raise ConfigError(f"repeat_last_n must be in [-1, 2^31); got {params.repeat_last_n}")
+    for token, bias in params.logit_bias:
+        if not math.isfinite(bias) and bias != -math.inf:
+            raise ConfigError(f"logit_bias for token {token} must be finite or -inf (a ban); got {bias}")
     if not -(2**31) <= params.top_k < 2**31:
         raise ConfigError(f"top_k must be a 32-bit integer; got {params.top_k}")
 
@@ -59,6 +62,11 @@ class Sampler:
         window = None if params.repeat_last_n == -1 else max(params.repeat_last_n, 0)
         self._history: deque[int] = deque(maxlen=window)
         self._counts: Counter[int] = Counter()
+        bad = next((t for t, _ in params.logit_bias if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise ConfigError(f"logit_bias names token {bad}, outside the vocabulary [0, {n_vocab})")
+        self._bias_ids = np.array([t for t, _ in params.logit_bias], dtype=np.int64)
+        self._bias = np.array([b for _, b in params.logit_bias], dtype=np.float32)
 
     @property
     def greedy(self) -> bool:
@@ -66,8 +74,9 @@ class Sampler:
 
     @property
     def plain_greedy(self) -> bool:
-        """Greedy with no repetition penalty: every row's token is its argmax, whatever came before."""
-        return self.params.greedy and not self._penalize
+        """Greedy with no repetition penalty or bias: every row's token is its raw argmax, whatever came
+        before."""
+        return self.params.greedy and not self._penalize and not self._bias_ids.size
 
     @property
     def _penalize(self) -> bool:
@@ -79,9 +88,13 @@ class Sampler:
         row = np.asarray(logits, dtype=np.float32)
         if row.shape != (self.n_vocab,):
             raise ValueError(f"expected a logits row of shape ({self.n_vocab},); got {row.shape}")
+        if self._bias_ids.size:
+            row = row.copy()
+            np.add.at(row, self._bias_ids, self._bias)  # unbuffered: a token named twice gets both biases
         if not self._penalize or not self._counts:
             return row
-        row = row.copy()
+        if not self._bias_ids.size:
+            row = row.copy()
         ids = np.fromiter(self._counts.keys(), dtype=np.int64, count=len(self._counts))
         ids = ids[(ids >= 0) & (ids < self.n_vocab)]
         vals = row[ids]
@@ -105,6 +118,11 @@ class Sampler:
         ids = np.sort(ids)
         ids = ids[np.argsort(-row[ids], kind="stable")].astype(np.int64)
         lg = row[ids].astype(np.float64)
+        if lg[-1] == -np.inf:  # banned tokens (a -inf bias) have no mass; if every one is, the first stays
+            keep = max(int(np.count_nonzero(lg > -np.inf)), 1)
+            ids, lg = ids[:keep], lg[:keep]
+            if lg[0] == -np.inf:
+                return ids, np.ones(1, dtype=np.float64)
 
         if p.top_p < 1.0:
             probs = _softmax(lg)
@@ -154,6 +172,7 @@ class Sampler:
         other.rng.bit_generator.state = self.rng.bit_generator.state
         other._history = deque(self._history, maxlen=self._history.maxlen)
         other._counts = Counter(self._counts)
+        other._bias_ids, other._bias = self._bias_ids, self._bias
         return other
 
 

@@ -28,7 +28,7 @@ NEUTRAL: dict[str, Any] = {
     "dry_multiplier": 0.0, "mirostat": 0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
     "n_probs": 0, "n_indent": 0, "t_max_predict_ms": 0, "t_max_prompt_ms": 0, "top_n_sigma": -1.0,
     "best_of": 1, "logprobs": False, "top_logprobs": 0, "echo": False,
-    "post_sampling_probs": False, "logit_bias": None, "lora": None,
+    "post_sampling_probs": False, "lora": None,
     "suffix": None, "continue_final_message": False, "thinking_budget_tokens": -1,
 }
 # Fields that never change the generated tokens here.
@@ -49,7 +49,7 @@ def _is_neutral(name: str, value: Any) -> bool:
     want = NEUTRAL[name]
     if value is None:
         return True
-    if name in ("logit_bias", "lora"):
+    if name == "lora":
         return not value  # {} / [] change nothing
     if name == "suffix":
         return value == ""

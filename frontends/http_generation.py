@@ -74,7 +74,7 @@ class GenerationService:
         cfg = self.engine.config
         try:
             parsed = rp.parse_completion(params, prompt, defaults=self.defaults, spec_base=cfg.spec, n_ctx=cfg.n_ctx,
-                                         n_slots=cfg.n_slots)
+                                         n_slots=cfg.n_slots, tokenizer=self.engine.tokenizer)
         except RpcError as exc:
             raise from_rpc(exc) from None
         return Generation(parsed.request, options, prompt_text), parsed

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -40,7 +41,9 @@ def generation_settings(state: HttpState, params: Any = None) -> dict[str, Any]:
         "repeat_last_n": s.repeat_last_n, "repeat_penalty": s.repeat_penalty, "presence_penalty": 0.0,
         "frequency_penalty": 0.0, "dry_multiplier": 0.0, "mirostat": 0, "adaptive_target": -1.0,
         "adaptive_decay": 0.9, "stop": [] if params is None else list(params.stop), "n_keep": 0,
-        "ignore_eos": False if params is None else params.ignore_eos, "n_probs": 0, "logit_bias": [],
+        "ignore_eos": False if params is None else params.ignore_eos, "n_probs": 0,
+        # as llama-server lists them; a ban (-inf) reads null, as its JSON writer prints it
+        "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in s.logit_bias],
         "grammar": "", "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
         "speculative.types": list(spec.types), "speculative.n_max": spec.n_max, "speculative.n_min": spec.n_min,
         "speculative.p_min": spec.p_min, "speculative.adaptive": spec.adaptive,

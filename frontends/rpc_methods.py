@@ -102,7 +102,7 @@ class SpekulaMethods:
     def _parse(self, obj: dict[str, Any], prompt: list[int]) -> rp.ParsedCompletion:
         cfg = self.engine.config
         return rp.parse_completion(obj, prompt, defaults=self.defaults, spec_base=cfg.spec, n_ctx=cfg.n_ctx,
-                                   n_slots=cfg.n_slots)
+                                   n_slots=cfg.n_slots, tokenizer=self.engine.tokenizer)
 
     async def _encode(self, text: str, *, add_special: bool = True, parse_special: bool = True,
                       prompt: bool = True) -> list[int]:

@@ -54,7 +54,7 @@ class ParamError(RpcError):
 def invalid_params(message: str, field: str = "") -> ParamError:
     return ParamError(field, message)
 
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed")
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "logit_bias")
 SPEC_FIELDS = ("n_max", "n_min", "p_min", "type", "adaptive")
 GRAMMAR_FIELDS = ("grammar", "json_schema", "response_format")
 COMPLETION_FIELDS = frozenset(
@@ -180,7 +180,7 @@ def parse_spec(params: dict[str, Any], base: SpecParams) -> SpecParams | None:
     return base.with_(**kw)
 
 
-def parse_sampling(params: dict[str, Any], base: SamplingParams) -> SamplingParams:
+def parse_sampling(params: dict[str, Any], base: SamplingParams, tokenizer: Any = None) -> SamplingParams:
     return base.with_(
         temperature=get_float(params, "temperature", base.temperature),
         top_k=get_int(params, "top_k", base.top_k),
@@ -189,7 +189,69 @@ def parse_sampling(params: dict[str, Any], base: SamplingParams) -> SamplingPara
         repeat_penalty=get_float(params, "repeat_penalty", base.repeat_penalty),
         repeat_last_n=get_int(params, "repeat_last_n", base.repeat_last_n),
         seed=get_int(params, "seed", base.seed),
+        logit_bias=parse_logit_bias(params, base.logit_bias, tokenizer),
     )
+
+
+MAX_LOGIT_BIAS = 65_536  # entries per request
+MAX_LOGIT_BIAS_TEXT = 1024  # characters of a text key
+_BIAS_SHAPE = "'logit_bias' must be a list of [token, bias] pairs or an object mapping tokens to biases"
+
+
+def parse_logit_bias(params: dict[str, Any], base: tuple[tuple[int, float], ...],
+                     tokenizer: Any) -> tuple[tuple[int, float], ...]:
+    """llama-server's two forms: [[token, bias], ...] and {"token": bias, ...} (OpenAI's). A token is
+    an id, or a text whose every token gets the bias (an object key that is all digits is an id);
+    a bias is a number or false (the token is banned). Unlike llama-server, which skips entries it
+    cannot use, a malformed entry or an id outside the vocabulary is an error naming the field."""
+    value = params.get("logit_bias")
+    if value is None:
+        return base
+    if isinstance(value, dict):
+        items = [(_object_key(k), b) for k, b in value.items()]
+    elif isinstance(value, list):
+        if any(not isinstance(el, list) or len(el) != 2 for el in value):
+            raise invalid_params(_BIAS_SHAPE, "logit_bias")
+        items = [(el[0], el[1]) for el in value]
+    else:
+        raise invalid_params(_BIAS_SHAPE, "logit_bias")
+    if len(items) > MAX_LOGIT_BIAS:
+        raise invalid_params(f"'logit_bias' has {len(items)} entries (at most {MAX_LOGIT_BIAS})", "logit_bias")
+    n_vocab = tokenizer.n_vocab if tokenizer is not None else None
+    out: list[tuple[int, float]] = []
+    for key, raw in items:
+        bias = _bias_value(raw)
+        for token in _bias_tokens(key, tokenizer, n_vocab):
+            out.append((token, bias))
+        if len(out) > MAX_LOGIT_BIAS:
+            raise invalid_params(f"'logit_bias' names more than {MAX_LOGIT_BIAS} tokens", "logit_bias")
+    return tuple(out)
+
+
+def _object_key(key: str) -> int | str:
+    return int(key) if key.isascii() and key.lstrip("-").isdigit() and len(key) <= 12 else key
+
+
+def _bias_value(raw: Any) -> float:
+    if raw is False:
+        return -math.inf
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw) or abs(raw) > 1e6:
+        raise invalid_params("'logit_bias' biases must be numbers in [-1e6, 1e6] or false (a ban)", "logit_bias")
+    return float(raw)
+
+
+def _bias_tokens(key: Any, tokenizer: Any, n_vocab: int | None) -> list[int]:
+    if isinstance(key, str):
+        if tokenizer is None:
+            raise invalid_params("'logit_bias' takes token ids here, not texts", "logit_bias")
+        if len(key) > MAX_LOGIT_BIAS_TEXT:
+            raise invalid_params(f"'logit_bias' texts are at most {MAX_LOGIT_BIAS_TEXT} characters", "logit_bias")
+        return [int(t) for t in tokenizer.encode(key, add_special=False, parse_special=False)]
+    if isinstance(key, bool) or not isinstance(key, int):
+        raise invalid_params("'logit_bias' tokens must be token ids or texts", "logit_bias")
+    if n_vocab is not None and not 0 <= key < n_vocab:
+        raise invalid_params(f"'logit_bias' names token id {key} outside the vocabulary [0, {n_vocab})", "logit_bias")
+    return [key]
 
 
 def parse_stop(params: dict[str, Any]) -> list[str]:
@@ -279,13 +341,15 @@ def parse_completion(
     spec_base: SpecParams,
     n_ctx: int,
     n_slots: int = 1,
+    tokenizer: Any = None,
 ) -> ParsedCompletion:
-    """Everything except the prompt itself, which the caller has tokenized (see `prompt_field`)."""
+    """Everything except the prompt itself, which the caller has tokenized (see `prompt_field`);
+    `tokenizer` turns logit_bias texts into tokens and bounds its ids."""
     check_context(prompt, n_ctx)
     request = CompletionRequest(
         prompt=prompt,
         n_predict=get_int(params, "n_predict", defaults.n_predict),
-        sampling=parse_sampling(params, defaults.sampling),
+        sampling=parse_sampling(params, defaults.sampling, tokenizer),
         stop=parse_stop(params),
         ignore_eos=get_bool(params, "ignore_eos", False),
         spec=parse_spec(params, spec_base),

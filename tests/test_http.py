@@ -70,6 +70,29 @@ def test_greedy_completion_equals_spekula_generate(server: HttpServer, spec: tup
     assert got["stop_type"] in ("limit", "eos") and got["timings"]["predicted_n"] == len(got["tokens"])
 
 
+@pytest.mark.parametrize("speculative", ["none", "ngram-simple,ngram-mod"])
+def test_logit_bias_bans_and_favours_tokens_in_every_form(server: HttpServer, speculative: str) -> None:
+    """A banned token never comes out, with speculation or without (the drafters copy the prompt, which
+    holds the banned tokens), and each of llama-server's forms (pairs, OpenAI's object, texts) says the same."""
+    prompt = "the cat sat on the mat and the cat sat on the"
+    base = {"prompt": prompt, "n_predict": 24, "return_tokens": True, "speculative.type": speculative}
+    status, plain = server.post("/completion", base)
+    assert status == 200, plain
+    banned = sorted(set(plain["tokens"][:6]))
+    answers = []
+    for bias in ([[t, False] for t in banned], {str(t): False for t in banned}):
+        status, got = server.post("/completion", {**base, "logit_bias": bias})
+        assert status == 200, got
+        assert not set(got["tokens"]) & set(banned) and got["tokens"] != plain["tokens"]
+        assert got["generation_settings"]["logit_bias"] == [{"bias": None, "token": t} for t in banned]
+        answers.append(got["tokens"])
+    assert answers[0] == answers[1]
+    _, text = server.post("/detokenize", {"tokens": [banned[0]]})
+    _, favoured = server.post("/tokenize", {"content": text["content"]})
+    status, got = server.post("/completion", {**base, "logit_bias": [[text["content"], 100]]})
+    assert status == 200 and got["tokens"] and set(got["tokens"]) <= set(favoured["tokens"])
+
+
 def test_stream_pieces_spell_the_completion(server: HttpServer) -> None:
     body = {"prompt": "one two three one two three one two", "n_predict": 20}
     status, whole = server.post("/completion", body)
@@ -127,6 +150,10 @@ def test_second_chat_turn_reuses_the_first(server: HttpServer) -> None:
     ({"prompt": "x", "typical_p": 0.5}, "typical_p"),
     ({"prompt": "x", "speculative.type": "no-such-drafter"}, "speculative.type"),
     ({"prompt": "x", "id_slot": 9}, "id_slot"),
+    ({"prompt": "x", "logit_bias": [[1]]}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": "lots"}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": [[99999, 1.0]]}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": 3}, "logit_bias"),
 ])
 def test_bad_fields_are_400_naming_the_field(server: HttpServer, body: dict, field: str) -> None:  # type: ignore[type-arg]
     status, err = server.post("/completion", body)

@@ -83,7 +83,7 @@ def test_field_policy() -> None:
                              n_slots=2)
     assert params == {"prompt": "x", "n_predict": 5} and opts.include_usage and opts.n == 2
     for body, word in (({"typical_p": 0.9}, "typical_p"), ({"presence_penalty": 1}, "presence_penalty"),
-                       ({"n": 3}, "'n'"), ({"logit_bias": {"1": -100}}, "logit_bias"),
+                       ({"n": 3}, "'n'"), ({"lora": [{"id": 0, "scale": 1}]}, "lora"),
                        ({"logprobs": True}, "logprobs"), ({"what": 1}, "unknown field 'what'"),
                        ({"stream_options": {"x": 1}}, "stream_options")):
         with pytest.raises(HttpError, match=word):

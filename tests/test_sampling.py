@@ -151,3 +151,38 @@ def test_distribution_properties(seed: int, temperature: float, top_k: int, top_
     kept = set(ids.tolist())
     assert all(logits[i] <= logits[ids].min() for i in range(10) if i not in kept)  # filters keep a top set
     assert s.sample(logits) in kept
+
+
+def test_logit_bias_comes_before_the_penalty_and_adds_up() -> None:
+    logits = np.array([1.0, 2.0, 3.0, 0.5], dtype=np.float32)
+    # token 2 is biased twice (both count), then penalised as a repeat: (3 - 1.5 - 1.5) -> 0 * 2 = 0
+    s = Sampler(SamplingParams(temperature=0.0, repeat_penalty=2.0, logit_bias=((2, -1.5), (2, -1.5), (3, 1.0))),
+                4, seed=0)
+    s.accept(2)
+    assert not s.plain_greedy
+    assert s._penalized(logits).tolist() == [1.0, 2.0, 0.0, 1.5]
+    assert s.sample(logits) == 1
+    ids, probs = Sampler(NEUTRAL.with_(logit_bias=((0, math.log(3.0)),)), 4, 0).distribution(np.zeros(4, np.float32))
+    assert dict(zip(ids.tolist(), probs.tolist(), strict=True)) == pytest.approx({0: 0.5, 1: 1 / 6, 2: 1 / 6, 3: 1 / 6})
+
+
+@settings(max_examples=40, deadline=None)
+@given(banned=st.sets(st.integers(0, 7), max_size=8), temperature=st.sampled_from([0.0, 0.5, 1.5]),
+       seed=st.integers(0, 2**32 - 1))
+def test_a_banned_token_is_never_sampled(banned: set[int], temperature: float, seed: int) -> None:
+    """A -inf bias (llama-server's false) bans the token; when every token is banned the lowest id stays
+    the one answer instead of a NaN distribution."""
+    bias = tuple((t, -math.inf) for t in sorted(banned))
+    s = Sampler(SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=seed, logit_bias=bias),
+                8, seed)
+    logits = np.random.default_rng(seed).standard_normal(8).astype(np.float32)
+    ids, probs = s.distribution(logits)
+    assert np.isfinite(probs).all() and probs.sum() == pytest.approx(1.0)
+    picks = {s.sample(logits) for _ in range(20)}
+    assert picks.isdisjoint(banned) if len(banned) < 8 else picks == {0}
+
+
+@pytest.mark.parametrize("bias", [((0, math.nan),), ((1, math.inf),), ((9, 1.0),), ((-1, 1.0),)])
+def test_bad_logit_bias_is_a_config_error(bias: tuple[tuple[int, float], ...]) -> None:
+    with pytest.raises(ConfigError, match="logit_bias"):
+        Sampler(SamplingParams(logit_bias=bias), 8, seed=0)
