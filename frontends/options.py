@@ -9,6 +9,7 @@ options llama.cpp removed fail with its "argument has been removed" message.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -141,6 +142,9 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty, help=f"(default: {d.repeat_penalty})")
     g.add_argument("--repeat-last-n", type=int, default=d.repeat_last_n, help=f"(default: {d.repeat_last_n})")
     g.add_argument("-s", "--seed", type=int, default=-1, help="RNG seed (-1: random)")
+    g.add_argument("-l", "--logit-bias", action="append", default=[], type=logit_bias_arg, metavar="TOKEN_ID(+/-)BIAS",
+                   help="add BIAS to a token's logit, e.g. 15043+1 or 15043-1; 15043-inf bans the token "
+                        "(repeatable; a server's default for requests that give no logit_bias)")
     g.add_argument("--jinja", "--chat", dest="chat", action="store_true",
                    help="render the prompt as a user message through the model's chat template")
 
@@ -211,7 +215,20 @@ def spec_params_from_args(args: argparse.Namespace) -> SpecParams:
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                          repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)
+                          repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed,
+                          logit_bias=tuple(getattr(args, "logit_bias", ())))
+
+
+_LOGIT_BIAS_ARG = re.compile(r"(\d+)([+-])(inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)")
+
+
+def logit_bias_arg(value: str) -> tuple[int, float]:
+    """llama.cpp's TOKEN_ID(+/-)BIAS: 15043+1, 15043-0.5, 15043-inf (a ban)."""
+    m = _LOGIT_BIAS_ARG.fullmatch(value.strip())
+    if m is None or (m.group(2) == "+" and m.group(3) == "inf"):
+        raise argparse.ArgumentTypeError(f"expected TOKEN_ID(+/-)BIAS such as 15043+1 or 15043-inf, got {value!r}")
+    bias = float(m.group(3))
+    return int(m.group(1)), -bias if m.group(2) == "-" else bias
 
 
 def _infer_draft_type(path: str) -> tuple[str, ...]:
@@ -326,6 +343,9 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
     """Load the target backend and tokenizer and create the drafters; any problem is a SpekulaError."""
     spec, draft_path = _checked_spec(args, drafters)
     path, tokenizer = _open_target(args)
+    bad = next((t for t, _ in getattr(args, "logit_bias", ()) if t >= tokenizer.n_vocab), None)
+    if bad is not None:
+        raise ConfigError(f"--logit-bias names token {bad}, outside the model's vocabulary [0, {tokenizer.n_vocab})")
     opts = BackendOptions(device=args.device, dtype=args.dtype, n_ctx=args.ctx_size, n_seq_max=args.parallel,
                           threads=args.threads, ort_provider=args.ort_provider)
     draft_opts = BackendOptions(device=args.spec_draft_device or args.device, dtype=args.spec_draft_dtype or args.dtype,

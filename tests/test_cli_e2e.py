@@ -273,3 +273,16 @@ def test_smollm2_chat_greedy_equal_with_speculation(tmp_path: Path) -> None:
     assert spec["tokens"] == plain["tokens"] and spec["content"] == plain["content"]
     assert spec["timings"]["draft_n"] > 0
     assert plain["stop_type"] in ("eos", "limit") and plain["content"].strip()
+
+
+def test_logit_bias_option_bans_tokens_with_and_without_drafting(llama: str, greedy_ref: dict[str, Any]) -> None:
+    """`-l ID-inf` (llama.cpp's form) bans a token for the whole run; drafters that copy it from the prompt
+    cannot bring it back, and a bad form or an id outside the vocabulary is a clear error at start."""
+    banned = sorted(set(greedy_ref["tokens"][:4]))
+    bans = [a for t in banned for a in ("-l", f"{t}-inf")]
+    plain = generate_json(llama, "--temp", "0", *bans)
+    assert not set(plain["tokens"]) & set(banned) and plain["tokens"] != greedy_ref["tokens"]
+    assert generate_json(llama, "--temp", "0", *bans, *NGRAM_SMALL)["tokens"] == plain["tokens"]
+    for bad, word in (("12x3", "TOKEN_ID"), ("5+inf", "TOKEN_ID"), ("999999+1", "vocabulary")):
+        proc = run_cli("generate", "-m", llama, "-p", PROMPT, "-n", "4", "-l", bad)
+        assert proc.returncode != 0 and word in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

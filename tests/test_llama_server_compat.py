@@ -99,6 +99,8 @@ def test_aliases_and_defaults() -> None:
     assert _value(args, "--port") == "9000"
     defaults = _serve("")
     assert _value(defaults, "--port") == "8080" and _value(defaults, "--cors-origins") == "*"
+    biased = _serve("-l 15043-inf --logit-bias 7+1")
+    assert [v for k, v in zip(biased, biased[1:], strict=False) if k == "--logit-bias"] == ["15043-inf", "7+1"]
 
 
 def test_performance_options_are_accepted_and_dropped() -> None:
