@@ -280,7 +280,19 @@ class GGUFFile:
         return gguf.GGUFReader(str(self.path), "r")
 
 
+# (name, values per block, bytes per block) of the tensor types spekula's backends read, so that opening a
+# model needs no import of the gguf package (a tenth of the CLI's start); other ids ask gguf, which knows
+# every type llama.cpp defines. tests/test_gguf_file.py checks this table against gguf's.
+COMMON_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2),
+}
+
+
 def _type_name(type_id: int, path: Path) -> str:
+    if type_id in COMMON_TYPES:
+        return COMMON_TYPES[type_id][0]
     from gguf import GGMLQuantizationType
 
     try:
@@ -290,6 +302,8 @@ def _type_name(type_id: int, path: Path) -> str:
 
 
 def _quant_sizes(type_id: int) -> tuple[int, int]:
+    if type_id in COMMON_TYPES:
+        return COMMON_TYPES[type_id][1:]
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     return GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]

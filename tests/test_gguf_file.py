@@ -68,3 +68,11 @@ def test_missing_tensor_and_key_are_named() -> None:
         f.tensor("nope.weight")
     with pytest.raises(ModelFileError, match="missing metadata key 'nope.key'"):
         f.require("nope.key")
+
+
+def test_common_tensor_types_agree_with_the_gguf_package() -> None:
+    from spekula.core.gguf_file import COMMON_TYPES
+
+    for type_id, (name, block, size) in COMMON_TYPES.items():
+        t = gguf.GGMLQuantizationType(type_id)
+        assert (t.name, gguf.GGML_QUANT_SIZES[t]) == (name, (block, size))
