@@ -47,6 +47,12 @@ def _validate(params: SamplingParams) -> None:
         raise ConfigError(f"top_k must be a 32-bit integer; got {params.top_k}")
 
 
+def check_bias_tokens(logit_bias: tuple[tuple[int, float], ...], n_vocab: int) -> None:
+    bad = next((t for t, _ in logit_bias if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise ConfigError(f"logit_bias names token {bad}, outside the vocabulary [0, {n_vocab})")
+
+
 class Sampler:
     """One request's sampler: the chain's parameters, the penalty history and the dist RNG."""
 
@@ -62,9 +68,7 @@ class Sampler:
         window = None if params.repeat_last_n == -1 else max(params.repeat_last_n, 0)
         self._history: deque[int] = deque(maxlen=window)
         self._counts: Counter[int] = Counter()
-        bad = next((t for t, _ in params.logit_bias if not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise ConfigError(f"logit_bias names token {bad}, outside the vocabulary [0, {n_vocab})")
+        check_bias_tokens(params.logit_bias, n_vocab)
         self._bias_ids = np.array([t for t, _ in params.logit_bias], dtype=np.int64)
         self._bias = np.array([b for _, b in params.logit_bias], dtype=np.float32)
 
@@ -88,13 +92,14 @@ class Sampler:
         row = np.asarray(logits, dtype=np.float32)
         if row.shape != (self.n_vocab,):
             raise ValueError(f"expected a logits row of shape ({self.n_vocab},); got {row.shape}")
-        if self._bias_ids.size:
-            row = row.copy()
-            np.add.at(row, self._bias_ids, self._bias)  # unbuffered: a token named twice gets both biases
-        if not self._penalize or not self._counts:
+        penalize = self._penalize and bool(self._counts)
+        if not (self._bias_ids.size or penalize):
             return row
-        if not self._bias_ids.size:
-            row = row.copy()
+        row = row.copy()
+        if self._bias_ids.size:
+            np.add.at(row, self._bias_ids, self._bias)  # unbuffered: a token named twice gets both biases
+        if not penalize:
+            return row
         ids = np.fromiter(self._counts.keys(), dtype=np.int64, count=len(self._counts))
         ids = ids[(ids >= 0) & (ids < self.n_vocab)]
         vals = row[ids]

@@ -21,6 +21,7 @@ from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
 from spekula.core.params import SPEC_TYPE_PRIORITY, CompletionRequest, SamplingParams, SpecParams
 from spekula.core.registry import available_drafters, parse_spec_types, priority_key
+from spekula.core.sampling import check_bias_tokens
 from spekula.drafters.suffix import DEFAULTS as SUFFIX_DEFAULTS
 
 log = structlog.get_logger("spekula.options")
@@ -216,7 +217,7 @@ def spec_params_from_args(args: argparse.Namespace) -> SpecParams:
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed,
-                          logit_bias=tuple(getattr(args, "logit_bias", ())))
+                          logit_bias=tuple(args.logit_bias))
 
 
 _LOGIT_BIAS_ARG = re.compile(r"(\d+)([+-])(inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)")
@@ -343,9 +344,7 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
     """Load the target backend and tokenizer and create the drafters; any problem is a SpekulaError."""
     spec, draft_path = _checked_spec(args, drafters)
     path, tokenizer = _open_target(args)
-    bad = next((t for t, _ in getattr(args, "logit_bias", ()) if t >= tokenizer.n_vocab), None)
-    if bad is not None:
-        raise ConfigError(f"--logit-bias names token {bad}, outside the model's vocabulary [0, {tokenizer.n_vocab})")
+    check_bias_tokens(tuple(getattr(args, "logit_bias", ())), tokenizer.n_vocab)  # --logit-bias, at start
     opts = BackendOptions(device=args.device, dtype=args.dtype, n_ctx=args.ctx_size, n_seq_max=args.parallel,
                           threads=args.threads, ort_provider=args.ort_provider)
     draft_opts = BackendOptions(device=args.spec_draft_device or args.device, dtype=args.spec_draft_dtype or args.dtype,

@@ -1,9 +1,9 @@
 """The Unix-socket JSON-RPC server: socket file lifecycle, accept loop, graceful shutdown.
 
 Socket file rules: created 0600 (umask held around bind, then chmod), present only once it listens, a
-stale file left by a dead server is replaced, a live server's socket or a non-socket file is never touched. SIGTERM/SIGINT
-stop accepting, let in-flight requests finish (bounded by `drain_timeout`), then remove the file.
-A second signal during the drain stops at once.
+stale file left by a dead server is replaced, a live server's socket or a non-socket file is never
+touched. SIGTERM/SIGINT stop accepting, let in-flight requests finish (bounded by `drain_timeout`),
+then remove the file. A second signal during the drain stops at once.
 """
 
 from __future__ import annotations

@@ -96,7 +96,6 @@ class ReferenceConverter:
         self._stderr = self.log.open("w")
         self.proc = subprocess.Popen([sys.executable, str(src / "driver.py"), str(src / ROOT)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._stderr, text=True)
-        self.src = src
 
     def convert(self, args: list[str]) -> None:
         assert self.proc.stdin is not None and self.proc.stdout is not None
