@@ -253,7 +253,8 @@ class Engine:
         final = FinalEvent(
             request_id=s.request.id, content=s.text.text, tokens=list(s.generated), stop_type=s.stop_type,
             stopping_word=s.stopping_word, timings=s.timings(), error=s.error,
-            tokens_evaluated=int(s.n_prompt_done), slot=s.id, truncated=s.truncated)
+            tokens_evaluated=int(s.n_prompt_done), slot=s.id, truncated=s.truncated,
+            probs=list(s.probs) if s.request.token_probs else None)
         self.request_stats[s.request.id] = {"slot": s.id, "spec": s.spec_stats}
         while len(self.request_stats) > _KEEP_REQUEST_STATS:
             self.request_stats.popitem(last=False)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .token_probs import TokenProbs
+
 StopType = Literal["eos", "limit", "word", "cancel", "error", "none"]
 
 
@@ -17,6 +19,7 @@ class PieceEvent:
     text: str  # UTF-8-safe text for these tokens (may be empty if a character is incomplete)
     drafters: list[str | None]
     slot: int = -1  # the slot the request runs in
+    probs: list[TokenProbs] | None = None  # one per token, when the request asked for probabilities
 
 
 @dataclass(slots=True)
@@ -36,6 +39,7 @@ class FinalEvent:
     # Set when the request's own `speculative` settings were refused before it ran (a drafter this
     # engine cannot create, synthetic rates that do not fit): the caller's parameter, not a failure.
     rejected_spec: bool = False
+    probs: list[TokenProbs] | None = None  # one per generated token, when the request asked for them
 
 
 Event = PieceEvent | FinalEvent

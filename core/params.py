@@ -83,3 +83,8 @@ class CompletionRequest:
     cache_prompt: bool = True
     id_slot: int = -1  # run in this slot (waiting for it if busy); -1: the engine chooses
     grammar: GrammarSpec | None = None  # constrained decoding: GBNF, a JSON schema, ...
+    # Report the target's probability of every emitted token (core/token_probs.py), with its
+    # n_probs most likely alternatives; after the sampler chain instead of before it if post_sampling_probs.
+    token_probs: bool = False
+    n_probs: int = 0
+    post_sampling_probs: bool = False

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from .adaptive import AdaptiveController
 from .backend import Backend, Capture, SeqOutput
 from .events import PieceEvent
 from .round_observer import RoundObserver
 from .round_planner import RoundPlan, RoundPlanner, Work
+from .sampling import Sampler
 from .slot import Slot, SlotState
+from .token_probs import TokenProbs, emitted_probs
 
 
 class Scheduler:
@@ -105,11 +109,12 @@ class Scheduler:
         logits = out.logits[-1:]
         if s.plan.constraint is not None:
             s.plan.constraint.mask_logits(logits, [])
+        before = _sampler_before(s)
         result = s.plan.verifier.verify([], None, logits)
         s.last = result.emitted[-1]
         if s.plan.constraint is not None:
             s.plan.constraint.advance(result.emitted)
-        return self._emit(s, result.emitted, [None])
+        return self._emit(s, result.emitted, [None], _probs(s, logits, result.emitted, before))
 
     def _after_round(self, w: Work, out: SeqOutput, emitted: dict[int, int]) -> PieceEvent | None:
         s, draft = w.slot, w.draft
@@ -119,6 +124,7 @@ class Scheduler:
             # Row i may sample only what the grammar allows after draft[:i] (in place: the logits
             # are this round's, and the drafters have already observed them).
             constraint.mask_logits(out.logits, draft.tokens)
+        before = _sampler_before(s)
         result = s.plan.verifier.verify(draft.tokens, draft.probs, out.logits)
         if constraint is not None:
             constraint.advance(result.emitted)
@@ -137,9 +143,10 @@ class Scheduler:
             if self.controller is not None and w.decision is not None:
                 self.controller.verified(w.drafter.name, s.id, len(draft.tokens), n_acc, w.decision.probe)
         names: list[str | None] = [w.drafter.name if w.drafter else None] * n_acc + [None]
-        return self._emit(s, result.emitted, names)
+        return self._emit(s, result.emitted, names, _probs(s, out.logits, result.emitted, before))
 
-    def _emit(self, s: Slot, emitted: list[int], names: list[str | None]) -> PieceEvent:
+    def _emit(self, s: Slot, emitted: list[int], names: list[str | None],
+              probs: list[TokenProbs] | None) -> PieceEvent:
         assert s.request is not None
         n_out = 0
         constraint = s.plan.constraint if s.plan is not None else None
@@ -153,5 +160,25 @@ class Scheduler:
                 break  # the rest of the round stays in the KV but is not emitted (docs/semantics.md §1.1 step 9)
         if s.finished and s.stop_type != "word":
             s.text.text += s.decoder.flush()  # a dangling partial character renders as U+FFFD
+        if probs is not None:
+            probs = probs[:n_out]
+            s.probs.extend(probs)
         return PieceEvent(request_id=s.request.id, tokens=[int(t) for t in emitted[:n_out]],
-                          text=s.text.take(final=s.finished), drafters=names[:n_out], slot=s.id)
+                          text=s.text.take(final=s.finished), drafters=names[:n_out], slot=s.id, probs=probs)
+
+
+def _sampler_before(s: Slot) -> Sampler | None:
+    """For a request that wants probabilities after sampling: its sampler as the round starts."""
+    req = s.request
+    if req is None or s.plan is None or not (req.token_probs and req.post_sampling_probs):
+        return None
+    return s.plan.sampler.clone()
+
+
+def _probs(s: Slot, rows: np.ndarray, emitted: list[int], before: Sampler | None) -> list[TokenProbs] | None:
+    """The target's probabilities of the round's emitted tokens, if the request asked for them
+    (rows[j] scored emitted[j]: verification emits from the rows in order)."""
+    req = s.request
+    if req is None or not req.token_probs:
+        return None
+    return emitted_probs(rows, emitted, req.n_probs, before)

@@ -23,6 +23,7 @@ from .drafter import Drafter
 from .events import StopType
 from .params import CompletionRequest
 from .stats import SlotSpecStats
+from .token_probs import TokenProbs
 
 if TYPE_CHECKING:
     from .request_handle import Outbox
@@ -100,6 +101,7 @@ class Slot:
     n_cache_reused: int = 0  # prompt tokens this request found in the KV (timings.cache_n)
     plan: RequestPlan | None = None  # how the request runs: drafters, sampler, verifier (set at submit)
     generated: list[int] = field(default_factory=list)
+    probs: list[TokenProbs] = field(default_factory=list)  # per generated token, when the request asks
     text: StopText = field(default_factory=lambda: StopText([]))
     decoder: Any = None
     stop_type: StopType = "none"
@@ -143,6 +145,7 @@ class Slot:
         self.n_cached = 0
         self.last = -1
         self.generated = []
+        self.probs = []
         self.text = StopText(list(request.stop))
         self.stop_type, self.stopping_word, self.error, self.cancelled = "none", "", None, False
         self.truncated = False

@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from spekula.core.token_probs import MAX_N_PROBS
+
 from . import rpc_params as rp
 from .http_errors import HttpError
 
@@ -26,9 +28,8 @@ from .http_errors import HttpError
 NEUTRAL: dict[str, Any] = {
     "typical_p": 1.0, "typ_p": 1.0, "tfs_z": 1.0, "dynatemp_range": 0.0, "xtc_probability": 0.0,
     "dry_multiplier": 0.0, "mirostat": 0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-    "n_probs": 0, "n_indent": 0, "t_max_predict_ms": 0, "t_max_prompt_ms": 0, "top_n_sigma": -1.0,
-    "best_of": 1, "logprobs": False, "top_logprobs": 0, "echo": False,
-    "post_sampling_probs": False, "lora": None,
+    "n_indent": 0, "t_max_predict_ms": 0, "t_max_prompt_ms": 0, "top_n_sigma": -1.0,
+    "best_of": 1, "echo": False, "lora": None,
     "suffix": None, "continue_final_message": False, "thinking_budget_tokens": -1,
 }
 # Fields that never change the generated tokens here.
@@ -43,6 +44,7 @@ INFORMATIONAL = frozenset({
 })
 OPENAI_MAPPED = {"max_tokens": "n_predict", "max_completion_tokens": "n_predict"}
 MAX_BODY_DEFAULT = 32 * 1024 * 1024
+TOP_LOGPROBS_MAX = 20  # OpenAI's bound for chat
 
 
 def _is_neutral(name: str, value: Any) -> bool:
@@ -70,6 +72,7 @@ class HttpOptions:
     tools: list[Any] | None = None  # OpenAI tool definitions, handed to the chat template
     verbose: bool = False  # llama-server's `__verbose`: the native result (rendered prompt included) too
     user: str | None = None  # OpenAI `user`: never changes the output; keeps a client on one replica (Ray)
+    logprobs: int | None = None  # OpenAI `logprobs` (+ chat's `top_logprobs`): alternatives per token; None: off
 
 
 def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict[str, Any], HttpOptions]:
@@ -110,6 +113,8 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
                 if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= n_slots:
                     raise HttpError(f"'{name}' must be an integer in [1, {n_slots}] (the server's slots)")
                 opts.n = value
+        elif name in ("logprobs", "top_logprobs"):
+            _logprobs_field(opts, name, value, chat="messages" in allowed)
         elif name in INFORMATIONAL:
             pass
         elif name in allowed:
@@ -117,4 +122,27 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
                 params[name] = value
         else:
             raise HttpError(f"unknown field '{str(name)[:80]}'")
+    if "messages" in allowed and body.get("logprobs") is not True:
+        if body.get("top_logprobs"):
+            raise HttpError("'top_logprobs' needs 'logprobs': true")
+        opts.logprobs = None  # `top_logprobs: 0` alone asks for nothing
     return params, opts
+
+
+def _logprobs_field(opts: HttpOptions, name: str, value: Any, *, chat: bool) -> None:
+    """OpenAI's fields: chat takes `logprobs: true` and `top_logprobs: 0..20`, completions take
+    `logprobs: N` (the alternatives per token)."""
+    if value is None:
+        return
+    if name == "logprobs" and chat:
+        if not isinstance(value, bool):
+            raise HttpError("'logprobs' must be true or false")
+        if value:
+            opts.logprobs = opts.logprobs or 0
+        return
+    if name == "top_logprobs" and not chat:
+        raise HttpError("'top_logprobs' is a chat field; completions take 'logprobs': N")
+    top = TOP_LOGPROBS_MAX if name == "top_logprobs" else MAX_N_PROBS
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+        raise HttpError(f"'{name}' must be an integer in [0, {top}]")
+    opts.logprobs = value

@@ -77,6 +77,9 @@ class GenerationService:
                                          n_slots=cfg.n_slots, tokenizer=self.engine.tokenizer)
         except RpcError as exc:
             raise from_rpc(exc) from None
+        if options.logprobs is not None:  # OpenAI's logprobs: the token's own, plus this many alternatives
+            parsed.request.token_probs = True
+            parsed.request.n_probs = max(parsed.request.n_probs, options.logprobs)
         return Generation(parsed.request, options, prompt_text), parsed
 
     async def run(self, gen: Generation, request: Request) -> FinalEvent:

@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 from spekula.core.events import FinalEvent, PieceEvent
 
 from . import rpc_params as rp
+from . import token_probs_json
 from .http_errors import HttpError, from_rpc
 from .http_fields import normalise
 from .http_prompts import split_batch
@@ -41,7 +42,9 @@ def generation_settings(state: HttpState, params: Any = None) -> dict[str, Any]:
         "repeat_last_n": s.repeat_last_n, "repeat_penalty": s.repeat_penalty, "presence_penalty": 0.0,
         "frequency_penalty": 0.0, "dry_multiplier": 0.0, "mirostat": 0, "adaptive_target": -1.0,
         "adaptive_decay": 0.9, "stop": [] if params is None else list(params.stop), "n_keep": 0,
-        "ignore_eos": False if params is None else params.ignore_eos, "n_probs": 0,
+        "ignore_eos": False if params is None else params.ignore_eos,
+        "n_probs": 0 if params is None else params.n_probs,
+        "post_sampling_probs": False if params is None else params.post_sampling_probs,
         # as llama-server lists them; a ban (-inf) reads null, as its JSON writer prints it
         "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in s.logit_bias],
         "grammar": "", "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
@@ -63,7 +66,13 @@ def completion_result(state: HttpState, final: FinalEvent, *, prompt: list[int],
         "stop_type": STOP_TYPES.get(final.stop_type, "none"), "stopping_word": final.stopping_word,
         "tokens_cached": final.tokens_evaluated + max(len(final.tokens) - 1, 0),
         "timings": dict(final.timings),
+        **_probabilities(engine.tokenizer, final.probs),
     }
+
+
+def _probabilities(tokenizer: Any, probs: Any) -> dict[str, Any]:
+    """llama-server's `completion_probabilities`, for a request that asked for them (n_probs > 0)."""
+    return {} if probs is None else {"completion_probabilities": token_probs_json.native(tokenizer, probs)}
 
 
 def pick_fields(result: dict[str, Any], paths: list[str]) -> dict[str, Any]:
@@ -129,9 +138,11 @@ def _stream(state: HttpState, job: tuple[Any, Any], prompt: list[int]) -> Respon
         if isinstance(event, PieceEvent):
             seen["n"] += len(event.tokens)
             return [{"index": 0, "content": event.text, "tokens": list(event.tokens), "stop": False,
-                     "id_slot": event.slot, "tokens_predicted": seen["n"], "tokens_evaluated": len(prompt)}]
+                     "id_slot": event.slot, "tokens_predicted": seen["n"], "tokens_evaluated": len(prompt),
+                     **_probabilities(state.ready().tokenizer, event.probs)}]
         final = completion_result(state, event, prompt=prompt, params=parsed.request, return_tokens=False)
         final["content"] = ""  # streamed already
+        final.pop("completion_probabilities", None)  # so were the probabilities
         return [final]
 
     return state.service.stream(gen, shape, done_marker=False)  # type: ignore[return-value]

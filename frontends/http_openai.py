@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from spekula.core.events import FinalEvent, PieceEvent
 
 from . import rpc_params as rp
+from . import token_probs_json as tpj
 from .http_errors import HttpError
 from .http_fields import normalise
 from .http_native import completion_result
@@ -67,18 +68,29 @@ async def completions(request: Request) -> Response:
         return {"id": cid, "object": "text_completion", "created": created, "model": state.model_alias,
                 "system_fingerprint": state.fingerprint, "choices": [choice]}
 
+    tok = engine.tokenizer
+
+    def logprobs(probs: Any, offset: int = 0) -> dict[str, Any] | None:
+        return None if probs is None else tpj.openai_completion(tok, tpj.shown(tok, probs), offset)
+
     if parsed.stream:
+        offset = [0]
+
         def shape(event: PieceEvent | FinalEvent) -> list[Any]:
             if isinstance(event, PieceEvent):
-                if not event.text:
+                lp = logprobs(event.probs, offset[0])
+                if lp is not None:
+                    offset[0] += sum(len(t) for t in lp["tokens"])
+                if not event.text and not (lp and lp["tokens"]):
                     return []
-                return [chunk({"text": event.text, "index": 0, "logprobs": None, "finish_reason": None})]
+                return [chunk({"text": event.text, "index": 0, "logprobs": lp, "finish_reason": None})]
             out = [chunk({"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason(event)})]
             return _close(out, chunk({}), event, opts.include_usage)
 
         return state.service.stream(gen, shape, done_marker=True)  # type: ignore[return-value]
     return await _answer(state, request, chunk({}), gen, parsed, params, prompt, opts, text,
-                         lambda i, f: {"text": f.content, "index": i, "logprobs": None, "finish_reason": finish_reason(f)})
+                         lambda i, f: {"text": f.content, "index": i, "logprobs": logprobs(f.probs),
+                                       "finish_reason": finish_reason(f)})
 
 
 async def chat_completions(request: Request) -> Response:
@@ -97,6 +109,11 @@ async def chat_completions(request: Request) -> Response:
         return {"id": cid, "object": obj, "created": created, "model": state.model_alias,
                 "system_fingerprint": state.fingerprint, "choices": [choice]}
 
+    tok = engine.tokenizer
+
+    def logprobs(probs: Any) -> dict[str, Any] | None:
+        return None if probs is None else tpj.openai_chat(tok, tpj.shown(tok, probs))
+
     if parsed.stream:
         first = [True]
 
@@ -107,8 +124,9 @@ async def chat_completions(request: Request) -> Response:
                 out.append(chunk({"index": 0, "delta": {"role": "assistant", "content": None},
                                   "logprobs": None, "finish_reason": None}))
             if isinstance(event, PieceEvent):
-                if event.text:
-                    out.append(chunk({"index": 0, "delta": {"content": event.text}, "logprobs": None,
+                lp = logprobs(event.probs)
+                if event.text or (lp and lp["content"]):
+                    out.append(chunk({"index": 0, "delta": {"content": event.text}, "logprobs": lp,
                                       "finish_reason": None}))
                 return out
             out.append(chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason(event)}))
@@ -117,7 +135,7 @@ async def chat_completions(request: Request) -> Response:
         return state.service.stream(gen, shape, done_marker=True)  # type: ignore[return-value]
     return await _answer(state, request, chunk({}, obj="chat.completion"), gen, parsed, params, prompt, opts, text,
                          lambda i, f: {"index": i, "message": {"role": "assistant", "content": f.content},
-                                       "logprobs": None, "finish_reason": finish_reason(f)})
+                                       "logprobs": logprobs(f.probs), "finish_reason": finish_reason(f)})
 
 
 async def input_tokens(request: Request) -> Response:

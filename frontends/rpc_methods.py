@@ -7,11 +7,14 @@ Protocol (JSON-RPC 2.0, one JSON value per line, named params only, batches allo
   completion        prompt (string | token ids), n_predict, temperature, top_k, top_p, min_p,
                     repeat_penalty, repeat_last_n, seed, stop, stream, return_tokens, ignore_eos,
                     cache_prompt (default true: reuse a slot's cached prefix), id_slot (-1: any),
-                    speculative.{n_max,n_min,p_min,type} (flat keys or a nested "speculative" object)
+                    speculative.{n_max,n_min,p_min,type} (flat keys or a nested "speculative" object),
+                    n_probs (> 0: each token's probability and this many alternatives),
+                    post_sampling_probs (after the sampler chain instead of before)
                     -> {request_id, content, stop, stop_type, stopping_word, tokens_predicted,
-                        tokens_evaluated, timings, [tokens]}
+                        tokens_evaluated, timings, [tokens], [completion_probabilities]}
                     stream=true first sends `completion.chunk` notifications
-                    {id (the request's JSON-RPC id), request_id, content, tokens, pieces, drafters}
+                    {id (the request's JSON-RPC id), request_id, content, tokens, pieces, drafters,
+                     [completion_probabilities] (then absent from the result)}
   chat.completion   messages [{role, content}] + the same fields except prompt
                     -> completion's result + message {role: assistant, content} + finish_reason
   tokenize          content, add_special=false, parse_special=true, with_pieces=false -> {tokens}
@@ -36,6 +39,7 @@ import anyio
 from spekula.core.events import FinalEvent, PieceEvent
 
 from . import rpc_params as rp
+from . import token_probs_json
 from .rpc_dispatch import CallContext, Handler
 from .rpc_params import invalid_params
 from .rpc_protocol import CONTEXT_OVERFLOW, ENGINE_ERROR, RpcError
@@ -146,6 +150,8 @@ class SpekulaMethods:
         if final is None:
             raise RpcError(ENGINE_ERROR, "engine ended the request without a final result")
         result = final_result(final, return_tokens=parsed.return_tokens)
+        if final.probs is not None and not parsed.stream:
+            result["completion_probabilities"] = token_probs_json.native(self.engine.tokenizer, final.probs)
         if final.stop_type == "error":
             raise self._spec_rejection(parsed, final) or RpcError(ENGINE_ERROR, final.error or "generation failed",
                                                                   result)
@@ -254,6 +260,7 @@ def chunk_params(rpc_id: Any, event: PieceEvent, tokenizer: Any) -> dict[str, An
         "tokens": list(event.tokens),
         "pieces": [tokenizer.decode([t]) for t in event.tokens],
         "drafters": list(event.drafters),
+        **({} if event.probs is None else {"completion_probabilities": token_probs_json.native(tokenizer, event.probs)}),
     }
 
 

@@ -18,6 +18,7 @@ from spekula.core.constraint import GrammarSpec
 from spekula.core.errors import ConfigError
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.registry import parse_spec_types
+from spekula.core.token_probs import MAX_N_PROBS
 
 from .rpc_protocol import CONTEXT_OVERFLOW, INVALID_PARAMS, RpcError
 
@@ -37,6 +38,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "speculative.n_max": (0, 1024),
     "speculative.n_min": (0, 1024),
     "speculative.p_min": (0.0, 1.0),
+    "n_probs": (0, MAX_N_PROBS),  # alternatives listed per emitted token
 }
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
@@ -59,7 +61,7 @@ SPEC_FIELDS = ("n_max", "n_min", "p_min", "type", "adaptive")
 GRAMMAR_FIELDS = ("grammar", "json_schema", "response_format")
 COMPLETION_FIELDS = frozenset(
     {"prompt", "n_predict", "stop", "stream", "return_tokens", "ignore_eos", "speculative", "cache_prompt", "id_slot",
-     *SAMPLING_FIELDS, *GRAMMAR_FIELDS}
+     "n_probs", "post_sampling_probs", *SAMPLING_FIELDS, *GRAMMAR_FIELDS}
     | {f"speculative.{f}" for f in SPEC_FIELDS}
 )
 CHAT_FIELDS = (COMPLETION_FIELDS - {"prompt"}) | {"messages"}
@@ -302,7 +304,10 @@ def parse_completion(
         cache_prompt=get_bool(params, "cache_prompt", True),
         id_slot=get_int(params, "id_slot", -1),
         grammar=parse_grammar(params),
+        n_probs=get_int(params, "n_probs", 0),
+        post_sampling_probs=get_bool(params, "post_sampling_probs", False),
     )
+    request.token_probs = request.n_probs > 0  # llama-server reports probabilities only when n_probs > 0
     if request.id_slot >= n_slots:
         raise invalid_params(f"'id_slot' must be -1 or a slot id in [0, {n_slots})", "id_slot")
     return ParsedCompletion(

@@ -347,3 +347,72 @@ def test_grammars_and_schemas_over_http(server: HttpServer) -> None:
                              ({"response_format": {"type": "sound"}}, "response_format", "sound")):
         status, err = server.post("/completion", {"prompt": "x", **bad})
         assert status == 400 and field in err["error"]["message"] and word in err["error"]["message"], err
+
+
+def test_token_probabilities_are_the_targets_with_or_without_speculation(server: HttpServer) -> None:
+    prompt = "the cat sat on the mat and the cat sat on the"
+    base = {"prompt": prompt, "n_predict": 16, "n_probs": 5, "return_tokens": True}
+    answers = {}
+    for speculative in ("none", "ngram-simple,ngram-mod"):
+        status, got = server.post("/completion", {**base, "speculative.type": speculative})
+        assert status == 200, got
+        probs = got["completion_probabilities"]
+        assert [p["id"] for p in probs] == got["tokens"]
+        for p in probs:
+            assert p["logprob"] <= 0 and len(p["top_logprobs"]) == 5 and isinstance(p["bytes"], list)
+            values = [t["logprob"] for t in p["top_logprobs"]]
+            assert values == sorted(values, reverse=True)
+            assert p["top_logprobs"][0]["id"] == p["id"]  # greedy: the most likely token is the one emitted
+        answers[speculative] = probs
+    # The tiny model's answers rarely repeat, so this is mostly the plain path; tests/test_token_probs.py
+    # shows drafted tokens get the target's numbers.
+    assert answers["none"] == answers["ngram-simple,ngram-mod"]
+    events = server.events("/completion", {**base, "stream": True})
+    assert [p for e in events[:-1] for p in e["completion_probabilities"]] == answers["none"]
+    assert "completion_probabilities" not in events[-1]
+    status, post = server.post("/completion", {**base, "post_sampling_probs": True, "temperature": 1.0, "seed": 3})
+    assert status == 200, post
+    for p in post["completion_probabilities"]:
+        assert 0 < p["prob"] <= 1 and 0 < sum(t["prob"] for t in p["top_probs"]) <= 1 + 1e-9
+    status, plain = server.post("/completion", {"prompt": prompt, "n_predict": 4})
+    assert "completion_probabilities" not in plain
+
+
+def test_openai_logprobs(server: HttpServer) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "say something"}]
+    chat = client.chat.completions.create(model="any", messages=messages, max_tokens=12, temperature=0,  # type: ignore[arg-type]
+                                          logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content and "".join(t.token for t in content) == chat.choices[0].message.content
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 3 for t in content)
+    chunks = list(client.chat.completions.create(model="any", messages=messages, max_tokens=12, temperature=0,  # type: ignore[arg-type]
+                                                  logprobs=True, top_logprobs=3, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content or []]
+    assert [t.token for t in streamed] == [t.token for t in content]
+    none = client.chat.completions.create(model="any", messages=messages, max_tokens=4, temperature=0)  # type: ignore[arg-type]
+    assert none.choices[0].logprobs is None
+    done = client.completions.create(model="any", prompt="a b c a b c a b", max_tokens=10, temperature=0, logprobs=2)
+    lp = done.choices[0].logprobs
+    assert lp is not None and "".join(lp.tokens or []) == done.choices[0].text
+    assert all(len(t) <= 2 for t in lp.top_logprobs or []) and lp.text_offset and lp.text_offset[0] == 0
+
+
+@pytest.mark.parametrize("path,body,field", [
+    ("/completion", {"prompt": "x", "n_probs": -1}, "n_probs"),
+    ("/completion", {"prompt": "x", "n_probs": 101}, "n_probs"),
+    ("/completion", {"prompt": "x", "n_probs": "5"}, "n_probs"),
+    ("/completion", {"prompt": "x", "post_sampling_probs": 1}, "post_sampling_probs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+     "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": 2}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 1000}, "logprobs"),
+])
+def test_bad_probability_fields_are_400(server: HttpServer, path: str, body: dict, field: str) -> None:  # type: ignore[type-arg]
+    status, err = server.post(path, body)
+    assert status == 400, err
+    assert field in err["error"]["message"]

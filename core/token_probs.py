@@ -1,0 +1,86 @@
+"""The target's probabilities for emitted tokens (llama-server's `n_probs`, OpenAI's `logprobs`).
+
+Row j of a round's target logits scored the position of the j-th emitted token, so the
+probabilities of every emitted token, drafted or not, come from the target alone: what is reported
+is exactly what plain decoding would report for the same tokens. Two views, as in llama-server:
+
+- before sampling (the default): the softmax of the target's scores over the whole vocabulary,
+  reported as natural-log probabilities;
+- after sampling (`post_sampling_probs`): the distribution the request's sampler chain draws from
+  (logit bias, penalties, top-k, top-p, min-p, temperature), reported as probabilities; tokens the
+  chain removed are not listed.
+
+No torch here: the scheduler imports this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .sampling import Sampler
+
+# The most alternatives one emitted token lists: every one costs a JSON object per token.
+MAX_N_PROBS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class TokenProbs:
+    """One emitted token: its own value and the `n` most likely alternatives, best first.
+
+    value is a natural-log probability before sampling, a probability after (see `post_sampling`)."""
+
+    token: int
+    value: float
+    top: tuple[tuple[int, float], ...]
+    post_sampling: bool = False
+
+
+def _top(ids: np.ndarray, values: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
+    """The n best of (ids, values), by value then by lower id."""
+    if n <= 0 or ids.size == 0:
+        return ()
+    n = min(n, ids.size)
+    part = np.argpartition(-values, n - 1)[:n] if n < ids.size else np.arange(ids.size)
+    order = part[np.lexsort((ids[part], -values[part]))]
+    return tuple((int(ids[i]), float(values[i])) for i in order)
+
+
+def pre_sampling(row: np.ndarray, token: int, n: int) -> TokenProbs:
+    """Log-softmax of the target's row: the emitted token's and the n best."""
+    x = np.asarray(row, dtype=np.float64)
+    finite = np.isfinite(x)
+    m = x[finite].max() if finite.any() else 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        logz = m + np.log(np.exp(x[finite] - m).sum()) if finite.any() else 0.0
+    logp = np.where(finite, x - logz, -np.inf)
+    ids = np.flatnonzero(finite)
+    return TokenProbs(int(token), float(logp[token]), _top(ids, logp[ids], n))
+
+
+def post_sampling(sampler: Sampler, row: np.ndarray, token: int, n: int) -> TokenProbs:
+    """The sampler chain's distribution on this row (the sampler's penalty history must be the one
+    the token was drawn with)."""
+    ids, probs = sampler.distribution(row)
+    keep = probs > 0
+    ids, probs = ids[keep], probs[keep]
+    hit = np.flatnonzero(ids == token)
+    value = float(probs[hit[0]]) if hit.size else 0.0
+    return TokenProbs(int(token), value, _top(ids, probs, n), post_sampling=True)
+
+
+def emitted_probs(rows: np.ndarray, emitted: Sequence[int], n: int, sampler: Sampler | None) -> list[TokenProbs]:
+    """Probabilities of each emitted token from its row of the round's logits (rows[j] <-> emitted[j]).
+
+    `sampler`: for the after-sampling view, a copy of the request's sampler as it was before the
+    round's first token; it is advanced here token by token, as verification advanced the original."""
+    out = []
+    for j, token in enumerate(emitted):
+        if sampler is None:
+            out.append(pre_sampling(rows[j], token, n))
+        else:
+            out.append(post_sampling(sampler, rows[j], token, n))
+            sampler.accept(int(token))
+    return out
