@@ -32,6 +32,10 @@ class SamplingParams:
     min_p: float = 0.05
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    # OpenAI's penalties, over the same window: a token seen c times in it loses
+    # c * frequency_penalty + presence_penalty from its logit (after the repeat penalty).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int = -1  # -1: random, resolved once per request
     # (token id, bias) pairs added to the target's logits before anything else, in order (a token
     # named twice gets both); -inf bans the token (llama-server's `false`).

@@ -1,7 +1,7 @@
 """The target's token sampler: llama.cpp's default chain, numpy only.
 
-Chain order (llama.cpp's common sampler): logit bias -> repetition penalty -> top-k -> top-p ->
-min-p -> temperature -> dist. top-p and min-p look at the temperature-1 distribution because they run
+Chain order (llama.cpp's common sampler): logit bias -> penalties (repeat, then frequency and
+presence) -> top-k -> top-p -> min-p -> temperature -> dist. top-p and min-p look at the temperature-1 distribution because they run
 before the temperature stage, exactly as in llama.cpp.
 
 `sample` draws exactly one uniform from the request's Generator when temperature > 0 and none when
@@ -32,7 +32,7 @@ def resolve_seed(seed: int) -> int:
 
 
 def _validate(params: SamplingParams) -> None:
-    for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
+    for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
         value = getattr(params, name)
         if not math.isfinite(value):
             raise ConfigError(f"sampling parameter {name} must be finite; got {value}")
@@ -84,7 +84,9 @@ class Sampler:
 
     @property
     def _penalize(self) -> bool:
-        return self.params.repeat_penalty != 1.0 and self.params.repeat_last_n != 0
+        p = self.params
+        return p.repeat_last_n != 0 and (p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0
+                                         or p.presence_penalty != 0.0)
 
     # --- chain -------------------------------------------------------------------------------
 
@@ -101,11 +103,17 @@ class Sampler:
         if not penalize:
             return row
         ids = np.fromiter(self._counts.keys(), dtype=np.int64, count=len(self._counts))
-        ids = ids[(ids >= 0) & (ids < self.n_vocab)]
+        counts = np.fromiter(self._counts.values(), dtype=np.float32, count=len(self._counts))
+        inside = (ids >= 0) & (ids < self.n_vocab)
+        ids, counts = ids[inside], counts[inside]
         vals = row[ids]
-        pen = np.float32(self.params.repeat_penalty)
+        p = self.params
+        pen = np.float32(p.repeat_penalty)
         # Multiply non-positive logits instead of dividing, so a penalty never makes them likelier.
-        row[ids] = np.where(vals <= 0, vals * pen, vals / pen)
+        vals = np.where(vals <= 0, vals * pen, vals / pen)
+        if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+            vals = vals - (counts * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty))
+        row[ids] = vals
         return row
 
     def distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

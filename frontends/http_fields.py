@@ -27,7 +27,7 @@ from .http_errors import HttpError
 # field -> the value that leaves generation unchanged (None: absent/null is neutral too)
 NEUTRAL: dict[str, Any] = {
     "typical_p": 1.0, "typ_p": 1.0, "tfs_z": 1.0, "dynatemp_range": 0.0, "xtc_probability": 0.0,
-    "dry_multiplier": 0.0, "mirostat": 0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+    "dry_multiplier": 0.0, "mirostat": 0,
     "n_indent": 0, "t_max_predict_ms": 0, "t_max_prompt_ms": 0, "top_n_sigma": -1.0,
     "best_of": 1, "echo": False, "lora": None,
     "suffix": None, "continue_final_message": False, "thinking_budget_tokens": -1,

@@ -12,7 +12,7 @@ table below:
   (`-ngl`, `-fa`, `--ubatch-size`, `--cont-batching`, `--jinja`, ...); it is read and dropped;
 - rejected: a llama-server feature spekula does not implement (`--embedding`, `--lora`,
   `--context-shift`, `--grammar`, ...): a one-line error naming it, exit status 1. A few sampling
-  options are accepted when their value is llama.cpp's "disabled" default (`--presence-penalty 0`).
+  options are accepted when their value is llama.cpp's "disabled" default (`--mirostat 0`).
 
 Anything else is not a llama-server option at all: an error naming it, exit status 1 too.
 The module is long because it holds that one table, all 268 options of the build, in one place
@@ -355,6 +355,8 @@ translated("--top-p", "--top-p", env="LLAMA_ARG_TOP_P")
 translated("--min-p", "--min-p", env="LLAMA_ARG_MIN_P")
 translated("--repeat-last-n", "--repeat-last-n")
 translated("--repeat-penalty", "--repeat-penalty", env="LLAMA_ARG_REPEAT_PENALTY")
+translated("--presence-penalty", "--presence-penalty", env="LLAMA_ARG_PRESENCE_PENALTY")
+translated("--frequency-penalty", "--frequency-penalty", env="LLAMA_ARG_FREQUENCY_PENALTY")
 translated("-l --logit-bias", "--logit-bias")
 special("--host", "--host (one address)", _host, env="LLAMA_ARG_HOST")
 special("--port", "--port (default 8080)", _port, env="LLAMA_ARG_PORT")
@@ -565,8 +567,7 @@ rejected("--ignore-eos", "server-wide ignore_eos")
 for _names, _noop, _env_name in (
         ("--top-nsigma --top-n-sigma", "-1", None), ("--xtc-probability", "0", None),
         ("--xtc-threshold", "0.1", None), ("--typical --typical-p", "1", None),
-        ("--presence-penalty", "0", "LLAMA_ARG_PRESENCE_PENALTY"),
-        ("--frequency-penalty", "0", "LLAMA_ARG_FREQUENCY_PENALTY"), ("--dry-multiplier", "0", None),
+        ("--dry-multiplier", "0", None),
         ("--dry-base", "1.75", None), ("--dry-allowed-length", "2", None), ("--dry-penalty-last-n", "64", None),
         ("--adaptive-target", "-1", None), ("--adaptive-decay", "0.9", None), ("--dynatemp-range", "0", None),
         ("--dynatemp-exp", "1", None), ("--mirostat", "0", None), ("--mirostat-lr", "0.1", None),
@@ -726,7 +727,7 @@ def usage() -> str:
         *rows("accepted"),
         "",
         "rejected (features spekula does not implement): " + " ".join(rejected_names),
-        "sampling stages are accepted at llama.cpp's disabled value, e.g. --presence-penalty 0.",
+        "sampling stages are accepted at llama.cpp's disabled value, e.g. --mirostat 0.",
     ])
 
 

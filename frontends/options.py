@@ -142,6 +142,10 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-p", type=float, default=d.min_p, help=f"(default: {d.min_p})")
     g.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty, help=f"(default: {d.repeat_penalty})")
     g.add_argument("--repeat-last-n", type=int, default=d.repeat_last_n, help=f"(default: {d.repeat_last_n})")
+    g.add_argument("--presence-penalty", type=float, default=d.presence_penalty,
+                   help=f"subtracted once from every token in the last --repeat-last-n (default: {d.presence_penalty})")
+    g.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty,
+                   help=f"subtracted per occurrence in the last --repeat-last-n (default: {d.frequency_penalty})")
     g.add_argument("-s", "--seed", type=int, default=-1, help="RNG seed (-1: random)")
     g.add_argument("-l", "--logit-bias", action="append", default=[], type=logit_bias_arg, metavar="TOKEN_ID(+/-)BIAS",
                    help="add BIAS to a token's logit, e.g. 15043+1 or 15043-1; 15043-inf bans the token "
@@ -217,7 +221,8 @@ def spec_params_from_args(args: argparse.Namespace) -> SpecParams:
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed,
-                          logit_bias=tuple(args.logit_bias))
+                          logit_bias=tuple(args.logit_bias), presence_penalty=args.presence_penalty,
+                          frequency_penalty=args.frequency_penalty)
 
 
 _LOGIT_BIAS_ARG = re.compile(r"(\d+)([+-])(inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)")

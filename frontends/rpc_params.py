@@ -32,6 +32,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "top_p": (0.0, 1.0),
     "min_p": (0.0, 1.0),
     "repeat_penalty": (1e-6, 100.0),
+    "presence_penalty": (-100.0, 100.0),
+    "frequency_penalty": (-100.0, 100.0),
     "repeat_last_n": (-1, I32_MAX),  # -1: the whole context
     "seed": (-1, 2**32 - 1),  # -1: random
     "id_slot": (-1, I32_MAX),  # -1: any slot; the engine's slot count bounds it further
@@ -56,7 +58,8 @@ class ParamError(RpcError):
 def invalid_params(message: str, field: str = "") -> ParamError:
     return ParamError(field, message)
 
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "logit_bias")
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "logit_bias",
+                   "presence_penalty", "frequency_penalty")
 SPEC_FIELDS = ("n_max", "n_min", "p_min", "type", "adaptive")
 GRAMMAR_FIELDS = ("grammar", "json_schema", "response_format")
 COMPLETION_FIELDS = frozenset(
@@ -189,6 +192,8 @@ def parse_sampling(params: dict[str, Any], base: SamplingParams, tokenizer: Any 
         top_p=get_float(params, "top_p", base.top_p),
         min_p=get_float(params, "min_p", base.min_p),
         repeat_penalty=get_float(params, "repeat_penalty", base.repeat_penalty),
+        presence_penalty=get_float(params, "presence_penalty", base.presence_penalty),
+        frequency_penalty=get_float(params, "frequency_penalty", base.frequency_penalty),
         repeat_last_n=get_int(params, "repeat_last_n", base.repeat_last_n),
         seed=get_int(params, "seed", base.seed),
         logit_bias=parse_logit_bias(params, base.logit_bias, tokenizer),

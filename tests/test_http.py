@@ -416,3 +416,16 @@ def test_bad_probability_fields_are_400(server: HttpServer, path: str, body: dic
     status, err = server.post(path, body)
     assert status == 400, err
     assert field in err["error"]["message"]
+
+
+def test_presence_and_frequency_penalties_equal_the_cli(server: HttpServer) -> None:
+    prompt = "the cat sat on the mat and the cat sat on the"
+    body = {"prompt": prompt, "n_predict": 24, "return_tokens": True, "repeat_last_n": 64}
+    _, plain = server.post("/completion", body)
+    for field, flag in (("frequency_penalty", "--frequency-penalty"), ("presence_penalty", "--presence-penalty")):
+        status, got = server.post("/completion", {**body, field: 1.5})
+        assert status == 200, got
+        assert got["tokens"] == _generate(prompt, 24, *SPEC, flag, "1.5")["tokens"] != plain["tokens"]
+        assert got["generation_settings"][field] == 1.5
+    status, err = server.post("/completion", {**body, "presence_penalty": 1e9})
+    assert status == 400 and "presence_penalty" in err["error"]["message"]

@@ -117,7 +117,9 @@ def test_performance_options_are_accepted_and_dropped() -> None:
 
 def test_disabled_sampler_values_are_accepted() -> None:
     assert not _errors("--presence-penalty 0 --frequency-penalty 0.0 --typical 1 --mirostat 0 --reasoning-budget -1")
-    assert _errors("--presence-penalty 0.5") == ["--presence-penalty 0.5 (this sampler stage) is not implemented by spekula"]
+    assert _errors("--typical 0.5") == ["--typical 0.5 (this sampler stage) is not implemented by spekula"]
+    assert translate(["--presence-penalty", "0.5", "--frequency-penalty", "0.25"], {}).args == [
+        "--presence-penalty", "0.5", "--frequency-penalty", "0.25"]
 
 
 def test_api_key_file_skips_comments(tmp_path: Path) -> None:

@@ -78,6 +78,8 @@ request_strategy = st.fixed_dictionaries({
     "adaptive": st.booleans(),
     # biases and bans move the target's choice away from what the drafters copy (the greedy fast path is off)
     "logit_bias": st.lists(st.tuples(st.integers(0, 47), st.sampled_from([-math.inf, -3.0, 2.0, 8.0])), max_size=4),
+    # (repeat, frequency, presence) penalties: the target's choice depends on the tokens emitted so far
+    "penalties": st.sampled_from([(1.0, 0.0, 0.0), (1.0, 0.0, 0.0), (1.3, 0.0, 0.0), (1.0, 0.8, 0.0), (1.1, 0.3, 1.5)]),
 })
 # (base seconds, seconds per row) of a forward, or None: the cost model measured and learned.
 cost_strategy = st.sampled_from([None, (1.0, 0.01), (1.0, 0.3), (1.0, 2.0)])
@@ -98,8 +100,10 @@ def test_speculation_never_changes_output(reqs, n_slots, n_batch, server_types, 
     requests = []
     for r in reqs:
         prompt = (r["segment"] * r["repeats"])[: n_ctx - 2]
+        repeat, frequency, presence = r["penalties"]
         sampling = SamplingParams(temperature=r["temperature"], top_k=20, seed=r["seed"],
-                                  logit_bias=tuple(r["logit_bias"]))
+                                  logit_bias=tuple(r["logit_bias"]), repeat_penalty=repeat,
+                                  frequency_penalty=frequency, presence_penalty=presence)
         req_spec = (spec.with_(types=tuple(r["types"]), n_max=r["n_max"], adaptive=r["adaptive"])
                     if r["types"] else None)
         requests.append(CompletionRequest(prompt, n_predict=r["n_predict"], sampling=sampling, spec=req_spec))

@@ -78,6 +78,22 @@ def test_repetition_penalty_window() -> None:
     assert row[1] == pytest.approx(-4.0) and row[2] == pytest.approx(0.25)
 
 
+def test_frequency_and_presence_penalties_follow_the_repeat_penalty() -> None:
+    logits = np.array([2.0, -1.0, 1.0, 0.5, 3.0], dtype=np.float32)
+    s = Sampler(SamplingParams(temperature=0.0, repeat_penalty=2.0, repeat_last_n=4, frequency_penalty=0.5,
+                               presence_penalty=0.25), 5, 0)
+    for t in (0, 0, 1, 4, 4):  # the window of 4 keeps [0, 1, 4, 4]
+        s.accept(t)
+    row = s._penalized(logits)
+    want = [2.0 / 2 - (1 * 0.5 + 0.25), -1.0 * 2 - (0.5 + 0.25), 1.0, 0.5, 3.0 / 2 - (2 * 0.5 + 0.25)]
+    np.testing.assert_allclose(row, want, rtol=1e-6)
+    assert not s.plain_greedy and s.sample(logits) == 2
+    only_presence = Sampler(SamplingParams(temperature=0.0, presence_penalty=10.0), 5, 0)
+    assert not only_presence.plain_greedy  # a penalty without repeat_penalty still needs the history
+    only_presence.accept(4)
+    assert only_presence.sample(logits) == 0
+
+
 def test_fixed_seed_is_reproducible_and_clone_is_independent() -> None:
     logits = np.random.default_rng(2).normal(size=100).astype(np.float32)
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
