@@ -21,6 +21,7 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import SpekulaError
+from .named_templates import NAMED_TEMPLATES as _BUILT_IN
 
 log = structlog.get_logger(__name__)
 
@@ -111,3 +112,76 @@ def render_chat(
         raise ChatTemplateError(f"chat template rejected the messages: {exc}") from None
     except Exception as exc:  # any failure inside someone else's template is a bad-input error, not a crash
         raise ChatTemplateError(f"chat template failed to render ({type(exc).__name__}: {exc})") from None
+
+
+# Templates known by name: llama.cpp's built-in formats (named_templates.py) and ChatML.
+NAMED_TEMPLATES = {"chatml": CHATML_TEMPLATE, **_BUILT_IN}
+
+
+def template_override(name_or_source: str | None, path: str | None) -> str | None:
+    """The chat template to use instead of the model's: `--chat-template` (a name of NAMED_TEMPLATES or
+    Jinja source) or `--chat-template-file`; None when neither is given. Checked to parse."""
+    if name_or_source and path:
+        raise ChatTemplateError("give --chat-template or --chat-template-file, not both")
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                source = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ChatTemplateError(f"--chat-template-file {path}: cannot read it ({exc})") from None
+    elif name_or_source:
+        source = NAMED_TEMPLATES.get(name_or_source, name_or_source)
+        if source is name_or_source and "{{" not in source and "{%" not in source:
+            raise ChatTemplateError(f"--chat-template {name_or_source!r}: not a template spekula knows by name "
+                                    f"({', '.join(sorted(NAMED_TEMPLATES))}) and not Jinja; give the template's source "
+                                    "or --chat-template-file")
+    else:
+        return None
+    try:
+        _compile(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ChatTemplateError(f"chat template does not parse (line {exc.lineno}): {exc.message}") from None
+    return source
+
+
+def with_prefill(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """An assistant message at the end is the start of the answer (a prefill): the template renders the
+    messages before it with the generation prompt, and its text follows. Returns (messages to render,
+    text to append); the text is empty when the last message is not the assistant's."""
+    if not messages or messages[-1].get("role") != "assistant":
+        return messages, ""
+    if len(messages) >= 2 and messages[-2].get("role") == "assistant":
+        raise ChatTemplateError("Cannot have 2 or more assistant messages at the end of the list.")
+    return messages[:-1], str(messages[-1].get("content") or "")
+
+
+def chat_prompt(tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                continue_final: bool = False, prefill: bool = True, **extra: Any) -> str:
+    """The prompt text of a chat through the tokenizer's template. A final assistant message is continued
+    (see `with_prefill`) rather than closed and followed by a new assistant turn: always with
+    `continue_final` (vLLM's `continue_final_message`, which insists on one), and by default (`prefill`,
+    llama-server's --prefill-assistant) whenever the chat ends with one."""
+    ends_with_assistant = bool(messages) and messages[-1].get("role") == "assistant"
+    if continue_final and not ends_with_assistant:
+        raise ChatTemplateError("'continue_final_message' needs the last message to be the assistant's")
+    if ends_with_assistant and (continue_final or prefill):
+        head, text = with_prefill(messages)
+        return str(tokenizer.apply_chat_template(head, add_generation_prompt=True, **extra)) + text
+    return str(tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra))
+
+
+# Variables every render sets itself; chat_template_kwargs may not replace them.
+_RESERVED_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "documents", "bos_token", "eos_token"})
+
+
+def template_variables(value: Any, where: str) -> dict[str, Any]:
+    """`chat_template_kwargs` (a request field, or --chat-template-kwargs): extra variables for the
+    template, such as Qwen3's `enable_thinking`. A JSON object whose keys are not the render's own."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ChatTemplateError(f"{where} must be a JSON object of template variables")
+    reserved = sorted(set(value) & _RESERVED_VARIABLES)
+    if reserved:
+        raise ChatTemplateError(f"{where}: {', '.join(reserved)} is set by the request itself, not as a template variable")
+    return dict(value)

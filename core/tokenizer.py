@@ -143,6 +143,7 @@ class Tokenizer:
     add_eos: bool
     eog_ids: frozenset[int]
     chat_template: str | None
+    chat_template_kwargs: dict[str, Any]  # extra template variables every render gets (--chat-template-kwargs)
 
     def __init__(self, meta: dict[str, Any], *, source: object = "<metadata>") -> None:
         self._source = source
@@ -180,6 +181,7 @@ class Tokenizer:
         self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", default_add_bos))
         self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
         self.chat_template = meta.get("tokenizer.chat_template")
+        self.chat_template_kwargs = {}
         self.eog_ids = self._build_eog(meta)
         self._specials = self._build_specials()
         self._pieces = [self._piece(i) for i in range(self.n_vocab)]
@@ -405,7 +407,8 @@ class Tokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **extra: Any
     ) -> str:
-        """`extra` reaches the template as variables (e.g. `tools`, for templates that render them)."""
+        """`extra` reaches the template as variables (e.g. `tools`, for templates that render them), over
+        the defaults in `chat_template_kwargs`."""
         from .chat_template import render_chat
 
         bos = self._tokens[self.bos_id] if self.bos_id is not None else ""
@@ -416,5 +419,5 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             bos_token=bos,
             eos_token=eos,
-            **extra,
+            **{**self.chat_template_kwargs, **extra},
         )

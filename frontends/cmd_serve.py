@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{default_socket_path()}; with --port: no socket unless given)")
     g.add_argument("--max-line-bytes", type=_line_bytes, default=DEFAULT_MAX_LINE_BYTES, metavar="N",
                    help="longest accepted request line; longer ones get an error reply (default: 8 MiB)")
+    g.add_argument("--no-prefill-assistant", dest="prefill_assistant", action="store_false", default=True,
+                   help="a chat that ends with an assistant message gets a new assistant turn after it, instead "
+                        "of that message being continued (a prefill, the default)")
     g.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="on SIGTERM/SIGINT, seconds to let in-flight requests finish (default: 30)")
     g.add_argument("--max-connections", type=_positive, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
@@ -185,11 +188,13 @@ def http_state(args: argparse.Namespace) -> HttpState:
     return HttpState(api_keys=api_keys(args), metrics=args.metrics, max_body_bytes=args.max_body_bytes,
                      model_alias=args.alias or model_name, model_path=args.model or args.hf_repo or "",
                      write_timeout=args.write_timeout, cors_origins=args.cors_origins,
-                     slots_endpoint=args.slots_endpoint, static_dir=_static_dir(args.static_path))
+                     slots_endpoint=args.slots_endpoint, static_dir=_static_dir(args.static_path),
+                     verbose=bool(getattr(args, "verbose", False)))
 
 
 def server_defaults(args: argparse.Namespace) -> ServerDefaults:
-    return ServerDefaults(sampling=sampling_from_args(args), n_predict=args.n_predict)
+    return ServerDefaults(sampling=sampling_from_args(args), n_predict=args.n_predict,
+                          prefill_assistant=args.prefill_assistant)
 
 
 def _serve_http(args: argparse.Namespace, defaults: ServerDefaults, rpc_config: ServerConfig | None) -> int:

@@ -24,10 +24,12 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from spekula.core.chat_template import ChatTemplateError, chat_prompt
+
 from . import http_native as native
 from . import http_openai as openai
 from .http_errors import HttpError
-from .http_fields import MAX_BODY_DEFAULT
+from .http_fields import MAX_BODY_DEFAULT, HttpOptions
 from .http_generation import GenerationService
 from .rpc_protocol import RpcError, parse_line
 
@@ -50,6 +52,7 @@ class HttpState:
     write_timeout: float = 30.0
     cors_origins: str = "*"
     slots_endpoint: bool = True
+    verbose: bool = False  # -v: every OpenAI answer carries `__verbose` (the native result), as llama-server's does
     static_dir: str | None = None  # --path: static files (e.g. a web UI build) served at /, without a key
     engine: ServingEngine | None = None
     service: GenerationService = field(init=False)
@@ -101,14 +104,21 @@ class HttpState:
         except RpcError as exc:
             raise HttpError(f"invalid JSON body: {exc.message.removeprefix('parse error: ')}") from None
 
-    def render_chat(self, messages: Any, tools: list[Any] | None = None) -> str:
-        """The prompt text of a chat; `tools` go to the template, as llama-server's jinja path does
-        (tool calls in the answer come back as text: spekula does not parse them)."""
+    def render_chat(self, messages: Any, opts: HttpOptions | None = None) -> str:
+        """The prompt text of a chat. The request's `tools` and `chat_template_kwargs` go to the template,
+        as llama-server's jinja path does (tool calls in the answer come back as text: spekula does not
+        parse them). A final assistant message is continued (a prefill) unless the server runs with
+        --no-prefill-assistant; `continue_final_message` insists on one."""
         engine = self.ready()
+        opts = opts or HttpOptions()
         msgs = openai.chat_messages(messages)
-        extra = {"tools": tools} if tools else {}
+        extra = {**opts.template_kwargs, **({"tools": opts.tools} if opts.tools else {})}
         try:
-            return str(engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, **extra))
+            return chat_prompt(engine.tokenizer, msgs, add_generation_prompt=opts.add_generation_prompt,
+                               continue_final=opts.continue_final, prefill=self.service.defaults.prefill_assistant,
+                               **extra)
+        except ChatTemplateError as exc:
+            raise HttpError(f"'messages': {exc}") from None
         except Exception as exc:  # noqa: BLE001 - a template error is about the caller's messages
             raise HttpError(f"'messages': chat template failed: {exc}") from None
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from spekula.core.chat_template import ChatTemplateError, template_variables
 from spekula.core.token_probs import MAX_N_PROBS
 
 from . import rpc_params as rp
@@ -30,21 +31,34 @@ NEUTRAL: dict[str, Any] = {
     "dry_multiplier": 0.0, "mirostat": 0,
     "n_indent": 0, "t_max_predict_ms": 0, "t_max_prompt_ms": 0, "top_n_sigma": -1.0,
     "best_of": 1, "echo": False, "lora": None,
-    "suffix": None, "continue_final_message": False, "thinking_budget_tokens": -1,
+    "suffix": None, "thinking_budget_tokens": -1,
 }
 # Fields that never change the generated tokens here.
 INFORMATIONAL = frozenset({
     "model", "samplers", "timings_per_token", "return_progress", "n_keep", "min_keep", "penalize_nl",
     "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_threshold",
     "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "backend_sampling", "tool_choice",
-    "parallel_tool_calls", "metadata", "store", "service_tier", "reasoning_format", "chat_template_kwargs",
-    "id", "cache_reuse", "add_generation_prompt",
+    "parallel_tool_calls", "metadata", "store", "service_tier", "reasoning_format",
+    "id", "cache_reuse",
     # llama.cpp web UI: keep-alive pings for its stream, and its channel for ending reasoning early
     "sse_ping_interval", "reasoning_control",
 })
 OPENAI_MAPPED = {"max_tokens": "n_predict", "max_completion_tokens": "n_predict"}
 MAX_BODY_DEFAULT = 32 * 1024 * 1024
 TOP_LOGPROBS_MAX = 20  # OpenAI's bound for chat
+
+
+def _continue_final(value: Any) -> bool:
+    """vLLM's `continue_final_message`: a boolean; llama-server also takes "content" (continue the reply
+    text, the same here) and "reasoning_content", which needs reasoning parsing spekula does not do."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if value == "content":
+        return True
+    if value == "reasoning_content":
+        raise HttpError("'continue_final_message': \"reasoning_content\" is not supported (spekula does not "
+                        "separate reasoning from the reply); use true or \"content\"")
+    raise HttpError("'continue_final_message' must be a boolean or \"content\"")
 
 
 def _is_neutral(name: str, value: Any) -> bool:
@@ -73,6 +87,9 @@ class HttpOptions:
     verbose: bool = False  # llama-server's `__verbose`: the native result (rendered prompt included) too
     user: str | None = None  # OpenAI `user`: never changes the output; keeps a client on one replica (Ray)
     logprobs: int | None = None  # OpenAI `logprobs` (+ chat's `top_logprobs`): alternatives per token; None: off
+    add_generation_prompt: bool = True  # chat: end the prompt with the template's assistant opening
+    continue_final: bool = False  # chat: vLLM's `continue_final_message` (continue the final assistant message)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat: `chat_template_kwargs`, template variables
 
 
 def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict[str, Any], HttpOptions]:
@@ -113,6 +130,16 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
                 if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= n_slots:
                     raise HttpError(f"'{name}' must be an integer in [1, {n_slots}] (the server's slots)")
                 opts.n = value
+        elif name == "add_generation_prompt":
+            if value is not None:
+                opts.add_generation_prompt = rp.get_bool(body, name, True)
+        elif name == "continue_final_message":
+            opts.continue_final = _continue_final(value)
+        elif name == "chat_template_kwargs":
+            try:
+                opts.template_kwargs = template_variables(value, "'chat_template_kwargs'")
+            except ChatTemplateError as exc:
+                raise HttpError(str(exc)) from None
         elif name in ("logprobs", "top_logprobs"):
             _logprobs_field(opts, name, value, chat="messages" in allowed)
         elif name in INFORMATIONAL:
@@ -122,6 +149,8 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
                 params[name] = value
         else:
             raise HttpError(f"unknown field '{str(name)[:80]}'")
+    if opts.continue_final and body.get("add_generation_prompt") is True:
+        raise HttpError("'add_generation_prompt' and 'continue_final_message' cannot both be true")
     if "messages" in allowed and body.get("logprobs") is not True:
         if body.get("top_logprobs"):
             raise HttpError("'top_logprobs' needs 'logprobs': true")

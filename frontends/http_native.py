@@ -192,11 +192,13 @@ async def detokenize(request: Request) -> Response:
 
 async def apply_template(request: Request) -> Response:
     state: HttpState = request.app.state.http
-    state.ready()
+    engine = state.ready()
     body = await state.read_json(request)
     if not isinstance(body, dict) or "messages" not in body:
         raise HttpError("'messages' is required")
-    return JSONResponse({"prompt": state.render_chat(body["messages"])})
+    # the whole chat body, as llama-server parses it: the template options count, the rest is checked
+    params, opts = normalise(body, allowed=rp.CHAT_FIELDS, n_slots=engine.config.n_slots)
+    return JSONResponse({"prompt": state.render_chat(params.pop("messages"), opts)})
 
 
 async def health(request: Request) -> Response:

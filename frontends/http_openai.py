@@ -97,7 +97,7 @@ async def chat_completions(request: Request) -> Response:
     state: HttpState = request.app.state.http
     engine = state.ready()
     params, opts = normalise(await state.read_json(request), allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
-    text = state.render_chat(params.pop("messages", None), opts.tools)
+    text = state.render_chat(params.pop("messages", None), opts)
     prompt = await state.service.encode(text)
     gen, parsed = state.service.build(params, prompt, opts, text)
     await state.service.check(parsed)
@@ -143,7 +143,7 @@ async def input_tokens(request: Request) -> Response:
     state: HttpState = request.app.state.http
     engine = state.ready()
     params, opts = normalise(await state.read_json(request), allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
-    text = state.render_chat(params.pop("messages", None), opts.tools)
+    text = state.render_chat(params.pop("messages", None), opts)
     return JSONResponse({"input_tokens": len(await state.service.encode(text)), "object": "response.input_tokens"})
 
 
@@ -154,7 +154,7 @@ async def _answer(state: HttpState, request: Request, body: dict[str, Any], gen:
     finals = await state.service.run_all(_copies(state, gen, params, prompt, opts, text), request)
     body["choices"] = [choice(i, f) for i, f in enumerate(finals)]
     body.update(usage=_usage_all(finals), timings=dict(finals[0].timings))
-    if opts.verbose:
+    if opts.verbose or state.verbose:
         body["__verbose"] = completion_result(state, finals[0], prompt=prompt, params=parsed.request,
                                               return_tokens=parsed.return_tokens)
     return JSONResponse(body)
@@ -187,7 +187,7 @@ def _usage_all(finals: list[FinalEvent]) -> dict[str, Any]:
 
 
 def chat_messages(value: Any) -> list[dict[str, str]]:
-    """OpenAI messages -> [{role, content}]: content is a string or a list of text parts."""
+    """OpenAI messages -> [{role, content}]: content is a string or a list of text parts (joined)."""
     if not isinstance(value, list) or not value:
         raise HttpError("'messages' must be a non-empty list of {role, content} objects")
     out: list[dict[str, Any]] = []
@@ -204,14 +204,11 @@ def chat_messages(value: Any) -> list[dict[str, str]]:
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                     raise HttpError(f"'messages[{i}].content': only text parts are supported")
                 parts.append(part["text"])
-            content = "".join(parts)
+            # llama-server's joins: text parts of a message by "\n"; those of a final assistant message,
+            # continued as a prefill, by "\n\n"
+            continued = i == len(value) - 1 and m["role"] == "assistant"
+            content = ("\n\n" if continued else "\n").join(parts)
         if not isinstance(content, str):
             raise HttpError(f"'messages[{i}].content' must be a string or a list of text parts")
         out.append({"role": m["role"], "content": content})
-    if len(out) >= 2 and out[-1]["role"] == out[-2]["role"] == "assistant":
-        raise HttpError("Cannot have 2 or more assistant messages at the end of the list.")
-    if out[-1]["role"] == "assistant":
-        # llama-server continues a final assistant message (prefill); spekula's templates would
-        # open a new assistant turn after it instead, so it is refused rather than answered wrongly.
-        raise HttpError("a final assistant message (prefill) is not supported; end with a user message")
     return out

@@ -476,7 +476,7 @@ accepted("--no-escape", "escape sequences in CLI prompts: the server has none", 
 accepted("--jinja", "spekula renders chat through the model's Jinja template", env="LLAMA_ARG_JINJA", env_sign=True)
 accepted("--no-jinja", "llama.cpp's built-in copies of the common templates render as the model's Jinja one",
          env="LLAMA_ARG_JINJA", env_sign=False)
-accepted("--prefill-assistant", "llama-server's default; spekula refuses a trailing assistant message (400)",
+accepted("--prefill-assistant", "llama-server's default, and spekula's: a trailing assistant message is continued",
          env="LLAMA_ARG_PREFILL_ASSISTANT", env_sign=True)
 accepted("--skip-chat-parsing", "spekula returns the reply text as generated (no tool-call/reasoning parsing)",
          env="LLAMA_ARG_SKIP_CHAT_PARSING", env_sign=True)
@@ -542,15 +542,12 @@ for _names, _env_name in (("-mm --mmproj", "LLAMA_ARG_MMPROJ"), ("-mmu --mmproj-
 rejected("--mmproj-auto", "multimodal input", env="LLAMA_ARG_MMPROJ_AUTO", env_sign=True)
 rejected("--mmproj-offload", "multimodal input", env="LLAMA_ARG_MMPROJ_OFFLOAD", env_sign=True)
 rejected("--no-mmproj-offload", "multimodal input", env="LLAMA_ARG_MMPROJ_OFFLOAD", env_sign=False)
-rejected("--chat-template", "named or inline chat templates; spekula uses the model's own", nargs=1,
-         env="LLAMA_ARG_CHAT_TEMPLATE")
-rejected("--chat-template-file", "chat template override; spekula uses the model's own", nargs=1,
-         env="LLAMA_ARG_CHAT_TEMPLATE_FILE")
-rejected("--chat-template-kwargs", "chat template kwargs", nargs=1, env="LLAMA_ARG_CHAT_TEMPLATE_KWARGS")
+translated("--chat-template", "--chat-template", env="LLAMA_ARG_CHAT_TEMPLATE")
+translated("--chat-template-file", "--chat-template-file", env="LLAMA_ARG_CHAT_TEMPLATE_FILE")
+translated("--chat-template-kwargs", "--chat-template-kwargs", env="LLAMA_ARG_CHAT_TEMPLATE_KWARGS")
 rejected("--no-skip-chat-parsing", "tool-call and reasoning parsing of replies", env="LLAMA_ARG_SKIP_CHAT_PARSING",
          env_sign=False)
-rejected("--no-prefill-assistant", "starting a new turn after a trailing assistant message",
-         env="LLAMA_ARG_PREFILL_ASSISTANT", env_sign=False)
+translated("--no-prefill-assistant", "--no-prefill-assistant", nargs=0, env="LLAMA_ARG_PREFILL_ASSISTANT", env_sign=False)
 rejected("--reasoning-format", "reasoning parsing (only 'none' is spekula's behaviour)", nargs=1,
          env="LLAMA_ARG_THINK", noop=("none",))
 rejected("-rea --reasoning", "switching reasoning on/off", nargs=1, env="LLAMA_ARG_REASONING", noop=("auto",))

@@ -9,6 +9,7 @@ options llama.cpp removed fail with its "argument has been removed" message.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -108,6 +109,15 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                         "Q4_K_M, then Q8_0, then the first GGUF)")
     g.add_argument("-hff", "--hf-file", dest="hf_file", metavar="FILE",
                    help="the file to take from the -hf repo (overrides its :quant)")
+    g.add_argument("--chat-template", metavar="NAME|JINJA", default=None,
+                   help="chat template instead of the model's: the Jinja source itself, or the name of a "
+                        "format llama.cpp builds in (chatml, llama2, llama3, mistral-v7, gemma, phi3, "
+                        "command-r, ...: the full list in docs/http.md)")
+    g.add_argument("--chat-template-file", metavar="FILE", default=None,
+                   help="chat template instead of the model's, from a Jinja file")
+    g.add_argument("--chat-template-kwargs", metavar="JSON", default=None,
+                   help='extra variables for the chat template, a JSON object, e.g. \'{"enable_thinking": false}\' '
+                        "(a request's chat_template_kwargs add to them)")
     g.add_argument("-c", "--ctx-size", type=_ctx_size, default=4096, help="context size per slot (default: 4096)")
     g.add_argument("-np", "--parallel", type=_n_slots, default=1, help="number of slots (default: 1)")
     g.add_argument("-b", "--batch-size", type=int, default=512, help="max tokens per forward (default: 512)")
@@ -315,14 +325,35 @@ def _checked_spec(args: argparse.Namespace, drafters: list[Any] | None) -> tuple
     return spec, draft_path
 
 
+def target_tokenizer(args: argparse.Namespace, model_file: GGUFFile) -> Any:
+    """The target's tokenizer, with --chat-template / --chat-template-file in place of the model's template
+    and --chat-template-kwargs as its default variables."""
+    from spekula.core.chat_template import ChatTemplateError, template_override, template_variables
+    from spekula.core.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_gguf(model_file)
+    try:
+        override = template_override(getattr(args, "chat_template", None), getattr(args, "chat_template_file", None))
+        kwargs_text = getattr(args, "chat_template_kwargs", None)
+        try:
+            kwargs = json.loads(kwargs_text) if kwargs_text is not None else None
+        except json.JSONDecodeError as exc:
+            raise ChatTemplateError(f"--chat-template-kwargs is not JSON: {exc}") from None
+        tokenizer.chat_template_kwargs = template_variables(kwargs, "--chat-template-kwargs")
+    except ChatTemplateError as exc:
+        raise ConfigError(str(exc)) from None
+    if override is not None:
+        tokenizer.chat_template = override
+    return tokenizer
+
+
 def _open_target(args: argparse.Namespace) -> tuple[str, Any]:
     """The target's path and its tokenizer, its GGUF opened (headers and metadata, no weights) on the way."""
-    from spekula.core.tokenizer import Tokenizer
 
     path = resolve_model_path(args)
     try:
         model_file = GGUFFile.shared(path)  # a corrupt or truncated file fails here, with the path in the message
-        return path, Tokenizer.from_gguf(model_file)
+        return path, target_tokenizer(args, model_file)
     except ModelFileError as exc:
         if args.model or getattr(args, "hf_repo", None):  # only the embedded default gets the "damaged" advice
             raise

@@ -57,18 +57,17 @@ class SpekulaIngress:
 
     async def __serve_build_asgi_app__(self) -> Any:
         from spekula.core.gguf_file import GGUFFile
-        from spekula.core.tokenizer import Tokenizer
 
         from .http_app import build_app
         from .http_generation import GenerationService
         from .http_metrics import render as render_metrics
-        from .options import resolve_model_path
+        from .options import resolve_model_path, target_tokenizer
         from .ray_engine import RoutedEngine
 
         args = self.args
         described = await self.replicas[0].describe.remote()
         tokenizer = await anyio.to_thread.run_sync(
-            lambda: Tokenizer.from_gguf(GGUFFile.shared(resolve_model_path(args))))
+            lambda: target_tokenizer(args, GGUFFile.shared(resolve_model_path(args))))
         engine = RoutedEngine(self.replicas, described, tokenizer)
         await engine.refresh()
         state = http_state(args)

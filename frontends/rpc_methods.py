@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from spekula.core.chat_template import chat_prompt
 from spekula.core.events import FinalEvent, PieceEvent
 
 from . import rpc_params as rp
@@ -95,7 +96,7 @@ class SpekulaMethods:
         rp.reject_unknown(obj, rp.CHAT_FIELDS, "chat.completion")
         messages = rp.messages_field(obj)
         try:
-            text = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            text = chat_prompt(self.engine.tokenizer, messages, prefill=self.defaults.prefill_assistant)
         except Exception as exc:  # noqa: BLE001 - a template error is the caller's message shape
             raise invalid_params(f"'messages': chat template failed: {exc}") from None
         result = await self._generate(self._parse(obj, await self._encode(text)), ctx)

@@ -76,6 +76,7 @@ class ServerDefaults:
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
     n_predict: int = -1
+    prefill_assistant: bool = True  # a chat ending with an assistant message continues it (--no-prefill-assistant)
 
 
 @dataclass(slots=True)

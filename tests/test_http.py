@@ -429,3 +429,63 @@ def test_presence_and_frequency_penalties_equal_the_cli(server: HttpServer) -> N
         assert got["generation_settings"][field] == 1.5
     status, err = server.post("/completion", {**body, "presence_penalty": 1e9})
     assert status == 400 and "presence_penalty" in err["error"]["message"]
+
+
+def test_assistant_prefill_and_continue_final_message(server: HttpServer) -> None:
+    user = {"role": "user", "content": "What is the best book"}
+    _, opened = server.post("/apply-template", {"messages": [user]})
+    status, pre = server.post("/apply-template", {"messages": [user, {"role": "assistant", "content": "Whill"}]})
+    assert status == 200 and pre["prompt"] == opened["prompt"] + "Whill"
+    base = {"messages": [user, {"role": "assistant", "content": "Whill"}], "max_tokens": 4, "temperature": 0}
+    for extra in ({}, {"continue_final_message": True, "add_generation_prompt": False}):
+        status, got = server.post("/v1/chat/completions", {**base, **extra, "verbose": True})
+        assert status == 200, got
+        assert got["__verbose"]["prompt"] == pre["prompt"]
+    status, err = server.post("/v1/chat/completions", {**base, "continue_final_message": True,
+                                                       "add_generation_prompt": True})
+    assert status == 400 and "continue_final_message" in err["error"]["message"]
+    status, err = server.post("/v1/chat/completions", {**base, "messages": [user], "continue_final_message": True})
+    assert status == 400 and "continue_final_message" in err["error"]["message"]
+    status, closed = server.post("/v1/chat/completions", {**base, "messages": [user], "add_generation_prompt": False,
+                                                          "verbose": True})
+    assert status == 200 and opened["prompt"].startswith(closed["__verbose"]["prompt"])
+    assert closed["__verbose"]["prompt"] != opened["prompt"]
+
+
+def test_text_parts_are_joined_as_llama_server_joins_them(server: HttpServer) -> None:
+    def parts(*texts: str) -> list[dict[str, str]]:
+        return [{"type": "text", "text": t} for t in texts]
+
+    _, whole = server.post("/apply-template", {"messages": [{"role": "user", "content": "Hi\nthere"},
+                                                            {"role": "assistant", "content": "Wh\n\nill"}]})
+    status, got = server.post("/apply-template", {"messages": [{"role": "user", "content": parts("Hi", "there")},
+                                                               {"role": "assistant", "content": parts("Wh", "ill")}]})
+    assert status == 200 and got["prompt"] == whole["prompt"]
+    assert got["prompt"].endswith("Wh\n\nill")
+
+
+def test_template_variables_and_no_prefill_over_http(tmp_path: Path) -> None:
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ greeting }}|{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+                        "{% if add_generation_prompt %}[assistant]{% endif %}")
+    srv = start(MODEL, "-np", "1", "-c", "128", "--chat-template-file", template, "--chat-template-kwargs",
+                '{"greeting": "hey"}', "--no-prefill-assistant", log=tmp_path / "server.log")
+    try:
+        chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]
+        status, got = srv.post("/apply-template", {"messages": chat})
+        assert status == 200 and got["prompt"] == "hey|[user]hi[assistant]Hel[assistant]"  # a closed turn
+        status, got = srv.post("/apply-template", {"messages": chat, "chat_template_kwargs": {"greeting": "yo"},
+                                                   "continue_final_message": "content", "add_generation_prompt": False})
+        assert status == 200 and got["prompt"] == "yo|[user]hi[assistant]Hel"
+        status, got = srv.post("/v1/chat/completions", {"messages": chat[:1], "max_tokens": 2, "temperature": 0,
+                                                        "verbose": True, "chat_template_kwargs": {"greeting": "yo"}})
+        assert status == 200 and got["__verbose"]["prompt"] == "yo|[user]hi[assistant]"
+        for body, field in (({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+                            ({"chat_template_kwargs": "x"}, "chat_template_kwargs"),
+                            ({"continue_final_message": "reasoning_content"}, "continue_final_message"),
+                            ({"continue_final_message": 1}, "continue_final_message")):
+            status, err = srv.post("/v1/chat/completions", {"messages": chat, "max_tokens": 2, **body})
+            assert status == 400 and field in err["error"]["message"], err
+        assert srv.get("/health")[0] == 200
+    finally:
+        assert srv.stop() == 0, (tmp_path / "server.log").read_text()

