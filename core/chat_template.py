@@ -132,9 +132,10 @@ def template_override(name_or_source: str | None, path: str | None) -> str | Non
     elif name_or_source:
         source = NAMED_TEMPLATES.get(name_or_source, name_or_source)
         if source is name_or_source and "{{" not in source and "{%" not in source:
-            raise ChatTemplateError(f"--chat-template {name_or_source!r}: not a template spekula knows by name "
-                                    f"({', '.join(sorted(NAMED_TEMPLATES))}) and not Jinja; give the template's source "
-                                    "or --chat-template-file")
+            # llama-server (Jinja mode) takes any such string as a template of literal text; so does
+            # spekula, but a mistyped name deserves a word in the log.
+            log.warning("--chat-template is not a known name and has no Jinja tags: every prompt will be "
+                        "this literal text", value=name_or_source[:80], names=", ".join(sorted(NAMED_TEMPLATES)))
     else:
         return None
     try:

@@ -30,7 +30,8 @@ def test_override_by_name_source_or_file(tmp_path: Path) -> None:
     f = tmp_path / "t.jinja"
     f.write_text(PLAIN)
     assert template_override(None, str(f)) == PLAIN
-    for name, path, word in (("llama9", None, "not a template spekula knows"), (None, str(tmp_path / "no"), "cannot read"),
+    assert template_override("llama9", None) == "llama9"  # as llama-server: literal text (with a warning)
+    for name, path, word in ((None, str(tmp_path / "no"), "cannot read"),
                              ("{% if %}", None, "does not parse"), ("chatml", str(f), "not both")):
         with pytest.raises(ChatTemplateError, match=word):
             template_override(name, path)
@@ -42,8 +43,8 @@ def test_target_tokenizer_takes_the_override(tmp_path: Path) -> None:
     gguf = GGUFFile(tiny_model_path("llama"))
     tok = target_tokenizer(argparse.Namespace(chat_template=None, chat_template_file=str(f)), gguf)
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "[user]hi[assistant]"
-    with pytest.raises(ConfigError, match="llama9"):
-        target_tokenizer(argparse.Namespace(chat_template="llama9", chat_template_file=None), gguf)
+    with pytest.raises(ConfigError, match="does not parse"):
+        target_tokenizer(argparse.Namespace(chat_template="{{ x", chat_template_file=None), gguf)
 
 
 class _Tok:
