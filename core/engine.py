@@ -237,6 +237,8 @@ class Engine:
             s = self._slots[slot_id]
             self.backend.truncate(s.seq_id, n_reused)
             s.start(req, outbox, plan, self.tokenizer.stream_decoder(skip_special=True), n_reused)
+            if req.return_progress:
+                outbox.put(s.progress(), self._tg)
         self._queue.extendleft(reversed(waiting))
 
     def _send_final(self, outbox: Outbox, event: FinalEvent) -> None:
@@ -302,6 +304,9 @@ class Engine:
                 self._wake = None
                 continue
             busy = [s for s in self._slots if s.busy]
+            # Requests that follow their prompt's progress, and how far it had come before this step.
+            watched = {s.id: s.n_prompt_done for s in busy if s.state is SlotState.PROMPT
+                       and s.request is not None and s.request.return_progress}
             try:
                 results = await anyio.to_thread.run_sync(self._scheduler.step, busy)
             except Exception as exc:  # an engine bug must not leave clients waiting forever
@@ -309,7 +314,11 @@ class Engine:
                     s.error = f"internal error: {type(exc).__name__}: {exc}"
                 results = []
             for s, piece in results:
-                if piece is not None and s.outbox is not None and (piece.tokens or piece.text):
+                if s.outbox is None:
+                    continue
+                if s.id in watched and s.n_prompt_done > watched[s.id] and s.error is None:
+                    s.outbox.put(s.progress(), self._tg)
+                if piece is not None and (piece.tokens or piece.text):
                     s.outbox.put(piece, self._tg)
             self._reap()
             await anyio.lowlevel.checkpoint()

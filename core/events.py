@@ -20,6 +20,21 @@ class PieceEvent:
     drafters: list[str | None]
     slot: int = -1  # the slot the request runs in
     probs: list[TokenProbs] | None = None  # one per token, when the request asked for probabilities
+    timings: dict[str, Any] | None = None  # the request's timings so far, when it asked (timings_per_token)
+
+
+@dataclass(slots=True)
+class ProgressEvent:
+    """How far the prompt has been processed, for a request that asked (return_progress): one when it
+    reaches a slot (processed == cache, the reused prefix) and one after each prompt chunk's forward."""
+
+    request_id: str
+    total: int  # prompt tokens
+    cache: int  # of them found in the slot's KV
+    processed: int  # of them in the KV now, the cached ones included
+    time_ms: float  # since the request reached its slot
+    slot: int = -1
+    timings: dict[str, Any] | None = None  # when the request asked (timings_per_token)
 
 
 @dataclass(slots=True)
@@ -42,4 +57,4 @@ class FinalEvent:
     probs: list[TokenProbs] | None = None  # one per generated token, when the request asked for them
 
 
-Event = PieceEvent | FinalEvent
+Event = PieceEvent | ProgressEvent | FinalEvent

@@ -92,3 +92,7 @@ class CompletionRequest:
     token_probs: bool = False
     n_probs: int = 0
     post_sampling_probs: bool = False
+    # Stream a ProgressEvent per prompt chunk (llama-server's return_progress), and the timings so far
+    # with every event (timings_per_token).
+    return_progress: bool = False
+    timings_per_token: bool = False

@@ -164,7 +164,8 @@ class Scheduler:
             probs = probs[:n_out]
             s.probs.extend(probs)
         return PieceEvent(request_id=s.request.id, tokens=[int(t) for t in emitted[:n_out]],
-                          text=s.text.take(final=s.finished), drafters=names[:n_out], slot=s.id, probs=probs)
+                          text=s.text.take(final=s.finished), drafters=names[:n_out], slot=s.id, probs=probs,
+                          timings=s.timings() if s.request.timings_per_token else None)
 
 
 def _sampler_before(s: Slot) -> Sampler | None:

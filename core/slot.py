@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .drafter import Drafter
-from .events import StopType
+from .events import ProgressEvent, StopType
 from .params import CompletionRequest
 from .stats import SlotSpecStats
 from .token_probs import TokenProbs
@@ -214,6 +214,22 @@ class Slot:
             # the same token as plain decoding would (llama.cpp can stop a round early instead).
             self.stop_type = "limit"
             self.truncated = True
+
+    def progress(self) -> ProgressEvent:
+        """The prompt's progress now: the reused prefix counts as processed, and time runs from the
+        request's start (llama-server's prompt_progress); timings too if the request asked."""
+        assert self.request is not None
+        now = time.perf_counter()
+        timings = None
+        if self.request.timings_per_token:
+            timings = self.timings()
+            if not self.t_prompt_done and self.n_prompt_done > self.n_cache_reused:  # part of the prompt is in
+                n = self.n_prompt_done - self.n_cache_reused
+                ms = (now - self.t_start) * 1e3
+                timings.update(prompt_n=int(n), prompt_ms=ms, prompt_per_token_ms=ms / n, prompt_per_second=1e3 * n / ms)
+        return ProgressEvent(self.request.id, total=len(self.prompt), cache=int(self.n_cache_reused),
+                             processed=int(self.n_prompt_done), time_ms=(now - self.t_start) * 1e3, slot=self.id,
+                             timings=timings)
 
     def timings(self) -> dict[str, Any]:
         prompt_ms = (self.t_prompt_done - self.t_start) * 1e3 if self.t_prompt_done else 0.0

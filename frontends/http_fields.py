@@ -22,7 +22,6 @@ from typing import Any
 from spekula.core.chat_template import ChatTemplateError, template_variables
 from spekula.core.token_probs import MAX_N_PROBS
 
-from . import rpc_params as rp
 from .http_errors import HttpError
 
 # field -> the value that leaves generation unchanged (None: absent/null is neutral too)
@@ -35,7 +34,7 @@ NEUTRAL: dict[str, Any] = {
 }
 # Fields that never change the generated tokens here.
 INFORMATIONAL = frozenset({
-    "model", "samplers", "timings_per_token", "return_progress", "n_keep", "min_keep", "penalize_nl",
+    "model", "samplers", "n_keep", "min_keep", "penalize_nl",
     "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_threshold",
     "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "backend_sampling", "tool_choice",
     "parallel_tool_calls", "metadata", "store", "service_tier", "reasoning_format",
@@ -59,6 +58,14 @@ def _continue_final(value: Any) -> bool:
         raise HttpError("'continue_final_message': \"reasoning_content\" is not supported (spekula does not "
                         "separate reasoning from the reply); use true or \"content\"")
     raise HttpError("'continue_final_message' must be a boolean or \"content\"")
+
+
+def _flag(name: str, value: Any, default: bool) -> bool:
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise HttpError(f"'{name}' must be true or false")
+    return value
 
 
 def _is_neutral(name: str, value: Any) -> bool:
@@ -90,6 +97,8 @@ class HttpOptions:
     add_generation_prompt: bool = True  # chat: end the prompt with the template's assistant opening
     continue_final: bool = False  # chat: vLLM's `continue_final_message` (continue the final assistant message)
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat: `chat_template_kwargs`, template variables
+    return_progress: bool = False  # streamed: llama-server's prompt_progress events while the prompt is processed
+    timings_per_token: bool = False  # streamed: the timings so far on every event
 
 
 def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict[str, Any], HttpOptions]:
@@ -111,13 +120,13 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
             if value is not None:
                 if not isinstance(value, dict) or not set(value) <= {"include_usage"}:
                     raise HttpError("'stream_options' must be an object with at most 'include_usage'")
-                opts.include_usage = rp.get_bool(value, "include_usage", False)
+                opts.include_usage = _flag("stream_options.include_usage", value.get("include_usage"), False)
         elif name == "user":
             if value is not None and not isinstance(value, str):
                 raise HttpError("'user' must be a string")
             opts.user = value or None
         elif name == "verbose":
-            opts.verbose = rp.get_bool(body, "verbose", False)
+            opts.verbose = _flag(name, value, False)
         elif name == "tools":
             if value:
                 if "messages" not in allowed:
@@ -131,8 +140,9 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
                     raise HttpError(f"'{name}' must be an integer in [1, {n_slots}] (the server's slots)")
                 opts.n = value
         elif name == "add_generation_prompt":
-            if value is not None:
-                opts.add_generation_prompt = rp.get_bool(body, name, True)
+            opts.add_generation_prompt = _flag(name, value, True)
+        elif name in ("return_progress", "timings_per_token"):
+            setattr(opts, name, _flag(name, value, False))
         elif name == "continue_final_message":
             opts.continue_final = _continue_final(value)
         elif name == "chat_template_kwargs":

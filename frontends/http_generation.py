@@ -16,7 +16,7 @@ import anyio
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from spekula.core.events import FinalEvent, PieceEvent
+from spekula.core.events import Event, FinalEvent
 
 from . import http_prompts
 from . import rpc_params as rp
@@ -77,6 +77,9 @@ class GenerationService:
                                          n_slots=cfg.n_slots, tokenizer=self.engine.tokenizer)
         except RpcError as exc:
             raise from_rpc(exc) from None
+        # Both only change what a stream carries, as in llama-server.
+        parsed.request.return_progress = options.return_progress and parsed.stream
+        parsed.request.timings_per_token = options.timings_per_token and parsed.stream
         if options.logprobs is not None:  # OpenAI's logprobs: the token's own, plus this many alternatives
             parsed.request.token_probs = True
             parsed.request.n_probs = max(parsed.request.n_probs, options.logprobs)
@@ -124,7 +127,7 @@ class GenerationService:
             raise HttpError(final.error or "generation failed", "server_error")
         return final
 
-    def stream(self, gen: Generation, shape: Callable[[PieceEvent | FinalEvent], list[Any]],
+    def stream(self, gen: Generation, shape: Callable[[Event], list[Any]],
                *, done_marker: bool) -> EventStream:
         """Server-sent events: `shape` turns each engine event into the JSON objects to send."""
         return EventStream(self, gen, shape, done_marker)
@@ -151,7 +154,7 @@ class EventStream:
     """
 
     def __init__(self, service: GenerationService, gen: Generation,
-                 shape: Callable[[PieceEvent | FinalEvent], list[Any]], done_marker: bool) -> None:
+                 shape: Callable[[Event], list[Any]], done_marker: bool) -> None:
         self.service, self.gen, self.shape, self.done_marker = service, gen, shape, done_marker
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

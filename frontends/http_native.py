@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from spekula.core.events import FinalEvent, PieceEvent
+from spekula.core.events import Event, FinalEvent, PieceEvent, ProgressEvent
 
 from . import rpc_params as rp
 from . import token_probs_json
@@ -75,6 +75,15 @@ def _probabilities(tokenizer: Any, probs: Any) -> dict[str, Any]:
     return {} if probs is None else {"completion_probabilities": token_probs_json.native(tokenizer, probs)}
 
 
+def progress_fields(event: ProgressEvent) -> dict[str, Any]:
+    """llama-server's `prompt_progress` object (and the timings so far, when asked for)."""
+    out: dict[str, Any] = {"prompt_progress": {"total": event.total, "cache": event.cache,
+                                               "processed": event.processed, "time_ms": int(event.time_ms)}}
+    if event.timings is not None:
+        out["timings"] = event.timings
+    return out
+
+
 def pick_fields(result: dict[str, Any], paths: list[str]) -> dict[str, Any]:
     """llama-server's `response_fields`: only these (slash-separated) paths, keyed by the path."""
     out: dict[str, Any] = {}
@@ -134,12 +143,16 @@ def _stream(state: HttpState, job: tuple[Any, Any], prompt: list[int]) -> Respon
     gen, parsed = job
     seen = {"n": 0}
 
-    def shape(event: PieceEvent | FinalEvent) -> list[Any]:
+    def shape(event: Event) -> list[Any]:
+        if isinstance(event, ProgressEvent):
+            return [{"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": event.slot,
+                     "tokens_predicted": seen["n"], "tokens_evaluated": len(prompt), **progress_fields(event)}]
         if isinstance(event, PieceEvent):
             seen["n"] += len(event.tokens)
             return [{"index": 0, "content": event.text, "tokens": list(event.tokens), "stop": False,
                      "id_slot": event.slot, "tokens_predicted": seen["n"], "tokens_evaluated": len(prompt),
-                     **_probabilities(state.ready().tokenizer, event.probs)}]
+                     **_probabilities(state.ready().tokenizer, event.probs),
+                     **({"timings": event.timings} if event.timings is not None else {})}]
         final = completion_result(state, event, prompt=prompt, params=parsed.request, return_tokens=False)
         final["content"] = ""  # streamed already
         final.pop("completion_probabilities", None)  # so were the probabilities

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from spekula.core.events import FinalEvent, PieceEvent
+from spekula.core.events import Event, FinalEvent, PieceEvent, ProgressEvent
 
 from . import rpc_params as rp
 from . import token_probs_json as tpj
 from .http_errors import HttpError
 from .http_fields import normalise
-from .http_native import completion_result
+from .http_native import completion_result, progress_fields
 
 if TYPE_CHECKING:
     from .http_app import HttpState
@@ -76,14 +76,18 @@ async def completions(request: Request) -> Response:
     if parsed.stream:
         offset = [0]
 
-        def shape(event: PieceEvent | FinalEvent) -> list[Any]:
+        def shape(event: Event) -> list[Any]:
+            if isinstance(event, ProgressEvent):
+                return [{**chunk({"text": "", "index": 0, "logprobs": None, "finish_reason": None}),
+                         **progress_fields(event)}]
             if isinstance(event, PieceEvent):
                 lp = logprobs(event.probs, offset[0])
                 if lp is not None:
                     offset[0] += sum(len(t) for t in lp["tokens"])
                 if not event.text and not (lp and lp["tokens"]):
                     return []
-                return [chunk({"text": event.text, "index": 0, "logprobs": lp, "finish_reason": None})]
+                return [{**chunk({"text": event.text, "index": 0, "logprobs": lp, "finish_reason": None}),
+                         **_timings(event)}]
             out = [chunk({"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason(event)})]
             return _close(out, chunk({}), event, opts.include_usage)
 
@@ -117,8 +121,11 @@ async def chat_completions(request: Request) -> Response:
     if parsed.stream:
         first = [True]
 
-        def shape(event: PieceEvent | FinalEvent) -> list[Any]:
+        def shape(event: Event) -> list[Any]:
             out: list[Any] = []
+            if isinstance(event, ProgressEvent):  # as llama-server: the role's chunk, carrying the progress
+                return [{**chunk({"index": 0, "delta": {"role": "assistant", "content": None}, "logprobs": None,
+                                  "finish_reason": None}), **progress_fields(event)}]
             if first[0]:
                 first[0] = False
                 out.append(chunk({"index": 0, "delta": {"role": "assistant", "content": None},
@@ -126,8 +133,8 @@ async def chat_completions(request: Request) -> Response:
             if isinstance(event, PieceEvent):
                 lp = logprobs(event.probs)
                 if event.text or (lp and lp["content"]):
-                    out.append(chunk({"index": 0, "delta": {"content": event.text}, "logprobs": lp,
-                                      "finish_reason": None}))
+                    out.append({**chunk({"index": 0, "delta": {"content": event.text}, "logprobs": lp,
+                                         "finish_reason": None}), **_timings(event)})
                 return out
             out.append(chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason(event)}))
             return _close(out, chunk({}), event, opts.include_usage)
@@ -158,6 +165,10 @@ async def _answer(state: HttpState, request: Request, body: dict[str, Any], gen:
         body["__verbose"] = completion_result(state, finals[0], prompt=prompt, params=parsed.request,
                                               return_tokens=parsed.return_tokens)
     return JSONResponse(body)
+
+
+def _timings(event: PieceEvent) -> dict[str, Any]:
+    return {"timings": event.timings} if event.timings is not None else {}
 
 
 def _close(out: list[Any], usage_chunk: dict[str, Any], final: FinalEvent, include_usage: bool) -> list[Any]:

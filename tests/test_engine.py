@@ -17,7 +17,7 @@ from toy_backend import (
 )
 
 from spekula.core.errors import ConfigError
-from spekula.core.events import FinalEvent, PieceEvent
+from spekula.core.events import FinalEvent, PieceEvent, ProgressEvent
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.stats import DrafterStats
 
@@ -313,3 +313,23 @@ async def test_slow_reader_gets_every_event_without_stalling_others() -> None:
     assert len(events) > 64 and isinstance(events[-1], FinalEvent)
     pieces = [t for ev in events[:-1] for t in ev.tokens]  # type: ignore[union-attr]
     assert pieces == events[-1].tokens == _plain(200)
+
+
+@pytest.mark.anyio
+async def test_prompt_progress_events_come_before_the_first_piece() -> None:
+    engine = make_engine(ToyBackend(), ToyTokenizer(), n_slots=2, n_batch=5)
+    prompt = [*PROMPT, *PROMPT, 7]  # 17 tokens: chunks of at most 5 (the two requests share each forward)
+    events: list[object] = []
+    asked = CompletionRequest(prompt, n_predict=4, sampling=GREEDY, return_progress=True, timings_per_token=True)
+    finals = await run_requests(engine, [asked, CompletionRequest(prompt, n_predict=4, sampling=GREEDY)],
+                                on_event=events.append)
+    progress = [e for e in events if isinstance(e, ProgressEvent)]
+    assert progress and all(e.request_id == asked.id and e.total == 17 and e.cache == 0 for e in progress)
+    done = [e.processed for e in progress]
+    assert done[0] == 0 and done[-1] == 17 and done == sorted(set(done))
+    assert all(b - a <= 5 for a, b in zip(done, done[1:], strict=False))
+    mine = [e for e in events if getattr(e, "request_id", None) == asked.id]
+    assert isinstance(mine[len(progress)], PieceEvent)  # every progress event precedes the first token
+    assert all(isinstance(e, ProgressEvent) for e in mine[:len(progress)])
+    assert all(e.timings is not None for e in mine if isinstance(e, PieceEvent))
+    assert finals[0].tokens == finals[1].tokens == _plain(4, prompt)

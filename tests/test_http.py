@@ -489,3 +489,42 @@ def test_template_variables_and_no_prefill_over_http(tmp_path: Path) -> None:
         assert srv.get("/health")[0] == 200
     finally:
         assert srv.stop() == 0, (tmp_path / "server.log").read_text()
+
+
+def test_prompt_progress_and_timings_per_token(tmp_path: Path) -> None:
+    srv = start(MODEL, "-np", "1", "-c", "256", "-b", "16", "--temp", "0", log=tmp_path / "server.log")
+    try:
+        prompt = "one two three four five six seven eight nine ten " * 4
+        body = {"prompt": prompt, "n_predict": 6, "temperature": 0, "stream": True, "return_progress": True,
+                "timings_per_token": True, "cache_prompt": False}
+        events = srv.events("/completion", body)
+        progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+        total = progress[0]["total"]
+        assert total > 40 and progress[0]["processed"] == progress[0]["cache"] == 0
+        assert [p["processed"] for p in progress] == [*range(0, total, 16), total]  # one per 16-token chunk
+        assert all(p["total"] == total and p["cache"] == 0 for p in progress)
+        first = next(e for e in events if "prompt_progress" in e)["timings"]
+        assert first["prompt_n"] == 0 and first["prompt_ms"] == 0 and first["predicted_n"] == 0
+        ms = [e["timings"]["prompt_ms"] for e in events if "prompt_progress" in e]
+        assert ms == sorted(ms) and ms[-1] > 0
+        pieces = [e for e in events if e.get("tokens")]
+        assert pieces and all("timings" in e and "prompt_progress" not in e for e in pieces)
+        status, plain = srv.post("/completion", {**body, "stream": False})
+        assert status == 200 and "".join(e["content"] for e in events) == plain["content"]
+        assert not [e for e in srv.events("/completion", {**body, "return_progress": False}) if "prompt_progress" in e]
+        # The slot still holds the prompt: reused, it starts where the cache ends.
+        reused = [e["prompt_progress"] for e in srv.events("/completion", {**body, "cache_prompt": True})
+                  if "prompt_progress" in e]
+        assert reused[0]["cache"] == reused[0]["processed"] > 0 and reused[0]["total"] == total
+        assert reused[-1]["processed"] == total and len(reused) < len(progress)
+        chat = srv.events("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}], "max_tokens": 3,
+                                                   "stream": True, "return_progress": True})
+        marked = [c for c in chat if isinstance(c, dict) and "prompt_progress" in c]
+        assert marked and all(c["choices"][0]["delta"] == {"role": "assistant", "content": None} for c in marked)
+        assert marked[-1]["prompt_progress"]["processed"] == marked[-1]["prompt_progress"]["total"]
+        for bad in ({"return_progress": 1}, {"timings_per_token": "yes"}, {"verbose": 1},
+                    {"stream_options": {"include_usage": 1}}):
+            status, err = srv.post("/v1/completions", {"prompt": "x", "max_tokens": 1, "stream": True, **bad})
+            assert status == 400 and next(iter(bad)) in err["error"]["message"], err
+    finally:
+        assert srv.stop() == 0, (tmp_path / "server.log").read_text()
