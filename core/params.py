@@ -37,6 +37,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int = -1  # -1: random, resolved once per request
+    min_keep: int = 0  # top-p and min-p keep at least this many candidates (0: only their own cut)
     # (token id, bias) pairs added to the target's logits before anything else, in order (a token
     # named twice gets both); -inf bans the token (llama-server's `false`).
     logit_bias: tuple[tuple[int, float], ...] = ()

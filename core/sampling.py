@@ -45,6 +45,8 @@ def _validate(params: SamplingParams) -> None:
             raise ConfigError(f"logit_bias for token {token} must be finite or -inf (a ban); got {bias}")
     if not -(2**31) <= params.top_k < 2**31:
         raise ConfigError(f"top_k must be a 32-bit integer; got {params.top_k}")
+    if not 0 <= params.min_keep < 2**31:
+        raise ConfigError(f"min_keep must be in [0, 2^31); got {params.min_keep}")
 
 
 def check_bias_tokens(logit_bias: tuple[tuple[int, float], ...], n_vocab: int) -> None:
@@ -141,12 +143,12 @@ class Sampler:
             probs = _softmax(lg)
             cum = np.cumsum(probs)
             keep = int(np.searchsorted(cum, p.top_p, side="left")) + 1  # first index with cum >= p
-            keep = min(max(keep, 1), len(ids))
+            keep = min(max(keep, 1, p.min_keep), len(ids))
             ids, lg = ids[:keep], lg[:keep]
 
         if p.min_p > 0.0:
             keep = int(np.count_nonzero(lg >= lg[0] + math.log(p.min_p)))
-            keep = max(keep, 1)
+            keep = min(max(keep, 1, p.min_keep), len(ids))
             ids, lg = ids[:keep], lg[:keep]
 
         return ids, _softmax(lg / p.temperature)

@@ -34,7 +34,7 @@ NEUTRAL: dict[str, Any] = {
 }
 # Fields that never change the generated tokens here.
 INFORMATIONAL = frozenset({
-    "model", "samplers", "n_keep", "min_keep", "penalize_nl",
+    "model", "samplers", "n_keep", "penalize_nl",
     "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_threshold",
     "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "backend_sampling", "tool_choice",
     "parallel_tool_calls", "metadata", "store", "service_tier", "reasoning_format",

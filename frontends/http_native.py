@@ -40,7 +40,7 @@ def generation_settings(state: HttpState, params: Any = None) -> dict[str, Any]:
         "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
         "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": 1.0,
         "repeat_last_n": s.repeat_last_n, "repeat_penalty": s.repeat_penalty, "presence_penalty": s.presence_penalty,
-        "frequency_penalty": s.frequency_penalty, "dry_multiplier": 0.0, "mirostat": 0, "adaptive_target": -1.0,
+        "frequency_penalty": s.frequency_penalty, "min_keep": s.min_keep, "dry_multiplier": 0.0, "mirostat": 0, "adaptive_target": -1.0,
         "adaptive_decay": 0.9, "stop": [] if params is None else list(params.stop), "n_keep": 0,
         "ignore_eos": False if params is None else params.ignore_eos,
         "n_probs": 0 if params is None else params.n_probs,

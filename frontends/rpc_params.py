@@ -40,7 +40,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "speculative.n_max": (0, 1024),
     "speculative.n_min": (0, 1024),
     "speculative.p_min": (0.0, 1.0),
-    "n_probs": (0, MAX_N_PROBS),  # alternatives listed per emitted token
+    "n_probs": (0, MAX_N_PROBS),
+    "min_keep": (0, I32_MAX),  # alternatives listed per emitted token
 }
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
@@ -59,7 +60,7 @@ def invalid_params(message: str, field: str = "") -> ParamError:
     return ParamError(field, message)
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "logit_bias",
-                   "presence_penalty", "frequency_penalty")
+                   "presence_penalty", "frequency_penalty", "min_keep")
 SPEC_FIELDS = ("n_max", "n_min", "p_min", "type", "adaptive")
 GRAMMAR_FIELDS = ("grammar", "json_schema", "response_format")
 COMPLETION_FIELDS = frozenset(
@@ -197,6 +198,7 @@ def parse_sampling(params: dict[str, Any], base: SamplingParams, tokenizer: Any 
         frequency_penalty=get_float(params, "frequency_penalty", base.frequency_penalty),
         repeat_last_n=get_int(params, "repeat_last_n", base.repeat_last_n),
         seed=get_int(params, "seed", base.seed),
+        min_keep=get_int(params, "min_keep", base.min_keep),
         logit_bias=parse_logit_bias(params, base.logit_bias, tokenizer),
     )
 

@@ -154,6 +154,8 @@ def test_second_chat_turn_reuses_the_first(server: HttpServer) -> None:
     ({"prompt": "x", "logit_bias": {"5": "lots"}}, "logit_bias"),
     ({"prompt": "x", "logit_bias": [[99999, 1.0]]}, "logit_bias"),
     ({"prompt": "x", "logit_bias": 3}, "logit_bias"),
+    ({"prompt": "x", "min_keep": -1}, "min_keep"),
+    ({"prompt": "x", "min_keep": 0.5}, "min_keep"),
 ])
 def test_bad_fields_are_400_naming_the_field(server: HttpServer, body: dict, field: str) -> None:  # type: ignore[type-arg]
     status, err = server.post("/completion", body)
@@ -528,3 +530,13 @@ def test_prompt_progress_and_timings_per_token(tmp_path: Path) -> None:
             assert status == 400 and next(iter(bad)) in err["error"]["message"], err
     finally:
         assert srv.stop() == 0, (tmp_path / "server.log").read_text()
+
+
+def test_min_keep_widens_the_sampled_candidates(server: HttpServer) -> None:
+    body = {"prompt": "a b c", "n_predict": 8, "temperature": 1.5, "seed": 3, "top_k": 0, "top_p": 0.01,
+            "min_p": 0.0, "n_probs": 5, "post_sampling_probs": True}
+    _, narrow = server.post("/completion", body)
+    status, wide = server.post("/completion", {**body, "min_keep": 3})
+    assert status == 200 and wide["generation_settings"]["min_keep"] == 3
+    assert all(len(t["top_probs"]) == 1 for t in narrow["completion_probabilities"])  # top-p 0.01 keeps one
+    assert all(len(t["top_probs"]) == 3 for t in wide["completion_probabilities"])

@@ -60,6 +60,11 @@ def test_top_k_top_p_min_p_and_temperature() -> None:
     # min-p keeps p >= min_p * p_max: 0.4*0.3 = 0.12 keeps 0.15 but not 0.1.
     ids, _ = Sampler(NEUTRAL.with_(min_p=0.3), 5, 0).distribution(logits)
     assert ids.tolist() == [0, 1, 2]
+    # min_keep: top-p and min-p keep at least that many (top-k still bounds them).
+    assert Sampler(NEUTRAL.with_(top_p=0.7, min_keep=4), 5, 0).distribution(logits)[0].tolist() == [0, 1, 2, 3]
+    assert Sampler(NEUTRAL.with_(min_p=0.3, min_keep=4), 5, 0).distribution(logits)[0].tolist() == [0, 1, 2, 3]
+    assert Sampler(NEUTRAL.with_(min_p=0.3, min_keep=9), 5, 0).distribution(logits)[0].tolist() == [0, 1, 2, 3, 4]
+    assert Sampler(NEUTRAL.with_(top_k=2, min_p=0.01, min_keep=4), 5, 0).distribution(logits)[0].tolist() == [0, 1]
     # Temperature applies after the filters: top-k 3 at T=0.5 squares and renormalises.
     ids, probs = Sampler(NEUTRAL.with_(top_k=3, temperature=0.5), 5, 0).distribution(logits)
     expect = np.array([0.4, 0.3, 0.15]) ** 2
