@@ -23,6 +23,7 @@ from spekula.core.chat_template import ChatTemplateError, template_variables
 from spekula.core.token_probs import MAX_N_PROBS
 
 from .http_errors import HttpError
+from .sampler_order import sampler_overrides
 
 # field -> the value that leaves generation unchanged (None: absent/null is neutral too)
 NEUTRAL: dict[str, Any] = {
@@ -34,7 +35,7 @@ NEUTRAL: dict[str, Any] = {
 }
 # Fields that never change the generated tokens here.
 INFORMATIONAL = frozenset({
-    "model", "samplers", "n_keep", "penalize_nl",
+    "model", "n_keep", "penalize_nl",
     "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_threshold",
     "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "backend_sampling", "tool_choice",
     "parallel_tool_calls", "metadata", "store", "service_tier", "reasoning_format",
@@ -152,6 +153,8 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
                 raise HttpError(str(exc)) from None
         elif name in ("logprobs", "top_logprobs"):
             _logprobs_field(opts, name, value, chat="messages" in allowed)
+        elif name == "samplers":
+            pass  # applied below, over the sampling fields it switches off
         elif name in INFORMATIONAL:
             pass
         elif name in allowed:
@@ -159,6 +162,7 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
                 params[name] = value
         else:
             raise HttpError(f"unknown field '{str(name)[:80]}'")
+    params.update(sampler_overrides(body.get("samplers")))
     if opts.continue_final and body.get("add_generation_prompt") is True:
         raise HttpError("'add_generation_prompt' and 'continue_final_message' cannot both be true")
     if "messages" in allowed and body.get("logprobs") is not True:

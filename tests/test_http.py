@@ -540,3 +540,23 @@ def test_min_keep_widens_the_sampled_candidates(server: HttpServer) -> None:
     assert status == 200 and wide["generation_settings"]["min_keep"] == 3
     assert all(len(t["top_probs"]) == 1 for t in narrow["completion_probabilities"])  # top-p 0.01 keeps one
     assert all(len(t["top_probs"]) == 3 for t in wide["completion_probabilities"])
+
+
+def test_samplers_field_selects_the_chain(server: HttpServer) -> None:
+    body = {"prompt": "a b c", "n_predict": 12, "temperature": 0.9, "seed": 11, "top_k": 3, "top_p": 0.5, "min_p": 0.2}
+    _, full = server.post("/completion", body)
+    _, ui_order = server.post("/completion", {**body, "samplers": "edskypmxt"})
+    assert ui_order["content"] == full["content"]
+    probs = {"n_probs": 3, "post_sampling_probs": True}
+    _, only_k = server.post("/completion", {**body, **probs, "samplers": ["top_k", "temperature"]})
+    _, same = server.post("/completion", {**body, **probs, "top_p": 1.0, "min_p": 0.0})
+    assert only_k["content"] == same["content"]
+    assert all(len(t["top_probs"]) == 3 for t in only_k["completion_probabilities"])  # top-k 3 alone cut them
+    assert any(len(t["top_probs"]) < 3 for t in full_probs(server, body))  # top-p 0.5 / min-p 0.2 cut more
+    status, err = server.post("/completion", {**body, "samplers": ["temperature", "top_k"]})
+    assert status == 400 and "samplers" in err["error"]["message"]
+
+
+def full_probs(server: HttpServer, body: dict) -> list[dict]:  # type: ignore[type-arg]
+    _, res = server.post("/completion", {**body, "n_probs": 3, "post_sampling_probs": True})
+    return res["completion_probabilities"]  # type: ignore[no-any-return]
