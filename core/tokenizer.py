@@ -68,12 +68,19 @@ _EOG_TEXTS = frozenset(
         "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[",
     }
 )  # fmt: skip
-# FIM pad/repo/separator tokens, found by text when their id keys are absent, also end generation.
-_FIM_EOG_TEXTS = (
+# Fill-in-the-middle tokens, found by text (as llama.cpp finds them) when their id keys are absent.
+_FIM_TEXTS = (
+    ("fim_pre", ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>", "\u2581<PRE>",
+                 "<|code_prefix|>", "<|prefix|>")),
+    ("fim_suf", ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>", "<SUF>", "\u2581<SUF>",
+                 "<|code_suffix|>", "<|suffix|>")),
+    ("fim_mid", ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>", "<MID>", "\u2581<MID>",
+                 "<|code_middle|>", "<|middle|>")),
     ("fim_pad", ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")),
     ("fim_rep", ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")),
     ("fim_sep", ("<|file_sep|>",)),
 )
+_FIM_EOG = ("fim_pad", "fim_rep", "fim_sep")  # these also end the generation
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -142,6 +149,7 @@ class Tokenizer:
     add_bos: bool
     add_eos: bool
     eog_ids: frozenset[int]
+    fim: dict[str, int]  # fill-in-the-middle tokens by role: fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep
     chat_template: str | None
     chat_template_kwargs: dict[str, Any]  # extra template variables every render gets (--chat-template-kwargs)
 
@@ -182,6 +190,7 @@ class Tokenizer:
         self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
         self.chat_template = meta.get("tokenizer.chat_template")
         self.chat_template_kwargs = {}
+        self.fim = self._find_fim(meta)
         self.eog_ids = self._build_eog(meta)
         self._specials = self._build_specials()
         self._pieces = [self._piece(i) for i in range(self.n_vocab)]
@@ -259,17 +268,23 @@ class Tokenizer:
         value = int(value)
         return value if 0 <= value < self.n_vocab else default
 
-    def _build_eog(self, meta: dict[str, Any]) -> frozenset[int]:
-        eog: set[int] = set()
+    def _find_fim(self, meta: dict[str, Any]) -> dict[str, int]:
+        """The fill-in-the-middle tokens this vocabulary has ("fim_pre", "fim_suf", "fim_mid", ...)."""
         by_text = {t: i for i, t in enumerate(self._tokens)}
-        for name, texts in _FIM_EOG_TEXTS:
+        out: dict[str, int] = {}
+        for name, texts in _FIM_TEXTS:
             tid = self._special_id(meta, name, None)
             if tid is None:
                 tid = next((by_text[t] for t in texts if t in by_text), None)
                 if tid is not None:
                     self._types[tid] = CONTROL  # found by text: llama.cpp makes it a control token
             if tid is not None:
-                eog.add(tid)
+                out[name] = tid
+        return out
+
+    def _build_eog(self, meta: dict[str, Any]) -> frozenset[int]:
+        eog: set[int] = {self.fim[name] for name in _FIM_EOG if name in self.fim}
+        by_text = {t: i for i, t in enumerate(self._tokens)}
         for text, tid in by_text.items():
             if text in _EOG_TEXTS:
                 eog.add(tid)

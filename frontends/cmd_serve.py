@@ -61,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefill-assistant", dest="prefill_assistant", action="store_false", default=True,
                    help="a chat that ends with an assistant message gets a new assistant turn after it, instead "
                         "of that message being continued (a prefill, the default)")
+    g.add_argument("--spm-infill", action="store_true",
+                   help="/infill: the suffix before the prefix, for models trained that way (default: prefix first)")
     g.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="on SIGTERM/SIGINT, seconds to let in-flight requests finish (default: 30)")
     g.add_argument("--max-connections", type=_positive, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
@@ -189,7 +191,7 @@ def http_state(args: argparse.Namespace) -> HttpState:
                      model_alias=args.alias or model_name, model_path=args.model or args.hf_repo or "",
                      write_timeout=args.write_timeout, cors_origins=args.cors_origins,
                      slots_endpoint=args.slots_endpoint, static_dir=_static_dir(args.static_path),
-                     verbose=bool(getattr(args, "verbose", False)))
+                     verbose=bool(getattr(args, "verbose", False)), spm_infill=args.spm_infill)
 
 
 def server_defaults(args: argparse.Namespace) -> ServerDefaults:

@@ -31,6 +31,7 @@ from . import http_openai as openai
 from .http_errors import HttpError
 from .http_fields import MAX_BODY_DEFAULT, HttpOptions
 from .http_generation import GenerationService
+from .http_infill import infill
 from .rpc_protocol import RpcError, parse_line
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class HttpState:
     slots_endpoint: bool = True
     verbose: bool = False  # -v: every OpenAI answer carries `__verbose` (the native result), as llama-server's does
     static_dir: str | None = None  # --path: static files (e.g. a web UI build) served at /, without a key
+    spm_infill: bool = False  # --spm-infill: /infill puts the suffix before the prefix
     engine: ServingEngine | None = None
     service: GenerationService = field(init=False)
     version: str = "0.1.0"
@@ -274,7 +276,7 @@ def build_app(state: HttpState) -> ASGIApp:
         Route("/metrics", _metrics, methods=get),
         Route("/completion", native.completion, methods=post), Route("/completions", native.completion, methods=post),
         Route("/tokenize", native.tokenize, methods=post), Route("/detokenize", native.detokenize, methods=post),
-        Route("/apply-template", native.apply_template, methods=post),
+        Route("/apply-template", native.apply_template, methods=post), Route("/infill", infill, methods=post),
         Route("/models", openai.models, methods=get), Route("/v1/models", openai.models, methods=get),
         Route("/v1/completions", openai.completions, methods=post),
         Route("/chat/completions", openai.chat_completions, methods=post),

@@ -98,7 +98,7 @@ def pick_fields(result: dict[str, Any], paths: list[str]) -> dict[str, Any]:
     return out
 
 
-def _response_fields(body: Any) -> list[str]:
+def response_fields(body: Any) -> list[str]:
     if not isinstance(body, dict):
         return []
     value = body.pop("response_fields", None)
@@ -113,12 +113,18 @@ async def completion(request: Request) -> Response:
     state: HttpState = request.app.state.http
     engine = state.ready()
     body = await state.read_json(request)
-    fields = _response_fields(body)
+    fields = response_fields(body)
     params, opts = normalise(body, allowed=COMPLETION_FIELDS, n_slots=engine.config.n_slots)
     if "prompt" not in params:
         raise HttpError("'prompt' is required")
     raw_prompts = split_batch(params.pop("prompt"))
     prompts = [(await state.service.prompt_tokens(p))[0] for p in raw_prompts]
+    return await answer(state, request, params, opts, prompts, fields)
+
+
+async def answer(state: HttpState, request: Request, params: dict[str, Any], opts: Any, prompts: list[list[int]],
+                 fields: list[str]) -> Response:
+    """Run the prompts (a stream for one streamed prompt) and answer in llama-server's native shape."""
     jobs = [state.service.build(dict(params), p, opts, None) for p in prompts]
     await state.service.check(jobs[0][1])
     if jobs[0][1].stream:

@@ -573,7 +573,7 @@ for _names, _noop, _env_name in (
 rejected("--dry-sequence-breaker", "DRY sampling", nargs=1)
 rejected("-r --reverse-prompt", "server-wide stop strings", nargs=1)
 rejected("-sp --special", "special tokens in the output text")
-rejected("--spm-infill", "llama-server /infill")
+translated("--spm-infill", "--spm-infill", nargs=0)
 rejected("--tags", "model tags in /v1/models", nargs=1, env="LLAMA_ARG_TAGS")
 rejected("-mu --model-url", "downloading a model from a URL", nargs=1, env="LLAMA_ARG_MODEL_URL")
 rejected("-dr --docker-repo", "Docker Hub models", nargs=1, env="LLAMA_ARG_DOCKER_REPO")
