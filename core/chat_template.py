@@ -49,6 +49,27 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _Undefined(jinja2.Undefined):
+    """An undefined variable added to a string is the empty string, as in llama-server's template
+    engine (Firefunction's template adds an optional `functions` that way); anything else done with
+    one is still an error."""
+
+    def __add__(self, other: Any) -> Any:
+        return other if isinstance(other, str) else self._fail_with_undefined_error()
+
+    def __radd__(self, other: Any) -> Any:
+        return other if isinstance(other, str) else self._fail_with_undefined_error()
+
+
+def _default_variables() -> dict[str, Any]:
+    """Variables every render gets unless the caller sets them, as llama-server sets them: thinking
+    on (templates such as Qwen3's switch it off with enable_thinking=false) and today's date in the
+    two forms Llama 3 and Firefunction templates print."""
+    today = datetime.now()
+    return {"tools": None, "documents": None, "enable_thinking": True,
+            "date_string": today.strftime("%d %b %Y"), "datetime": today.strftime("%b %d %Y")}
+
+
 def _tojson(
     value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
     sort_keys: bool = False,
@@ -72,7 +93,7 @@ class _GenerationTag(Extension):
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols]
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols], undefined=_Undefined
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
@@ -99,7 +120,7 @@ def render_chat(
         compiled = _compile(template)
     except jinja2.TemplateSyntaxError as exc:
         raise ChatTemplateError(f"chat template does not parse (line {exc.lineno}): {exc.message}") from None
-    context = {"tools": None, "documents": None, **extra}
+    context = {**_default_variables(), **extra}
     try:
         return compiled.render(
             messages=messages,

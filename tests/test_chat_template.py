@@ -97,3 +97,25 @@ def test_without_prefill_a_final_assistant_message_is_a_closed_turn() -> None:
     assert chat_prompt(_Tok(), chat, prefill=False, continue_final=True) == "[user]hi[assistant]Hel"
     with pytest.raises(ChatTemplateError, match="continue_final_message"):
         chat_prompt(_Tok(), chat[:1], continue_final=True)
+
+
+def test_variables_llama_server_always_sets() -> None:
+    from datetime import datetime
+
+    from spekula.core.chat_template import render_chat
+
+    today = datetime.now()
+    got = render_chat("{{ enable_thinking }}|{{ date_string }}|{{ datetime }}", [])
+    assert got in {f"True|{d.strftime('%d %b %Y')}|{d.strftime('%b %d %Y')}" for d in (today, datetime.now())}
+    assert render_chat("{{ enable_thinking }}", [], enable_thinking=False) == "False"
+    # Qwen3's switch: off only when a caller sets it false
+    qwen = "{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}"
+    assert render_chat(qwen, []) == "" and render_chat(qwen, [], enable_thinking=False) == "<think></think>"
+
+
+def test_an_undefined_variable_added_to_text_is_empty() -> None:
+    from spekula.core.chat_template import render_chat
+
+    assert render_chat("{{ 'a\\n' + functions }}|{{ functions + 'b' }}", []) == "a\n|b"
+    with pytest.raises(ChatTemplateError, match="undefined"):
+        render_chat("{{ functions + 1 }}", [])
