@@ -153,6 +153,9 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
                 raise HttpError(str(exc)) from None
         elif name in ("logprobs", "top_logprobs"):
             _logprobs_field(opts, name, value, chat="messages" in allowed)
+        elif name == "reasoning_effort":
+            if value is not None and (not isinstance(value, str) or "messages" not in allowed):
+                raise HttpError("'reasoning_effort' must be a string, in a chat request")
         elif name == "samplers":
             pass  # applied below, over the sampling fields it switches off
         elif name in INFORMATIONAL:
@@ -163,6 +166,12 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
         else:
             raise HttpError(f"unknown field '{str(name)[:80]}'")
     params.update(sampler_overrides(body.get("samplers")))
+    effort = body.get("reasoning_effort")
+    if effort == "none":  # OpenAI's "no reasoning": the template's thinking switch, as llama-server reads it
+        opts.template_kwargs = {**opts.template_kwargs, "enable_thinking": False}
+        opts.template_kwargs.pop("reasoning_effort", None)
+    elif effort:
+        opts.template_kwargs = {**opts.template_kwargs, "reasoning_effort": effort}
     if opts.continue_final and body.get("add_generation_prompt") is True:
         raise HttpError("'add_generation_prompt' and 'continue_final_message' cannot both be true")
     if "messages" in allowed and body.get("logprobs") is not True:

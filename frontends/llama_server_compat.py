@@ -550,8 +550,8 @@ rejected("--no-skip-chat-parsing", "tool-call and reasoning parsing of replies",
 translated("--no-prefill-assistant", "--no-prefill-assistant", nargs=0, env="LLAMA_ARG_PREFILL_ASSISTANT", env_sign=False)
 rejected("--reasoning-format", "reasoning parsing (only 'none' is spekula's behaviour)", nargs=1,
          env="LLAMA_ARG_THINK", noop=("none",))
-rejected("-rea --reasoning", "switching reasoning on/off", nargs=1, env="LLAMA_ARG_REASONING", noop=("auto",))
-rejected("--reasoning-effort", "reasoning effort", nargs=1, env="LLAMA_ARG_REASONING_EFFORT")
+translated("-rea --reasoning", "--reasoning", env="LLAMA_ARG_REASONING")
+translated("--reasoning-effort", "--reasoning-effort", env="LLAMA_ARG_REASONING_EFFORT")
 rejected("--reasoning-budget", "reasoning budget", nargs=1, env="LLAMA_ARG_THINK_BUDGET", noop=("-1",))
 rejected("--reasoning-budget-message", "reasoning budget", nargs=1, env="LLAMA_ARG_THINK_BUDGET_MESSAGE")
 rejected("--reasoning-preserve", "reasoning history control", env="LLAMA_ARG_REASONING_PRESERVE", env_sign=True)

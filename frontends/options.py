@@ -118,6 +118,12 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chat-template-kwargs", metavar="JSON", default=None,
                    help='extra variables for the chat template, a JSON object, e.g. \'{"enable_thinking": false}\' '
                         "(a request's chat_template_kwargs add to them)")
+    g.add_argument("-rea", "--reasoning", type=_reasoning, default="auto", metavar="on|off|auto",
+                   help="thinking in chat templates that switch it (enable_thinking, e.g. Qwen3's): on, off, or "
+                        "auto to keep the template's default (default: auto)")
+    g.add_argument("--reasoning-effort", default="default", metavar="LEVEL",
+                   help="reasoning_effort given to the chat template (e.g. low, medium, high for gpt-oss); "
+                        "default keeps the template's own (default: default)")
     g.add_argument("-c", "--ctx-size", type=_ctx_size, default=4096, help="context size per slot (default: 4096)")
     g.add_argument("-np", "--parallel", type=_n_slots, default=1, help="number of slots (default: 1)")
     g.add_argument("-b", "--batch-size", type=int, default=512, help="max tokens per forward (default: 512)")
@@ -325,6 +331,29 @@ def _checked_spec(args: argparse.Namespace, drafters: list[Any] | None) -> tuple
     return spec, draft_path
 
 
+_TRUTHY, _FALSEY, _AUTO = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0"), ("auto", "-1")
+
+
+def _reasoning(value: str) -> str:
+    """llama.cpp's spellings of on, off and auto."""
+    for canonical, spellings in (("on", _TRUTHY), ("off", _FALSEY), ("auto", _AUTO)):
+        if value in spellings:
+            return canonical
+    raise argparse.ArgumentTypeError(f"expected on, off or auto, got {value!r}")
+
+
+def _reasoning_variables(args: argparse.Namespace) -> dict[str, Any]:
+    """The template variables --reasoning and --reasoning-effort stand for."""
+    out: dict[str, Any] = {}
+    reasoning = getattr(args, "reasoning", "auto")
+    if reasoning != "auto":
+        out["enable_thinking"] = reasoning == "on"
+    effort = getattr(args, "reasoning_effort", "default")
+    if effort != "default":
+        out["reasoning_effort"] = effort
+    return out
+
+
 def target_tokenizer(args: argparse.Namespace, model_file: GGUFFile) -> Any:
     """The target's tokenizer, with --chat-template / --chat-template-file in place of the model's template
     and --chat-template-kwargs as its default variables."""
@@ -339,7 +368,9 @@ def target_tokenizer(args: argparse.Namespace, model_file: GGUFFile) -> Any:
             kwargs = json.loads(kwargs_text) if kwargs_text is not None else None
         except json.JSONDecodeError as exc:
             raise ChatTemplateError(f"--chat-template-kwargs is not JSON: {exc}") from None
-        tokenizer.chat_template_kwargs = template_variables(kwargs, "--chat-template-kwargs")
+        # --chat-template-kwargs names a variable explicitly, so it wins over --reasoning's default
+        tokenizer.chat_template_kwargs = {**_reasoning_variables(args),
+                                          **template_variables(kwargs, "--chat-template-kwargs")}
     except ChatTemplateError as exc:
         raise ConfigError(str(exc)) from None
     if override is not None:

@@ -119,3 +119,27 @@ def test_an_undefined_variable_added_to_text_is_empty() -> None:
     assert render_chat("{{ 'a\\n' + functions }}|{{ functions + 'b' }}", []) == "a\n|b"
     with pytest.raises(ChatTemplateError, match="undefined"):
         render_chat("{{ functions + 1 }}", [])
+
+
+def test_reasoning_options_become_template_variables() -> None:
+    gguf = GGUFFile(tiny_model_path("llama"))
+    args = argparse.Namespace(chat_template=None, chat_template_file=None, chat_template_kwargs=None,
+                              reasoning="off", reasoning_effort="high")
+    assert target_tokenizer(args, gguf).chat_template_kwargs == {"enable_thinking": False, "reasoning_effort": "high"}
+    args.chat_template_kwargs, args.reasoning = '{"enable_thinking": true}', "auto"
+    assert target_tokenizer(args, gguf).chat_template_kwargs == {"enable_thinking": True, "reasoning_effort": "high"}
+
+
+def test_reasoning_effort_of_a_chat_request() -> None:
+    from spekula.frontends.http_errors import HttpError
+    from spekula.frontends.http_fields import normalise
+    from spekula.frontends.rpc_params import CHAT_FIELDS, COMPLETION_FIELDS
+
+    chat = {"messages": [], "chat_template_kwargs": {"reasoning_effort": "low", "x": 1}}
+    _, opts = normalise({**chat, "reasoning_effort": "high"}, allowed=CHAT_FIELDS, n_slots=1)
+    assert opts.template_kwargs == {"reasoning_effort": "high", "x": 1}
+    _, opts = normalise({**chat, "reasoning_effort": "none"}, allowed=CHAT_FIELDS, n_slots=1)
+    assert opts.template_kwargs == {"enable_thinking": False, "x": 1}
+    for body, allowed in (({**chat, "reasoning_effort": 3}, CHAT_FIELDS), ({"reasoning_effort": "low"}, COMPLETION_FIELDS)):
+        with pytest.raises(HttpError, match="reasoning_effort"):
+            normalise(body, allowed=allowed, n_slots=1)
