@@ -171,7 +171,7 @@ def test_unimplemented_feature_from_environment_is_an_error() -> None:
     ("--context-shift", "spekula-server: --context-shift (context shift) is not implemented by spekula"),
     ("--mmproj-url http://x", "spekula-server: --mmproj-url (multimodal input) is not implemented by spekula"),
     ("--grammar-file g.gbnf", "spekula-server: --grammar-file (server-wide grammar) is not implemented by spekula"),
-    ("--reasoning-budget 10", "spekula-server: --reasoning-budget (reasoning budget) is not implemented by spekula"),
+    ("--reasoning-budget 10", "spekula-server: --reasoning-budget 10 (reasoning budget) is not implemented by spekula"),
     ("--models-dir d", "spekula-server: --models-dir (router mode (several models)) is not implemented by spekula"),
     ("-ctk q8_0", "spekula-server: -ctk q8_0 (quantized KV cache) is not implemented by spekula"),
     ("--rope-freq-base 10000", "spekula-server: --rope-freq-base (RoPE/YaRN overrides) is not implemented by spekula"),
