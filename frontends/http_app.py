@@ -26,8 +26,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from spekula.core.chat_template import ChatTemplateError, chat_prompt
 
+from . import http_anthropic as anthropic
 from . import http_native as native
 from . import http_openai as openai
+from .chat_messages import chat_messages
 from .http_errors import HttpError
 from .http_fields import MAX_BODY_DEFAULT, HttpOptions
 from .http_generation import GenerationService
@@ -106,14 +108,14 @@ class HttpState:
         except RpcError as exc:
             raise HttpError(f"invalid JSON body: {exc.message.removeprefix('parse error: ')}") from None
 
-    def render_chat(self, messages: Any, opts: HttpOptions | None = None) -> str:
+    def render_chat(self, messages: Any, opts: HttpOptions | None = None, *, allow_empty: bool = False) -> str:
         """The prompt text of a chat. The request's `tools` and `chat_template_kwargs` go to the template,
         as llama-server's jinja path does (tool calls in the answer come back as text: spekula does not
         parse them). A final assistant message is continued (a prefill) unless the server runs with
         --no-prefill-assistant; `continue_final_message` insists on one."""
         engine = self.ready()
         opts = opts or HttpOptions()
-        msgs = openai.chat_messages(messages)
+        msgs = chat_messages(messages, allow_empty=allow_empty)
         extra = {**opts.template_kwargs, **({"tools": opts.tools} if opts.tools else {})}
         try:
             return chat_prompt(engine.tokenizer, msgs, add_generation_prompt=opts.add_generation_prompt,
@@ -281,6 +283,8 @@ def build_app(state: HttpState) -> ASGIApp:
         Route("/v1/completions", openai.completions, methods=post),
         Route("/chat/completions", openai.chat_completions, methods=post),
         Route("/v1/chat/completions", openai.chat_completions, methods=post),
+        Route("/v1/messages", anthropic.messages, methods=post),
+        Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=post),
         Route("/chat/completions/input_tokens", openai.input_tokens, methods=post),
         Route("/v1/chat/completions/input_tokens", openai.input_tokens, methods=post),
         Route("/tools", _tools, methods=["GET", "POST"]),

@@ -190,6 +190,6 @@ class EventStream:
                     yield sse(exc.body())
                     return
             for obj in self.shape(event):
-                yield sse(obj)
+                yield obj if isinstance(obj, bytes) else sse(obj)  # bytes: an event already framed
         if self.done_marker:
             yield b"data: [DONE]\n\n"

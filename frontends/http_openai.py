@@ -195,31 +195,3 @@ def _usage_all(finals: list[FinalEvent]) -> dict[str, Any]:
     n_out = sum(len(f.tokens) for f in finals)
     u.update(completion_tokens=n_out, total_tokens=u["prompt_tokens"] + n_out)
     return u
-
-
-def chat_messages(value: Any) -> list[dict[str, str]]:
-    """OpenAI messages -> [{role, content}]: content is a string or a list of text parts (joined)."""
-    if not isinstance(value, list) or not value:
-        raise HttpError("'messages' must be a non-empty list of {role, content} objects")
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(value):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise HttpError(f"'messages[{i}]' must be an object with a string 'role'")
-        unknown = set(m) - {"role", "content", "name"}
-        if unknown:
-            raise HttpError(f"'messages[{i}]': unsupported field(s) {', '.join(sorted(unknown))[:120]}")
-        content = m.get("content")
-        if isinstance(content, list):
-            parts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise HttpError(f"'messages[{i}].content': only text parts are supported")
-                parts.append(part["text"])
-            # llama-server's joins: text parts of a message by "\n"; those of a final assistant message,
-            # continued as a prefill, by "\n\n"
-            continued = i == len(value) - 1 and m["role"] == "assistant"
-            content = ("\n\n" if continued else "\n").join(parts)
-        if not isinstance(content, str):
-            raise HttpError(f"'messages[{i}].content' must be a string or a list of text parts")
-        out.append({"role": m["role"], "content": content})
-    return out
