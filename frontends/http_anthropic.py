@@ -11,6 +11,7 @@ is one text block: spekula does not parse tool calls or reasoning out of the gen
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,8 @@ def to_chat(body: Any) -> dict[str, Any]:
         raise HttpError("'messages' is required: a list of {role, content} objects")
     messages: list[dict[str, Any]] = []
     if body.get("system") is not None:
-        messages.append({"role": "system", "content": _text(body["system"], "'system'")})
+        system = _text(body["system"], "'system'")
+        messages.append({"role": "system", "content": _BILLING_STAMP.sub(r"\1fffff;", system, count=1)})
     for i, m in enumerate(body["messages"]):
         messages += _messages(m, f"'messages[{i}]'")
     chat: dict[str, Any] = {"messages": messages}
@@ -62,6 +64,12 @@ def to_chat(body: Any) -> dict[str, Any]:
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
         chat["user"] = metadata["user_id"]
     return chat
+
+
+# Claude Code opens its system prompt with a billing line whose `cch=` stamp changes on every
+# request; left alone it would end every slot's reusable prefix after a few tokens. It means nothing
+# to a local model, so it is pinned to one value.
+_BILLING_STAMP = re.compile(r"^(x-anthropic-billing-header:[^\n]*?cch=)[0-9a-zA-Z]{5};")
 
 
 def _list(value: Any, where: str) -> list[Any]:

@@ -34,6 +34,7 @@ from .http_errors import HttpError
 from .http_fields import MAX_BODY_DEFAULT, HttpOptions
 from .http_generation import GenerationService
 from .http_infill import infill
+from .http_responses import responses
 from .rpc_protocol import RpcError, parse_line
 
 if TYPE_CHECKING:
@@ -284,6 +285,7 @@ def build_app(state: HttpState) -> ASGIApp:
         Route("/chat/completions", openai.chat_completions, methods=post),
         Route("/v1/chat/completions", openai.chat_completions, methods=post),
         Route("/v1/messages", anthropic.messages, methods=post),
+        Route("/v1/responses", responses, methods=post), Route("/responses", responses, methods=post),
         Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=post),
         Route("/chat/completions/input_tokens", openai.input_tokens, methods=post),
         Route("/v1/chat/completions/input_tokens", openai.input_tokens, methods=post),

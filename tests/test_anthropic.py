@@ -131,3 +131,12 @@ def test_api_key_in_anthropics_header(tmp_path: Path) -> None:
         assert srv.post("/v1/messages", body, headers={"x-api-key": "k-1"})[0] == 200
     finally:
         assert srv.stop() == 0
+
+
+def test_claude_codes_changing_billing_stamp_does_not_break_the_prompt_cache() -> None:
+    def system(stamp: str) -> str:
+        chat = to_chat({"messages": [], "system": f"x-anthropic-billing-header: cc_version=2; cch={stamp};Hi"})
+        return str(chat["messages"][0]["content"])
+
+    assert system("a5145") == system("0b9c2") == "x-anthropic-billing-header: cc_version=2; cch=fffff;Hi"
+    assert to_chat({"messages": [], "system": "cch=a5145;"})["messages"][0]["content"] == "cch=a5145;"
