@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections import Counter, deque
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -47,6 +48,14 @@ def _validate(params: SamplingParams) -> None:
         raise ConfigError(f"top_k must be a 32-bit integer; got {params.top_k}")
     if not 0 <= params.min_keep < 2**31:
         raise ConfigError(f"min_keep must be in [0, 2^31); got {params.min_keep}")
+
+
+def banning_end_of_generation(params: SamplingParams, eog_ids: Iterable[int]) -> SamplingParams:
+    """llama.cpp's `ignore_eos`: a -inf bias on every end-of-generation token, so none is sampled
+    (the engine's own `ignore_eos` only keeps going past one). The frontends apply it, as
+    llama-server and llama-cli do when they read the option."""
+    bans = tuple((int(t), -math.inf) for t in sorted(eog_ids) if (int(t), -math.inf) not in params.logit_bias)
+    return params.with_(logit_bias=(*params.logit_bias, *bans)) if bans else params
 
 
 def check_bias_tokens(logit_bias: tuple[tuple[int, float], ...], n_vocab: int) -> None:

@@ -22,6 +22,7 @@ from spekula.core.constraint import ConstraintError, GrammarSpec
 from spekula.core.engine import Engine
 from spekula.core.errors import ConfigError
 from spekula.core.events import FinalEvent, PieceEvent
+from spekula.core.sampling import banning_end_of_generation
 from spekula.frontends.cli import EXIT_BROKEN_PIPE, silence_stdout
 from spekula.frontends.logging_setup import configure_logging
 from spekula.frontends.options import add_engine_options, build_engine, completion_request
@@ -35,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--prompt", help="prompt text")
     p.add_argument("-f", "--file", help="read the prompt from a file")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="never end at an end-of-generation token: they are banned (a -inf bias), as in llama.cpp")
     p.add_argument("--json", action="store_true", help="print one JSON object (llama-server /completion fields)")
     g = p.add_argument_group("constrained output (llama.cpp names)")
     g.add_argument("--grammar", default=None, metavar="GBNF", help="constrain the output to a GBNF grammar")
@@ -135,6 +137,8 @@ class _Stdout:
 async def _generate(engine: Engine, args: argparse.Namespace, prompt: list[int], out: _Stdout) -> FinalEvent:
     req = completion_request(args, prompt, stop=list(args.stop), ignore_eos=args.ignore_eos,
                              grammar=grammar_from_args(args))
+    if req.ignore_eos and req.grammar is None:
+        req.sampling = banning_end_of_generation(req.sampling, getattr(engine.tokenizer, "eog_ids", ()))
     async with anyio.create_task_group() as tg:
         await tg.start(engine.run)
         handle = engine.submit(req)

@@ -18,6 +18,7 @@ from spekula.core.constraint import GrammarSpec
 from spekula.core.errors import ConfigError
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.registry import parse_spec_types
+from spekula.core.sampling import banning_end_of_generation
 from spekula.core.token_probs import MAX_N_PROBS
 
 from .rpc_protocol import CONTEXT_OVERFLOW, INVALID_PARAMS, RpcError
@@ -316,6 +317,9 @@ def parse_completion(
         post_sampling_probs=get_bool(params, "post_sampling_probs", False),
     )
     request.token_probs = request.n_probs > 0  # llama-server reports probabilities only when n_probs > 0
+    if request.ignore_eos and request.grammar is None and tokenizer is not None:
+        # A grammar's own end still ends its request, so a constrained request keeps them.
+        request.sampling = banning_end_of_generation(request.sampling, getattr(tokenizer, "eog_ids", ()))
     if request.id_slot >= n_slots:
         raise invalid_params(f"'id_slot' must be -1 or a slot id in [0, {n_slots})", "id_slot")
     return ParsedCompletion(

@@ -560,3 +560,13 @@ def test_samplers_field_selects_the_chain(server: HttpServer) -> None:
 def full_probs(server: HttpServer, body: dict) -> list[dict]:  # type: ignore[type-arg]
     _, res = server.post("/completion", {**body, "n_probs": 3, "post_sampling_probs": True})
     return res["completion_probabilities"]  # type: ignore[no-any-return]
+
+
+def test_ignore_eos_bans_end_of_generation_tokens(server: HttpServer) -> None:
+    body = {"prompt": "a b c", "n_predict": 24, "temperature": 1.0, "seed": 5, "return_tokens": True}
+    _, banned = server.post("/completion", {**body, "ignore_eos": True})
+    eog = {e["token"] for e in banned["generation_settings"]["logit_bias"] if e["bias"] is None}
+    assert eog == {0, 2}  # the fixture's <|endoftext|> and <|im_end|>, as llama-server lists them
+    assert len(banned["tokens"]) == 24 and not eog & set(banned["tokens"])
+    _, plain = server.post("/completion", body)
+    assert plain["generation_settings"]["logit_bias"] == []
