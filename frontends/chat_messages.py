@@ -4,7 +4,7 @@ A message has a `role` and `content` (a string, or a list of text parts, joined 
 llama-server joins them), and may carry what agent clients send back in a conversation's history:
 an assistant's `tool_calls` (their `arguments` handed to the template as an object when they are a
 JSON object, as Hugging Face templates expect), a tool message's `tool_call_id`, and an assistant's
-`reasoning_content` (templates such as Qwen3's render it). Anything else is a 400 naming it.
+`reasoning_content` (templates such as Qwen3's render it). Anything else is refused, naming it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .http_errors import HttpError
+
+class MessagesError(ValueError):
+    """The messages are malformed; the message names the field (each frontend answers in its own form)."""
+
 
 _FIELDS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content"})
 
@@ -20,15 +23,15 @@ _FIELDS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "r
 def chat_messages(value: Any, *, allow_empty: bool = False) -> list[dict[str, Any]]:
     """OpenAI messages -> the template's messages: content a string, the optional fields checked."""
     if not isinstance(value, list) or not (value or allow_empty):
-        raise HttpError("'messages' must be a non-empty list of {role, content} objects")
+        raise MessagesError("'messages' must be a non-empty list of {role, content} objects")
     out: list[dict[str, Any]] = []
     for i, m in enumerate(value):
         where = f"'messages[{i}]'"
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise HttpError(f"{where} must be an object with a string 'role'")
+            raise MessagesError(f"{where} must be an object with a string 'role'")
         unknown = set(m) - _FIELDS
         if unknown:
-            raise HttpError(f"{where}: unsupported field(s) {', '.join(sorted(unknown))[:120]}")
+            raise MessagesError(f"{where}: unsupported field(s) {', '.join(sorted(unknown))[:120]}")
         msg: dict[str, Any] = {"role": m["role"]}
         calls = m.get("tool_calls")
         if calls is not None:
@@ -40,7 +43,7 @@ def chat_messages(value: Any, *, allow_empty: bool = False) -> list[dict[str, An
         for name in ("name", "tool_call_id", "reasoning_content"):
             if m.get(name) is not None:
                 if not isinstance(m[name], str):
-                    raise HttpError(f"{where}.{name} must be a string")
+                    raise MessagesError(f"{where}.{name} must be a string")
                 msg[name] = m[name]
         out.append(msg)
     return out
@@ -51,24 +54,24 @@ def _content(content: Any, where: str, *, continued: bool) -> str:
         parts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise HttpError(f"{where}.content: only text parts are supported")
+                raise MessagesError(f"{where}.content: only text parts are supported")
             parts.append(part["text"])
         # llama-server's joins: text parts of a message by "\n"; those of a final assistant message,
         # continued as a prefill, by "\n\n"
         return ("\n\n" if continued else "\n").join(parts)
     if not isinstance(content, str):
-        raise HttpError(f"{where}.content must be a string or a list of text parts")
+        raise MessagesError(f"{where}.content must be a string or a list of text parts")
     return content
 
 
 def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(calls, list):
-        raise HttpError(f"{where}.tool_calls must be a list")
+        raise MessagesError(f"{where}.tool_calls must be a list")
     out = []
     for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise HttpError(f"{where}.tool_calls[{j}] must be {{'type': 'function', 'function': {{'name', 'arguments'}}}}")
+            raise MessagesError(f"{where}.tool_calls[{j}] must be {{'type': 'function', 'function': {{'name', 'arguments'}}}}")
         arguments = fn.get("arguments", {})
         if isinstance(arguments, str):
             try:
@@ -77,7 +80,7 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
                 parsed = None
             arguments = parsed if isinstance(parsed, dict) else arguments
         elif not isinstance(arguments, dict):
-            raise HttpError(f"{where}.tool_calls[{j}].function.arguments must be a JSON string or an object")
+            raise MessagesError(f"{where}.tool_calls[{j}].function.arguments must be a JSON string or an object")
         entry: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": arguments}}
         if isinstance(call.get("id"), str):
             entry["id"] = call["id"]

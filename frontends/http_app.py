@@ -29,7 +29,7 @@ from spekula.core.chat_template import ChatTemplateError, chat_prompt
 from . import http_anthropic as anthropic
 from . import http_native as native
 from . import http_openai as openai
-from .chat_messages import chat_messages
+from .chat_messages import MessagesError, chat_messages
 from .http_errors import HttpError
 from .http_fields import MAX_BODY_DEFAULT, HttpOptions
 from .http_generation import GenerationService
@@ -116,7 +116,10 @@ class HttpState:
         --no-prefill-assistant; `continue_final_message` insists on one."""
         engine = self.ready()
         opts = opts or HttpOptions()
-        msgs = chat_messages(messages, allow_empty=allow_empty)
+        try:
+            msgs = chat_messages(messages, allow_empty=allow_empty)
+        except MessagesError as exc:
+            raise HttpError(str(exc)) from None
         extra = {**opts.template_kwargs, **({"tools": opts.tools} if opts.tools else {})}
         try:
             return chat_prompt(engine.tokenizer, msgs, add_generation_prompt=opts.add_generation_prompt,

@@ -15,7 +15,8 @@ Protocol (JSON-RPC 2.0, one JSON value per line, named params only, batches allo
                     stream=true first sends `completion.chunk` notifications
                     {id (the request's JSON-RPC id), request_id, content, tokens, pieces, drafters,
                      [completion_probabilities] (then absent from the result)}
-  chat.completion   messages [{role, content}] + the same fields except prompt
+  chat.completion   messages [{role, content, tool_calls?, tool_call_id?, reasoning_content?}]
+                    (as the HTTP chat endpoints check them) + the same fields except prompt
                     -> completion's result + message {role: assistant, content} + finish_reason
   tokenize          content, add_special=false, parse_special=true, with_pieces=false -> {tokens}
   detokenize        tokens -> {content}

@@ -21,6 +21,7 @@ from spekula.core.registry import parse_spec_types
 from spekula.core.sampling import banning_end_of_generation
 from spekula.core.token_probs import MAX_N_PROBS
 
+from .chat_messages import MessagesError, chat_messages
 from .rpc_protocol import CONTEXT_OVERFLOW, INVALID_PARAMS, RpcError
 
 I32_MAX = 2**31 - 1
@@ -358,14 +359,10 @@ def prompt_field(params: dict[str, Any], n_vocab: int) -> str | list[int]:
     return get_token_list(value, "prompt", n_vocab)
 
 
-def messages_field(params: dict[str, Any]) -> list[dict[str, str]]:
-    value = params.get("messages")
-    if not isinstance(value, list) or not value:
-        raise invalid_params("'messages' must be a non-empty list of {role, content} objects", "messages")
-    out: list[dict[str, str]] = []
-    for i, m in enumerate(value):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise invalid_params(f"'messages[{i}]' must be an object with string 'role' and 'content'", "messages")
-        out.append({"role": m["role"], "content": m["content"]})
-    return out
+def messages_field(params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chat's messages, checked as the HTTP chat endpoints check them (tool calls included)."""
+    try:
+        return chat_messages(params.get("messages"))
+    except MessagesError as exc:
+        raise invalid_params(str(exc), "messages") from None
 

@@ -269,6 +269,13 @@ def test_chat_and_tokenizer_methods() -> None:
             assert res["message"] == {"role": "assistant", "content": res["content"]}
             assert res["content"] == fakes.expected_text("<user>hi\n<assistant>", 4)
             assert res["finish_reason"] == "length"
+            history = [{"role": "user", "content": "w?"},  # an agent's history, as the HTTP chat takes it
+                       {"role": "assistant", "content": None,
+                        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                       {"role": "tool", "tool_call_id": "c", "content": "42"}]
+            assert "result" in await peer.call("chat.completion", {"messages": history, "n_predict": 2}, rid=4)
+            msg = await peer.call("chat.completion", {"messages": [{"role": "user", "content": "x", "mood": 1}]}, rid=5)
+            assert msg["error"]["code"] == p.INVALID_PARAMS and "mood" in msg["error"]["message"]
             msg = await peer.call("tokenize", {"content": "é", "with_pieces": True}, rid=2)
             assert [t["id"] for t in msg["result"]["tokens"]] == list("é".encode())
             msg = await peer.call("detokenize", {"tokens": list("é".encode())}, rid=3)
