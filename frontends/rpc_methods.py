@@ -15,7 +15,8 @@ Protocol (JSON-RPC 2.0, one JSON value per line, named params only, batches allo
                     stream=true first sends `completion.chunk` notifications
                     {id (the request's JSON-RPC id), request_id, content, tokens, pieces, drafters,
                      [completion_probabilities] (then absent from the result)}
-  chat.completion   messages [{role, content, tool_calls?, tool_call_id?, reasoning_content?}]
+  chat.completion   messages [{role, content, tool_calls?, tool_call_id?, reasoning_content?}], tools,
+                    chat_template_kwargs, add_generation_prompt, continue_final_message
                     (as the HTTP chat endpoints check them) + the same fields except prompt
                     -> completion's result + message {role: assistant, content} + finish_reason
   tokenize          content, add_special=false, parse_special=true, with_pieces=false -> {tokens}
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from spekula.core.chat_template import chat_prompt
+from spekula.core.chat_template import ChatTemplateError, chat_prompt, template_variables
 from spekula.core.events import FinalEvent, PieceEvent
 
 from . import rpc_params as rp
@@ -55,6 +56,28 @@ _THREAD_TOKENIZE_CHARS = 16_384
 # Texts are capped before tokenizing: no tokenizer in use packs more characters than this into one
 # token, so a longer text cannot fit the context whatever it holds.
 MAX_CHARS_PER_TOKEN = 64
+# chat.completion's fields for the template, as the HTTP chat endpoint takes them.
+TEMPLATE_FIELDS = frozenset({"tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"})
+
+
+def _template_options(obj: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "add_generation_prompt": rp.get_bool(obj, "add_generation_prompt", True),
+        "continue_final": rp.get_bool(obj, "continue_final_message", False),
+    }
+    if out["add_generation_prompt"] is True and out["continue_final"] and "add_generation_prompt" in obj:
+        raise invalid_params("'add_generation_prompt' and 'continue_final_message' cannot both be true",
+                             "continue_final_message")
+    tools = obj.get("tools")
+    if tools:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise invalid_params("'tools' must be a list of tool objects", "tools")
+        out["tools"] = tools
+    try:
+        out.update(template_variables(obj.get("chat_template_kwargs"), "'chat_template_kwargs'"))
+    except ChatTemplateError as exc:
+        raise invalid_params(str(exc), "chat_template_kwargs") from None
+    return out
 
 
 class SpekulaMethods:
@@ -94,10 +117,13 @@ class SpekulaMethods:
 
     async def chat_completion(self, params: Any, ctx: CallContext) -> dict[str, Any]:
         obj = rp.as_object(params, "chat.completion")
-        rp.reject_unknown(obj, rp.CHAT_FIELDS, "chat.completion")
+        rp.reject_unknown(obj, rp.CHAT_FIELDS | TEMPLATE_FIELDS, "chat.completion")
         messages = rp.messages_field(obj)
         try:
-            text = chat_prompt(self.engine.tokenizer, messages, prefill=self.defaults.prefill_assistant)
+            text = chat_prompt(self.engine.tokenizer, messages, prefill=self.defaults.prefill_assistant,
+                               **_template_options(obj))
+        except ChatTemplateError as exc:
+            raise invalid_params(f"'messages': {exc}", "messages") from None
         except Exception as exc:  # noqa: BLE001 - a template error is the caller's message shape
             raise invalid_params(f"'messages': chat template failed: {exc}") from None
         result = await self._generate(self._parse(obj, await self._encode(text)), ctx)

@@ -32,8 +32,10 @@ class ByteTokenizer:
     def decode(self, ids: list[int], *, skip_special: bool = False) -> str:
         return bytes(ids).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
-        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+    def apply_chat_template(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True,
+                            **variables: object) -> str:
+        text = f"<vars {sorted(variables)}>" if variables else ""
+        text += "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
 

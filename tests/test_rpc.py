@@ -274,6 +274,18 @@ def test_chat_and_tokenizer_methods() -> None:
                         "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
                        {"role": "tool", "tool_call_id": "c", "content": "42"}]
             assert "result" in await peer.call("chat.completion", {"messages": history, "n_predict": 2}, rid=4)
+            msg = await peer.call("chat.completion", {"messages": [{"role": "user", "content": "hi"}], "n_predict": 4,
+                                                      "tools": [{"type": "function"}],
+                                                      "chat_template_kwargs": {"enable_thinking": False}}, rid=6)
+            assert msg["result"]["content"] == fakes.expected_text(
+                "<vars ['enable_thinking', 'tools']><user>hi\n<assistant>", 4)
+            msg = await peer.call("chat.completion", {"messages": [{"role": "user", "content": "hi"}], "n_predict": 4,
+                                                      "add_generation_prompt": False}, rid=7)
+            assert msg["result"]["content"] == fakes.expected_text("<user>hi\n", 4)
+            for bad, word in (({"chat_template_kwargs": {"messages": 1}}, "messages"), ({"tools": "x"}, "tools"),
+                              ({"continue_final_message": True}, "continue_final_message")):
+                msg = await peer.call("chat.completion", {"messages": [{"role": "user", "content": "hi"}], **bad}, rid=8)
+                assert msg["error"]["code"] == p.INVALID_PARAMS and word in msg["error"]["message"], msg
             msg = await peer.call("chat.completion", {"messages": [{"role": "user", "content": "x", "mood": 1}]}, rid=5)
             assert msg["error"]["code"] == p.INVALID_PARAMS and "mood" in msg["error"]["message"]
             msg = await peer.call("tokenize", {"content": "é", "with_pieces": True}, rid=2)
