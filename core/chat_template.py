@@ -57,8 +57,7 @@ class _Undefined(jinja2.Undefined):
     def __add__(self, other: Any) -> Any:
         return other if isinstance(other, str) else self._fail_with_undefined_error()
 
-    def __radd__(self, other: Any) -> Any:
-        return other if isinstance(other, str) else self._fail_with_undefined_error()
+    __radd__ = __add__
 
 
 def _default_variables() -> dict[str, Any]:
@@ -90,6 +89,14 @@ class _GenerationTag(Extension):
         return nodes.Scope(body, lineno=lineno)
 
 
+def _checked(source: str) -> jinja2.Template:
+    """The compiled template, or ChatTemplateError saying where it does not parse."""
+    try:
+        return _compile(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ChatTemplateError(f"chat template does not parse (line {exc.lineno}): {exc.message}") from None
+
+
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(
@@ -116,10 +123,7 @@ def render_chat(
     if not template:
         log.warning("model has no chat template; using ChatML")
         template = CHATML_TEMPLATE
-    try:
-        compiled = _compile(template)
-    except jinja2.TemplateSyntaxError as exc:
-        raise ChatTemplateError(f"chat template does not parse (line {exc.lineno}): {exc.message}") from None
+    compiled = _checked(template)
     context = {**_default_variables(), **extra}
     try:
         return compiled.render(
@@ -159,10 +163,7 @@ def template_override(name_or_source: str | None, path: str | None) -> str | Non
                         "this literal text", value=name_or_source[:80], names=", ".join(sorted(NAMED_TEMPLATES)))
     else:
         return None
-    try:
-        _compile(source)
-    except jinja2.TemplateSyntaxError as exc:
-        raise ChatTemplateError(f"chat template does not parse (line {exc.lineno}): {exc.message}") from None
+    _checked(source)
     return source
 
 

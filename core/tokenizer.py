@@ -190,8 +190,9 @@ class Tokenizer:
         self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
         self.chat_template = meta.get("tokenizer.chat_template")
         self.chat_template_kwargs = {}
-        self.fim = self._find_fim(meta)
-        self.eog_ids = self._build_eog(meta)
+        by_text = {t: i for i, t in enumerate(self._tokens)}
+        self.fim = self._find_fim(meta, by_text)
+        self.eog_ids = self._build_eog(meta, by_text)
         self._specials = self._build_specials()
         self._pieces = [self._piece(i) for i in range(self.n_vocab)]
         self._skip = [t in (CONTROL, UNKNOWN) for t in self._types]
@@ -268,9 +269,8 @@ class Tokenizer:
         value = int(value)
         return value if 0 <= value < self.n_vocab else default
 
-    def _find_fim(self, meta: dict[str, Any]) -> dict[str, int]:
+    def _find_fim(self, meta: dict[str, Any], by_text: dict[str, int]) -> dict[str, int]:
         """The fill-in-the-middle tokens this vocabulary has ("fim_pre", "fim_suf", "fim_mid", ...)."""
-        by_text = {t: i for i, t in enumerate(self._tokens)}
         out: dict[str, int] = {}
         for name, texts in _FIM_TEXTS:
             tid = self._special_id(meta, name, None)
@@ -282,9 +282,8 @@ class Tokenizer:
                 out[name] = tid
         return out
 
-    def _build_eog(self, meta: dict[str, Any]) -> frozenset[int]:
+    def _build_eog(self, meta: dict[str, Any], by_text: dict[str, int]) -> frozenset[int]:
         eog: set[int] = {self.fim[name] for name in _FIM_EOG if name in self.fim}
-        by_text = {t: i for i, t in enumerate(self._tokens)}
         for text, tid in by_text.items():
             if text in _EOG_TEXTS:
                 eog.add(tid)

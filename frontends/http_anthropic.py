@@ -22,6 +22,7 @@ from spekula.core.events import Event, FinalEvent, PieceEvent, ProgressEvent
 
 from .http_errors import HttpError
 from .http_fields import normalise
+from .http_generation import typed_sse
 from .rpc_params import CHAT_FIELDS
 
 if TYPE_CHECKING:
@@ -158,8 +159,7 @@ def _usage(final: FinalEvent) -> dict[str, int]:
 
 
 def _event(kind: str, data: dict[str, Any]) -> bytes:
-    return (f"event: {kind}\ndata: ".encode() + json.dumps({"type": kind, **data}, ensure_ascii=False,
-                                                           separators=(",", ":")).encode() + b"\n\n")
+    return typed_sse({"type": kind, **data})
 
 
 async def messages(request: Request) -> Response:

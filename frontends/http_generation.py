@@ -145,6 +145,11 @@ def sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
+def typed_sse(obj: dict[str, Any]) -> bytes:
+    """An event with an `event:` line naming its `type` (Anthropic's and the Responses API's streams)."""
+    return f"event: {obj['type']}\n".encode() + sse(obj)
+
+
 class EventStream:
     """An ASGI response streaming one request's events as `data: {json}` lines.
 

@@ -12,7 +12,6 @@ and reasoning are not parsed out of the generated text. There is no server-side 
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ from spekula.core.events import Event, FinalEvent, PieceEvent, ProgressEvent
 
 from .http_errors import HttpError
 from .http_fields import normalise
+from .http_generation import typed_sse
 from .http_native import progress_fields
 from .rpc_params import CHAT_FIELDS
 
@@ -201,12 +201,7 @@ async def responses(request: Request) -> Response:
                         **head, "status": "completed", "completed_at": int(time.time()),
                         "output": [item(whole, "completed")], "usage": _usage(ev)}),
                      "timings": dict(ev.timings)}]
-        return [_framed(o) for o in out]
+        return [typed_sse(o) for o in out]
 
     return state.service.stream(gen, shape, done_marker=False)  # type: ignore[return-value]
 
-
-def _framed(obj: dict[str, Any]) -> bytes:
-    """A server-sent event with its `event:` line, as the Responses API streams them."""
-    return (f"event: {obj['type']}\ndata: ".encode()
-            + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n")

@@ -65,7 +65,7 @@ def _template_options(obj: dict[str, Any]) -> dict[str, Any]:
         "add_generation_prompt": rp.get_bool(obj, "add_generation_prompt", True),
         "continue_final": rp.get_bool(obj, "continue_final_message", False),
     }
-    if out["add_generation_prompt"] is True and out["continue_final"] and "add_generation_prompt" in obj:
+    if out["continue_final"] and obj.get("add_generation_prompt") is True:
         raise invalid_params("'add_generation_prompt' and 'continue_final_message' cannot both be true",
                              "continue_final_message")
     tools = obj.get("tools")
