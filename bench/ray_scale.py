@@ -147,10 +147,14 @@ def one_round(args: argparse.Namespace, common: list[str]) -> dict[str, float]:
         routed = [r["routed"] for r in get(srv.port, "/health")[1]["replicas"]]
     plain, one, one_half, two = (row for _, row in rows)
     ratios = {"hop": one["tok_s"] / plain["tok_s"], "scale": two["tok_s"] / one["tok_s"],
-              "p50": two["p50_s"] / one_half["p50_s"], "cores": pair["tok_s"] / plain["tok_s"]}
+              "p50": two["p50_s"] / one_half["p50_s"], "cores": pair["tok_s"] / plain["tok_s"],
+              # Two engines without Ray against one Ray replica with a core to spare: what the p50
+              # ratio would be if Ray cost nothing at all.
+              "p50_bound": pair["p50_s"] / one_half["p50_s"]}
     print(f"  round: plain pair / plain {ratios['cores']:.2f}x, ray x1 / plain {ratios['hop']:.2f}x, "
           f"ray x2 / ray x1 {ratios['scale']:.2f}x, "
-          f"p50 x2@{full} / x1@{half} {ratios['p50']:.2f}x, requests per replica {routed}", flush=True)
+          f"p50 x2@{full} / x1@{half} {ratios['p50']:.2f}x (plain x2 {ratios['p50_bound']:.2f}x), "
+          f"requests per replica {routed}", flush=True)
     return ratios
 
 
@@ -179,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ray x2 / ray x1 throughput at {args.clients} clients: {median('scale'):.2f}x (goal >= 1.7x)")
     print(f"ray x2 p50 at {args.clients} clients / ray x1 p50 at {args.clients // 2} clients: "
           f"{median('p50'):.2f}x (goal <= 1.0x: equal load per replica)")
+    print(f"plain x2 p50 at {args.clients} clients / ray x1 p50 at {args.clients // 2} clients: "
+          f"{median('p50_bound'):.2f}x (the same ratio with no Ray cost at all)")
     return 0
 
 

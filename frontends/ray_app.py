@@ -34,6 +34,7 @@ from spekula.core.errors import ConfigError
 
 from .cli import normalize_option_names
 from .cmd_serve import http_state, serve_parser, server_defaults
+from .http_server import bind
 from .ray_replica import EngineReplica
 
 APP_NAME = "spekula"
@@ -41,9 +42,15 @@ DEFAULT_PORT = 8000  # Ray Serve's own default HTTP port
 # For a cluster this command starts itself: Serve's control loop and metrics export run 10 times a
 # second in every Serve actor by default, CPU taken from the engines on a small machine. Slower
 # here (a failed replica is noticed within half a second either way: its calls fail at once).
+# Serve's direct ingress, too: the ingress replica answers HTTP on the user's port itself, instead of
+# behind Serve's HTTP proxy actor, which took a second hop and about 7 ms of CPU per request under
+# load (bench/RESULTS.md). Its port quarantine and minimum drain exist for an external load
+# balancer (HAProxy) that is not used here; without them a restarted ingress gets its port back at
+# once and a stop does not wait 30 s on an idle ingress.
 # Set in the environment to override; a cluster started with `ray start` keeps its own settings.
 LOCAL_CLUSTER_ENV = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5", "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
-                     "RAY_USAGE_STATS_ENABLED": "0"}
+                     "RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+                     "RAY_SERVE_PORT_QUARANTINE_S": "0", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"}
 
 
 class SpekulaIngress:
@@ -110,7 +117,7 @@ def application(args: argparse.Namespace) -> Application:
     ]
     ingress = serve.deployment(serve.ingress()(SpekulaIngress)).options(
         name="ingress", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000,
-        logging_config=serve_logging(args))
+        graceful_shutdown_timeout_s=args.drain_timeout, logging_config=serve_logging(args))
     return ingress.bind(args, *engines)
 
 
@@ -152,15 +159,18 @@ def serve_on_ray(args: argparse.Namespace) -> int:
     threads = threads_per_replica(args)
     quiet = ray.LoggingConfig(log_level="WARNING")
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    proxy_port = port  # where Serve's HTTP proxy listens
     if args.ray_address:
+        # The cluster's own Serve settings decide whether its ingress answers directly or behind
+        # the proxy; the proxy listens on the port either way.
         ray.init(address=args.ray_address, log_to_driver=args.verbose, logging_config=quiet)
     else:
-        for key, value in LOCAL_CLUSTER_ENV.items():
-            os.environ.setdefault(key, value)  # inherited by the cluster's processes
+        if local_cluster_env(args.host, port):
+            proxy_port = _free_port(args.host)  # Serve still starts its proxy: give it a port of its own
         ray.init(num_cpus=max(os.cpu_count() or 1, threads * args.replicas), include_dashboard=False,
                  log_to_driver=args.verbose, logging_config=quiet)
     try:
-        serve.start(http_options={"host": args.host, "port": port}, logging_config=serve_logging(args))
+        serve.start(http_options={"host": args.host, "port": proxy_port}, logging_config=serve_logging(args))
         try:
             serve.run(application(args), name=APP_NAME, route_prefix="/", blocking=False)
         except RuntimeError as exc:
@@ -174,6 +184,21 @@ def serve_on_ray(args: argparse.Namespace) -> int:
         _bounded(partial(serve.delete, APP_NAME) if args.ray_address else serve.shutdown, args.drain_timeout + 10)
         ray.shutdown()
     return 0
+
+
+def local_cluster_env(host: str, port: int) -> bool:
+    """Set the environment the cluster this process starts inherits; True when its ingress will
+    answer HTTP directly on `port` (direct ingress, unless the environment turned it off)."""
+    # A busy port is one clear error now, not a traceback from the proxy or the ingress later.
+    bind(host, port).close()
+    for key, value in LOCAL_CLUSTER_ENV.items():
+        os.environ.setdefault(key, value)
+    if os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] != "1":
+        return False
+    # Serve hands ingress replicas ports from [min, max): this range holds exactly the user's port.
+    os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] = str(port)
+    os.environ["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] = str(port + 1)
+    return True
 
 
 def _bounded(call: Any, timeout: float) -> None:

@@ -84,6 +84,49 @@ def server(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[H
         assert srv.stop() == 0, log.read_text()
 
 
+def _listener_pid(port: int) -> int | None:
+    """The process holding the listening TCP socket on `port` (from /proc: no extra tools)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.read().splitlines()[1:]:
+                cols = row.split()
+                if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":  # 0A: LISTEN
+                    inodes.add(cols[9])
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}").removeprefix("socket:[").rstrip("]") in inodes:
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def test_a_cluster_of_its_own_answers_on_the_ingress_itself(tmp_path: Path) -> None:
+    """Without --ray-address the command starts its own cluster, where the ingress replica answers
+    HTTP on the user's port itself (Serve's direct ingress), not behind Serve's proxy actor. Runs
+    before the module's cluster exists, so that this one is the only cluster on the machine."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        res = run_cli("serve", "--ray", "-m", MODEL, "--port", str(busy.getsockname()[1]), timeout=120)
+        assert res.returncode == 1 and "cannot listen on" in res.stderr, res.stderr
+    srv = start(MODEL, "--ray", "--replicas", "1", "-np", "1", "-c", "256", "-t", "1", "--temp", "0",
+                log=tmp_path / "server.log")
+    try:
+        status, got = srv.post("/completion", {"prompt": PROMPTS[1], "n_predict": 10})
+        assert status == 200, got
+        assert got["content"] == _single_engine(PROMPTS[1], 10, "--spec-type", "none")["content"]
+        pid = _listener_pid(srv.port)
+        assert pid is not None
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            owner = f.read().replace(b"\0", b" ").decode()
+        assert "ServeReplica" in owner and "ingress" in owner, owner
+    finally:
+        assert srv.stop() == 0, srv.log.read_text() if srv.log.exists() else ""
+
+
 def test_the_serve_application_deploys_from_a_config_file(cluster: str, tmp_path: Path) -> None:
     """`serve run config.yaml`, the way Ray Serve users deploy: `spekula.frontends.ray_app:app` with
     spekula's options as the application's args. Runs before the module's server (one Serve
