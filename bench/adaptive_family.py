@@ -40,6 +40,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # bench/ is not a package
 from adaptive import CAPS, PAIR, Bench, caps_options  # noqa: E402
+from adaptive_replay import ReplayBench  # noqa: E402
 from ngram import _CODE, _PARAGRAPH  # noqa: E402
 
 # Standard-library functions of 20-70 lines (each answer's first n_predict tokens are what is timed).
@@ -110,11 +111,10 @@ def configs() -> dict[str, Config]:
     return out
 
 
-def run_family(bench: Bench, texts: list[str], replay: bool) -> dict[str, Any]:
+def run_family(bench: Bench, texts: list[str]) -> dict[str, Any]:
     """Per repetition and configuration: tokens and decode seconds per prompt."""
-    prompts = []
-    for i, text in enumerate(texts):
-        prompts.append(bench.prepare(str(i), text) if replay else bench.chat_prompt(text))  # type: ignore[attr-defined]
+    replay = bench if isinstance(bench, ReplayBench) else None
+    prompts = [replay.prepare(str(i), text) if replay else bench.chat_prompt(text) for i, text in enumerate(texts)]
     all_configs = configs()
     names = list(all_configs)
     # seconds[name][rep][prompt], tokens[prompt]
@@ -126,9 +126,9 @@ def run_family(bench: Bench, texts: list[str], replay: bool) -> dict[str, Any]:
         for n in names:
             seconds[n].append([0.0] * len(prompts))
         for i, prompt in enumerate(prompts):
-            if replay:
-                record, curve = bench.records[str(i)]  # type: ignore[attr-defined]
-                bench.backend.load(record, curve)  # type: ignore[attr-defined]
+            if replay is not None:
+                record, curve = replay.records[str(i)]
+                replay.backend.load(record, curve)
             for name in order:  # the first repetition starts with plain: its answers are the reference
                 final = bench.one(prompt, *all_configs[name])
                 got = [int(t) for t in final.tokens]
@@ -184,8 +184,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.backend = "native"
     if args.replay:
-        from adaptive_replay import ReplayBench
-
         bench: Bench = ReplayBench(args)
     else:
         bench = Bench(args)
@@ -195,13 +193,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.reps} repetitions, Python {sys.version.split()[0]}")
     summary: list[str] = []
     for family in args.families.split(","):
-        summary += report(family, run_family(bench, FAMILIES[family](), args.replay))
+        summary += report(family, run_family(bench, FAMILIES[family]()))
     print("\n| family | drafters | best family cap | best cap x plain | adaptive x plain | adaptive / best cap "
           "| per prompt: adaptive / that prompt's best cap, median (range) |")
     print("|---|---|---|---:|---:|---:|---|")
     print("\n".join(summary))
-    if args.replay:
-        bench.real.close()  # type: ignore[attr-defined]
+    if isinstance(bench, ReplayBench):
+        bench.real.close()
     print("\nFAIL: outputs differ: " + ", ".join(bench.failures) if bench.failures
           else "\nOK: every output equals plain decoding")
     return 1 if bench.failures else 0
