@@ -84,6 +84,7 @@ def test_dequant_row_is_ggufs(type_name: str) -> None:
 @settings(max_examples=30, deadline=None)
 @given(x=st.lists(st.floats(-1e4, 1e4, width=32), min_size=1, max_size=200), m=st.integers(1, 3))
 @example(x=[-8133.0, -9455.0, -9455.0, -9455.0, -9455.0, -9455.0, -9883.0], m=1)  # scaled sum past float16's range
+@example(x=[3.7274539151040134e-43], m=1)  # a subnormal block: 1 / scale overflows (quantized to zeros)
 def test_activation_quantization_is_the_same_on_every_kernel(kernel: str, x: list[float], m: int) -> None:
     arr = np.tile(np.array(x, np.float32), (m, 1))
     a, b = nl.quantize_rows(arr, kernels=cap(kernel)), nl.quantize_rows(arr, kernels="generic")

@@ -152,6 +152,15 @@ static inline float sk_act_round(float f) {
     return __builtin_isinf(r) && __builtin_isfinite(f) ? f : r;
 }
 
+/* 1 / d for an activation block's scale d = max|x| / 127, or 0 where there is nothing to scale: d == 0,
+ * or a block of subnormal values whose d is so small that 1 / d overflows. There x / d would be an
+ * infinity or NaN, whose conversion to an integer is undefined in C and differs between instruction
+ * sets; such a block's float16 scale is 0, so quantizing it to zeros changes no product. */
+static inline float sk_act_inverse_scale(float d) {
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    return __builtin_isfinite(id) ? id : 0.0f;
+}
+
 static inline float sk_bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v = {(uint32_t)h << 16};
     return v.f;

@@ -157,7 +157,7 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t m, int64_t k, sk_
                 v[i] = _mm256_maskload_ps(xr + i0 + 8 * i, tail_mask(k - i0 - 8 * i));
                 amax = _mm256_max_ps(amax, _mm256_and_ps(v[i], abs_mask));
             }
-            float d = hmax(amax) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            float d = hmax(amax) / 127.0f, id = sk_act_inverse_scale(d);
             const __m256 vid = _mm256_set1_ps(id);
             __m256i qi[4];
             for (int i = 0; i < 4; i++) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));

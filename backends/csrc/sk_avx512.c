@@ -115,7 +115,7 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t m, int64_t k, sk_
             __mmask16 k1 = i0 + 16 >= k ? 0 : (k - i0 - 16 >= 16 ? 0xffff : (__mmask16)((1u << (k - i0 - 16)) - 1));
             __m512 v0 = _mm512_maskz_loadu_ps(k0, xr + i0), v1 = _mm512_maskz_loadu_ps(k1, xr + i0 + 16);
             float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-            float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            float d = amax / 127.0f, id = sk_act_inverse_scale(d);
             __m512 vid = _mm512_set1_ps(id);
             __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
             _mm_storeu_si128((__m128i *)(q + i0), _mm512_cvtepi32_epi8(q0));

@@ -139,7 +139,7 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t m, int64_t k, sk_
                 float ax = fabsf(xs[l]);
                 amax = ax > amax ? ax : amax;
             }
-            float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            float d = amax / 127.0f, id = sk_act_inverse_scale(d);
             int sum[2] = {0, 0};
             for (int l = 0; l < 32; l++) {
                 q[32 * b + l] = (int8_t)(int)nearbyintf(xs[l] * id);
