@@ -12,6 +12,8 @@ Measured, in this order, on one machine:
 Throughput is completion tokens per second of wall time across all clients; latency is each
 request's wall time. Goals (issue 17): ray x2 >= 1.7x ray x1 throughput at the same client count;
 ray x2's p50 latency no worse than ray x1's at equal load per replica (x1 with half the clients).
+Beside that ratio it prints the same ratio for the two plain servers: what two engines on these cores
+reach with no Ray cost at all.
 
     .venv/bin/python bench/ray_scale.py --clients 16 --requests 3 --max-tokens 64
 """
