@@ -53,6 +53,11 @@ def _call_soon_threadsafe() -> Callable[..., object] | None:
         return None
 
 
+def _has_content(piece: PieceEvent | None) -> bool:
+    """Whether a step's piece carries anything for its client (a step can emit nothing visible yet)."""
+    return piece is not None and bool(piece.tokens or piece.text)
+
+
 @dataclass
 class EngineConfig:
     n_slots: int = 1  # -np
@@ -310,6 +315,7 @@ class Engine:
             self._shutdown()
 
     async def _loop(self) -> None:
+        call_soon = _call_soon_threadsafe()
         while True:
             self._admit()
             self._reap()
@@ -325,7 +331,7 @@ class Engine:
             watched = {s.id: s.n_prompt_done for s in busy if s.state is SlotState.PROMPT
                        and s.request is not None and s.request.return_progress}
             try:
-                if watched or (call_soon := _call_soon_threadsafe()) is None:
+                if watched or call_soon is None:
                     results = await anyio.to_thread.run_sync(self._scheduler.step, busy)
                 else:
                     results = await anyio.to_thread.run_sync(self._steps, busy, call_soon)
@@ -339,7 +345,7 @@ class Engine:
                     continue
                 if s.id in watched and s.n_prompt_done > watched[s.id] and s.error is None:
                     s.outbox.put(s.progress(), self._tg)
-                if piece is not None and (piece.tokens or piece.text):
+                if _has_content(piece):
                     s.outbox.put(piece, self._tg)
             self._reap()
             await anyio.lowlevel.checkpoint()
@@ -360,8 +366,7 @@ class Engine:
             results = self._scheduler.step(busy)
             if not results or time.perf_counter() > deadline or not self._keeps_stepping(busy):
                 return results
-            pieces = [(s.outbox, piece) for s, piece in results
-                      if s.outbox is not None and piece is not None and (piece.tokens or piece.text)]
+            pieces = [(s.outbox, piece) for s, piece in results if s.outbox is not None and _has_content(piece)]
             if pieces:
                 call_soon(self._deliver, pieces)
 
