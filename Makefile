@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test install lint clean drafter
 
-$(STAMP): pyproject.toml
+# The C sources are prerequisites too: a checkout that changed them rebuilds the extensions.
+$(STAMP): pyproject.toml setup.py $(wildcard backends/csrc/*.[ch] drafters/csrc/*.[ch])
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch is pinned to the local CPU wheel first so nothing pulls a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0

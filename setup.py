@@ -1,7 +1,9 @@
 """Build spekula's native CPU kernels (backends/csrc), the suffix drafter's tree and the n-gram
 lookups (drafters/csrc) with the package; everything else is in pyproject.toml.
 
-The libraries are loaded with ctypes (spekula.backends.native_lib and the drafters' bindings), not imported as a Python module.
+The kernels are loaded with ctypes (spekula.backends.native_lib); the drafters' libraries are extension
+modules, because they are called every round right after a forward, where a ctypes call costs several
+times as much as a module's.
 -ffp-contract=off keeps the compiler from fusing a*b+c on its own, which the kernels' bitwise
 row-invariance relies on; the AVX-512 file selects its instruction set itself and is only called
 after a CPU check, so the build stays portable.
@@ -23,16 +25,16 @@ setup(
             extra_link_args=["-pthread"],
             libraries=["m"],
         ),
-        # The suffix drafter's tree (drafters/suffix_tree.py loads it with ctypes as well).
+        # The suffix drafter's tree (drafters/suffix_tree.py), an extension module (see above).
         Extension(
             "spekula.drafters._suffix_tree",
-            sources=["drafters/csrc/suffix_tree.c"],
+            sources=["drafters/csrc/suffix_tree.c", "drafters/csrc/suffix_module.c"],
             extra_compile_args=["-O2", "-std=gnu11"],
         ),
-        # The n-gram drafters' lookups (drafters/ngram_lookup.py).
+        # The n-gram drafters' lookups (drafters/ngram_lookup.py), an extension module as well.
         Extension(
             "spekula.drafters._ngram_lookup",
-            sources=["drafters/csrc/ngram_lookup.c"],
+            sources=["drafters/csrc/ngram_lookup.c", "drafters/csrc/ngram_module.c"],
             extra_compile_args=["-O2", "-std=gnu11"],
         ),
     ]

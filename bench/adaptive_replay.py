@@ -1,6 +1,6 @@
 """Adaptive draft lengths against fixed ones on a replay of SmolLM2: the same decisions, without the noise.
 
-    .venv/bin/python bench/adaptive_replay.py [-m MODEL.gguf] [-n 128] [--threads 2] [--reps 3]
+    .venv/bin/python bench/adaptive_replay.py [-m MODEL.gguf] [-n 128] [--threads 2] [--reps 3] [--records F]
 
 On this machine the speed of plain decoding moves by tens of percent from one minute to the next,
 which hides differences of a few percent between planners. This script first records, on the real
@@ -16,6 +16,7 @@ overhead. It is not a measurement of the machine: bench/adaptive.py is.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -33,6 +34,7 @@ from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, Se
 
 MAX_ROWS = 65
 SPIN = 2e-4  # seconds of each replayed forward spent spinning
+CURVE_PASSES = 5
 
 
 class ReplayBackend(Backend):
@@ -111,16 +113,18 @@ def record_workload(real: Backend, prompt: list[int], n_predict: int, eog: set[i
             out = real.forward([SeqInput(seq, np.asarray([nxt], dtype=np.int32), len(prompt) + len(answer) - 1)])[0]
             nxt = int(np.argmax(out.logits[-1]))
         ctx = len(prompt) + len(answer) // 2  # the middle of the answer: the typical context of a round
-        seconds = [0.0]
-        for n in range(1, MAX_ROWS + 1):
-            best = float("inf")
-            for _ in range(3):
+        seconds = [0.0] + [float("inf")] * MAX_ROWS
+        text = np.asarray(prompt + answer, dtype=np.int32)
+        # The fastest of CURVE_PASSES timings per row count, each pass over every row count in turn: a
+        # slow spell of the machine then costs one timing of many row counts, not all timings of a few
+        # (which the running maximum below would carry on to every larger row count).
+        for _ in range(CURVE_PASSES):
+            for n in range(1, MAX_ROWS + 1):
                 real.truncate(seq, ctx)
-                tokens = np.asarray(prompt + answer, dtype=np.int32)[ctx - n + 1:ctx + 1]
+                tokens = np.resize(text[ctx - n + 1:ctx + 1], n).astype(np.int32)
                 t0 = time.perf_counter()
-                real.forward([SeqInput(seq, np.resize(tokens, n).astype(np.int32), ctx, np.arange(n))])
-                best = min(best, time.perf_counter() - t0)
-            seconds.append(best)
+                real.forward([SeqInput(seq, tokens, ctx, np.arange(n))])
+                seconds[n] = min(seconds[n], time.perf_counter() - t0)
         # The curve as the engine's own forwards see it: never falling as rows are added.
         for n in range(2, len(seconds)):
             seconds[n] = max(seconds[n], seconds[n - 1])
@@ -138,9 +142,24 @@ class ReplayBench(Bench):
 
     def prepare(self, name: str, text: str) -> list[int]:
         prompt = self.chat_prompt(text)
+        saved = self._saved()
+        key = f"{name}/{self.args.n_predict}"
+        if key in saved and saved[key][0][:len(prompt)] == prompt:
+            self.records[name] = saved[key]
+            return prompt
         eog = {t for t in range(self.real.info.n_vocab) if self.tokenizer.is_eog(t)}
-        self.records[name] = record_workload(self.real, prompt, self.args.n_predict, eog)
+        self.records[name] = saved[key] = record_workload(self.real, prompt, self.args.n_predict, eog)
+        if getattr(self.args, "records", None):
+            Path(self.args.records).write_text(json.dumps(saved))
         return prompt
+
+    def _saved(self) -> dict[str, Any]:
+        """Records kept in --records FILE: replaying the same records on two checkouts compares their
+        decisions alone, where two recordings would also differ by the machine's speed at the time."""
+        path = getattr(self.args, "records", None)
+        if not path or not Path(path).is_file():
+            return {}
+        return {k: (list(v[0]), list(v[1])) for k, v in json.loads(Path(path).read_text()).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=5, help="rotating repetitions per configuration (median ratio)")
     p.add_argument("--workloads", default=",".join(SINGLE))
+    p.add_argument("--records", help="JSON file of recorded answers and forward times: used where it holds the "
+                   "workload, written with new recordings")
     args = p.parse_args(argv)
     args.backend = "native"
     bench = ReplayBench(args)

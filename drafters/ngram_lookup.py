@@ -1,45 +1,38 @@
-"""ctypes binding of the n-gram drafters' per-round lookups (drafters/csrc/ngram_lookup.c).
+"""The n-gram drafters' per-round lookups, in C (drafters/csrc/ngram_lookup.c, with its Python module
+drafters/csrc/ngram_module.c).
 
 ngram-simple's backward search, ngram-map's latest-occurrence search and ngram-mod's table walk
-and indexing run once per slot per round. Written with numpy they cost tens of microseconds per
-call however short the history, which on text without repeats is the whole price of asking the
-drafter; in C a call costs a microsecond or two. Arrays are passed by address: every function
-here takes int32 token arrays and makes them contiguous int32 first.
+and indexing run once per slot per round, right after a forward, when the interpreter's own code
+and data are out of the caches. On open-ended text, where the drafters mostly find nothing, the
+call is the whole price of asking them: with numpy it was tens of microseconds, through ctypes
+60-80 us in that cold state, as an extension module taking arrays by the buffer protocol about 10.
+The functions take int32 token arrays; anything else (lists, other integer types, strided views)
+is converted first.
 """
 
 from __future__ import annotations
 
-import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
-from spekula.core.extension import extension_path
-
-_vp, _i32, _i64, _u64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64
+from spekula.core.extension import import_extension
 
 
 @cache
-def _lib() -> ctypes.CDLL:
-    so = ctypes.CDLL(str(extension_path(Path(__file__).resolve().parent, "_ngram_lookup",
-                                        "the n-gram drafters' library is")))
-    so.ng_last_match.restype = _i64
-    so.ng_last_match.argtypes = [_vp, _vp, _i32, _i64, _i64, _i32]
-    so.ng_simple_draft.restype = _i32
-    so.ng_simple_draft.argtypes = [_vp, _i64, _i32, _i32, _i32, _i32, _vp]
-    so.ngm_add_range.restype = _i64
-    so.ngm_add_range.argtypes = [_vp, _u64, _vp, _i64, _i64, _i32, _i32]
-    so.ngm_walk.restype = _i32
-    so.ngm_walk.argtypes = [_vp, _u64, _vp, _i32, _i32, _i32, _i32, _vp]
-    return so
+def _ext() -> ModuleType:
+    return import_extension("spekula.drafters", "_ngram_lookup", Path(__file__).resolve().parent,
+                            "the n-gram drafters' library is")
 
 
 def require() -> None:
     """Fail now, with a ConfigError saying how to build it, when the library is missing (drafters
     call this when they are created, not at their first draft)."""
-    _lib()
+    _ext()
 
 
 def tokens32(tokens: np.ndarray | Sequence[int]) -> np.ndarray:
@@ -47,44 +40,46 @@ def tokens32(tokens: np.ndarray | Sequence[int]) -> np.ndarray:
     return np.ascontiguousarray(tokens, dtype=np.int32)
 
 
+def _call(fn: Callable[..., Any], arrays: tuple[Any, ...], *rest: int) -> Any:
+    """fn(*arrays, *rest); arrays the module refuses (not contiguous int32) are converted and the call
+    made again. The first try is the common case: the engine's histories are int32 already."""
+    try:
+        return fn(*arrays, *rest)
+    except TypeError:
+        return fn(*(tokens32(a) for a in arrays), *rest)
+
+
 def last_match(hist: np.ndarray, pattern: Sequence[int], lo: int, hi: int, need: int = 1) -> int:
     """The largest j in [lo, hi] with hist[j : j+len(pattern)] == pattern, or -1 if the pattern
-    occurs there fewer than `need` times. The caller guarantees hi + len(pattern) <= len(hist)."""
-    h, p = tokens32(hist), tokens32(pattern)
-    if hi + len(p) > len(h):
-        raise ValueError("search range runs past the history")
-    return int(_lib().ng_last_match(h.ctypes.data, p.ctypes.data, len(p), lo, hi, max(need, 1)))
+    occurs there fewer than `need` times. hi + len(pattern) past the history is a ValueError."""
+    return int(_call(_ext().last_match, (hist, pattern), lo, hi, max(need, 1)))
 
 
 def simple_draft(hist: np.ndarray, last: int, size_n: int, size_m: int, min_hits: int) -> list[int]:
-    """ngram-simple's draft after (hist, last): see NgramSimpleDrafter."""
-    if size_n > 1024 or size_n < 1 or size_m < 1:
-        raise ValueError("ngram-simple sizes must be in [1, 1024]")
-    h = tokens32(hist)
-    out = np.empty(size_m, dtype=np.int32)
-    k = _lib().ng_simple_draft(h.ctypes.data, len(h), int(last), size_n, size_m, min_hits, out.ctypes.data)
-    return out[:k].tolist()
+    """ngram-simple's draft after (hist, last): see NgramSimpleDrafter. Sizes outside [1, 1024] are
+    a ValueError."""
+    drafted: list[int] = _call(_ext().simple_draft, (hist,), int(last), size_n, size_m, min_hits)
+    return drafted
 
 
 def mod_add_range(entries: np.ndarray, hist: np.ndarray, lo: int, hi: int, n: int, empty: int) -> int:
     """entries[idx(hist[i:i+n])] = hist[i+n] for i in [lo, hi) in order; returns the entries filled
-    that were `empty`. `entries` is int32 with a power-of-two length."""
-    h = tokens32(hist)
-    if lo < 0 or hi + n > len(h):
-        raise ValueError("window range runs past the history")
-    return int(_lib().ngm_add_range(_table(entries), len(entries) - 1, h.ctypes.data, lo, hi, n, empty))
+    that were `empty`. `entries` is int32 with a power-of-two length (written in place, so it is
+    never converted)."""
+    try:
+        return int(_ext().mod_add_range(entries, hist, lo, hi, n, empty))
+    except TypeError:
+        return int(_ext().mod_add_range(entries, tokens32(hist), lo, hi, n, empty))
 
 
 def mod_walk(entries: np.ndarray, window: np.ndarray, n_min: int, n_max: int, empty: int) -> list[int]:
     """Follow the table from the n-gram `window` for up to n_max tokens ([] if it stops before n_min)."""
-    w = tokens32(window)
-    out = np.empty(max(n_max, 0), dtype=np.int32)
-    k = _lib().ngm_walk(_table(entries), len(entries) - 1, w.ctypes.data, len(w), n_min, n_max, empty,
-                        out.ctypes.data)
-    return out[:k].tolist()
+    drafted: list[int] = _call(_ext().mod_walk, (entries, window), n_min, n_max, empty)
+    return drafted
 
 
-def _table(entries: np.ndarray) -> int:
-    if entries.dtype != np.int32 or not entries.flags.c_contiguous or len(entries) & (len(entries) - 1):
-        raise ValueError("the n-gram table must be a contiguous int32 array of power-of-two length")
-    return int(entries.ctypes.data)
+def mod_walk_after(entries: np.ndarray, hist: np.ndarray, last: int, n: int, n_min: int, n_max: int,
+                   empty: int) -> list[int]:
+    """mod_walk from the n-gram (last n - 1 tokens of hist, then `last`); hist needs n - 1 tokens."""
+    drafted: list[int] = _call(_ext().mod_walk_after, (entries, hist), int(last), n, n_min, n_max, empty)
+    return drafted

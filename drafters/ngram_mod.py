@@ -16,7 +16,7 @@ from spekula.core.drafter import Drafter, DrafterContext
 from spekula.core.slot_states import SlotStates
 
 from . import ngram_lookup
-from .ngram_lookup import mod_add_range, mod_walk
+from .ngram_lookup import mod_add_range, mod_walk, mod_walk_after
 from .ngram_match import SlotDraftless, int_option
 
 POOL_SIZE = 4 * 1024 * 1024
@@ -49,6 +49,10 @@ class NgramPool:
         """Follow the table from the n-gram `window` for up to n_max tokens; [] when an empty entry
         comes before n_min tokens."""
         return mod_walk(self.entries, window, n_min, n_max, EMPTY)
+
+    def walk_after(self, hist: np.ndarray, last: int, n_min: int, n_max: int) -> list[int]:
+        """walk() from the n-gram made of the last n - 1 tokens of `hist` and `last`."""
+        return mod_walk_after(self.entries, hist, last, self.n, n_min, n_max, EMPTY)
 
     def occupancy(self) -> float:
         return self.used / len(self.entries)
@@ -138,14 +142,11 @@ class NgramModDrafter(SlotDraftless, Drafter):
         if info.i_last + INDEX_CHUNK < length:
             self.pool.add_range(hist, info.i_last, length - n)
             info.i_last = length - n
-        window = np.empty(n, dtype=np.int32)
-        window[: n - 1] = hist[length - n + 1 :]
-        window[n - 1] = last
         # As llama.cpp (docs/semantics.md §2.3): n_min only rejects a walk that hits an empty
         # entry before n_min tokens. n_min <= n_max is not validated there, so with n_min > n_max a
         # walk that fills all n_max tokens is a draft shorter than n_min; keeping that keeps the same
         # drafts (and so the same acceptance statistics and pool wipes) as llama.cpp.
-        drafted = self.pool.walk(window, self.n_min, self.n_max)
+        drafted = self.pool.walk_after(hist, last, self.n_min, self.n_max)
         info.n_draft_last = len(drafted)
         return drafted
 

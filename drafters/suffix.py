@@ -104,9 +104,8 @@ class SuffixDrafter(DraftlessDrafter, Drafter):
 
     @staticmethod
     def _add(req: _Request, tokens: Sequence[int] | np.ndarray) -> None:
-        new = [int(t) for t in tokens]
-        req.tree.append(req.handle, new)
-        req.tokens.extend(new)
+        req.tree.append(req.handle, tokens)
+        req.tokens.extend(tokens.tolist() if isinstance(tokens, np.ndarray) else [int(t) for t in tokens])
 
     def begin(self, slot: int, prompt: np.ndarray) -> None:
         self._fresh(slot, prompt).n_prompt = len(prompt)
@@ -120,8 +119,11 @@ class SuffixDrafter(DraftlessDrafter, Drafter):
             req = self._fresh(slot, np.append(hist, np.int32(last)))
             req.n_prompt = len(hist)
             return req
-        if seen < n:
-            self._add(req, [*hist[seen:].tolist(), int(last)])
+        if seen < n:  # the round's accepted tokens (a view of the history) and x
+            if seen < n - 1:
+                self._add(req, hist[seen:])
+            req.tree.push(req.handle, last)
+            req.tokens.append(int(last))
         return req
 
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
@@ -132,11 +134,13 @@ class SuffixDrafter(DraftlessDrafter, Drafter):
             if n <= 0:
                 out.append(Draft.empty())
                 continue
-            context = np.asarray(req.tokens[-(self.max_depth - 1) :], dtype=np.int32)
-            # The request's tree holds the context itself: its own occurrence has no continuation.
-            best = req.tree.speculate(context, n, factor=self.factor, min_prob=self.min_prob, self_count=1)
+            # The context is the tail of the request's own sequence. That tree holds the context
+            # itself: its own occurrence has no continuation.
+            best = req.tree.speculate_after(req.tree, req.handle, n, factor=self.factor, min_prob=self.min_prob,
+                                            self_count=1)
             if self.shared is not None and self._outputs:
-                other = self.shared.speculate(context, n, factor=self.factor, min_prob=self.min_prob)
+                other = self.shared.speculate_after(req.tree, req.handle, n, factor=self.factor,
+                                                    min_prob=self.min_prob)
                 if other.score > best.score:
                     best = other
             out.append(Draft(best.tokens))

@@ -50,6 +50,20 @@ def test_rolling_index_and_walk_match_the_64_bit_hash(tokens: list[int], n: int)
     assert walked == expect
 
 
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.lists(st.integers(0, 50), min_size=2, max_size=60), n=st.integers(1, 6), last=st.integers(0, 50))
+def test_walking_after_the_history_is_walking_its_window(tokens: list[int], n: int, last: int) -> None:
+    pool = NgramPool(n)
+    seq = tokens * (n // len(tokens) + 2)
+    pool.add_range(arr(seq), 0, len(seq) - n)
+    window = [*seq[len(seq) - n + 1 :], last]
+    want = pool.walk(arr(window), 0, 3 * n)
+    assert pool.walk_after(arr(seq), last, 0, 3 * n) == want
+    # strided and int64 histories are converted, not misread
+    assert pool.walk_after(np.asarray(seq, dtype=np.int64), last, 0, 3 * n) == want
+    assert pool.walk_after(np.repeat(np.asarray(seq, dtype=np.int32), 2)[::2], last, 0, 3 * n) == want
+
+
 def test_worked_examples() -> None:
     d = NgramModDrafter(3, 2, 4)
     h = arr([1, 2, 3, 4, 5, 6, 1, 2])

@@ -123,3 +123,14 @@ def test_long_history_window_search_matches_naive() -> None:
     hist[100:112] = list(range(2000, 2012))
     hist[-11:] = list(range(2000, 2011))
     assert ngram_simple_draft(arr(hist), 2011, 12, 48) == naive_draft(hist, 2011, 12, 48) == hist[112:160]
+
+
+def test_lookups_convert_what_is_not_a_contiguous_int32_array() -> None:
+    hist = [1, 2, 3, 9, 9, 1, 2, 3, 7, 7, 1, 2]
+    want = ngram_simple_draft(arr(hist), 3, 3, 3)
+    assert want == [7, 7, 1]
+    assert ngram_simple_draft(np.asarray(hist, dtype=np.int64), 3, 3, 3) == want
+    assert ngram_simple_draft(np.repeat(arr(hist), 2)[::2], 3, 3, 3) == want  # a strided view
+    assert ngram_simple_draft(hist, 3, 3, 3) == want  # a list
+    with pytest.raises(ValueError, match="sizes"):
+        ngram_simple_draft(arr(hist), 3, 0, 2)

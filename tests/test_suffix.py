@@ -106,6 +106,38 @@ def test_speculation_is_the_brute_force_one(seqs: list[list[int]], context: list
     assert all(a >= b for a, b in zip(got.probs, got.probs[1:], strict=False))
 
 
+@settings(max_examples=40, deadline=None)
+@given(seqs=st.lists(tokens_st, min_size=1, max_size=3), context=st.lists(st.integers(0, 3), min_size=1, max_size=12),
+       depth=st.integers(2, 7), max_spec=st.integers(1, 8))
+def test_speculating_after_a_held_sequence_is_speculating_on_its_tokens(seqs: list[list[int]], context: list[int],
+                                                                        depth: int, max_spec: int) -> None:
+    tree, holder = SuffixTree(depth), SuffixTree(depth)
+    for s in seqs:
+        tree.append(tree.new_sequence(), s)
+    mine = tree.new_sequence()
+    tree.append(mine, context[:-1])
+    tree.push(mine, context[-1])
+    other = holder.new_sequence()
+    holder.append(other, np.asarray(context, dtype=np.int64))  # converted: the module takes int32 only
+    for source, handle in ((tree, mine), (holder, other)):
+        got = tree.speculate_after(source, handle, max_spec, factor=1.0, min_prob=0.1, self_count=1)
+        assert got == tree.speculate(context, max_spec, factor=1.0, min_prob=0.1, self_count=1)
+    assert tree.length(mine) == holder.length(other) == len(context)
+
+
+def test_a_closed_tree_refuses_calls_and_bad_handles_are_errors() -> None:
+    tree = SuffixTree(4)
+    h = tree.new_sequence()
+    tree.append(h, [1, 2, 3])
+    with pytest.raises(ValueError, match="no such sequence"):
+        tree.speculate_after(tree, h + 5, 4, factor=1.0, min_prob=0.1)
+    tree.close()
+    with pytest.raises(ValueError, match="closed"):
+        tree.append(h, [4])
+    with pytest.raises(ConfigError, match="depth 0"):
+        SuffixTree(0)
+
+
 def test_drafts_the_continuation_of_a_repeated_text() -> None:
     d = SuffixDrafter()
     assert isinstance(d, Drafter)

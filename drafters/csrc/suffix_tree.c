@@ -16,7 +16,7 @@
 
 #define NONE (-1)
 
-typedef struct {
+typedef struct st_tree {
     int32_t max_depth;
     /* nodes */
     int32_t n_nodes, cap_nodes, n_live;
@@ -296,6 +296,13 @@ void st_seq_remove(st_tree *t, int32_t h) {
 
 int64_t st_seq_len(const st_tree *t, int32_t h) {
     return (h >= 0 && h < t->n_seqs && t->seqs[h].live) ? t->seqs[h].n : -1;
+}
+
+/* A sequence's tokens (its length in *n), or NULL for a handle that is not live. */
+const int32_t *st_seq_tokens(const st_tree *t, int32_t h, int64_t *n) {
+    if (h < 0 || h >= t->n_seqs || !t->seqs[h].live) return NULL;
+    *n = t->seqs[h].n;
+    return t->seqs[h].toks;
 }
 
 /* The node of ctx[0..n) (walked from the root), or NONE. */
