@@ -131,6 +131,8 @@ def test_a_closed_tree_refuses_calls_and_bad_handles_are_errors() -> None:
     tree.append(h, [1, 2, 3])
     with pytest.raises(ValueError, match="no such sequence"):
         tree.speculate_after(tree, h + 5, 4, factor=1.0, min_prob=0.1)
+    with pytest.raises(ValueError, match="no such sequence"):
+        tree.push(h + 5, 1)
     tree.close()
     with pytest.raises(ValueError, match="closed"):
         tree.append(h, [4])

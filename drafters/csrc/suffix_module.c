@@ -61,6 +61,13 @@ static int open_tree(Tree *self) {
     return 0;
 }
 
+/* A live sequence's handle, or 0 with ValueError set. */
+static int live_seq(Tree *self, int32_t h) {
+    if (st_seq_len(self->tree, h) >= 0) return 1;
+    PyErr_Format(PyExc_ValueError, "no such sequence: %d", (int)h);
+    return 0;
+}
+
 static int nargs_is(Py_ssize_t got, Py_ssize_t want, const char *name) {
     if (got == want) return 1;
     PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", name, want, got);
@@ -127,7 +134,8 @@ static PyObject *Tree_seq_new(Tree *self, PyObject *unused) {
 static PyObject *Tree_append(Tree *self, PyObject *const *args, Py_ssize_t nargs) {
     int32_t h;
     Py_buffer b;
-    if (!nargs_is(nargs, 2, "append") || !open_tree(self) || as_i32(args[0], &h) < 0) return NULL;
+    if (!nargs_is(nargs, 2, "append") || !open_tree(self) || as_i32(args[0], &h) < 0 || !live_seq(self, h))
+        return NULL;
     if (tokens(args[1], &b) < 0) return NULL;
     int rc = b.len ? st_seq_append(self->tree, h, b.buf, b.len / 4) : 0;
     PyBuffer_Release(&b);
@@ -138,7 +146,8 @@ static PyObject *Tree_append(Tree *self, PyObject *const *args, Py_ssize_t nargs
 /* push(handle, token): one token. */
 static PyObject *Tree_push(Tree *self, PyObject *const *args, Py_ssize_t nargs) {
     int32_t h, tok;
-    if (!nargs_is(nargs, 2, "push") || !open_tree(self) || as_i32(args[0], &h) < 0 || as_i32(args[1], &tok) < 0)
+    if (!nargs_is(nargs, 2, "push") || !open_tree(self) || as_i32(args[0], &h) < 0 || as_i32(args[1], &tok) < 0 ||
+        !live_seq(self, h))
         return NULL;
     if (st_seq_append(self->tree, h, &tok, 1) != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
