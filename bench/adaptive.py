@@ -8,7 +8,8 @@ summarise and four open-ended chat prompts, plain decoding vs `ngram-mod,ngram-s
 each with fixed lengths (`--spec-adaptive off`) and adaptive ones. Every configuration runs --reps
 times in an order that rotates between repetitions, each run on a fresh engine (no drafter state
 carried over); a ratio is the median over repetitions of tok/s over the plain tok/s of the same
-repetition (this machine's speed drifts by tens of percent from one minute to the next). Part "sweep": for the two repetitive workloads, fixed lengths with the drafters' caps set to
+repetition (this machine's speed drifts by tens of percent from one minute to the next); the
+open-ended chats, whose runs are short and whose goal has a 3 % margin, run --chat-reps times. Part "sweep": for the two repetitive workloads, fixed lengths with the drafters' caps set to
 4, 8, 16, 32 and 64 (ngram-simple size-m, ngram-mod n-max, suffix n-max), and adaptive lengths with
 their default caps against the best of them. Part "editing": a file edited in 5 successive requests
 (each returns the whole file; the next request edits that answer), on one engine per configuration
@@ -61,6 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--edit-n-predict", type=int, default=640, help="token cap per editing turn")
     p.add_argument("--edit-reps", type=int, default=2, help="repetitions of the editing workload per configuration")
     p.add_argument("--reps", type=int, default=9, help="repetitions per single-stream configuration")
+    p.add_argument("--chat-reps", type=int, default=21,
+                   help="repetitions per configuration on the open-ended chats (short runs, a 3 %% margin)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--backend", default="native")
     p.add_argument("--parts", default="single,sweep,editing,server")
@@ -71,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.n_predict, args.reps, args.requests, args.edit_n_predict = min(args.n_predict, 32), 1, 2, 96
-        args.server_reps = args.edit_reps = 1
+        args.server_reps = args.edit_reps = args.chat_reps = 1
     return args
 
 
@@ -152,6 +155,12 @@ def caps_options(cap: int | None) -> dict[str, Any]:
             "spec-suffix-n-max": cap}
 
 
+def reps_for(args: argparse.Namespace, workload: str) -> int:
+    """Repetitions of each configuration on a workload: the open-ended chats get more, because a run
+    of one is short (70-128 tokens, half a second) and its goal's margin is smaller than one run's noise."""
+    return max(getattr(args, "chat_reps", args.reps), args.reps) if workload in CHATS else args.reps
+
+
 def measure(bench: Bench, workloads: dict[str, str], configs: dict[str, tuple[tuple[str, ...], bool, dict[str, Any]]]
             ) -> dict[str, dict[str, Any]]:
     """Median tok/s per (workload, config) over --reps rotating repetitions, plus plain's."""
@@ -163,7 +172,7 @@ def measure(bench: Bench, workloads: dict[str, str], configs: dict[str, tuple[tu
         bench.one(prompt[:32], (), False, {})  # warm-up
         tps: dict[str, list[float]] = {n: [] for n in names}
         finals: dict[str, Any] = {}
-        for rep in range(bench.args.reps):
+        for rep in range(reps_for(bench.args, wname)):
             order = names[rep % len(names):] + names[: rep % len(names)]
             for name in order:
                 types, adaptive, options = all_configs[name]
@@ -208,7 +217,7 @@ def part_single(bench: Bench) -> dict[str, dict[str, Any]]:
     }
     results = measure(bench, SINGLE, configs)
     print_table(f"One stream, greedy, n_predict {bench.args.n_predict}, median of {bench.args.reps} "
-                f"(x plain of the same rounds)", results, list(configs))
+                f"(open-ended chats: {reps_for(bench.args, 'chat')}) (x plain of the same rounds)", results, list(configs))
     return results
 
 
