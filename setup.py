@@ -29,12 +29,14 @@ setup(
         Extension(
             "spekula.drafters._suffix_tree",
             sources=["drafters/csrc/suffix_tree.c", "drafters/csrc/suffix_module.c"],
+            depends=["drafters/csrc/int32_buffer.h"],
             extra_compile_args=["-O2", "-std=gnu11"],
         ),
         # The n-gram drafters' lookups (drafters/ngram_lookup.py), an extension module as well.
         Extension(
             "spekula.drafters._ngram_lookup",
             sources=["drafters/csrc/ngram_lookup.c", "drafters/csrc/ngram_module.c"],
+            depends=["drafters/csrc/int32_buffer.h"],
             extra_compile_args=["-O2", "-std=gnu11"],
         ),
     ]

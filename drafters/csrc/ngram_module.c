@@ -11,6 +11,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+
+#include "int32_buffer.h"
 #include <string.h>
 
 int64_t ng_last_match(const int32_t *hist, const int32_t *pat, int32_t n, int64_t lo, int64_t hi, int32_t need);
@@ -23,26 +25,7 @@ int32_t ngm_walk(const int32_t *entries, uint64_t mask, const int32_t *window, i
 
 enum { MAX_LEN = 1024 }; /* the longest n-gram and the longest draft any option allows */
 
-static int is_i32(const Py_buffer *b) {
-    const char *f = b->format ? b->format : "B";
-    if (*f == '@' || *f == '=' || *f == '<') f++;
-    return b->itemsize == 4 && (f[0] == 'i' || (f[0] == 'l' && sizeof(long) == 4)) && f[1] == '\0';
-}
-
-/* A C-contiguous int32 view of `obj`, or -1 with TypeError set. */
-static int tokens(PyObject *obj, Py_buffer *b, int writable) {
-    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_TypeError, "expected a C-contiguous int32 array");
-        return -1;
-    }
-    if (!is_i32(b)) {
-        PyBuffer_Release(b);
-        PyErr_SetString(PyExc_TypeError, "expected a C-contiguous int32 array");
-        return -1;
-    }
-    return 0;
-}
+static int tokens(PyObject *obj, Py_buffer *b, int writable) { return int32_view(obj, b, writable); }
 
 static PyObject *as_list(const int32_t *v, int32_t n) {
     PyObject *out = PyList_New(n);

@@ -10,6 +10,8 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "int32_buffer.h"
+
 typedef struct st_tree st_tree;
 st_tree *st_new(int32_t max_depth);
 void st_free(st_tree *t);
@@ -34,26 +36,7 @@ typedef struct {
 
 static PyTypeObject TreeType;
 
-static int is_i32(const Py_buffer *b) {
-    const char *f = b->format ? b->format : "B";
-    if (*f == '@' || *f == '=' || *f == '<') f++;
-    return b->itemsize == 4 && (f[0] == 'i' || (f[0] == 'l' && sizeof(long) == 4)) && f[1] == '\0';
-}
-
-/* A C-contiguous int32 view of `obj`, or -1 with TypeError set (the caller converts and retries). */
-static int tokens(PyObject *obj, Py_buffer *b) {
-    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_TypeError, "expected a C-contiguous int32 array");
-        return -1;
-    }
-    if (!is_i32(b)) {
-        PyBuffer_Release(b);
-        PyErr_SetString(PyExc_TypeError, "expected a C-contiguous int32 array");
-        return -1;
-    }
-    return 0;
-}
+static int tokens(PyObject *obj, Py_buffer *b) { return int32_view(obj, b, 0); }
 
 static int open_tree(Tree *self) {
     if (self->tree) return 1;
