@@ -26,6 +26,7 @@ from . import rpc_params as rp
 from .http_app import HttpState, build_app
 from .http_generation import GenerationService
 from .http_metrics import render as render_metrics
+from .loop_errors import quiet_late_socket_wakeups
 from .rpc_dispatch import Handler
 from .server import RpcServer, ServerConfig
 
@@ -72,6 +73,7 @@ async def serve(load: Callable[[], Engine], state: HttpState, http: HttpConfig, 
                 rpc_methods: Callable[[Engine, RpcServer], Mapping[str, Handler]] | None = None,
                 handle_signals: bool = True, on_listening: Callable[[str], None] | None = None) -> None:
     """Bind, load the model (in a thread: /health answers 503 meanwhile), then serve until a signal."""
+    quiet_late_socket_wakeups()
     sock = bind(http.host, http.port)
     host, port = sock.getsockname()[:2]
     config = uvicorn.Config(build_app(state), log_level="warning", access_log=False, lifespan="off",

@@ -27,6 +27,7 @@ from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskGroup
 from spekula.core.errors import ConfigError, SpekulaError
 
 from . import rpc_protocol as p
+from .loop_errors import quiet_late_socket_wakeups
 from .rpc_dispatch import DEFAULT_MAX_PENDING, Handler, RequestTracker, RpcConnection
 from .rpc_framing import DEFAULT_MAX_LINE_BYTES, DEFAULT_WRITE_TIMEOUT, LineReader, LineWriter
 from .socket_identity import (
@@ -192,6 +193,7 @@ class RpcServer:
         """Serve until shut down; `run_engine=False` when the caller runs the engine loop (the HTTP
         server shares it)."""
         path = self.config.socket_path
+        quiet_late_socket_wakeups()
         async with anyio.create_task_group() as root:
             if run_engine:
                 await root.start(self.engine.run)
