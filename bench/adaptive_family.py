@@ -1,6 +1,6 @@
 """Adaptive draft lengths against one fixed cap per workload family, on SmolLM2.
 
-    .venv/bin/python bench/adaptive_family.py [--replay] [-n 128] [--reps 3] [--threads 2]
+    .venv/bin/python bench/adaptive_family.py [--replay [--records F]] [-n 128] [--reps 3] [--threads 2]
 
 bench/adaptive.py compares the adaptive planner with the best of a sweep of fixed caps on one
 code-rewrite prompt and one repeat-then-summarise prompt. A user sets one `--spec-draft-n-max` for a
@@ -111,23 +111,24 @@ def configs() -> dict[str, Config]:
     return out
 
 
-def run_family(bench: Bench, texts: list[str]) -> dict[str, Any]:
+def run_family(bench: Bench, family: str, texts: list[str]) -> dict[str, Any]:
     """Per repetition and configuration: tokens and decode seconds per prompt."""
     replay = bench if isinstance(bench, ReplayBench) else None
-    prompts = [replay.prepare(str(i), text) if replay else bench.chat_prompt(text) for i, text in enumerate(texts)]
+    names = [f"{family}{i}" for i in range(len(texts))]  # the records' names (--records keeps several families)
+    prompts = [replay.prepare(n, text) if replay else bench.chat_prompt(text) for n, text in zip(names, texts, strict=True)]
     all_configs = configs()
-    names = list(all_configs)
+    config_names = list(all_configs)
     # seconds[name][rep][prompt], tokens[prompt]
-    seconds: dict[str, list[list[float]]] = {n: [] for n in names}
+    seconds: dict[str, list[list[float]]] = {n: [] for n in config_names}
     tokens: list[int] = []
     wants: list[list[int]] = []
     for rep in range(bench.args.reps):
-        order = names[rep % len(names):] + names[: rep % len(names)]
-        for n in names:
+        order = config_names[rep % len(config_names):] + config_names[: rep % len(config_names)]
+        for n in config_names:
             seconds[n].append([0.0] * len(prompts))
         for i, prompt in enumerate(prompts):
             if replay is not None:
-                record, curve = replay.records[str(i)]
+                record, curve = replay.records[names[i]]
                 replay.backend.load(record, curve)
             for name in order:  # the first repetition starts with plain: its answers are the reference
                 final = bench.one(prompt, *all_configs[name])
@@ -138,7 +139,7 @@ def run_family(bench: Bench, texts: list[str]) -> dict[str, Any]:
                 else:
                     bench.check(f"prompt {i}/{name}", got, wants[i])
                 seconds[name][rep][i] = final.timings["predicted_ms"] / 1e3
-    return {"names": names, "seconds": seconds, "tokens": tokens}
+    return {"names": config_names, "seconds": seconds, "tokens": tokens}
 
 
 def family_ratio(result: dict[str, Any], name: str, subset: list[int] | None = None) -> float:
@@ -179,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--replay", action="store_true", help="replay recorded answers and forward times")
     p.add_argument("--families", default=",".join(FAMILIES))
+    p.add_argument("--records", help="with --replay: JSON file of recorded answers and forward times, used where it "
+                   "holds a prompt's and written with those it lacks (to replay the same records on two checkouts)")
     args = p.parse_args(argv)
     args.backend = "native"
     if args.replay:
@@ -191,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.reps} repetitions, Python {sys.version.split()[0]}")
     summary: list[str] = []
     for family in args.families.split(","):
-        summary += report(family, run_family(bench, FAMILIES[family]()))
+        summary += report(family, run_family(bench, family, FAMILIES[family]()))
     print("\n| family | drafters | best family cap | best cap x plain | adaptive x plain | adaptive / best cap "
           "| per prompt: adaptive / that prompt's best cap, median (range) |")
     print("|---|---|---|---:|---:|---:|---|")

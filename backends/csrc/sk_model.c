@@ -85,11 +85,14 @@ typedef struct {
     const sk_batch *b;
 } job;
 
-/* Phase timing of thread 0 (SPEKULA_NATIVE_PROFILE=1): where a forward's time goes, for tuning. */
-enum { PH_EMBED, PH_NORM, PH_QKV, PH_ROPE, PH_ATTN, PH_OPROJ, PH_FFN_UP, PH_FFN_DOWN, PH_MOE, PH_HEAD, PH_N };
+/* Phase timing of thread 0 (SPEKULA_NATIVE_PROFILE=1): where a forward's time goes, for tuning. Thread 0's
+ * waits at the barriers are a phase of their own ("wait"), so that one thread's share of a phase running
+ * long shows as imbalance instead of being booked to whichever phase comes next. */
+enum { PH_EMBED, PH_NORM, PH_QKV, PH_ROPE, PH_ATTN, PH_OPROJ, PH_FFN_UP, PH_FFN_DOWN, PH_MOE, PH_HEAD, PH_WAIT, PH_N };
 static const char *const phase_names[PH_N] = {"embed", "norm+quant", "qkv", "rope+kv", "attention", "o-proj",
-                                              "gate+up", "down", "moe", "head"};
+                                              "gate+up", "down", "moe", "head", "wait"};
 static double phase_seconds[PH_N];
+static double waited; /* thread 0's barrier waits since its last phase() */
 static int profiling = -1;
 
 static double now_s(void) {
@@ -101,8 +104,21 @@ static double now_s(void) {
 static inline void phase(int ith, int ph, double *t) {
     if (profiling != 1 || ith != 0) return;
     double n = now_s();
-    phase_seconds[ph] += n - *t;
+    phase_seconds[ph] += n - *t - waited;
+    waited = 0.0;
     *t = n;
+}
+
+static void barrier(sk_pool *pool, int ith) {
+    if (profiling != 1 || ith != 0) {
+        sk_pool_barrier(pool);
+        return;
+    }
+    double t0 = now_s();
+    sk_pool_barrier(pool);
+    double w = now_s() - t0;
+    waited += w;
+    phase_seconds[PH_WAIT] += w;
 }
 
 SK_API void sk_profile_report(double *out, int n) {
@@ -525,10 +541,10 @@ static void forward_job(void *arg, int ith, int nth) {
     if (g->in_proj.data) {
         part in = {&g->in_proj, c->x, E, 0};
         if (any_quant(&in, 1)) quantize(c, c->h, 2 * E, 2 * E, r0, r1);
-        sk_pool_barrier(c->pool);
+        barrier(c->pool, ith);
         gemm_parts(c, &in, 1, c->h, 2 * E, m, ith, nth);
     }
-    sk_pool_barrier(c->pool);
+    barrier(c->pool, ith);
     phase(ith, PH_EMBED, &t);
 
     for (int l = 0; l < g->n_layer; l++) {
@@ -539,25 +555,25 @@ static void forward_job(void *arg, int ith, int nth) {
         int nq = L->wk.data ? 3 : 1;
         for (int64_t r = r0; r < r1; r++) c->kern->rms_norm(c->x + r * E, L->attn_norm, E, g->rms_eps, c->h + r * E);
         if (any_quant(qkv, nq)) quantize(c, c->h, E, E, r0, r1);
-        sk_pool_barrier(c->pool);
+        barrier(c->pool, ith);
         phase(ith, PH_NORM, &t);
         gemm_parts(c, qkv, nq, c->h, E, m, ith, nth);
-        sk_pool_barrier(c->pool);
+        barrier(c->pool, ith);
         phase(ith, PH_QKV, &t);
         qkv_post(c, b, l, r0, r1);
-        sk_pool_barrier(c->pool);
+        barrier(c->pool, ith);
         phase(ith, PH_ROPE, &t);
         attention(c, b, l, ith, nth);
-        sk_pool_barrier(c->pool);
+        barrier(c->pool, ith);
         attention_merge(c, b, ith, nth);
-        sk_pool_barrier(c->pool);
+        barrier(c->pool, ith);
         phase(ith, PH_ATTN, &t);
         part o = {&L->wo, c->x, E, 1};
         if (any_quant(&o, 1)) quantize(c, c->att, qd, qd, r0, r1);
-        sk_pool_barrier(c->pool);
+        barrier(c->pool, ith);
         phase(ith, PH_NORM, &t);
         gemm_parts(c, &o, 1, c->att, qd, m, ith, nth);
-        sk_pool_barrier(c->pool);
+        barrier(c->pool, ith);
         phase(ith, PH_OPROJ, &t);
         for (int64_t r = r0; r < r1; r++) c->kern->rms_norm(c->x + r * E, L->ffn_norm, E, g->rms_eps, c->h + r * E);
         if (L->moe) {
@@ -568,18 +584,18 @@ static void forward_job(void *arg, int ith, int nth) {
         }
         part gu[2] = {{&L->w_gate, c->gu, 2 * ff, 0}, {&L->w_up, c->gu + ff, 2 * ff, 0}};
         if (any_quant(gu, 2)) quantize(c, c->h, E, E, r0, r1);
-        sk_pool_barrier(c->pool);
+        barrier(c->pool, ith);
         phase(ith, PH_NORM, &t);
         gemm_parts(c, gu, 2, c->h, E, m, ith, nth);
-        sk_pool_barrier(c->pool);
+        barrier(c->pool, ith);
         phase(ith, PH_FFN_UP, &t);
         part dn = {&L->w_down, c->x, E, 1};
         for (int64_t r = r0; r < r1; r++) c->kern->silu_mul(c->gu + r * 2 * ff, c->gu + r * 2 * ff + ff, ff, c->h + r * ff);
         if (any_quant(&dn, 1)) quantize(c, c->h, ff, ff, r0, r1);
-        sk_pool_barrier(c->pool);
+        barrier(c->pool, ith);
         phase(ith, PH_NORM, &t);
         gemm_parts(c, &dn, 1, c->h, ff, m, ith, nth);
-        sk_pool_barrier(c->pool);
+        barrier(c->pool, ith);
         phase(ith, PH_FFN_DOWN, &t);
     }
     if (b->capture && b->capture[g->n_layer])
@@ -593,7 +609,7 @@ static void forward_job(void *arg, int ith, int nth) {
     for (int64_t i = o0; i < o1; i++) c->kern->rms_norm(c->x + b->out_rows[i] * E, g->output_norm, E, g->rms_eps, c->h + i * E);
     part head = {&g->output, b->logits, g->n_vocab, 0};
     if (any_quant(&head, 1)) quantize(c, c->h, E, E, o0, o1);
-    sk_pool_barrier(c->pool);
+    barrier(c->pool, ith);
     gemm_parts(c, &head, 1, c->h, E, b->n_out, ith, nth);
     phase(ith, PH_HEAD, &t);
 }
