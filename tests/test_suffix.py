@@ -185,6 +185,22 @@ def test_caps_and_options() -> None:
     [short] = d.draft([request(hist, text[5], n_max=1)])
     assert short.tokens == text[6:7]
     for name, value in [("spec-suffix-max-depth", 1), ("spec-suffix-factor", 0.0), ("spec-suffix-min-prob", 1.5),
-                        ("spec-suffix-max-nodes", -1), ("spec-suffix-factor", "x")]:
+                        ("spec-suffix-max-nodes", -1), ("spec-suffix-factor", "x"), ("spec-suffix-min-match", 0)]:
         with pytest.raises(ConfigError, match=name):
             SuffixDrafter.create(ctx(**{name: value}))
+    with pytest.raises(ConfigError, match="spec-suffix-min-match"):  # no match that long is ever looked up
+        SuffixDrafter.create(ctx(**{"spec-suffix-min-match": 8, "spec-suffix-max-depth": 8}))
+
+
+def test_a_one_token_match_drafts_only_when_allowed() -> None:
+    """By default a continuation needs a match of two tokens; --spec-suffix-min-match 1 drafts after one."""
+    hist = [5, 6, 7, 8, 9, 1, 2, 3]  # the context ends in 3 ... 3: only the last token matches earlier text
+    drafts = {}
+    for min_match in (None, 1):
+        d = SuffixDrafter.create(ctx() if min_match is None else ctx(**{"spec-suffix-min-match": min_match}))
+        d.begin(0, arr(hist))
+        [one] = d.draft([request(hist, 7)])  # ... 3, 7: "7" was followed by 8
+        [two] = d.draft([request([*hist, 7], 8)])  # ... 7, 8: "7 8" was followed by 9
+        drafts[min_match] = (one.tokens, two.tokens)
+    assert drafts[None] == ([], [9, 1])
+    assert drafts[1] == ([8], [9, 1])
