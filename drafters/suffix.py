@@ -9,9 +9,9 @@ count every substring of at most `max-depth` tokens,
 
 Each round it looks the current context up in both for every match length of at least `min-match`
 tokens, follows the most frequent next token while the counts say the continuation is still likely
-(the product of count(child)/count(node) stays >= `min-prob`), and drafts the continuation with the most expected
-correct tokens. A longer and more frequent match so drafts further: the length is capped by
-`factor` times the match length and by `n-max`, and frequency stops it where the text has
+(the product of count(child)/count(node) stays >= `min-prob`), and drafts the continuation with the
+most expected correct tokens. A longer and more frequent match so drafts further: the length is
+capped by `factor` times the match length and by `n-max`, and frequency stops it where the text has
 diverged before. Unlike the n-gram types it needs no fixed key length, so it picks a copied text
 back up two tokens after an edit.
 
