@@ -19,9 +19,10 @@ import os
 import statistics
 import sys
 import time
-from typing import Any
 
 import numpy as np
+
+from spekula.core.backend import Backend, BackendOptions, SeqInput, load_backend
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -41,10 +42,8 @@ def int_list(text: str) -> list[int]:
     return values
 
 
-def timed_forward(backend: Any, seq: int, start: int, tokens: np.ndarray) -> float:
+def timed_forward(backend: Backend, seq: int, start: int, tokens: np.ndarray) -> float:
     """Seconds of one forward of `tokens` at `start` (overwriting what was there) with every row's logits."""
-    from spekula.core.backend import SeqInput
-
     t0 = time.perf_counter()
     backend.forward([SeqInput(seq_id=seq, tokens=tokens, start=start, logit_rows=np.arange(tokens.size))])
     return time.perf_counter() - t0
@@ -56,7 +55,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["SPEKULA_NATIVE_PROFILE"] = "1"  # read by the library at its first forward
 
     from spekula.backends import native_lib
-    from spekula.core.backend import BackendOptions, SeqInput, load_backend
     from spekula.frontends.default_model import ensure_default_model
 
     model = args.model or str(ensure_default_model())

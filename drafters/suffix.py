@@ -23,8 +23,8 @@ Options (drafter options, also on the command line):
   spec-suffix-min-match   shortest match a draft may follow, default 2, [1, max-depth - 1]
   spec-suffix-max-nodes   node budget of the shared tree (0: no shared tree), default 262144
 
-Why a match of one token is not enough by default: what follows a single token is a guess about
-worth about what its verification row costs. On open-ended chat (SmolLM2, greedy) about 15 % of
+Why a match of one token is not enough by default: what follows a single token is a guess worth
+about what its verification row costs. On open-ended chat (SmolLM2, greedy) about 15 % of
 such one-token drafts were accepted, and a row there costs about as large a share of a round's time
 (0.5-0.9 ms of 5-6 ms); after two matching tokens 33 % were, after five or more two in three. On
 copied text one-token matches did better (39 %), but there the next round finds the two-token match,
@@ -79,9 +79,6 @@ class SuffixDrafter(DraftlessDrafter, Drafter):
 
     def __init__(self, *, max_depth: int = 64, n_max: int = 32, factor: float = 1.0, min_prob: float = 0.1,
                  min_match: int = 2, max_nodes: int = 262144) -> None:
-        if not 1 <= min_match < max_depth:
-            raise ConfigError(f"--spec-suffix-min-match must be in [1, {max_depth - 1}] (below "
-                              f"--spec-suffix-max-depth {max_depth}), got {min_match}")
         self.max_depth, self.n_max, self.factor, self.min_prob = max_depth, n_max, factor, min_prob
         self.min_match = min_match
         self.max_nodes = max_nodes
@@ -91,12 +88,14 @@ class SuffixDrafter(DraftlessDrafter, Drafter):
 
     @classmethod
     def create(cls, ctx: DrafterContext) -> SuffixDrafter:
+        max_depth = int_option(ctx, "spec-suffix-max-depth", int(DEFAULTS["spec-suffix-max-depth"]), 2, 256)
         return cls(
-            max_depth=int_option(ctx, "spec-suffix-max-depth", int(DEFAULTS["spec-suffix-max-depth"]), 2, 256),
+            max_depth=max_depth,
             n_max=int_option(ctx, "spec-suffix-n-max", int(DEFAULTS["spec-suffix-n-max"]), 1, 1024),
             factor=_float_option(ctx, "spec-suffix-factor", 0.0, 64.0, lo_open=True),
             min_prob=_float_option(ctx, "spec-suffix-min-prob", 0.0, 1.0),
-            min_match=int_option(ctx, "spec-suffix-min-match", int(DEFAULTS["spec-suffix-min-match"]), 1, 255),
+            # a match is at most max-depth - 1 tokens (the continuation needs one more)
+            min_match=int_option(ctx, "spec-suffix-min-match", int(DEFAULTS["spec-suffix-min-match"]), 1, max_depth - 1),
             max_nodes=int_option(ctx, "spec-suffix-max-nodes", int(DEFAULTS["spec-suffix-max-nodes"]), 0, 1 << 30),
         )
 

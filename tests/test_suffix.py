@@ -194,7 +194,7 @@ def test_caps_and_options() -> None:
 
 def test_a_one_token_match_drafts_only_when_allowed() -> None:
     """By default a continuation needs a match of two tokens; --spec-suffix-min-match 1 drafts after one."""
-    hist = [5, 6, 7, 8, 9, 1, 2, 3]  # the context ends in 3 ... 3: only the last token matches earlier text
+    hist = [5, 6, 7, 8, 9, 1, 2, 3]  # the context [..., 3, 7] matches earlier text in its last token only
     drafts = {}
     for min_match in (None, 1):
         d = SuffixDrafter.create(ctx() if min_match is None else ctx(**{"spec-suffix-min-match": min_match}))
