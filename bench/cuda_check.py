@@ -2,13 +2,18 @@
 for both backends, with a summary at the end.
 
     .venv/bin/python bench/cuda_check.py [-m MODEL.gguf] [--device cuda:0] [--reps 10]
+                                         [--models llama,...,smollm2] [--no-extras] [--no-bench]
 
 Conformance: every check of tests/backend_conformance.py on the tiny fixtures and SmolLM2, with both
 backends built for the GPU in fp32 (the torch backend on CUDA is also the reference there). CUDA
 kernels are not batch-invariant, so a "bitwise" check failing for torch on CUDA is reported, not hidden.
 MoE targets: the qwen3moe and glm4moe fixtures are in the conformance list; draft-mtp on the GLM fixture
 (torch on the GPU) must print what plain decoding prints.
-Bench: bench/backends.py's decode/verification latencies on the GPU.
+The torch backend's exact mode is also checked bitwise against itself in bf16 (batched, truncated and
+chunked rows). Every model's logits on the GPU are also compared with the torch backend's on the CPU (fp32 both).
+Bench: bench/backends.py's decode/verification latencies on the GPU, for the backends that can use it,
+in fp32 and in the GPU's default bf16. `--models` picks the conformance models, `--no-extras` skips the
+draft-mtp and training checks, `--no-bench` the bench (so the work can be split over several runs).
 Without a usable CUDA GPU it prints "skipped: no CUDA" and exits 0. Exit 1 when a check fails.
 """
 
@@ -22,6 +27,7 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+MODELS = ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe", "smollm2")
 
 
 def cuda_status(device_id: int) -> dict[str, str | None]:
@@ -43,8 +49,9 @@ def cuda_status(device_id: int) -> dict[str, str | None]:
     return status
 
 
-def run_conformance(device: str, backends: list[str], models: list[str]) -> list[tuple[str, str, str, str | None]]:
-    """(backend, model, check, None or the failure) for every combination."""
+def run_conformance(device: str, backends: list[str], models: list[str], dtype: str = "f32",
+                    checks: tuple[str, ...] | None = None) -> list[tuple[str, str, str, str | None]]:
+    """(backend, model, check, None or the failure) for every combination; `checks` limits them."""
     sys.path.insert(0, str(ROOT / "tests"))
     import backend_conformance as bc
 
@@ -52,7 +59,7 @@ def run_conformance(device: str, backends: list[str], models: list[str]) -> list
 
     @cache
     def on_gpu(name: str, model: str) -> Backend:
-        opts = BackendOptions(device=device, dtype="f32", n_ctx=bc.N_CTX, n_seq_max=4, exact=True,
+        opts = BackendOptions(device=device, dtype=dtype, n_ctx=bc.N_CTX, n_seq_max=4, exact=True,
                               ort_provider="cuda")
         return load_backend(name, bc.model_path(model), opts)
 
@@ -61,13 +68,43 @@ def run_conformance(device: str, backends: list[str], models: list[str]) -> list
     for name in backends:
         for model in models:
             for check, fn in sorted(bc.CHECKS.items()):
+                if checks is not None and check not in checks:
+                    continue
+                label = check if dtype == "f32" else f"{check} ({dtype})"
                 try:
                     fn(name, model)
-                    results.append((name, model, check, None))
+                    results.append((name, model, label, None))
                 except Exception as exc:  # report every failure, keep going
                     last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-                    results.append((name, model, check, last[:300]))
+                    results.append((name, model, label, last[:300]))
+    for name in backends:
+        for model in models:
+            on_gpu(name, model).close()
+    on_gpu.cache_clear()
     return results
+
+
+def gpu_matches_cpu(device: str, model: str) -> str | None:
+    """None when the torch backend's fp32 logits on the GPU are within the reference tolerance of the CPU's."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import backend_conformance as bc
+    import numpy as np
+
+    from spekula.core.backend import BackendOptions, load_backend
+
+    path = bc.model_path(model)
+    logits = []
+    for dev in (device, "cpu"):
+        opts = BackendOptions(device=dev, dtype="f32", n_ctx=bc.N_CTX, n_seq_max=1, exact=dev != "cpu")
+        backend = load_backend("torch", path, opts)
+        try:
+            logits.append(bc.run_fresh(backend, bc.random_tokens(backend, 37, seed=10)).logits)
+        finally:
+            backend.close()
+    gpu, cpu = logits
+    diff = float(np.abs(gpu - cpu).max())
+    tol = bc.REF_TOL * max(1.0, float(np.abs(cpu).max()))
+    return None if diff <= tol else f"max |gpu - cpu| {diff:.3g} > {tol:.3g}"
 
 
 def mtp_matches_plain(device: str) -> str | None:
@@ -117,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-m", "--model", help="GGUF model for the bench (default: the embedded SmolLM2)")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--models", default=",".join(MODELS), help=f"conformance models (default {','.join(MODELS)})")
+    p.add_argument("--no-extras", action="store_true", help="skip the draft-mtp and train-drafter checks")
+    p.add_argument("--no-bench", action="store_true", help="skip the latency bench")
     args = p.parse_args(argv)
     device_id = int(args.device.split(":", 1)[1]) if ":" in args.device else 0
     status = cuda_status(device_id)
@@ -128,29 +168,44 @@ def main(argv: list[str] | None = None) -> int:
         if why is not None:
             print(f"{name} backend cannot use CUDA: {why}")
 
-    results = run_conformance(args.device, usable, ["llama", "qwen2", "qwen3", "qwen3moe", "glm4moe", "smollm2"])
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    results = run_conformance(args.device, usable, models)
     if "torch" in usable:
-        results.append(("torch", "glm4moe", "draft-mtp equals plain", mtp_matches_plain(args.device)))
-        results.append(("torch", "llama", "train-drafter --quick on the GPU", quick_training_on(args.device)))
+        # Exact mode's fixed shapes hold in half precision too: a row's bits against itself, batched and chunked.
+        results += run_conformance(args.device, ["torch"], models, dtype="bf16",
+                                   checks=("batched_equals_alone", "truncate_then_continue"))
+        for model in models:
+            results.append(("torch", model, "GPU logits match the CPU's", gpu_matches_cpu(args.device, model)))
+        if not args.no_extras:
+            results.append(("torch", "glm4moe", "draft-mtp equals plain", mtp_matches_plain(args.device)))
+            results.append(("torch", "llama", "train-drafter --quick on the GPU", quick_training_on(args.device)))
     failed = [r for r in results if r[3] is not None]
     print(f"\nconformance on {args.device}: {len(results) - len(failed)} passed, {len(failed)} failed")
     for name, model, check, why in failed:
         print(f"  FAIL {name:6} {model:8} {check}: {why}")
 
-    bench_line = "bench skipped (needs both backends on CUDA)"
-    if set(usable) == {"torch", "onnx"}:
+    bench_lines = ["bench skipped (--no-bench)"]
+    if not args.no_bench:
         sys.path.insert(0, str(ROOT / "bench"))
         from backends import _model_path, print_table, run_bench
 
-        res = run_bench(_model_path(args.model), device=args.device, reps=args.reps, threads=0)
-        print()
-        print_table(res)
-        bench_line = "onnx/torch latency ratio per new-token count: " + ", ".join(
-            f"{n}: {r:.2f}" for n, r in res["ratio_onnx_over_torch"].items())
+        bench_lines = []
+        for dtype in ("f32", "bf16"):
+            res = run_bench(_model_path(args.model), device=args.device, reps=args.reps, threads=0,
+                            names=tuple(usable), dtype=dtype, sizes=(1, 2, 4, 8, 16, 32))
+            print()
+            print_table(res)
+            ms = res["median_ms"][usable[0]]
+            bench_lines.append(f"{usable[0]} {dtype} ms per forward by new tokens: "
+                               + ", ".join(f"{n}: {v:.2f}" for n, v in ms.items()))
+            if res["ratio_onnx_over_torch"]:
+                bench_lines.append(f"onnx/torch ({dtype}) latency ratio per new-token count: " + ", ".join(
+                    f"{n}: {r:.2f}" for n, r in res["ratio_onnx_over_torch"].items()))
     print("\nsummary:")
     print(f"  CUDA: {', '.join(usable)} on {args.device}")
     print(f"  conformance: {len(results) - len(failed)}/{len(results)} passed")
-    print(f"  {bench_line}")
+    for line in bench_lines:
+        print(f"  {line}")
     return 1 if failed else 0
 
 
