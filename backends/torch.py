@@ -18,8 +18,10 @@ in the forward and however the sequence was chunked. How (CPU fp32):
 * Norms, rope, activations and routing (top-k by a stable sort) are row-wise.
 
 Rows go through the blocks in tiles of at most ``TILE_ROWS`` rows. Proven by tests/test_torch_backend.py
-and the conformance suite (bitwise checks). On CUDA or in f16/bf16 the same code runs but nothing
-guarantees invariance: cuBLAS picks kernels by shape. ``exact=False`` drops the padding and windows.
+and the conformance suite (bitwise checks). On CUDA cuBLAS picks its kernels by shape alone, so exact
+mode runs every tile, attention group and expert GEMM on exactly ``TILE_ROWS`` rows: one shape per key
+window, the same kernels every forward (bench/cuda_check.py checks it bitwise on a GPU). On the CPU in
+f16/bf16 nothing guarantees invariance. ``exact=False`` drops the padding and windows.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ from .torch_model import AttnGroup, KVWrite, Tile, TorchModel, model_gemm_shapes
 KEY_GRANULE = 64
 TILE_ROWS = 64
 FAST_TILE_ROWS = 512
+# Device types whose exact mode runs every GEMM on TILE_ROWS rows instead of a plan measured at load
+# (a set so that a test can run the same path on the CPU, where MKL is row-invariant at 64 rows too).
+FIXED_SHAPE_DEVICES = {"cuda"}
 
 _NO_CAPTURE = Capture()
 _DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -110,8 +115,14 @@ class TorchBackend(PooledSeqs, Backend):
         self.exact = options.exact
         cpu_f32 = self.device.type == "cpu" and self.dtype == torch.float32
         self.gemm_plan: dict[tuple[int, int], tuple[bool, int]] = {}
-        self._align, self._attn_align = 1, 1
-        if self.exact and cpu_f32:
+        self._align, self._attn_align, self._gemm_align = 1, 1, 1
+        if self.exact and self.device.type in FIXED_SHAPE_DEVICES:
+            # cuBLAS picks a kernel by shape, and a kernel gives an output element the same bits whatever
+            # the other rows hold. So every tile is padded to the full TILE_ROWS, every attention group's
+            # queries to TILE_ROWS, every expert's rows to TILE_ROWS: each GEMM, softmax and norm of a
+            # forward then has one shape per key window, whatever rows the forward carries.
+            self._align = self._attn_align = self._gemm_align = TILE_ROWS
+        elif self.exact and cpu_f32:
             # Per weight shape: oneDNN packing where it is row-invariant, else MKL padded to what was
             # measured, so one shape that needs padding does not make every GEMM pay for it.
             allow = onednn_packing_available()
@@ -127,7 +138,7 @@ class TorchBackend(PooledSeqs, Backend):
                                   "use --backend native")
             self._attn_align = max(a for a in attn if a is not None)
         elif self.exact:
-            self._align = self._attn_align = 4  # CUDA / half precision: fixed shapes, no bitwise claim
+            self._align = self._attn_align = 4  # CPU half precision: fixed shapes, no bitwise claim
         self.packed = any(p for p, _ in self.gemm_plan.values())
         self._tile_rows = TILE_ROWS if self.exact else FAST_TILE_ROWS
         weights = load_model_weights(f, hp=hp)
@@ -144,7 +155,7 @@ class TorchBackend(PooledSeqs, Backend):
             )
             self.model = TorchModel(
                 hp, weights, dtype=self.dtype, device=self.device, max_pos=self.kv.max_capacity,
-                gemm=lambda n, k: self.gemm_plan.get((n, k), (False, 1))
+                gemm=lambda n, k: self.gemm_plan.get((n, k), (False, self._gemm_align))
             )
         del weights
 
