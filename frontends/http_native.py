@@ -66,7 +66,7 @@ def completion_result(state: HttpState, final: FinalEvent, *, prompt: list[int],
         "stop_type": STOP_TYPES.get(final.stop_type, "none"), "stopping_word": final.stopping_word,
         "tokens_cached": final.tokens_evaluated + max(len(final.tokens) - 1, 0),
         "timings": dict(final.timings),
-        **_probabilities(engine.tokenizer, final.probs),
+        **_probabilities(engine.tokenizer, token_probs_json.answer_probs(engine.tokenizer, final)),
     }
 
 

@@ -93,7 +93,7 @@ async def completions(request: Request) -> Response:
 
         return state.service.stream(gen, shape, done_marker=True)  # type: ignore[return-value]
     return await _answer(state, request, chunk({}), gen, parsed, params, prompt, opts, text,
-                         lambda i, f: {"text": f.content, "index": i, "logprobs": logprobs(f.probs),
+                         lambda i, f: {"text": f.content, "index": i, "logprobs": logprobs(tpj.answer_probs(tok, f)),
                                        "finish_reason": finish_reason(f)})
 
 
@@ -142,7 +142,7 @@ async def chat_completions(request: Request) -> Response:
         return state.service.stream(gen, shape, done_marker=True)  # type: ignore[return-value]
     return await _answer(state, request, chunk({}, obj="chat.completion"), gen, parsed, params, prompt, opts, text,
                          lambda i, f: {"index": i, "message": {"role": "assistant", "content": f.content},
-                                       "logprobs": logprobs(f.probs), "finish_reason": finish_reason(f)})
+                                       "logprobs": logprobs(tpj.answer_probs(tok, f)), "finish_reason": finish_reason(f)})
 
 
 async def input_tokens(request: Request) -> Response:

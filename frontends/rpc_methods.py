@@ -179,7 +179,9 @@ class SpekulaMethods:
             raise RpcError(ENGINE_ERROR, "engine ended the request without a final result")
         result = final_result(final, return_tokens=parsed.return_tokens)
         if final.probs is not None and not parsed.stream:
-            result["completion_probabilities"] = token_probs_json.native(self.engine.tokenizer, final.probs)
+            tokenizer = self.engine.tokenizer
+            result["completion_probabilities"] = token_probs_json.native(
+                tokenizer, token_probs_json.answer_probs(tokenizer, final) or [])
         if final.stop_type == "error":
             raise self._spec_rejection(parsed, final) or RpcError(ENGINE_ERROR, final.error or "generation failed",
                                                                   result)

@@ -7,6 +7,8 @@
 - OpenAI completions (the legacy form): `logprobs` with parallel lists `tokens`, `token_logprobs`,
   `top_logprobs` (token text -> logprob) and `text_offset`.
 
+A non-streamed answer that a stop word ended leaves out the probabilities of its last tokens, as many
+as the stop word has when tokenized alone (llama-server's rule); a stream has sent every token's.
 A token's text is its bytes read as UTF-8; a token holding part of a character reads as U+FFFD,
 its `bytes` still exact. Probabilities of zero (a token the sampler chain removed) have no logprob
 in JSON: OpenAI's form writes -9999.0 for them, as OpenAI does for tokens of no probability.
@@ -71,6 +73,17 @@ def openai_completion(tokenizer: Any, probs: Sequence[TokenProbs], offset: int =
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def answer_probs(tokenizer: Any, final: Any) -> list[TokenProbs] | None:
+    """A non-streamed answer's probabilities as llama-server returns them: when a stop word ended the
+    answer, without its last tokens, as many as the stop word has when tokenized on its own (the
+    content ends before the stop word, so its probabilities do too; a stream has sent them already)."""
+    probs = final.probs
+    if probs is None or final.stop_type != "word" or not final.stopping_word:
+        return probs
+    n_word = len(tokenizer.encode(final.stopping_word, add_special=False, parse_special=False))
+    return list(probs[: max(len(probs) - n_word, 0)])
 
 
 def shown(tokenizer: Any, probs: Sequence[TokenProbs] | None) -> list[TokenProbs]:

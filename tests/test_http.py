@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -378,6 +379,29 @@ def test_token_probabilities_are_the_targets_with_or_without_speculation(server:
         assert 0 < p["prob"] <= 1 and 0 < sum(t["prob"] for t in p["top_probs"]) <= 1 + 1e-9
     status, plain = server.post("/completion", {"prompt": prompt, "n_predict": 4})
     assert "completion_probabilities" not in plain
+
+
+def test_a_stop_word_takes_its_tokens_probabilities_with_it(server: HttpServer) -> None:
+    """As llama-server: a non-streamed answer ended by a stop word lists no probabilities for the
+    last tokens, as many as the stop word has on its own (the content ends before it)."""
+    base = {"prompt": "the cat sat on the mat and the dog", "n_predict": 24, "n_probs": 2, "return_tokens": True}
+    status, full = server.post("/completion", base)
+    assert status == 200, full
+    # The tiny model writes bytes more than words: stop at a run of letters from the answer's second half.
+    runs = [m.group() for m in re.finditer("[A-Za-z]{2,}", full["content"]) if m.start() >= 4]
+    assert runs, full["content"]
+    stop = runs[len(runs) // 2]
+    status, got = server.post("/completion", {**base, "stop": [stop]})
+    assert status == 200 and got["stop_type"] == "word" and got["stopping_word"] == stop, got
+    _, tokenized = server.post("/tokenize", {"content": stop, "parse_special": False})
+    kept = len(got["tokens"]) - len(tokenized["tokens"])
+    assert got["completion_probabilities"] == full["completion_probabilities"][: max(kept, 0)]
+    status, oai = server.post("/v1/completions", {"prompt": base["prompt"], "max_tokens": 24, "temperature": 0,
+                                                  "logprobs": 2, "stop": [stop]})
+    assert status == 200 and oai["choices"][0]["finish_reason"] == "stop", oai
+    assert len(oai["choices"][0]["logprobs"]["tokens"]) == max(kept, 0)
+    events = server.events("/completion", {**base, "stop": [stop], "stream": True})
+    assert len([p for e in events[:-1] for p in e.get("completion_probabilities", [])]) == len(got["tokens"])
 
 
 def test_openai_logprobs(server: HttpServer) -> None:

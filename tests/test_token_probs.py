@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import anyio
 import numpy as np
@@ -133,6 +134,16 @@ def test_socket_completion_carries_llama_server_probabilities() -> None:
             assert [p for n in peer.notes for p in n["params"]["completion_probabilities"]] == probs
             bad = await peer.call("completion", {**params, "n_probs": 1000}, rid=3)
             assert "n_probs" in bad["error"]["message"]
+            # A stop word takes its tokens' probabilities with it (llama-server's rule).
+            params = {**params, "prompt": "the cat sat on the mat and the dog", "ignore_eos": True}
+            long = (await peer.call("completion", {**params, "n_predict": 24}, rid=4))["result"]
+            runs = [m.group() for m in re.finditer("[A-Za-z]{2,}", long["content"]) if m.start() >= 4]
+            assert runs, long["content"]
+            stopped = (await peer.call("completion", {**params, "n_predict": 24, "stop": [runs[0]]}, rid=5))["result"]
+            assert stopped["stop_type"] == "word"
+            n_word = len(tokenizer.encode(runs[0], add_special=False, parse_special=False))
+            kept = max(len(stopped["tokens"]) - n_word, 0)
+            assert stopped["completion_probabilities"] == long["completion_probabilities"][:kept]
 
     try:
         run(body, timeout=30)
