@@ -19,11 +19,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from spekula.core.chat_template import ChatTemplateError, template_variables
 from spekula.core.token_probs import MAX_N_PROBS
 
 from .http_errors import HttpError
 from .sampler_order import sampler_overrides
+from .template_fields import TEMPLATE_FIELDS, TemplateFieldError, read_template_fields
 
 # field -> the value that leaves generation unchanged (None: absent/null is neutral too)
 NEUTRAL: dict[str, Any] = {
@@ -46,19 +46,6 @@ INFORMATIONAL = frozenset({
 OPENAI_MAPPED = {"max_tokens": "n_predict", "max_completion_tokens": "n_predict"}
 MAX_BODY_DEFAULT = 32 * 1024 * 1024
 TOP_LOGPROBS_MAX = 20  # OpenAI's bound for chat
-
-
-def _continue_final(value: Any) -> bool:
-    """vLLM's `continue_final_message`: a boolean; llama-server also takes "content" (continue the reply
-    text, the same here) and "reasoning_content", which needs reasoning parsing spekula does not do."""
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    if value == "content":
-        return True
-    if value == "reasoning_content":
-        raise HttpError("'continue_final_message': \"reasoning_content\" is not supported (spekula does not "
-                        "separate reasoning from the reply); use true or \"content\"")
-    raise HttpError("'continue_final_message' must be a boolean or \"content\"")
 
 
 def _flag(name: str, value: Any, default: bool) -> bool:
@@ -128,29 +115,16 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
             opts.user = value or None
         elif name == "verbose":
             opts.verbose = _flag(name, value, False)
-        elif name == "tools":
-            if value:
-                if "messages" not in allowed:
-                    raise HttpError("'tools' needs a chat request (/v1/chat/completions)")
-                if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
-                    raise HttpError("'tools' must be a list of tool objects")
-                opts.tools = value
+        elif name in TEMPLATE_FIELDS:
+            if name == "tools" and value and "messages" not in allowed:
+                raise HttpError("'tools' needs a chat request (/v1/chat/completions)")
         elif name in ("n", "n_cmpl"):
             if value is not None:
                 if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= n_slots:
                     raise HttpError(f"'{name}' must be an integer in [1, {n_slots}] (the server's slots)")
                 opts.n = value
-        elif name == "add_generation_prompt":
-            opts.add_generation_prompt = _flag(name, value, True)
         elif name in ("return_progress", "timings_per_token"):
             setattr(opts, name, _flag(name, value, False))
-        elif name == "continue_final_message":
-            opts.continue_final = _continue_final(value)
-        elif name == "chat_template_kwargs":
-            try:
-                opts.template_kwargs = template_variables(value, "'chat_template_kwargs'")
-            except ChatTemplateError as exc:
-                raise HttpError(str(exc)) from None
         elif name in ("logprobs", "top_logprobs"):
             _logprobs_field(opts, name, value, chat="messages" in allowed)
         elif name == "reasoning_effort":
@@ -166,14 +140,18 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
         else:
             raise HttpError(f"unknown field '{str(name)[:80]}'")
     params.update(sampler_overrides(body.get("samplers")))
+    try:
+        template = read_template_fields(body)
+    except TemplateFieldError as exc:
+        raise HttpError(str(exc)) from None
+    opts.add_generation_prompt, opts.continue_final = template.add_generation_prompt, template.continue_final
+    opts.tools, opts.template_kwargs = template.tools, template.template_kwargs
     effort = body.get("reasoning_effort")
     if effort == "none":  # OpenAI's "no reasoning": the template's thinking switch, as llama-server reads it
         opts.template_kwargs = {**opts.template_kwargs, "enable_thinking": False}
         opts.template_kwargs.pop("reasoning_effort", None)
     elif effort:
         opts.template_kwargs = {**opts.template_kwargs, "reasoning_effort": effort}
-    if opts.continue_final and body.get("add_generation_prompt") is True:
-        raise HttpError("'add_generation_prompt' and 'continue_final_message' cannot both be true")
     if "messages" in allowed and body.get("logprobs") is not True:
         if body.get("top_logprobs"):
             raise HttpError("'top_logprobs' needs 'logprobs': true")

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from spekula.core.chat_template import ChatTemplateError, chat_prompt, template_variables
+from spekula.core.chat_template import ChatTemplateError, chat_prompt
 from spekula.core.events import FinalEvent, PieceEvent
 
 from . import rpc_params as rp
@@ -46,6 +46,7 @@ from . import token_probs_json
 from .rpc_dispatch import CallContext, Handler
 from .rpc_params import invalid_params
 from .rpc_protocol import CONTEXT_OVERFLOW, ENGINE_ERROR, RpcError
+from .template_fields import TEMPLATE_FIELDS, TemplateFieldError, read_template_fields
 
 if TYPE_CHECKING:
     from spekula.core.engine import Engine
@@ -56,28 +57,16 @@ _THREAD_TOKENIZE_CHARS = 16_384
 # Texts are capped before tokenizing: no tokenizer in use packs more characters than this into one
 # token, so a longer text cannot fit the context whatever it holds.
 MAX_CHARS_PER_TOKEN = 64
-# chat.completion's fields for the template, as the HTTP chat endpoint takes them.
-TEMPLATE_FIELDS = frozenset({"tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"})
 
 
 def _template_options(obj: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "add_generation_prompt": rp.get_bool(obj, "add_generation_prompt", True),
-        "continue_final": rp.get_bool(obj, "continue_final_message", False),
-    }
-    if out["continue_final"] and obj.get("add_generation_prompt") is True:
-        raise invalid_params("'add_generation_prompt' and 'continue_final_message' cannot both be true",
-                             "continue_final_message")
-    tools = obj.get("tools")
-    if tools:
-        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            raise invalid_params("'tools' must be a list of tool objects", "tools")
-        out["tools"] = tools
+    """chat_prompt's keyword arguments from the request's template fields (frontends/template_fields.py)."""
     try:
-        out.update(template_variables(obj.get("chat_template_kwargs"), "'chat_template_kwargs'"))
-    except ChatTemplateError as exc:
-        raise invalid_params(str(exc), "chat_template_kwargs") from None
-    return out
+        fields = read_template_fields(obj)
+    except TemplateFieldError as exc:
+        raise invalid_params(str(exc), exc.field) from None
+    return {"add_generation_prompt": fields.add_generation_prompt, "continue_final": fields.continue_final,
+            **fields.variables()}
 
 
 class SpekulaMethods:

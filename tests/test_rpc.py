@@ -282,6 +282,11 @@ def test_chat_and_tokenizer_methods() -> None:
             msg = await peer.call("chat.completion", {"messages": [{"role": "user", "content": "hi"}], "n_predict": 4,
                                                       "add_generation_prompt": False}, rid=7)
             assert msg["result"]["content"] == fakes.expected_text("<user>hi\n", 4)
+            # llama-server's "content" form of continue_final_message, read as the HTTP chat reads it.
+            reply = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "He"}]
+            msg = await peer.call("chat.completion", {"messages": reply, "n_predict": 2,
+                                                      "continue_final_message": "content"}, rid=9)
+            assert "result" in msg, msg
             for bad, word in (({"chat_template_kwargs": {"messages": 1}}, "messages"), ({"tools": "x"}, "tools"),
                               ({"continue_final_message": True}, "continue_final_message")):
                 msg = await peer.call("chat.completion", {"messages": [{"role": "user", "content": "hi"}], **bad}, rid=8)
