@@ -14,6 +14,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from backend_helpers import fresh_logits
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,14 +35,6 @@ def fixed_shape_backend(model: str) -> TorchBackend:
         return TorchBackend(str(path), opts)
 
 
-def all_logits(b: TorchBackend, tokens: np.ndarray) -> np.ndarray:
-    s = b.new_seq()
-    try:
-        return b.forward([SeqInput(s, tokens, 0, np.arange(tokens.size))])[0].logits
-    finally:
-        b.free_seq(s)
-
-
 def test_every_gemm_runs_on_a_full_tile() -> None:
     b = fixed_shape_backend("llama")
     assert (b._align, b._attn_align, b._gemm_align) == (TILE_ROWS, TILE_ROWS, TILE_ROWS)
@@ -56,17 +49,10 @@ tokens_st = st.lists(st.integers(0, 319), min_size=1, max_size=150).map(lambda x
 @given(tokens=tokens_st, data=st.data())
 def test_chunking_is_bitwise_invariant(model: str, tokens: np.ndarray, data: st.DataObject) -> None:
     b = fixed_shape_backend(model)
-    ref = all_logits(b, tokens)
-    s = b.new_seq()
-    try:
-        got, pos = [], 0
-        while pos < tokens.size:
-            n = data.draw(st.integers(1, tokens.size - pos), label="chunk")
-            got.append(b.forward([SeqInput(s, tokens[pos : pos + n], pos, np.arange(n))])[0].logits)
-            pos += n
-        assert np.array_equal(np.concatenate(got), ref)
-    finally:
-        b.free_seq(s)
+    sizes: list[int] = []
+    while sum(sizes) < tokens.size:
+        sizes.append(data.draw(st.integers(1, tokens.size - sum(sizes)), label="chunk"))
+    assert np.array_equal(fresh_logits(b, tokens, sizes), fresh_logits(b, tokens))
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -94,5 +80,5 @@ def test_fixed_shapes_stay_close_to_the_measured_plan() -> None:
 
     measured = TorchBackend(str(path("llama")), BackendOptions(n_ctx=256, n_seq_max=1, threads=1, exact=True))
     tokens = np.random.default_rng(4).integers(0, 320, 50).astype(np.int32)
-    diff = np.abs(all_logits(fixed_shape_backend("llama"), tokens) - all_logits(measured, tokens)).max()
+    diff = np.abs(fresh_logits(fixed_shape_backend("llama"), tokens) - fresh_logits(measured, tokens)).max()
     assert diff < 1e-3
