@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from toy_backend import (
     GarbageDrafter,
+    GatedBackend,
     ObservingDrafter,
     RepeatDrafter,
     ToyBackend,
@@ -181,8 +182,12 @@ async def test_context_full_and_prompt_too_long() -> None:
 
 @pytest.mark.anyio
 async def test_cancel_frees_slot_and_leaves_others_alone() -> None:
-    engine = make_engine(ToyBackend(n_ctx=512), ToyTokenizer(), n_slots=2, n_ctx=512, spec=SpecParams(types=("test-repeat",)),
+    # Forwards past the 10th after start-up wait until the victim is cancelled: the toy model is fast
+    # enough for the victim's 400 tokens to be done before the loop reads its third event on a loaded machine.
+    backend = GatedBackend(10**9, n_ctx=512)
+    engine = make_engine(backend, ToyTokenizer(), n_slots=2, n_ctx=512, spec=SpecParams(types=("test-repeat",)),
                          drafters=[RepeatDrafter()])
+    backend.open_for = backend.calls + 10  # the engine timed its forwards when it was made
     victim = CompletionRequest(PROMPT, n_predict=400, sampling=GREEDY, id="victim")
     other = CompletionRequest([5, 6, 7], n_predict=60, sampling=GREEDY, id="other")
     finals: dict[str, FinalEvent] = {}
@@ -197,6 +202,7 @@ async def test_cancel_frees_slot_and_leaves_others_alone() -> None:
                     n += 1
                     if n == 3:
                         h_victim.cancel()
+                        backend.gate.set()
                         assert not engine.cancel("no-such-request")
                 assert h_victim.final is not None
                 finals["victim"] = h_victim.final

@@ -6,14 +6,11 @@ The hand-off budget is set out of reach here, so that only the engine's own reas
 
 from __future__ import annotations
 
-import threading
-
 import anyio
 import pytest
-from toy_backend import ToyBackend, ToyTokenizer, make_engine, plain_decode
+from toy_backend import GatedBackend, ToyBackend, ToyTokenizer, make_engine, plain_decode
 
 import spekula.core.engine as engine_module
-from spekula.core.backend import Capture
 from spekula.core.events import FinalEvent, PieceEvent
 from spekula.core.params import CompletionRequest, SamplingParams
 
@@ -60,21 +57,6 @@ async def test_a_request_arriving_mid_generation_takes_the_idle_slot_at_once() -
     assert order == ["long"]
     assert short.tokens == _plain(5, [5, 6, 7])
     assert long.final is not None and long.final.tokens == _plain(LONG, PROMPT)
-
-
-class GatedBackend(ToyBackend):
-    """Holds its forward after `open_for` forwards until the gate opens: the toy model is so fast that
-    a loaded machine could otherwise let the whole request finish before the test cancels it."""
-
-    def __init__(self, open_for: int, **kwargs: int) -> None:
-        super().__init__(**kwargs)
-        self.open_for, self.calls, self.gate = open_for, 0, threading.Event()
-
-    def forward(self, inputs, capture=Capture()):  # type: ignore[no-untyped-def]  # noqa: B008
-        self.calls += 1
-        if self.calls > self.open_for:
-            assert self.gate.wait(30), "the test never opened the gate"
-        return super().forward(inputs, capture)
 
 
 @pytest.mark.anyio

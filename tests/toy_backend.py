@@ -10,6 +10,7 @@ relies on, as the real torch backend's exact mode guarantees).
 
 from __future__ import annotations
 
+import threading
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -96,6 +97,21 @@ class ToyBackend(Backend):
                     out.hidden_final = base.astype(np.float32)
             outs.append(out)
         return outs
+
+
+class GatedBackend(ToyBackend):
+    """Holds its forward after `open_for` forwards until the gate opens: the toy model is so fast that
+    a loaded machine could otherwise let a whole request finish before a test cancels it."""
+
+    def __init__(self, open_for: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.open_for, self.calls, self.gate = open_for, 0, threading.Event()
+
+    def forward(self, inputs: Sequence[SeqInput], capture: Capture = Capture()) -> list[SeqOutput]:  # noqa: B008
+        self.calls += 1
+        if self.calls > self.open_for:
+            assert self.gate.wait(30), "the test never opened the gate"
+        return super().forward(inputs, capture)
 
 
 class _StreamDecoder:
