@@ -120,11 +120,11 @@ class HttpState:
             msgs = chat_messages(messages, allow_empty=allow_empty)
         except MessagesError as exc:
             raise HttpError(str(exc)) from None
-        extra = {**opts.template_kwargs, **({"tools": opts.tools} if opts.tools else {})}
+        template = opts.template
         try:
-            return chat_prompt(engine.tokenizer, msgs, add_generation_prompt=opts.add_generation_prompt,
-                               continue_final=opts.continue_final, prefill=self.service.defaults.prefill_assistant,
-                               **extra)
+            return chat_prompt(engine.tokenizer, msgs, add_generation_prompt=template.add_generation_prompt,
+                               continue_final=template.continue_final, prefill=self.service.defaults.prefill_assistant,
+                               **template.variables())
         except ChatTemplateError as exc:
             raise HttpError(f"'messages': {exc}") from None
         except Exception as exc:  # noqa: BLE001 - a template error is about the caller's messages

@@ -23,7 +23,7 @@ from spekula.core.token_probs import MAX_N_PROBS
 
 from .http_errors import HttpError
 from .sampler_order import sampler_overrides
-from .template_fields import TEMPLATE_FIELDS, TemplateFieldError, read_template_fields
+from .template_fields import TEMPLATE_FIELDS, TemplateFieldError, TemplateFields, read_template_fields
 
 # field -> the value that leaves generation unchanged (None: absent/null is neutral too)
 NEUTRAL: dict[str, Any] = {
@@ -78,13 +78,11 @@ class HttpOptions:
 
     include_usage: bool = False  # OpenAI stream_options.include_usage
     n: int = 1  # OpenAI `n` (llama-server's n_cmpl): completions of the same prompt, each in its own slot
-    tools: list[Any] | None = None  # OpenAI tool definitions, handed to the chat template
     verbose: bool = False  # llama-server's `__verbose`: the native result (rendered prompt included) too
     user: str | None = None  # OpenAI `user`: never changes the output; keeps a client on one replica (Ray)
     logprobs: int | None = None  # OpenAI `logprobs` (+ chat's `top_logprobs`): alternatives per token; None: off
-    add_generation_prompt: bool = True  # chat: end the prompt with the template's assistant opening
-    continue_final: bool = False  # chat: vLLM's `continue_final_message` (continue the final assistant message)
-    template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat: `chat_template_kwargs`, template variables
+    # chat: add_generation_prompt, continue_final_message, tools and chat_template_kwargs for the template
+    template: TemplateFields = field(default_factory=TemplateFields)
     return_progress: bool = False  # streamed: llama-server's prompt_progress events while the prompt is processed
     timings_per_token: bool = False  # streamed: the timings so far on every event
 
@@ -141,17 +139,15 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
             raise HttpError(f"unknown field '{str(name)[:80]}'")
     params.update(sampler_overrides(body.get("samplers")))
     try:
-        template = read_template_fields(body)
+        opts.template = read_template_fields(body)
     except TemplateFieldError as exc:
         raise HttpError(str(exc)) from None
-    opts.add_generation_prompt, opts.continue_final = template.add_generation_prompt, template.continue_final
-    opts.tools, opts.template_kwargs = template.tools, template.template_kwargs
-    effort = body.get("reasoning_effort")
+    effort, variables = body.get("reasoning_effort"), opts.template.template_kwargs
     if effort == "none":  # OpenAI's "no reasoning": the template's thinking switch, as llama-server reads it
-        opts.template_kwargs = {**opts.template_kwargs, "enable_thinking": False}
-        opts.template_kwargs.pop("reasoning_effort", None)
+        variables["enable_thinking"] = False
+        variables.pop("reasoning_effort", None)
     elif effort:
-        opts.template_kwargs = {**opts.template_kwargs, "reasoning_effort": effort}
+        variables["reasoning_effort"] = effort
     if "messages" in allowed and body.get("logprobs") is not True:
         if body.get("top_logprobs"):
             raise HttpError("'top_logprobs' needs 'logprobs': true")

@@ -137,9 +137,9 @@ def test_reasoning_effort_of_a_chat_request() -> None:
 
     chat = {"messages": [], "chat_template_kwargs": {"reasoning_effort": "low", "x": 1}}
     _, opts = normalise({**chat, "reasoning_effort": "high"}, allowed=CHAT_FIELDS, n_slots=1)
-    assert opts.template_kwargs == {"reasoning_effort": "high", "x": 1}
+    assert opts.template.template_kwargs == {"reasoning_effort": "high", "x": 1}
     _, opts = normalise({**chat, "reasoning_effort": "none"}, allowed=CHAT_FIELDS, n_slots=1)
-    assert opts.template_kwargs == {"enable_thinking": False, "x": 1}
+    assert opts.template.template_kwargs == {"enable_thinking": False, "x": 1}
     for body, allowed in (({**chat, "reasoning_effort": 3}, CHAT_FIELDS), ({"reasoning_effort": "low"}, COMPLETION_FIELDS)):
         with pytest.raises(HttpError, match="reasoning_effort"):
             normalise(body, allowed=allowed, n_slots=1)
