@@ -52,6 +52,14 @@ def cuda_status(device_id: int) -> dict[str, str | None]:
     return status
 
 
+def attempt(check: Callable[..., str | None], *args: str) -> str | None:
+    """The check's verdict, or the exception it raised as the failure (every check is reported)."""
+    try:
+        return check(*args)
+    except Exception as exc:  # noqa: BLE001
+        return traceback.format_exception_only(type(exc), exc)[-1].strip()[:300]
+
+
 def run_conformance(device: str, backends: list[str], models: list[str], dtype: str = "f32",
                     checks: tuple[str, ...] | None = None) -> list[tuple[str, str, str, str | None]]:
     """(backend, model, check, None or the failure) for every combination; `checks` limits them."""
@@ -74,26 +82,13 @@ def run_conformance(device: str, backends: list[str], models: list[str], dtype: 
                 if checks is not None and check not in checks:
                     continue
                 label = check if dtype == "f32" else f"{check} ({dtype})"
-                try:
-                    fn(name, model)
-                    results.append((name, model, label, None))
-                except Exception as exc:  # report every failure, keep going
-                    last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-                    results.append((name, model, label, last[:300]))
+                results.append((name, model, label, attempt(fn, name, model)))  # a conformance check returns None
     for name in backends:  # free the GPU for the next part (a model that failed to load is loaded no more)
         for model in models:
             with contextlib.suppress(Exception):  # its failure is in the results already
                 on_gpu(name, model).close()
     on_gpu.cache_clear()
     return results
-
-
-def attempt(check: Callable[..., str | None], *args: str) -> str | None:
-    """The check's verdict, or the exception it raised as the failure (every check is reported)."""
-    try:
-        return check(*args)
-    except Exception as exc:  # noqa: BLE001
-        return traceback.format_exception_only(type(exc), exc)[-1].strip()[:300]
 
 
 def gpu_matches_cpu(device: str, model: str) -> str | None:

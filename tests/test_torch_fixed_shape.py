@@ -14,14 +14,13 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from backend_conformance import model_path
 from backend_helpers import fresh_logits
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spekula.backends.torch import TILE_ROWS, TorchBackend
 from spekula.core.backend import BackendOptions, SeqInput
-from spekula.fixtures.tiny_gguf import tiny_model_path
-from spekula.fixtures.tiny_moe import tiny_moe_gguf_path
 
 MODELS = ("llama", "qwen2", "qwen3moe", "glm4moe")
 HYP = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -29,10 +28,9 @@ HYP = settings(max_examples=10, deadline=None, suppress_health_check=[HealthChec
 
 @cache
 def fixed_shape_backend(model: str) -> TorchBackend:
-    path = tiny_moe_gguf_path(model) if model.endswith("moe") else tiny_model_path(model)
     opts = BackendOptions(n_ctx=256, n_seq_max=6, threads=1, exact=True)
     with mock.patch("spekula.backends.torch.FIXED_SHAPE_DEVICES", {"cpu", "cuda"}):
-        return TorchBackend(str(path), opts)
+        return TorchBackend(model_path(model), opts)
 
 
 def test_every_gemm_runs_on_a_full_tile() -> None:
@@ -76,9 +74,7 @@ def test_verification_next_to_other_sequences_equals_single_token_decode(model: 
 
 
 def test_fixed_shapes_stay_close_to_the_measured_plan() -> None:
-    from spekula.fixtures.tiny_gguf import tiny_model_path as path
-
-    measured = TorchBackend(str(path("llama")), BackendOptions(n_ctx=256, n_seq_max=1, threads=1, exact=True))
+    measured = TorchBackend(model_path("llama"), BackendOptions(n_ctx=256, n_seq_max=1, threads=1, exact=True))
     tokens = np.random.default_rng(4).integers(0, 320, 50).astype(np.int32)
     diff = np.abs(fresh_logits(fixed_shape_backend("llama"), tokens) - fresh_logits(measured, tokens)).max()
     assert diff < 1e-3
