@@ -188,8 +188,8 @@ def measure(bench: Bench, workloads: dict[str, str], configs: dict[str, tuple[tu
                 "tps": statistics.median(tps[name]),
                 # The machine's speed drifts between minutes: each repetition's ratio is taken against
                 # the plain run of the same repetition, and the median of those is reported.
-                "ratios": [a / b for a, b in zip(tps[name], tps["plain"], strict=True)],
-                "ratio": statistics.median(a / b for a, b in zip(tps[name], tps["plain"], strict=True)),
+                "ratios": (ratios := [a / b for a, b in zip(tps[name], tps["plain"], strict=True)]),
+                "ratio": statistics.median(ratios),
                 "same": bench.check(f"{wname}/{name}", list(f.tokens), list(plain.tokens)),
                 "draft_n": f.timings.get("draft_n", 0), "draft_n_accepted": f.timings.get("draft_n_accepted", 0),
             }
@@ -223,18 +223,15 @@ def part_single(bench: Bench) -> dict[str, dict[str, Any]]:
     return results
 
 
-def held_out(row: dict[str, Any], label: str) -> str:
-    """The cap chosen on the even repetitions, and adaptive over it on the odd ones: the best of five
-    noisy cells scored on the same runs is favoured by the noise that made it look best."""
-    n_reps = len(row["plain"]["ratios"])
+def held_out(label: str, n_reps: int, ratio: Callable[[str, range], float], digits: int = 2) -> str:
+    """The fixed cap chosen on the even repetitions, and adaptive over it on the odd ones: the best of
+    five noisy cells scored on the same runs is favoured by the noise that made it look best.
+    `ratio(config, reps)` is a configuration's speed over plain's on those repetitions."""
     if n_reps < 2:
         return "needs --reps >= 2"
-
-    def median_of(name: str, first: int) -> float:
-        return statistics.median(row[name]["ratios"][first::2])
-
-    best = max(CAPS, key=lambda c: median_of(f"{label} fixed {c}", 0))
-    return f"{best}: **{median_of(f'{label} adaptive', 1) / median_of(f'{label} fixed {best}', 1):.2f}x**"
+    choose, score = range(0, n_reps, 2), range(1, n_reps, 2)
+    best = max(CAPS, key=lambda c: ratio(f"{label} fixed {c}", choose))
+    return f"{best}: **{ratio(f'{label} adaptive', score) / ratio(f'{label} fixed {best}', score):.{digits}f}x**"
 
 
 def part_sweep(bench: Bench) -> dict[str, dict[str, Any]]:
@@ -253,7 +250,9 @@ def part_sweep(bench: Bench) -> dict[str, dict[str, Any]]:
         for label in ("pair", "suffix"):
             best = max(CAPS, key=lambda c: row[f"{label} fixed {c}"]["ratio"])
             b, a = row[f"{label} fixed {best}"]["ratio"], row[f"{label} adaptive"]["ratio"]
-            print(f"| {wname} | {label} | {best} | {b:.2f}x | {a:.2f}x | **{a / b:.2f}x** | {held_out(row, label)} |")
+            view = held_out(label, len(row["plain"]["ratios"]),
+                            lambda name, reps, row=row: statistics.median(row[name]["ratios"][r] for r in reps))
+            print(f"| {wname} | {label} | {best} | {b:.2f}x | {a:.2f}x | **{a / b:.2f}x** | {view} |")
     return results
 
 

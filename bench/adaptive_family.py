@@ -41,7 +41,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # bench/ is not a package
-from adaptive import CAPS, PAIR, Bench, caps_options  # noqa: E402
+from adaptive import CAPS, PAIR, Bench, caps_options, held_out  # noqa: E402
 from adaptive_replay import ReplayBench  # noqa: E402
 from ngram import _CODE, _PARAGRAPH  # noqa: E402
 
@@ -154,19 +154,6 @@ def family_ratio(result: dict[str, Any], name: str, subset: list[int] | None = N
     return statistics.median(sum(plain[i] for i in idx) / sum(mine[i] for i in idx) for mine, plain in chosen)
 
 
-def held_out(result: dict[str, Any], label: str) -> str:
-    """The cap chosen on the even repetitions, and adaptive over that cap on the odd ones: choosing the
-    best of five noisy cells and scoring it on the same runs favours the cap by the noise itself."""
-    n_reps = len(result["seconds"]["plain"])
-    if n_reps < 2:
-        return "needs --reps >= 2"
-    choose, score = range(0, n_reps, 2), range(1, n_reps, 2)
-    caps = [f"{label} fixed {c}" for c in CAPS]
-    best = max(caps, key=lambda c: family_ratio(result, c, reps=choose))
-    ratio = family_ratio(result, f"{label} adaptive", reps=score) / family_ratio(result, best, reps=score)
-    return f"{best.rsplit(' ', 1)[1]}: **{ratio:.3f}x**"
-
-
 def report(family: str, result: dict[str, Any]) -> list[str]:
     names = result["names"]
     n_prompts = len(result["tokens"])
@@ -178,6 +165,10 @@ def report(family: str, result: dict[str, Any]) -> list[str]:
     for name in names[1:]:
         print(f"| {name} | {whole[name]:.3f}x | {' '.join(f'{r:.2f}' for r in per[name])} |")
     lines = []
+
+    def ratio_on(name: str, reps: range) -> float:
+        return family_ratio(result, name, reps=reps)
+
     for label in ("pair", "suffix"):
         caps = [f"{label} fixed {c}" for c in CAPS]
         best = max(caps, key=whole.__getitem__)
@@ -186,7 +177,7 @@ def report(family: str, result: dict[str, Any]) -> list[str]:
         lines.append(f"| {family} | {label} | {best.rsplit(' ', 1)[1]} | {whole[best]:.3f}x | "
                      f"{whole[adaptive]:.3f}x | **{whole[adaptive] / whole[best]:.3f}x** | "
                      f"{statistics.median(per_prompt):.3f}x ({min(per_prompt):.2f}-{max(per_prompt):.2f}) | "
-                     f"{held_out(result, label)} |")
+                     f"{held_out(label, len(result['seconds']['plain']), ratio_on, digits=3)} |")
     return lines
 
 
