@@ -108,9 +108,9 @@ class SpekulaMethods:
         obj = rp.as_object(params, "chat.completion")
         rp.reject_unknown(obj, rp.CHAT_FIELDS | TEMPLATE_FIELDS, "chat.completion")
         messages = rp.messages_field(obj)
+        options = _template_options(obj)  # outside the try below: a bad field is named as itself
         try:
-            text = chat_prompt(self.engine.tokenizer, messages, prefill=self.defaults.prefill_assistant,
-                               **_template_options(obj))
+            text = chat_prompt(self.engine.tokenizer, messages, prefill=self.defaults.prefill_assistant, **options)
         except ChatTemplateError as exc:
             raise invalid_params(f"'messages': {exc}", "messages") from None
         except Exception as exc:  # noqa: BLE001 - a template error is the caller's message shape

@@ -287,6 +287,10 @@ def test_chat_and_tokenizer_methods() -> None:
             msg = await peer.call("chat.completion", {"messages": reply, "n_predict": 2,
                                                       "continue_final_message": "content"}, rid=9)
             assert "result" in msg, msg
+            msg = await peer.call("chat.completion", {"messages": reply, "continue_final_message": "reasoning_content"},
+                                  rid=10)
+            assert msg["error"]["code"] == p.INVALID_PARAMS  # named as itself, not as a failed template:
+            assert msg["error"]["message"].startswith("'continue_final_message': "), msg
             for bad, word in (({"chat_template_kwargs": {"messages": 1}}, "messages"), ({"tools": "x"}, "tools"),
                               ({"continue_final_message": True}, "continue_final_message")):
                 msg = await peer.call("chat.completion", {"messages": [{"role": "user", "content": "hi"}], **bad}, rid=8)
