@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temp", type=float, default=0.0, help="distillation temperature (default 0: greedy answers)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
     p.add_argument("--batch", type=int, default=None, help="sequences per step (default 8)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                   help="fp32, or bf16 matrix products under autocast with float32 weights (faster where the "
+                   "CPU or GPU has bfloat16 arithmetic; default fp32)")
     p.add_argument("--checkpoint-every", type=float, default=300.0, metavar="SECONDS",
                    help="seconds between checkpoints (default 300)")
     p.add_argument("--draft-vocab", type=int, default=None, help="eagle3: reduced draft vocabulary size (default 8192)")
@@ -61,7 +64,8 @@ def _request(args: argparse.Namespace, target: str) -> Any:
         (("block_size", "block_size"), ("draft_layers", "n_layer"))
     head.update({key: getattr(args, opt) for opt, key in names if getattr(args, opt) is not None})
     given = {k: v for k, v in {"steps": args.steps, "tokens": args.tokens, "n_prompts": args.n_prompts,
-                               "lr": args.lr, "batch_seqs": args.batch}.items() if v is not None}
+                               "lr": args.lr, "batch_seqs": args.batch, "precision": args.precision}.items()
+             if v is not None}
     # The distillation seed only matters when answers are sampled; greedy data stay shareable across seeds.
     # The target answers on the training device too (a large target distils on its GPU).
     distill = replace(req.distill, max_new=args.max_new or req.distill.max_new, temperature=args.temp,

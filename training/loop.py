@@ -43,6 +43,7 @@ class RunConfig:
     seq_len: int = 512
     n_eval: int = 16
     answer_only: bool = False
+    precision: str = "fp32"  # fp32 | bf16 (matrix products under bfloat16 autocast; weights stay float32)
     head: dict[str, Any] = field(default_factory=dict)  # the head's own options
 
     def to_dict(self) -> dict[str, Any]:
@@ -70,6 +71,15 @@ class TrainResult:
 
 
 ACCEPT_N_MAX = 6  # the acceptance estimate is for --spec-draft-n-max 6
+PRECISIONS = ("fp32", "bf16")
+
+
+def autocast(precision: str, device: torch.device) -> torch.autocast:
+    """The forward's numeric mode: bf16 runs the matrix products in bfloat16 (about 1.7x faster on a
+    CPU with AVX-512 BF16), while parameters, gradients and the optimiser state stay float32."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown training precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 def learning_rate(cfg: RunConfig, step: int) -> float:
@@ -107,12 +117,13 @@ def step_generator(seed: int, step: int, device: torch.device) -> torch.Generato
     return gen
 
 
-def evaluate(head: DraftHead, source: BatchSource, seed: int, device: torch.device) -> dict[str, Any]:
-    """Loss and per-position accuracy on the held-out sequences (no gradient)."""
+def evaluate(head: DraftHead, source: BatchSource, seed: int, device: torch.device,
+             precision: str = "fp32") -> dict[str, Any]:
+    """Loss and per-position accuracy on the held-out sequences (no gradient), in the training precision."""
     head.train(False)
     total, n = 0.0, 0
     metrics = HeadMetrics()
-    with torch.no_grad():
+    with torch.no_grad(), autocast(precision, device):
         for k, batch in enumerate(source.eval_batches()):
             loss, m = head.loss(batch, step_generator(seed, -1 - k, device))
             total += float(loss)
@@ -127,6 +138,7 @@ def train(cfg: RunConfig, facts: TargetFacts, cache: FeatureCache, cache_layers:
           resume: bool, device: str = "cpu", checkpoint_every_s: float = 300.0,
           progress: Callable[[StepReport], None] | None = None) -> TrainResult:
     dev = torch.device(device)
+    autocast(cfg.precision, dev)  # an unknown precision fails before any work
     run_dir.mkdir(parents=True, exist_ok=True)
     state: dict[str, Any] | None = load_checkpoint(run_dir) if resume and has_checkpoint(run_dir) else None
     if state is not None and state["config"] != cfg.to_dict():
@@ -163,7 +175,8 @@ def train(cfg: RunConfig, facts: TargetFacts, cache: FeatureCache, cache_layers:
             batch = source.batch(step)
             for group in opt.param_groups:
                 group["lr"] = learning_rate(cfg, step)
-            loss, m = head.loss(batch, step_generator(cfg.seed, step, dev))
+            with autocast(cfg.precision, dev):
+                loss, m = head.loss(batch, step_generator(cfg.seed, step, dev))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.clip > 0:
@@ -183,7 +196,7 @@ def train(cfg: RunConfig, facts: TargetFacts, cache: FeatureCache, cache_layers:
                 last_ckpt = time.perf_counter()
     seconds = spent + time.perf_counter() - t0
     checkpoint(step, seconds)
-    ev = evaluate(head, source, cfg.seed, dev) if not interrupted else {}
+    ev = evaluate(head, source, cfg.seed, dev, cfg.precision) if not interrupted else {}
     return TrainResult(head, step, interrupted, history, ev, seconds)
 
 
