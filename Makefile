@@ -26,16 +26,17 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 # The shipped SmolLM2 heads, from scratch: self-distillation data (cached under ~/.cache/spekula/train),
-# then both heads trained side by side on one thread each (results are reproducible for a fixed seed and
-# thread count), converted to Q8_0 GGUFs and installed into drafters/heads/ with their recipe.
+# then both heads trained side by side on one thread each, in bfloat16 products (results are reproducible
+# for a fixed seed and thread count), converted to Q8_0 GGUFs and installed into drafters/heads/ with
+# their recipe.
 # An interrupted run continues where it stopped: `make drafter RESUME=--resume`.
 DRAFTER_DIR ?= build/drafters
-DRAFTER_ARGS ?= --tokens 400000 --steps 200 --seed 0 -t 1 --outtype q8_0
+DRAFTER_ARGS ?= --tokens 560000 --seed 0 -t 1 --outtype q8_0 --precision bf16
 drafter: $(STAMP)
 	$(BIN)/spekula fetch-default
 	$(BIN)/spekula train-drafter eagle3 -o $(DRAFTER_DIR)/eagle3 $(DRAFTER_ARGS) --distill-only
-	$(BIN)/spekula train-drafter eagle3 -o $(DRAFTER_DIR)/eagle3 $(DRAFTER_ARGS) --lr 1e-3 $(RESUME) & e=$$!; \
-	$(BIN)/spekula train-drafter dflash -o $(DRAFTER_DIR)/dflash $(DRAFTER_ARGS) --lr 2e-3 $(RESUME) & d=$$!; \
+	$(BIN)/spekula train-drafter eagle3 -o $(DRAFTER_DIR)/eagle3 $(DRAFTER_ARGS) --steps 700 --lr 1e-3 $(RESUME) & e=$$!; \
+	$(BIN)/spekula train-drafter dflash -o $(DRAFTER_DIR)/dflash $(DRAFTER_ARGS) --steps 1000 --lr 2e-3 $(RESUME) & d=$$!; \
 	wait $$e; a=$$?; wait $$d; b=$$?; test $$a -eq 0 -a $$b -eq 0
 	$(BIN)/python -m spekula.training.install_head $(DRAFTER_DIR)/eagle3 $(DRAFTER_DIR)/dflash
 
