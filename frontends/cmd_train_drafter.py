@@ -38,9 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temp", type=float, default=0.0, help="distillation temperature (default 0: greedy answers)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
     p.add_argument("--batch", type=int, default=None, help="sequences per step (default 8)")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
-                   help="fp32, or bf16 matrix products under autocast with float32 weights (faster where the "
-                   "CPU or GPU has bfloat16 arithmetic; default fp32)")
+    p.add_argument("--precision", choices=("f32", "bf16"), default=None,
+                   help="f32, or bf16 matrix products under autocast with float32 weights (faster where the "
+                   "CPU or GPU has bfloat16 arithmetic; default f32)")
     p.add_argument("--checkpoint-every", type=float, default=300.0, metavar="SECONDS",
                    help="seconds between checkpoints (default 300)")
     p.add_argument("--draft-vocab", type=int, default=None, help="eagle3: reduced draft vocabulary size (default 8192)")

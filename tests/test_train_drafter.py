@@ -202,16 +202,16 @@ def test_an_moe_target_trains_and_its_head_is_lossless(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
-def test_bf16_training_learns_and_differs_from_fp32(kind: str, bigram: Path, cache_dir: Path, tmp_path: Path) -> None:
+def test_bf16_training_learns_and_differs_from_f32(kind: str, bigram: Path, cache_dir: Path, tmp_path: Path) -> None:
     steps = 24
     runs = {prec: run_training(_quick(kind, bigram, tmp_path / prec, cache_dir, steps=steps, precision=prec))
-            for prec in ("fp32", "bf16")}
+            for prec in ("f32", "bf16")}
     hist = runs["bf16"].result.history
     first = sum(h["loss"] for h in hist[:4]) / 4
     last = sum(h["loss"] for h in hist[-4:]) / 4
     assert last < 0.8 * first, (first, last)
     assert runs["bf16"].summary["config"]["precision"] == "bf16"
-    a, b = runs["fp32"].result.head.state_dict(), runs["bf16"].result.head.state_dict()
+    a, b = runs["f32"].result.head.state_dict(), runs["bf16"].result.head.state_dict()
     assert any(not torch.equal(a[k], b[k]) for k in a)  # the products really ran in bfloat16
     assert all(v.dtype != torch.bfloat16 for v in b.values())  # while the weights stayed float32
     with pytest.raises(ConfigError, match="precision"):

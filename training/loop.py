@@ -43,7 +43,7 @@ class RunConfig:
     seq_len: int = 512
     n_eval: int = 16
     answer_only: bool = False
-    precision: str = "fp32"  # fp32 | bf16 (matrix products under bfloat16 autocast; weights stay float32)
+    precision: str = "f32"  # f32 | bf16 (matrix products under bfloat16 autocast; weights stay float32)
     head: dict[str, Any] = field(default_factory=dict)  # the head's own options
 
     def to_dict(self) -> dict[str, Any]:
@@ -71,14 +71,18 @@ class TrainResult:
 
 
 ACCEPT_N_MAX = 6  # the acceptance estimate is for --spec-draft-n-max 6
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("f32", "bf16")  # spelled as --dtype and --outtype spell them
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown training precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
 
 
 def autocast(precision: str, device: torch.device) -> torch.autocast:
     """The forward's numeric mode: bf16 runs the matrix products in bfloat16 (about 1.7x faster on a
     CPU with AVX-512 BF16), while parameters, gradients and the optimiser state stay float32."""
-    if precision not in PRECISIONS:
-        raise ConfigError(f"unknown training precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    check_precision(precision)
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
@@ -118,7 +122,7 @@ def step_generator(seed: int, step: int, device: torch.device) -> torch.Generato
 
 
 def evaluate(head: DraftHead, source: BatchSource, seed: int, device: torch.device,
-             precision: str = "fp32") -> dict[str, Any]:
+             precision: str = "f32") -> dict[str, Any]:
     """Loss and per-position accuracy on the held-out sequences (no gradient), in the training precision."""
     head.train(False)
     total, n = 0.0, 0
@@ -138,7 +142,7 @@ def train(cfg: RunConfig, facts: TargetFacts, cache: FeatureCache, cache_layers:
           resume: bool, device: str = "cpu", checkpoint_every_s: float = 300.0,
           progress: Callable[[StepReport], None] | None = None) -> TrainResult:
     dev = torch.device(device)
-    autocast(cfg.precision, dev)  # an unknown precision fails before any work
+    check_precision(cfg.precision)  # before any work
     run_dir.mkdir(parents=True, exist_ok=True)
     state: dict[str, Any] | None = load_checkpoint(run_dir) if resume and has_checkpoint(run_dir) else None
     if state is not None and state["config"] != cfg.to_dict():
