@@ -132,7 +132,8 @@ def mtp_matches_plain(device: str) -> str | None:
 
 def quick_training_on(device: str) -> str | None:
     """None when `train-drafter --quick --device DEVICE` trains both head kinds on a tiny target (distillation
-    on the GPU's torch backend, the heads on the GPU) and the EAGLE-3 head decodes what plain decoding does."""
+    on the GPU's torch backend, the heads on the GPU), in each training precision, and every EAGLE-3 head
+    decodes what plain decoding does."""
     import tempfile
 
     from spekula.fixtures.tiny_gguf import tiny_model_path
@@ -140,20 +141,22 @@ def quick_training_on(device: str) -> str | None:
     model = str(tiny_model_path("llama"))
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("eagle3", "dflash"):
-            cmd = [sys.executable, "-m", "spekula.frontends.cli", "train-drafter", kind, "-m", model, "-o",
-                   f"{tmp}/{kind}", "--quick", "--device", device, "--cache-dir", f"{tmp}/cache-{kind}"]
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-            if done.returncode != 0:
-                return f"train-drafter {kind} failed: {done.stderr.strip()[-300:]}"
+            for precision in ("f32", "bf16"):
+                cmd = [sys.executable, "-m", "spekula.frontends.cli", "train-drafter", kind, "-m", model, "-o",
+                       f"{tmp}/{kind}-{precision}", "--quick", "--device", device, "--precision", precision,
+                       "--cache-dir", f"{tmp}/cache-{kind}"]
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+                if done.returncode != 0:
+                    return f"train-drafter {kind} --precision {precision} failed: {done.stderr.strip()[-300:]}"
         base = [sys.executable, "-m", "spekula.frontends.cli", "generate", "-m", model, "--device", device,
                 "--dtype", "f32", "-n", "32", "--temp", "0", "--ignore-eos", "-p", "the cat sat on the mat"]
         outs = []
-        for extra in ([], ["--spec-type", "draft-eagle3", "-md", f"{tmp}/eagle3/eagle3.gguf"]):
+        for extra in ([], *(["--spec-type", "draft-eagle3", "-md", f"{tmp}/eagle3-{p}/eagle3.gguf"] for p in ("f32", "bf16"))):
             done = subprocess.run(base + extra, capture_output=True, text=True, timeout=600, check=False)
             if done.returncode != 0:
-                return f"{' '.join(extra[:2]) or 'plain'} failed: {done.stderr.strip()[-300:]}"
+                return f"{' '.join(extra) or 'plain'} failed: {done.stderr.strip()[-300:]}"
             outs.append(done.stdout)
-    return None if outs[0] == outs[1] else "draft-eagle3 with the trained head differs from plain decoding"
+    return None if outs[0] == outs[1] == outs[2] else "draft-eagle3 with a trained head differs from plain decoding"
 
 
 def main(argv: list[str] | None = None) -> int:
