@@ -55,15 +55,17 @@ def default_threads() -> int:
 class _Weights:
     """ctypes descriptions of the model's tensors; keeps every array they point into alive."""
 
-    def __init__(self, f: GGUFFile, hp: ModelHParams) -> None:
+    def __init__(self, f: GGUFFile, hp: ModelHParams | None) -> None:
+        """``hp``: the decoder's hyper-parameters, whose tensors' shapes are checked by name; None for a
+        file of another kind (a draft head), whose callers give each shape."""
         self.f, self.hp = f, hp
         self.keep: list[np.ndarray] = []
         self.structs: list[ctypes.Structure | ctypes.Array[nl.Tensor]] = []  # MoE descriptions the C side reads
-        self.shapes = expected_shapes(hp) | optional_shapes(hp)
+        self.shapes = expected_shapes(hp) | optional_shapes(hp) if hp is not None else {}
 
     def entry(self, name: str, shape: tuple[int, ...] | None = None) -> TensorEntry:
         if not self.f.has_tensor(name):
-            raise ModelFileError(self.f.path, f"missing tensor {name!r} (architecture {self.hp.arch})")
+            raise ModelFileError(self.f.path, f"missing tensor {name!r} (architecture {self.f.architecture})")
         e = self.f.tensor(name)
         want = shape or self.shapes.get(name)
         if want is not None and e.shape != want:

@@ -60,7 +60,13 @@ class Config(ctypes.Structure):
         ("rope_inv_freq", ctypes.c_void_p), ("output_norm", ctypes.c_void_p),
         ("token_embd", Tensor), ("output", Tensor), ("layers", ctypes.POINTER(Layer)),
         # MTP heads' input projection (data NULL: rows enter as their token's embedding)
-        ("in_proj", Tensor), ("in_embd_norm", ctypes.c_void_p), ("in_hidden_norm", ctypes.c_void_p)]
+        ("in_proj", Tensor), ("in_embd_norm", ctypes.c_void_p), ("in_hidden_norm", ctypes.c_void_p),
+        # EAGLE-3 heads: block 0 reads [normed embedding; normed hidden] itself (WIDE_* below)
+        ("wide_input", ctypes.c_int32)]
+
+
+# sk_config.wide_input: none, or the 2 n_embd wide first block with the residual from hidden_in / its norm.
+WIDE_NONE, WIDE_RESIDUAL_HIDDEN, WIDE_RESIDUAL_NORMED = 0, 1, 2
 
 
 class Batch(ctypes.Structure):
@@ -106,6 +112,8 @@ def lib() -> ctypes.CDLL:
     so.sk_kv_release.argtypes = [ctypes.c_void_p, ctypes.c_int]
     so.sk_forward.restype = ctypes.c_int
     so.sk_forward.argtypes = [ctypes.c_void_p, ctypes.POINTER(Batch)]
+    so.sk_project_in.restype = ctypes.c_int
+    so.sk_project_in.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     so.sk_test_quantize.restype = None
     so.sk_test_quantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]

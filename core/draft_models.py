@@ -17,7 +17,7 @@ from types import ModuleType
 
 import numpy as np
 
-from .backend import BackendOptions, ModelInfo
+from .backend import Backend, BackendOptions, ModelInfo
 from .errors import ConfigError, ModelFileError
 from .gguf_file import GGUFFile
 from .sampling import pick
@@ -176,17 +176,26 @@ def runtime_module(module_name: str, missing: str) -> ModuleType:
         raise ConfigError(missing) from None
 
 
-def load_draft_runtime(backend_name: str, gguf_path: str, target: ModelInfo,
-                       options: BackendOptions | None = None) -> Eagle3Runtime | DFlashRuntime:
-    """Open a draft GGUF and build its runtime on ``backend_name`` (``spekula.backends.<backend>_<arch>``)."""
+# Draft architectures the native kernels run (backends/native_<arch>.py); the others run on torch's CPU
+# path beside a native target.
+NATIVE_DRAFT_ARCHS = ("eagle3",)
+
+
+def load_draft_runtime(backend_name: str, gguf_path: str, target: ModelInfo, options: BackendOptions | None = None,
+                       target_backend: Backend | None = None) -> Eagle3Runtime | DFlashRuntime:
+    """Open a draft GGUF and build its runtime on ``backend_name`` (``spekula.backends.<backend>_<arch>``).
+    A native runtime runs over ``target_backend``'s threads and prepared weights when that is native."""
     f = GGUFFile(gguf_path)
     info = read_draft_info(f)
     check_target(info, target)
-    # The native kernels run GGUF decoders only; hidden-state draft heads run on torch's CPU path there.
-    runtime_backend = "torch" if backend_name == "native" else backend_name
+    runtime_backend = "torch" if backend_name == "native" and info.arch not in NATIVE_DRAFT_ARCHS else backend_name
     module = runtime_module(f"spekula.backends.{runtime_backend}_{info.arch}",
                             f"draft architecture {info.arch!r} has no runtime for backend {backend_name!r}")
-    runtime: Eagle3Runtime | DFlashRuntime = module.runtime_class(f, info, target, options or BackendOptions())
+    opts = options or BackendOptions()
+    if runtime_backend == "native":
+        native: Eagle3Runtime | DFlashRuntime = module.runtime_class(f, info, target, opts, target_backend)
+        return native
+    runtime: Eagle3Runtime | DFlashRuntime = module.runtime_class(f, info, target, opts)
     return runtime
 
 

@@ -44,11 +44,24 @@ def model_draft_options(ctx: DrafterContext, extra_ctx: int = 0) -> BackendOptio
     return replace(base, dtype=dtype, n_ctx=ctx.target.n_ctx + extra_ctx, n_seq_max=max(ctx.n_seq_max, 1))
 
 
+def head_runtime_backend(backend_name: str, options: BackendOptions) -> str:
+    """Which runtime runs a model drafter's heads: the native kernels when the native backend runs the
+    target (over the target's threads and its prepared embedding and head, in the GGUF's block types),
+    unless --spec-draft-device / --spec-draft-dtype ask for another device or a float type; torch
+    otherwise (torch and onnx targets: onnx graphs run trunks only). A head architecture without a
+    native runtime runs on torch's CPU path beside a native target."""
+    if backend_name == "native" and options.device.strip().lower() == "cpu" and options.dtype in ("auto", "native"):
+        return "native"
+    return "torch"
+
+
 def load_head_runtime(ctx: DrafterContext, path: str, options: BackendOptions) -> Eagle3Runtime | DFlashRuntime:
-    """The head's torch runtime. Beside the native kernels it runs on one thread: measured on SmolLM2
-    (2 cores), torch's idle worker threads spin-wait after each small draft step and the target's own
-    forward took 6.8-7.3 ms instead of 4.2-4.4 (EAGLE-3 108 -> 131 tok/s, DFlash 99 -> 139 tok/s)."""
-    runtime = load_draft_runtime("torch", path, ctx.target.info, options)
+    """The head's runtime (see head_runtime_backend). A torch runtime beside the native kernels runs on
+    one thread: measured on SmolLM2 (2 cores), torch's idle worker threads spin-wait after each small
+    draft step and the target's own forward took 6.8-7.3 ms instead of 4.2-4.4 (EAGLE-3 108 -> 131
+    tok/s, DFlash 99 -> 139 tok/s)."""
+    backend = head_runtime_backend(ctx.backend_name, options)
+    runtime = load_draft_runtime(backend, path, ctx.target.info, options, target_backend=ctx.target)
     if ctx.backend_name == "native":
         runtime.share_cpu()
     return runtime

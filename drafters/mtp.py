@@ -24,22 +24,19 @@ from typing import ClassVar
 
 import numpy as np
 
-from spekula.core.backend import BackendOptions, Capture, SeqInput, SeqOutput
+from spekula.core.backend import Capture, SeqInput, SeqOutput
 from spekula.core.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
 from spekula.core.mtp_runtime import MtpRows, MtpRuntime, load_mtp_runtime
 
-from .hidden_drafter import DraftRun, HiddenSlot, SlotDrafter, finish_drafts, model_draft_options
-
-
-def runtime_backend(backend_name: str, options: BackendOptions) -> str:
-    """Which runtime runs the heads: the native kernels when the native backend runs the target (over the
-    target's threads and its prepared embedding and head, in the GGUF's block types), unless
-    --spec-draft-device / --spec-draft-dtype ask for another device or a float type; torch otherwise
-    (torch and onnx targets: onnx graphs run trunks only)."""
-    if backend_name == "native" and options.device.strip().lower() == "cpu" and options.dtype in ("auto", "native"):
-        return "native"
-    return "torch"
+from .hidden_drafter import (
+    DraftRun,
+    HiddenSlot,
+    SlotDrafter,
+    finish_drafts,
+    head_runtime_backend,
+    model_draft_options,
+)
 
 
 @dataclass(slots=True)
@@ -72,7 +69,7 @@ class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
     @classmethod
     def create(cls, ctx: DrafterContext) -> MtpDrafter:
         options = model_draft_options(ctx)
-        backend = runtime_backend(ctx.backend_name, options)
+        backend = head_runtime_backend(ctx.backend_name, options)
         runtime = load_mtp_runtime(backend, ctx.target, ctx.draft_model_path, options)
         return cls(runtime, ctx.backend_name)
 

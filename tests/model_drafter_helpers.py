@@ -34,29 +34,33 @@ def build_target(root: Path, arch: str = "llama") -> tuple[Path, Path]:
     return hf, out
 
 
-def target_backend(path: Path) -> Backend:
-    return load_backend("torch", str(path), BackendOptions(n_ctx=N_CTX, n_seq_max=2))
+def target_backend(path: Path, backend: str = "torch") -> Backend:
+    return load_backend(backend, str(path), BackendOptions(n_ctx=N_CTX, n_seq_max=2))
 
 
-def drafter_context(target: Backend, draft_path: Path, spec: SpecParams) -> DrafterContext:
+def drafter_context(target: Backend, draft_path: Path, spec: SpecParams, backend_name: str = "torch") -> DrafterContext:
+    """`backend_name` names the target's backend (a native one makes EAGLE-3 heads run natively)."""
     tok = Tokenizer.from_gguf(GGUFFile(target.info.path))
-    return DrafterContext(spec=spec, target=target, tokenizer=tok, n_seq_max=2, draft_model_path=str(draft_path))
+    return DrafterContext(spec=spec, target=target, tokenizer=tok, n_seq_max=2, draft_model_path=str(draft_path),
+                          backend_name=backend_name)
 
 
 def engine_vs_plain(target_path: Path, draft_path: Path, make: Callable[[DrafterContext], Drafter], spec: SpecParams, *,
-                    n_predict: int = 24, sampling: SamplingParams | None = None) -> tuple[list[list[int]], list[list[int]], dict[str, Any]]:
-    """Run both prompts concurrently (2 slots) with the drafter; return (engine outputs, plain outputs, drafter stats)."""
+                    n_predict: int = 24, sampling: SamplingParams | None = None,
+                    backend: str = "torch") -> tuple[list[list[int]], list[list[int]], dict[str, Any]]:
+    """Run both prompts concurrently (2 slots) with the drafter on a `backend` target; return (engine
+    outputs, plain outputs, drafter stats)."""
     sampling = sampling or SamplingParams(temperature=0.0)
-    target = target_backend(target_path)
+    target = target_backend(target_path, backend)
     tok = Tokenizer.from_gguf(GGUFFile(target_path))
-    drafter = make(drafter_context(target, draft_path, spec))
+    drafter = make(drafter_context(target, draft_path, spec, backend))
     engine = make_engine(target, tok, n_slots=2, n_ctx=N_CTX, spec=spec, drafters=[drafter])
     prompts = [tok.encode(p) for p in PROMPTS]
     reqs = [CompletionRequest(prompt=p, n_predict=n_predict, sampling=sampling, ignore_eos=True) for p in prompts]
     finals = anyio.run(run_requests, engine, reqs, 300.0)
     for f in finals:
         assert f.error is None, f.error
-    plain = target_backend(target_path)
+    plain = target_backend(target_path, backend)
     refs = [plain_decode(plain, p, n_predict=n_predict, sampling=sampling, seed=max(sampling.seed, 0),
                          is_eog=tok.is_eog, n_ctx=N_CTX, ignore_eos=True) for p in prompts]
     return [f.tokens for f in finals], refs, engine.stats()["drafters"][drafter.name]

@@ -4,6 +4,9 @@
  * A context runs the blocks its config lists. With an input projection (multi-token-prediction
  * heads: one block of the file, fed a token and a hidden state per row) the rows enter as
  * in_proj . [rmsnorm(E[token], in_embd_norm); rmsnorm(hidden_in, in_hidden_norm)] instead of E[token].
+ * With a wide input (EAGLE-3 heads: one block) the first block's attention reads that 2 n_embd wide
+ * row itself in place of its attn_norm output, and the residual stream starts from hidden_in (or from
+ * its normed copy); the output matrix may have fewer rows than the vocabulary (a reduced draft one).
  * A context made with sk_ctx_new_over runs on another context's threads and may take weights that
  * context prepared (layout 1) as they are; it keeps that context alive until it is freed itself.
  *
@@ -43,17 +46,23 @@ typedef struct {
     /* Input projection [n_embd, 2 n_embd] (embedding columns first) and its two norms; data NULL: none. */
     sk_tensor in_proj;
     const float *in_embd_norm, *in_hidden_norm;
+    /* SK_WIDE_*: whether block 0's q/k/v read [rmsnorm(E[token]); rmsnorm(hidden_in)] (the two norms
+     * above) and what the residual stream starts from. There in_proj, if any, is the encoder that makes
+     * hidden_in rows out of wider inputs (EAGLE-3's fc over the target's features): sk_project_in. */
+    int32_t wide_input;
 } sk_config;
+
+enum { SK_WIDE_NONE = 0, SK_WIDE_RESIDUAL_HIDDEN = 1, SK_WIDE_RESIDUAL_NORMED = 2 };
 
 typedef struct {
     int64_t n_rows;
     const int32_t *tokens, *pos, *seq; /* [n_rows]; rows of one sequence in increasing position */
     int64_t n_out;
     const int32_t *out_rows; /* [n_out] rows whose logits are wanted */
-    float *logits;           /* [n_out, n_vocab] */
+    float *logits;           /* [n_out, output.n_rows]: n_vocab, or a reduced draft vocabulary */
     float *const *capture;   /* NULL or [n_layer + 1]: residual entering block l, [n_rows, n_embd] each (or NULL) */
     float *hidden_final;     /* NULL or [n_rows, n_embd]: after output_norm */
-    const float *hidden_in;  /* [n_rows, n_embd] when the config has in_proj, else unused */
+    const float *hidden_in;  /* [n_rows, n_embd] when the config has in_proj or a wide input, else unused */
 } sk_batch;
 
 typedef struct sk_ctx sk_ctx;
@@ -192,7 +201,8 @@ static int ensure_scratch(sk_ctx *c, int64_t m) {
     free_scratch(c);
     const sk_config *g = &c->cfg;
     int64_t qd = (int64_t)g->n_head * g->head_dim, wide = max3(g->n_embd, qd, g->n_ff);
-    if (g->in_proj.data && 2 * (int64_t)g->n_embd > wide) wide = 2 * (int64_t)g->n_embd; /* [e; h] rows */
+    if ((g->in_proj.data || g->wide_input) && 2 * (int64_t)g->n_embd > wide) wide = 2 * (int64_t)g->n_embd; /* [e; h] */
+    if (g->wide_input && g->in_proj.data && g->in_proj.n_cols > wide) wide = g->in_proj.n_cols; /* the encoder's input */
     int64_t kp = sk_round_up(wide, 64);
     c->x = malloc((size_t)(m * g->n_embd) * 4);
     c->h = malloc((size_t)(m * wide) * 4);
@@ -288,8 +298,14 @@ static int pack_weights(sk_ctx *c) {
 
 static int in_proj_fits(const sk_config *cfg) {
     const sk_tensor *p = &cfg->in_proj;
-    return !p->data || (p->n_rows == cfg->n_embd && p->n_cols == 2 * (int64_t)cfg->n_embd && cfg->in_embd_norm &&
-                        cfg->in_hidden_norm);
+    const int64_t E2 = 2 * (int64_t)cfg->n_embd;
+    if (cfg->wide_input) { /* one block whose separate q, k and v read the 2 n_embd wide row */
+        const sk_layer *L = &cfg->layers[0];
+        return (!p->data || p->n_rows == cfg->n_embd) && cfg->wide_input <= SK_WIDE_RESIDUAL_NORMED &&
+               cfg->n_layer == 1 && cfg->in_embd_norm &&
+               cfg->in_hidden_norm && L->wk.data && L->wq.n_cols == E2 && L->wk.n_cols == E2 && L->wv.n_cols == E2;
+    }
+    return !p->data || (p->n_rows == cfg->n_embd && p->n_cols == E2 && cfg->in_embd_norm && cfg->in_hidden_norm);
 }
 
 /* base NULL: own threads (cfg->n_threads) and kernel table; else base's, and base lives on until this
@@ -523,11 +539,14 @@ static void forward_job(void *arg, int ith, int nth) {
     double t = profiling == 1 ? now_s() : 0.0;
 
     for (int64_t r = r0; r < r1; r++) {
-        if (g->in_proj.data) {
-            float *e = c->h + r * 2 * E; /* [rmsnorm(E[token]); rmsnorm(hidden)], what in_proj reads */
+        if (g->in_proj.data || g->wide_input) {
+            float *e = c->h + r * 2 * E; /* [rmsnorm(E[token]); rmsnorm(hidden)]: what in_proj or q/k/v read */
             sk_dequant_row(&g->token_embd, b->tokens[r], e);
             c->kern->rms_norm(e, g->in_embd_norm, E, g->rms_eps, e);
             c->kern->rms_norm(b->hidden_in + r * E, g->in_hidden_norm, E, g->rms_eps, e + E);
+            if (g->wide_input)
+                memcpy(c->x + r * E, g->wide_input == SK_WIDE_RESIDUAL_NORMED ? e + E : b->hidden_in + r * E,
+                       (size_t)E * 4);
         } else {
             sk_dequant_row(&g->token_embd, b->tokens[r], c->x + r * E);
         }
@@ -538,7 +557,7 @@ static void forward_job(void *arg, int ith, int nth) {
             cs[g->n_rot / 2 + i] = (float)sin(th);
         }
     }
-    if (g->in_proj.data) {
+    if (g->in_proj.data && !g->wide_input) { /* with a wide input, in_proj is the encoder (sk_project_in) */
         part in = {&g->in_proj, c->x, E, 0};
         if (any_quant(&in, 1)) quantize(c, c->h, 2 * E, 2 * E, r0, r1);
         barrier(c->pool, ith);
@@ -553,11 +572,13 @@ static void forward_job(void *arg, int ith, int nth) {
         part qkv[3] = {{&L->wq, c->qkv, qkvd, 0}, {&L->wk, c->qkv + qd, qkvd, 0},
                        {&L->wv, c->qkv + qd + (int64_t)g->n_head_kv * g->head_dim, qkvd, 0}};
         int nq = L->wk.data ? 3 : 1;
-        for (int64_t r = r0; r < r1; r++) c->kern->rms_norm(c->x + r * E, L->attn_norm, E, g->rms_eps, c->h + r * E);
-        if (any_quant(qkv, nq)) quantize(c, c->h, E, E, r0, r1);
+        const int64_t in_w = g->wide_input && l == 0 ? 2 * E : E; /* a wide input is already in h */
+        if (in_w == E)
+            for (int64_t r = r0; r < r1; r++) c->kern->rms_norm(c->x + r * E, L->attn_norm, E, g->rms_eps, c->h + r * E);
+        if (any_quant(qkv, nq)) quantize(c, c->h, in_w, in_w, r0, r1);
         barrier(c->pool, ith);
         phase(ith, PH_NORM, &t);
-        gemm_parts(c, qkv, nq, c->h, E, m, ith, nth);
+        gemm_parts(c, qkv, nq, c->h, in_w, m, ith, nth);
         barrier(c->pool, ith);
         phase(ith, PH_QKV, &t);
         qkv_post(c, b, l, r0, r1);
@@ -607,7 +628,7 @@ static void forward_job(void *arg, int ith, int nth) {
     int64_t o0, o1;
     split(b->n_out, ith, nth, &o0, &o1);
     for (int64_t i = o0; i < o1; i++) c->kern->rms_norm(c->x + b->out_rows[i] * E, g->output_norm, E, g->rms_eps, c->h + i * E);
-    part head = {&g->output, b->logits, g->n_vocab, 0};
+    part head = {&g->output, b->logits, g->output.n_rows, 0}; /* n_vocab columns, or a draft vocabulary's */
     if (any_quant(&head, 1)) quantize(c, c->h, E, E, o0, o1);
     barrier(c->pool, ith);
     gemm_parts(c, &head, 1, c->h, E, b->n_out, ith, nth);
@@ -618,7 +639,8 @@ static void forward_job(void *arg, int ith, int nth) {
  * caller's mistake cannot write out of bounds). */
 SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
     const sk_config *g = &c->cfg;
-    if (b->n_rows < 1 || b->n_out < 0 || b->n_out > b->n_rows || (g->in_proj.data && !b->hidden_in)) return -2;
+    if (b->n_rows < 1 || b->n_out < 0 || b->n_out > b->n_rows || ((g->in_proj.data || g->wide_input) && !b->hidden_in))
+        return -2;
     for (int64_t r = 0; r < b->n_rows; r++) {
         if (b->tokens[r] < 0 || b->tokens[r] >= g->n_vocab || b->pos[r] < 0 || b->pos[r] >= g->n_ctx ||
             b->seq[r] < 0 || b->seq[r] >= g->n_seq_max || !c->kv[b->seq[r]])
@@ -635,6 +657,35 @@ SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
     }
     job j = {c, b};
     sk_pool_run(c->pool, forward_job, &j);
+    return 0;
+}
+
+typedef struct {
+    sk_ctx *c;
+    const float *x;
+    int64_t m;
+    float *out;
+} project_job;
+
+static void project_in_job(void *arg, int ith, int nth) {
+    project_job *j = arg;
+    sk_ctx *c = j->c;
+    const sk_tensor *w = &c->cfg.in_proj;
+    int64_t r0, r1;
+    split(j->m, ith, nth, &r0, &r1);
+    part p = {w, j->out, w->n_rows, 0};
+    if (sk_is_quant(w->type)) quantize(c, j->x, w->n_cols, w->n_cols, r0, r1);
+    barrier(c->pool, ith);
+    gemm_parts(c, &p, 1, j->x, w->n_cols, j->m, ith, nth);
+}
+
+/* out[m, n_embd] = in_proj . x[m, in_proj.n_cols] for a context with a wide input and an encoder, on the
+ * context's threads and kernels: 0, -1 out of memory, -2 no encoder or no rows. */
+SK_API int sk_project_in(sk_ctx *c, const float *x, int64_t m, float *out) {
+    if (!c->cfg.wide_input || !c->cfg.in_proj.data || m < 1) return -2;
+    if (ensure_scratch(c, m) != 0) return -1;
+    project_job j = {c, x, m, out};
+    sk_pool_run(c->pool, project_in_job, &j);
     return 0;
 }
 

@@ -1,0 +1,236 @@
+"""EAGLE-3 draft heads on spekula's native kernels: the head's one layer is a native context.
+
+The head (docs/model-formats.md, "EAGLE-3") is an encoder ``fc`` over the target's three captured
+layers and one Llama layer whose q/k/v read ``[rmsnorm(E[token]); rmsnorm(g)]`` (twice the hidden
+width) while its residual stream starts from ``g``. The C forward (backends/csrc/sk_model.c, "wide
+input") runs that layer over the GGUF's own block types, quantizing activations to int8 before
+quantized matmuls as the target does; ``fc`` is the context's encoder (``sk_project_in``), and the
+reduced draft vocabulary's head is the context's output matrix, whose logits are spread over the
+target's vocabulary here through ``d2t``.
+
+The context is made over the native target's (``sk_ctx_new_over``): it runs on the target's thread
+pool (no second pool spinning beside the target's) and takes the target's prepared embedding, and its
+output head when the draft has none of its own. A draft only proposes, so its numerics need not match
+the torch runtime's bit for bit; the target verifies every token either way.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from spekula.core.backend import Backend, BackendOptions, ModelInfo
+from spekula.core.draft_models import DraftModelInfo, Eagle3Out, Eagle3Rows, Eagle3Runtime
+from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError
+from spekula.core.gguf_file import GGUFFile
+
+from . import native_lib as nl
+from .native import MAX_CTX, MAX_SEQS, MAX_THREADS, NativeBackend, _Weights, default_threads
+from .seq_slots import PooledSeqs, SlotPool
+
+
+def _check_options(options: BackendOptions) -> None:
+    if options.device.strip().lower() != "cpu" or options.dtype not in ("auto", "native"):
+        raise ConfigError(f"the native EAGLE-3 runtime runs on the CPU in the GGUF's own block types (got --device "
+                          f"{options.device}, --dtype {options.dtype}); the torch runtime takes other devices and dtypes")
+    if not 0 < options.n_ctx <= MAX_CTX or not 0 < options.n_seq_max <= MAX_SEQS or options.threads > MAX_THREADS:
+        raise ConfigError(f"the native EAGLE-3 runtime supports --ctx-size 1..{MAX_CTX}, 1..{MAX_SEQS} sequences "
+                          f"and up to {MAX_THREADS} threads (got {options.n_ctx}, {options.n_seq_max}, {options.threads})")
+
+
+def rope_inverse_frequencies(f: GGUFFile, arch: str, n_rot: int) -> np.ndarray:
+    """theta_i(p) = p * inv[i]: base^(-2i/n_rot), linear scaling and the optional rope_freqs divisor folded in."""
+    base = float(f.get(f"{arch}.rope.freq_base", 10000.0))
+    factor = float(f.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+    scale = 1.0 / factor if f.get(f"{arch}.rope.scaling.type") == "linear" and factor > 0 else 1.0
+    inv = scale * base ** (-2.0 * np.arange(n_rot // 2, dtype=np.float64) / n_rot)
+    if f.has_tensor("rope_freqs.weight"):
+        inv = inv / np.asarray(f.tensor("rope_freqs.weight").data, dtype=np.float64).reshape(-1)
+    return np.ascontiguousarray(inv)
+
+
+class NativeEagle3Runtime(PooledSeqs, Eagle3Runtime):
+    def __init__(self, f: GGUFFile, info: DraftModelInfo, target: ModelInfo, options: BackendOptions,
+                 target_backend: Backend | None = None) -> None:
+        _check_options(options)
+        self.info, self.options = info, options
+        self._lib = nl.lib()
+        self._ctx: int | None = None
+        a, H = "eagle3", info.n_embd
+        if int(f.get(f"{a}.block_count", 1)) != 1:
+            raise ModelFileError(f.path, "eagle3 drafts have exactly one decoder layer")
+        n_head = int(f.require(f"{a}.attention.head_count"))
+        n_head_kv = int(f.get(f"{a}.attention.head_count_kv", n_head))
+        head_dim = int(f.get(f"{a}.attention.key_length", H // n_head))
+        n_rot = int(f.get(f"{a}.rope.dimension_count", head_dim))
+        n_ff = int(f.require(f"{a}.feed_forward_length"))
+        q_out, kv_out = n_head * head_dim, n_head_kv * head_dim
+        w = self._weights = _Weights(f, None)
+        self._enc_norm = w.vector("enc.output_norm.weight") if f.get(f"{a}.norm_before_fc", False) else None
+        layer = nl.Layer()
+        layer.ffn_norm = nl.ptr(w.vector("blk.0.ffn_norm.weight"))
+        layer.wq = w.matrix("blk.0.attn_q.weight", shape=(q_out, 2 * H))
+        layer.wk = w.matrix("blk.0.attn_k.weight", shape=(kv_out, 2 * H))
+        layer.wv = w.matrix("blk.0.attn_v.weight", shape=(kv_out, 2 * H))
+        layer.wo = w.matrix("blk.0.attn_output.weight", shape=(H, q_out))
+        layer.w_gate = w.matrix("blk.0.ffn_gate.weight", shape=(n_ff, H))
+        layer.w_up = w.matrix("blk.0.ffn_up.weight", shape=(n_ff, H))
+        layer.w_down = w.matrix("blk.0.ffn_down.weight", shape=(H, n_ff))
+        layers = (nl.Layer * 1)(layer)
+        w.structs.append(layers)
+        self._inv = rope_inverse_frequencies(f, a, n_rot)
+        self._rms_eps = float(f.require(f"{a}.attention.layer_norm_rms_epsilon"))
+
+        base = target_backend.context if isinstance(target_backend, NativeBackend) else None
+        embd, head = self._embedding_and_head(w, target, base)
+        self.d2t: np.ndarray | None = None
+        if f.has_tensor("output.weight") and f.has_tensor("d2t"):
+            self.d2t = np.asarray(f.tensor("d2t").data, dtype=np.int64).copy()
+            if head.n_rows != self.d2t.shape[0]:
+                raise ModelFileError(f.path, f"output rows {head.n_rows} != d2t entries {self.d2t.shape[0]}")
+        if head.n_cols != H or (self.d2t is None and head.n_rows != info.n_vocab):
+            raise ModelFileError(f.path, f"output head ({head.n_rows}, {head.n_cols}) does not fit the draft")
+        self.n_out_vocab = int(head.n_rows)
+        wide = nl.WIDE_RESIDUAL_NORMED if f.get(f"{a}.norm_before_residual", False) else nl.WIDE_RESIDUAL_HIDDEN
+        cfg = nl.Config(
+            n_vocab=info.n_vocab, n_embd=H, n_layer=1, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+            n_ff=n_ff, n_rot=n_rot, rope_neox=0, n_ctx=options.n_ctx, n_seq_max=options.n_seq_max,
+            n_threads=0 if base is not None else (options.threads if options.threads > 0 else default_threads()),
+            rms_eps=self._rms_eps, attn_scale=1.0 / math.sqrt(head_dim),
+            rope_inv_freq=nl.ptr(self._inv), output_norm=nl.ptr(w.vector("output_norm.weight", required=True)),
+            token_embd=embd, output=head, layers=layers,
+            in_proj=w.matrix("fc.weight", shape=(H, 3 * info.target_hidden)),
+            in_embd_norm=nl.ptr(w.vector("blk.0.attn_norm.weight")),
+            in_hidden_norm=nl.ptr(w.vector("blk.0.attn_norm_2.weight")), wide_input=wide)
+        ctx = (self._lib.sk_ctx_new_over(ctypes.byref(cfg), base) if base is not None
+               else self._lib.sk_ctx_new(ctypes.byref(cfg), nl.env_kernel_cap()))
+        if not ctx:
+            raise ConfigError(f"cannot create the native EAGLE-3 runtime of {f.path} (n_ctx {options.n_ctx}, "
+                              f"{options.n_seq_max} sequences): out of memory or threads, or shapes the kernels refuse")
+        self._ctx = int(ctx)
+        self._seqs = SlotPool(options.n_seq_max, self._reserve_kv, self._release_kv, what="draft sequence")
+
+    def _embedding_and_head(self, w: _Weights, target: ModelInfo, base: int | None) -> tuple[nl.Tensor, nl.Tensor]:
+        """The draft's own token embedding and head, else the target's: as the native target prepared them
+        when this context runs over it (a prepared head is in the kernels' layout), else read from its file."""
+        f, V, H = w.f, self.info.n_vocab, self.info.n_embd
+        own_embd = w.matrix("token_embd.weight", shape=(V, H)) if f.has_tensor("token_embd.weight") else None
+        own_head = w.matrix("output.weight") if f.has_tensor("output.weight") else None
+        if own_embd is not None and own_head is not None:
+            return own_embd, own_head
+        if base is not None:
+            tcfg = nl.ctx_config(base)
+            t_embd, t_head = tcfg.token_embd, tcfg.output
+        else:
+            tf = GGUFFile.shared(target.path)
+            self._target_weights = tw = _Weights(tf, None)  # keeps the target's mapped arrays alive
+            t_embd = tw.matrix("token_embd.weight")
+            t_head = tw.matrix("output.weight" if tf.has_tensor("output.weight") else "token_embd.weight")
+        embd = own_embd if own_embd is not None else t_embd
+        if embd.n_rows != V or embd.n_cols != H:
+            raise ModelFileError(f.path, f"token embeddings ({embd.n_rows}, {embd.n_cols}) do not fit ({V}, {H})")
+        return embd, own_head if own_head is not None else t_head
+
+    def close(self) -> None:
+        """Free the context (it lets go of the target's it was made over)."""
+        if getattr(self, "_ctx", None):
+            self._lib.sk_ctx_free(self._ctx)
+        self._ctx = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _live(self) -> int:
+        if not self._ctx:
+            raise ConfigError("the native EAGLE-3 runtime is closed")
+        return self._ctx
+
+    # --- sequences (new_seq, free_seq, seq_len, truncate: PooledSeqs over KV slots) --------------
+    @property
+    def n_ctx(self) -> int:
+        return self.options.n_ctx
+
+    def _reserve_kv(self, slot: int) -> None:
+        if self._lib.sk_kv_alloc(self._live(), slot) != 0:
+            raise ConfigError(f"cannot reserve the EAGLE-3 head's KV cache of one sequence for --ctx-size "
+                              f"{self.options.n_ctx}; use a smaller --ctx-size")
+
+    def _release_kv(self, slot: int) -> None:
+        if self._ctx:
+            self._lib.sk_kv_release(self._ctx, slot)
+
+    # --- graphs ----------------------------------------------------------------------------------
+    def encode(self, features: np.ndarray) -> np.ndarray:
+        n_in = 3 * self.info.target_hidden
+        x = np.ascontiguousarray(features, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != n_in:
+            raise ValueError(f"eagle3 features must be [T, {n_in}], got {tuple(x.shape)}")
+        out = np.empty((x.shape[0], self.info.n_embd), np.float32)
+        if x.shape[0] == 0:
+            return out
+        if self._enc_norm is not None:
+            x = x / np.sqrt(np.mean(np.square(x), axis=1, keepdims=True) + self._rms_eps) * self._enc_norm
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        if self._lib.sk_project_in(self._live(), nl.ptr(x), x.shape[0], nl.ptr(out)) != 0:
+            raise MemoryError(f"native EAGLE-3 encoder over {x.shape[0]} rows: out of memory for its scratch")
+        return out
+
+    def decode(self, rows: Sequence[Eagle3Rows]) -> list[Eagle3Out]:
+        if not rows:
+            return []
+        ctx, H = self._live(), self.info.n_embd
+        seen: set[int] = set()
+        for r in rows:
+            if r.seq_id in seen:
+                raise ConfigError(f"draft sequence {r.seq_id} appears twice in one decode")
+            seen.add(r.seq_id)
+            have = self.seq_len(r.seq_id)
+            if r.start > have:
+                raise ConfigError(f"draft sequence {r.seq_id}: write at {r.start} leaves a gap after {have}")
+            if r.start + len(r.tokens) > self.n_ctx:
+                raise ContextOverflowError(f"draft sequence {r.seq_id}: position {r.start + len(r.tokens) - 1} "
+                                           f"exceeds n_ctx {self.n_ctx}")
+        sizes = [len(r.tokens) for r in rows]
+        m = int(sum(sizes))
+        tokens = np.concatenate([np.asarray(r.tokens, dtype=np.int32) for r in rows])
+        pos = np.concatenate([np.arange(r.start, r.start + len(r.tokens), dtype=np.int32) for r in rows])
+        seq = np.concatenate([np.full(len(r.tokens), self._seqs.get(r.seq_id).slot, np.int32) for r in rows])
+        hidden = np.ascontiguousarray(np.concatenate([np.asarray(r.hidden, dtype=np.float32) for r in rows]))
+        if hidden.shape != (m, H):
+            raise ValueError(f"eagle3 hidden rows must be [{m}, {H}], got {tuple(hidden.shape)}")
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        out_rows = np.concatenate([np.arange(offsets[k], offsets[k + 1], dtype=np.int32)
+                                   for k, r in enumerate(rows) if r.want_logits] or [np.zeros(0, np.int32)])
+        logits = np.empty((out_rows.size, self.n_out_vocab), np.float32)
+        prenorm = np.empty((m, H), np.float32)
+        capture = (ctypes.c_void_p * 2)(None, nl.ptr(prenorm))  # the residual after the block: pre-norm
+        batch = nl.Batch(n_rows=m, tokens=nl.ptr(tokens), pos=nl.ptr(pos), seq=nl.ptr(seq), n_out=out_rows.size,
+                         out_rows=nl.ptr(out_rows) if out_rows.size else None, logits=nl.ptr(logits),
+                         capture=ctypes.cast(capture, ctypes.c_void_p), hidden_final=None, hidden_in=nl.ptr(hidden))
+        rc = self._lib.sk_forward(ctx, ctypes.byref(batch))
+        if rc == -1:
+            raise MemoryError(f"native EAGLE-3 forward of {m} rows: out of memory for its scratch buffers")
+        if rc != 0:
+            raise ConfigError(f"native EAGLE-3 forward rejected the batch (rc={rc})")
+        for r in rows:
+            self._seqs.get(r.seq_id).length = r.start + len(r.tokens)
+        full = logits
+        if self.d2t is not None:  # draft-vocabulary rows spread over the target's, -inf elsewhere
+            full = np.full((out_rows.size, self.info.n_vocab), -np.inf, np.float32)
+            full[:, self.d2t] = logits
+        outs: list[Eagle3Out] = []
+        li = 0
+        for k, r in enumerate(rows):
+            a, b = int(offsets[k]), int(offsets[k + 1])
+            rl = None
+            if r.want_logits:
+                rl = full[li:li + (b - a)]
+                li += b - a
+            outs.append(Eagle3Out(rl, prenorm[a:b]))
+        return outs
+
+
+runtime_class = NativeEagle3Runtime
