@@ -1,7 +1,7 @@
 """Trained EAGLE-3 and DFlash draft heads on SmolLM2, against plain decoding and the n-gram drafters.
 
     .venv/bin/python bench/train_drafter.py [-n 128] [--prompts 8] [-t 2] [--quick] [-m MODEL.gguf]
-                                            [--eagle3 FILE] [--dflash FILE] [--backend auto]
+                                            [--eagle3 FILE] [--dflash FILE] [--backend auto] [--torch-runtime]
                                             [--llama-server PATH | --no-llama-server]
 
 The prompts are `--prompts` held-out built-in prompts (`spekula.training.prompts.builtin_prompts(N,
@@ -13,7 +13,8 @@ backend in one process: plain decoding, then `draft-eagle3 -md EAGLE3.gguf`, `dr
 DFLASH.gguf`, `ngram-simple` and `ngram-mod`, each with `--spec-draft-n-max 6` (the n-gram drafters'
 own caps, size-m and n-min/n-max, are set to 6 too) twice: with the adaptive planner off (a fixed
 n_max 6 every round, as llama.cpp drafts: this is the "mean acceptance length at n_max 6") and on
-(spekula's default: what a user gets). A DFlash head drafts at most block_size - 1 tokens a
+(spekula's default: what a user gets). Beside a native target the EAGLE-3 head runs on the native kernels;
+`--torch-runtime` adds an `eagle3/torch` row with it on torch (`--spec-draft-dtype f32`), for comparison. A DFlash head drafts at most block_size - 1 tokens a
 round; its runtime clamps a larger n_max and says so. Every run gets a fresh engine, so no drafter state (the
 ngram-mod pool, the planner's cost model) carries from one run to the next. For each prompt a
 plain run comes before the first drafter's pair of runs and after every pair; a pair's speed is
@@ -98,6 +99,7 @@ class Drafter:
     types: tuple[str, ...]
     head: str | None = None
     options: tuple[tuple[str, Any], ...] = ()
+    draft_dtype: str | None = None  # --spec-draft-dtype (f32: the torch head runtime beside a native target)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -112,25 +114,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--llama-server", metavar="PATH", help="llama-server binary (default: search)")
     p.add_argument("--no-llama-server", action="store_true", help="skip the llama-server comparison")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts (1 held-out, 1 hand-written), -n 24")
+    p.add_argument("--training-prompts", action="store_true",
+                   help="the first --prompts training prompts instead of held-out and hand-written ones: how much of a "
+                   "head's acceptance comes from fitting its own training prompts (the goals are not judged on them)")
+    p.add_argument("--torch-runtime", action="store_true",
+                   help="add EAGLE-3 rows with the head on the torch runtime (--spec-draft-dtype f32) beside the native one")
     args = p.parse_args(argv)
     # Options given explicitly win over --quick's smaller defaults.
     n_predict, n_builtin, n_hand = (24, 1, 1) if args.quick else (128, 8, len(HAND_WRITTEN))
     args.n_predict = n_predict if args.n_predict is None else args.n_predict
     args.n_builtin = n_builtin if args.prompts is None else args.prompts
-    args.n_hand = n_hand
+    args.n_hand = 0 if args.training_prompts else n_hand
     if args.n_predict < 1 or args.n_builtin < 0 or args.threads < 1:
         p.error("-n and -t must be >= 1, --prompts >= 0")
     return args
 
 
-def make_prompts(tok: Any, n_builtin: int, n_hand: int) -> list[Prompt]:
-    """Held-out built-in prompts and the hand-written chats, rendered; none may be a training prompt."""
+def make_prompts(tok: Any, n_builtin: int, n_hand: int, training: bool = False) -> list[Prompt]:
+    """Held-out built-in prompts and the hand-written chats, rendered; none may be a training prompt
+    (unless `training` asks for the first training prompts themselves)."""
     from spekula.training.prompts import builtin_prompts
 
-    texts = [(f"heldout-{i}", "```" not in t, t) for i, t in enumerate(builtin_prompts(n_builtin, split="heldout"))]
+    train_list = builtin_prompts(2000, split="train")
+    if training:
+        texts = [(f"train-{i}", "```" not in t, t) for i, t in enumerate(train_list[:n_builtin])]
+    else:
+        texts = [(f"heldout-{i}", "```" not in t, t) for i, t in enumerate(builtin_prompts(n_builtin, split="heldout"))]
     texts += [(f"hand-{i}", True, t) for i, t in enumerate(HAND_WRITTEN[:n_hand])]
-    train = set(builtin_prompts(2000, split="train"))
-    leaked = [name for name, _, t in texts if t in train]
+    train = set(train_list)
+    leaked = [name for name, _, t in texts if t in train and not training]
     if leaked:  # not an assert statement: python -O must not skip it
         raise AssertionError(f"prompts {leaked} are training prompts; held-out numbers would be wrong")
     prompts = []
@@ -164,9 +176,11 @@ def find_heads(args: argparse.Namespace, model: str) -> dict[str, str]:
     return heads
 
 
-def drafter_rows(heads: dict[str, str]) -> list[Drafter]:
+def drafter_rows(heads: dict[str, str], torch_runtime: bool = False) -> list[Drafter]:
     ngram_caps = tuple(sorted(caps_options(N_MAX).items()))
     rows = [Drafter(kind, (f"draft-{kind}",), head=heads[kind]) for kind in HEAD_KINDS if kind in heads]
+    if torch_runtime and "eagle3" in heads:
+        rows.insert(1, Drafter("eagle3/torch", ("draft-eagle3",), head=heads["eagle3"], draft_dtype="f32"))
     return rows + [Drafter("ngram-simple", ("ngram-simple",), options=ngram_caps),
                    Drafter("ngram-mod", ("ngram-mod",), options=ngram_caps)]
 
@@ -193,9 +207,13 @@ class Target:
 
         spec = SpecParams() if drafter is None else SpecParams(
             types=drafter.types, n_max=N_MAX, adaptive=adaptive, drafter_options=dict(drafter.options))
+        from dataclasses import replace
+
+        draft_options = self.options if drafter is None or drafter.draft_dtype is None else \
+            replace(self.options, dtype=drafter.draft_dtype)
         engine = Engine(self.backend, self.tokenizer, EngineConfig(n_slots=1, n_ctx=self.n_ctx, spec=spec),
                         backend_name=self.backend_name, draft_model_path=drafter.head if drafter else None,
-                        draft_backend_options=self.options)
+                        draft_backend_options=draft_options)
         result: list[Run] = []
 
         async def run() -> None:
@@ -405,12 +423,12 @@ def main(argv: list[str] | None = None) -> int:
     from spekula.core.gguf_file import GGUFFile
     from spekula.core.tokenizer import Tokenizer
 
-    prompts = make_prompts(Tokenizer.from_gguf(GGUFFile(model)), args.n_builtin, args.n_hand)
+    prompts = make_prompts(Tokenizer.from_gguf(GGUFFile(model)), args.n_builtin, args.n_hand, args.training_prompts)
     if not prompts:
         print("nothing to run: --prompts 0 and no hand-written prompt", file=sys.stderr)
         return 2
     heads = find_heads(args, model)
-    drafters = drafter_rows(heads)
+    drafters = drafter_rows(heads, args.torch_runtime)
     n_ctx = max(len(p.ids) for p in prompts) + args.n_predict + N_MAX + 16
     target = Target(args, model, n_ctx)
     print(f"model {Path(model).name}, backend {target.backend_name}, {len(prompts)} prompts "
@@ -422,7 +440,10 @@ def main(argv: list[str] | None = None) -> int:
     print_table(args, rows, chat_rows, len(prompts))
     if not args.no_llama_server:
         bench_llama_server(args, model, n_ctx, heads, prompts, plain_tokens, rows)
-    print_goals(rows, chat_rows)
+    if args.training_prompts:
+        print("\ngoals: not judged (--training-prompts: the heads were trained on these prompts)")
+    else:
+        print_goals(rows, chat_rows)
     if not same:
         print("LOSSLESS CHECK FAILED: some speculative output differs from plain decoding", file=sys.stderr)
         return 1
