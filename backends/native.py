@@ -45,6 +45,17 @@ MAX_SEQS = 4096
 MAX_THREADS = 1024
 
 
+def check_head_options(options: BackendOptions, what: str) -> None:
+    """A native head runtime (`what`: "MTP", "EAGLE-3") runs on the CPU in the GGUF's own block types,
+    within the kernels' limits; anything else is a ConfigError naming the torch runtime."""
+    if options.device.strip().lower() != "cpu" or options.dtype not in ("auto", "native"):
+        raise ConfigError(f"the native {what} runtime runs on the CPU in the GGUF's own block types (got --device "
+                          f"{options.device}, --dtype {options.dtype}); the torch runtime takes other devices and dtypes")
+    if not 0 < options.n_ctx <= MAX_CTX or not 0 < options.n_seq_max <= MAX_SEQS or options.threads > MAX_THREADS:
+        raise ConfigError(f"the native {what} runtime supports --ctx-size 1..{MAX_CTX}, 1..{MAX_SEQS} sequences and "
+                          f"up to {MAX_THREADS} threads (got {options.n_ctx}, {options.n_seq_max}, {options.threads})")
+
+
 def default_threads() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))

@@ -28,17 +28,8 @@ from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileErro
 from spekula.core.gguf_file import GGUFFile
 
 from . import native_lib as nl
-from .native import MAX_CTX, MAX_SEQS, MAX_THREADS, NativeBackend, _Weights, default_threads
+from .native import NativeBackend, _Weights, check_head_options, default_threads
 from .seq_slots import PooledSeqs, SlotPool
-
-
-def _check_options(options: BackendOptions) -> None:
-    if options.device.strip().lower() != "cpu" or options.dtype not in ("auto", "native"):
-        raise ConfigError(f"the native EAGLE-3 runtime runs on the CPU in the GGUF's own block types (got --device "
-                          f"{options.device}, --dtype {options.dtype}); the torch runtime takes other devices and dtypes")
-    if not 0 < options.n_ctx <= MAX_CTX or not 0 < options.n_seq_max <= MAX_SEQS or options.threads > MAX_THREADS:
-        raise ConfigError(f"the native EAGLE-3 runtime supports --ctx-size 1..{MAX_CTX}, 1..{MAX_SEQS} sequences "
-                          f"and up to {MAX_THREADS} threads (got {options.n_ctx}, {options.n_seq_max}, {options.threads})")
 
 
 def rope_inverse_frequencies(f: GGUFFile, arch: str, n_rot: int) -> np.ndarray:
@@ -55,7 +46,7 @@ def rope_inverse_frequencies(f: GGUFFile, arch: str, n_rot: int) -> np.ndarray:
 class NativeEagle3Runtime(PooledSeqs, Eagle3Runtime):
     def __init__(self, f: GGUFFile, info: DraftModelInfo, target: ModelInfo, options: BackendOptions,
                  target_backend: Backend | None = None) -> None:
-        _check_options(options)
+        check_head_options(options, "EAGLE-3")
         self.info, self.options = info, options
         self._lib = nl.lib()
         self._ctx: int | None = None

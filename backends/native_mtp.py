@@ -34,22 +34,13 @@ from spekula.core.mtp_runtime import MtpInfo, MtpOut, MtpRows, MtpRuntime, decod
 from . import native_lib as nl
 from .gguf_moe import head_sources, nextn_shapes
 from .gguf_weights import block_shapes, read_hparams, rope_inv_freq
-from .native import MAX_CTX, MAX_SEQS, MAX_THREADS, NativeBackend, _build_layer, _Weights, default_threads
+from .native import NativeBackend, _build_layer, _Weights, check_head_options, default_threads
 from .seq_slots import PooledSeqs, SlotPool
-
-
-def _check_options(options: BackendOptions) -> None:
-    if options.device.strip().lower() != "cpu" or options.dtype not in ("auto", "native"):
-        raise ConfigError(f"the native MTP runtime runs on the CPU in the GGUF's own block types (got --device "
-                          f"{options.device}, --dtype {options.dtype}); the torch runtime takes other devices and dtypes")
-    if not 0 < options.n_ctx <= MAX_CTX or not 0 < options.n_seq_max <= MAX_SEQS or options.threads > MAX_THREADS:
-        raise ConfigError(f"the native MTP runtime supports --ctx-size 1..{MAX_CTX}, 1..{MAX_SEQS} sequences and up "
-                          f"to {MAX_THREADS} threads (got {options.n_ctx}, {options.n_seq_max}, {options.threads})")
 
 
 class NativeMtpRuntime(PooledSeqs, MtpRuntime):
     def __init__(self, f: GGUFFile, info: MtpInfo, target: Backend, options: BackendOptions) -> None:
-        _check_options(options)
+        check_head_options(options, "MTP")
         self.info, self.options = info, options
         hp = self.hp = read_hparams(f)
         if hp.moe is None or hp.n_nextn != info.n_heads:
