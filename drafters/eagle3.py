@@ -57,7 +57,7 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
     @classmethod
     def create(cls, ctx: DrafterContext) -> Eagle3Drafter:
         path = require_draft_path(ctx, cls.name)
-        # Draft runtimes exist for torch only; an onnx target still hands over numpy hidden states.
+        # Native beside a native target, else torch (an onnx target still hands over numpy hidden states).
         runtime = load_head_runtime(ctx, path, model_draft_options(ctx))
         if not isinstance(runtime, Eagle3Runtime):
             raise ConfigError(f"{path} is a {runtime.info.kind} model, not EAGLE-3; use --spec-type draft-{runtime.info.kind}")
