@@ -255,11 +255,7 @@ class NativeBackend(PooledSeqs, Backend):
                          out_rows=out_rows.ctypes.data if out_rows.size else None, logits=logits.ctypes.data,
                          capture=ctypes.cast(cap_ptrs, ctypes.c_void_p) if cap_ptrs is not None else None,
                          hidden_final=nl.ptr(hidden))
-        rc = self._lib.sk_forward(self._ctx, ctypes.byref(batch))
-        if rc == -1:
-            raise MemoryError(f"native forward of {m} rows: out of memory for its scratch buffers")
-        if rc != 0:
-            raise ConfigError(f"native forward rejected the batch (rc={rc})")
+        nl.forward(self._ctx, batch, "native forward")
         outs, k = [], 0
         for i, c in enumerate(checked):
             self._seqs.get(c.seq_id).length = c.start + int(c.tokens.size)

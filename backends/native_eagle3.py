@@ -201,11 +201,7 @@ class NativeEagle3Runtime(PooledSeqs, Eagle3Runtime):
         batch = nl.Batch(n_rows=m, tokens=nl.ptr(tokens), pos=nl.ptr(pos), seq=nl.ptr(seq), n_out=out_rows.size,
                          out_rows=nl.ptr(out_rows) if out_rows.size else None, logits=nl.ptr(logits),
                          capture=ctypes.cast(capture, ctypes.c_void_p), hidden_final=None, hidden_in=nl.ptr(hidden))
-        rc = self._lib.sk_forward(ctx, ctypes.byref(batch))
-        if rc == -1:
-            raise MemoryError(f"native EAGLE-3 forward of {m} rows: out of memory for its scratch buffers")
-        if rc != 0:
-            raise ConfigError(f"native EAGLE-3 forward rejected the batch (rc={rc})")
+        nl.forward(ctx, batch, "native EAGLE-3 forward")
         for r in rows:
             self._seqs.get(r.seq_id).length = r.start + len(r.tokens)
         full = logits

@@ -76,6 +76,16 @@ class Batch(ctypes.Structure):
                 ("hidden_in", ctypes.c_void_p)]
 
 
+def forward(ctx: int, batch: Batch, what: str) -> None:
+    """Run one native forward of `batch`; out of scratch memory is a MemoryError and a batch the library
+    refuses a ConfigError, both naming `what` ("native forward", "native MTP forward", ...)."""
+    rc = lib().sk_forward(ctx, ctypes.byref(batch))
+    if rc == -1:
+        raise MemoryError(f"{what} of {batch.n_rows} rows: out of memory for its scratch buffers")
+    if rc != 0:
+        raise ConfigError(f"{what} rejected the batch (rc={rc})")
+
+
 def ctx_config(ctx: int) -> Config:
     """A context's config as it runs: its token_embd, output and in_proj as prepared (packed weights
     point into memory the context owns)."""

@@ -161,11 +161,7 @@ class NativeMtpRuntime(PooledSeqs, MtpRuntime):
         batch = nl.Batch(n_rows=m, tokens=nl.ptr(tokens), pos=nl.ptr(pos), seq=nl.ptr(seq), n_out=out_rows.size,
                          out_rows=nl.ptr(out_rows) if out_rows.size else None, logits=nl.ptr(logits), capture=None,
                          hidden_final=nl.ptr(hout), hidden_in=nl.ptr(hidden_in))
-        rc = self._lib.sk_forward(self._ctxs[head], ctypes.byref(batch))
-        if rc == -1:
-            raise MemoryError(f"native MTP forward of {m} rows: out of memory for its scratch buffers")
-        if rc != 0:
-            raise ConfigError(f"native MTP forward rejected the batch (rc={rc})")
+        nl.forward(self._ctxs[head], batch, "native MTP forward")
         for r in rows:
             self._seqs.get(r.seq_id).length = r.start + len(r.tokens)
         outs, k = [], 0
