@@ -23,7 +23,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from spekula.core.backend import Backend, BackendOptions, ModelInfo
-from spekula.core.draft_models import DraftModelInfo, Eagle3Out, Eagle3Rows, Eagle3Runtime
+from spekula.core.draft_models import (
+    DraftAttention,
+    DraftModelInfo,
+    Eagle3Out,
+    Eagle3Rows,
+    Eagle3Runtime,
+    read_draft_attention,
+)
 from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
 
@@ -32,12 +39,10 @@ from .native import NativeBackend, _Weights, check_head_options, default_threads
 from .seq_slots import PooledSeqs, SlotPool
 
 
-def rope_inverse_frequencies(f: GGUFFile, arch: str, n_rot: int) -> np.ndarray:
+def rope_inverse_frequencies(f: GGUFFile, att: DraftAttention) -> np.ndarray:
     """theta_i(p) = p * inv[i]: base^(-2i/n_rot), linear scaling and the optional rope_freqs divisor folded in."""
-    base = float(f.get(f"{arch}.rope.freq_base", 10000.0))
-    factor = float(f.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
-    scale = 1.0 / factor if f.get(f"{arch}.rope.scaling.type") == "linear" and factor > 0 else 1.0
-    inv = scale * base ** (-2.0 * np.arange(n_rot // 2, dtype=np.float64) / n_rot)
+    n_rot = att.n_rot
+    inv = att.freq_scale * att.rope_base ** (-2.0 * np.arange(n_rot // 2, dtype=np.float64) / n_rot)
     if f.has_tensor("rope_freqs.weight"):
         inv = inv / np.asarray(f.tensor("rope_freqs.weight").data, dtype=np.float64).reshape(-1)
     return np.ascontiguousarray(inv)
@@ -53,10 +58,8 @@ class NativeEagle3Runtime(PooledSeqs, Eagle3Runtime):
         a, H = "eagle3", info.n_embd
         if int(f.get(f"{a}.block_count", 1)) != 1:
             raise ModelFileError(f.path, "eagle3 drafts have exactly one decoder layer")
-        n_head = int(f.require(f"{a}.attention.head_count"))
-        n_head_kv = int(f.get(f"{a}.attention.head_count_kv", n_head))
-        head_dim = int(f.get(f"{a}.attention.key_length", H // n_head))
-        n_rot = int(f.get(f"{a}.rope.dimension_count", head_dim))
+        att = read_draft_attention(f, a, H)
+        n_head, n_head_kv, head_dim, n_rot = att.n_head, att.n_head_kv, att.head_dim, att.n_rot
         n_ff = int(f.require(f"{a}.feed_forward_length"))
         q_out, kv_out = n_head * head_dim, n_head_kv * head_dim
         w = self._weights = _Weights(f, None)
@@ -72,8 +75,8 @@ class NativeEagle3Runtime(PooledSeqs, Eagle3Runtime):
         layer.w_down = w.matrix("blk.0.ffn_down.weight", shape=(H, n_ff))
         layers = (nl.Layer * 1)(layer)
         w.structs.append(layers)
-        self._inv = rope_inverse_frequencies(f, a, n_rot)
-        self._rms_eps = float(f.require(f"{a}.attention.layer_norm_rms_epsilon"))
+        self._inv = rope_inverse_frequencies(f, att)
+        self._rms_eps = att.eps
 
         base = target_backend.context if isinstance(target_backend, NativeBackend) else None
         embd, head = self._embedding_and_head(w, target, base)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from spekula.core.backend import BackendOptions
+from spekula.core.draft_models import read_draft_attention
 from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
 
@@ -200,15 +201,10 @@ class TorchDraftBase:
     rope_freqs: torch.Tensor | None
 
     def read_attention(self, f: GGUFFile, arch: str, n_embd: int) -> None:
-        """Head counts, head size, rope and norm epsilon from ``{arch}.*`` keys (llama.cpp defaults)."""
-        self.n_head = int(f.require(f"{arch}.attention.head_count"))
-        self.n_head_kv = int(f.get(f"{arch}.attention.head_count_kv", self.n_head))
-        self.head_dim = int(f.get(f"{arch}.attention.key_length", n_embd // self.n_head))
-        self.n_rot = int(f.get(f"{arch}.rope.dimension_count", self.head_dim))
-        self.rope_base = float(f.get(f"{arch}.rope.freq_base", 10000.0))
-        scale = float(f.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
-        self.freq_scale = 1.0 / scale if f.get(f"{arch}.rope.scaling.type") == "linear" and scale > 0 else 1.0
-        self.eps = float(f.require(f"{arch}.attention.layer_norm_rms_epsilon"))
+        """Head counts, head size, rope and norm epsilon (core.draft_models.read_draft_attention)."""
+        a = read_draft_attention(f, arch, n_embd)
+        self.n_head, self.n_head_kv, self.head_dim, self.n_rot = a.n_head, a.n_head_kv, a.head_dim, a.n_rot
+        self.rope_base, self.freq_scale, self.eps = a.rope_base, a.freq_scale, a.eps
 
     def share_cpu(self) -> None:
         """Run on one intra-op thread when another runtime's kernels (the native target's) use the cores:

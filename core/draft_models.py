@@ -124,6 +124,32 @@ class DFlashRuntime(DraftRuntime):
         """One non-causal forward per block (all sequences batched); block K/V are written at their positions."""
 
 
+@dataclass(frozen=True, slots=True)
+class DraftAttention:
+    """A draft layer's attention shape, rope and norm epsilon, as both draft runtimes read them."""
+
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_rot: int
+    rope_base: float
+    freq_scale: float  # 1 / the linear rope scaling factor (1 without scaling)
+    eps: float
+
+
+def read_draft_attention(f: GGUFFile, arch: str, n_embd: int) -> DraftAttention:
+    """Head counts, head size, rope and norm epsilon from ``{arch}.*`` keys (llama.cpp defaults)."""
+    n_head = int(f.require(f"{arch}.attention.head_count"))
+    head_dim = int(f.get(f"{arch}.attention.key_length", n_embd // n_head))
+    scale = float(f.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+    return DraftAttention(
+        n_head=n_head, n_head_kv=int(f.get(f"{arch}.attention.head_count_kv", n_head)), head_dim=head_dim,
+        n_rot=int(f.get(f"{arch}.rope.dimension_count", head_dim)),
+        rope_base=float(f.get(f"{arch}.rope.freq_base", 10000.0)),
+        freq_scale=1.0 / scale if f.get(f"{arch}.rope.scaling.type") == "linear" and scale > 0 else 1.0,
+        eps=float(f.require(f"{arch}.attention.layer_norm_rms_epsilon")))
+
+
 def read_draft_info(f: GGUFFile) -> DraftModelInfo:
     """Draft metadata from the GGUF, with clear errors for files that are not EAGLE-3/DFlash drafts."""
     arch = f.architecture
