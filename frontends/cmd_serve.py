@@ -14,6 +14,7 @@ import anyio
 from spekula.core.errors import ConfigError
 from spekula.frontends.http_fields import MAX_BODY_DEFAULT
 from spekula.frontends.logging_setup import configure_logging
+from spekula.frontends.malloc_tuning import pin_mmap_threshold
 from spekula.frontends.options import add_engine_options, build_engine, sampling_from_args
 from spekula.frontends.rpc_framing import DEFAULT_MAX_LINE_BYTES, DEFAULT_WRITE_TIMEOUT
 from spekula.frontends.rpc_methods import SpekulaMethods
@@ -144,6 +145,7 @@ def _static_dir(path: str | None) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.verbose, stdlib=True, log_format=args.log_format, events=True)
+    pin_mmap_threshold()  # a flat memory floor under near-limit request lines (frontends/malloc_tuning.py)
     if not args.write_timeout > 0:
         raise ConfigError(f"--write-timeout must be positive; got {args.write_timeout}")
     if args.ray:

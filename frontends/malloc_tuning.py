@@ -1,0 +1,48 @@
+"""Keep a long-running server's memory floor flat under large transient requests (glibc only).
+
+glibc serves large allocations with mmap and gives them back on free, but the threshold for "large"
+moves: each time a mmapped block is freed, the threshold rises to that block's size (up to 32 MiB).
+After a client sends one near-limit request line (up to 8 MiB by default, read into growing buffers),
+every later buffer of that size comes from the heap instead, and the heap keeps the pages once the
+buffer is freed between other live allocations. Under hostile clients the server's resident floor then
+steps up by tens of megabytes and stays there (bench/soak.py measured +12 % in one minute). Pinning the
+threshold switches that adjustment off: blocks of at least THRESHOLD_BYTES are always mmapped and
+returned when freed. It is set below the request-line limit and above what one decoding step of the
+torch backend allocates for a small model (a few verification rows of logits), so per-step tensors
+keep coming from the heap.
+
+A user's own MALLOC_MMAP_THRESHOLD_ in the environment wins (glibc has already applied it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+import structlog
+
+THRESHOLD_BYTES = 4 * 1024 * 1024
+_M_MMAP_THRESHOLD = -3  # mallopt parameter number in glibc's malloc.h
+
+log = structlog.get_logger("spekula.malloc")
+
+
+def pin_mmap_threshold(nbytes: int = THRESHOLD_BYTES) -> bool:
+    """Fix glibc's mmap threshold at ``nbytes``; False where this is not glibc or the user set it."""
+    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt  # absent from musl and other C libraries
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    applied = mallopt(_M_MMAP_THRESHOLD, nbytes) == 1
+    log.debug("malloc_mmap_threshold", bytes=nbytes, applied=applied)
+    return applied
