@@ -23,7 +23,9 @@ Every output is checked token for token against plain decoding (greedy speculati
 any difference makes the exit status 1. Unmet goals do not: this is a measurement.
 
 The heads default to the ones shipped for the target (drafters/shipped_heads.py); a missing head
-skips its rows and says why. When a llama-server binary is found (bench/llama_server.py: --llama-
+skips its rows and says why. With `--also-shipped`, heads given by --eagle3/--dflash run beside the
+shipped ones (rows `<kind>/shipped`), so a new training run is compared with the heads it would
+replace on the same prompts in one run. When a llama-server binary is found (bench/llama_server.py: --llama-
 server PATH, else PATH, else /work/llama-venv/bin/llama-server), the same prompt ids also go to
 llama-server with the same head files (`--spec-type draft-eagle3|draft-dflash -md FILE
 --spec-draft-n-max 6`, greedy), one server per configuration, requests interleaved with its own
@@ -119,6 +121,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "head's acceptance comes from fitting its own training prompts (the goals are not judged on them)")
     p.add_argument("--torch-runtime", action="store_true",
                    help="add EAGLE-3 rows with the head on the torch runtime (--spec-draft-dtype f32) beside the native one")
+    p.add_argument("--also-shipped", action="store_true",
+                   help="with --eagle3/--dflash: add rows for the shipped head of the same kind (<kind>/shipped)")
     args = p.parse_args(argv)
     # Options given explicitly win over --quick's smaller defaults.
     n_predict, n_builtin, n_hand = (24, 1, 1) if args.quick else (128, 8, len(HAND_WRITTEN))
@@ -176,9 +180,29 @@ def find_heads(args: argparse.Namespace, model: str) -> dict[str, str]:
     return heads
 
 
-def drafter_rows(heads: dict[str, str], torch_runtime: bool = False) -> list[Drafter]:
+def shipped_alternatives(args: argparse.Namespace, model: str, heads: dict[str, str]) -> dict[str, str]:
+    """kind -> shipped head file, for the kinds whose head was given on the command line and differs."""
+    from spekula.drafters.shipped_heads import find_shipped_head
+
+    found: dict[str, str] = {}
+    for kind in HEAD_KINDS:
+        shipped = find_shipped_head(model, kind)
+        if getattr(args, kind) and kind in heads and shipped is not None \
+                and Path(shipped).resolve() != Path(heads[kind]).resolve():
+            found[kind] = str(shipped)
+            print(f"{kind}/shipped: {shipped}")
+    return found
+
+
+def drafter_rows(heads: dict[str, str], torch_runtime: bool = False,
+                 shipped: dict[str, str] | None = None) -> list[Drafter]:
     ngram_caps = tuple(sorted(caps_options(N_MAX).items()))
-    rows = [Drafter(kind, (f"draft-{kind}",), head=heads[kind]) for kind in HEAD_KINDS if kind in heads]
+    rows: list[Drafter] = []
+    for kind in HEAD_KINDS:
+        if kind in heads:
+            rows.append(Drafter(kind, (f"draft-{kind}",), head=heads[kind]))
+        if shipped and kind in shipped:
+            rows.append(Drafter(f"{kind}/shipped", (f"draft-{kind}",), head=shipped[kind]))
     if torch_runtime and "eagle3" in heads:
         rows.insert(1, Drafter("eagle3/torch", ("draft-eagle3",), head=heads["eagle3"], draft_dtype="f32"))
     return rows + [Drafter("ngram-simple", ("ngram-simple",), options=ngram_caps),
@@ -290,13 +314,13 @@ def mean_len(r: Tally) -> float:
 def print_table(args: argparse.Namespace, rows: Rows, chat_rows: Rows, n_prompts: int) -> None:
     print(f"\nsummed over {n_prompts} prompts (n_predict {args.n_predict}, greedy, n_max {N_MAX}, "
           f"{args.threads} thread(s)):")
-    print(f"{'drafter':<14}{'planner':<10}{'same':>5}{'acc rate':>10}{'mean len':>10}{'full':>10}{'tok/s':>9}"
+    print(f"{'drafter':<16}{'planner':<10}{'same':>5}{'acc rate':>10}{'mean len':>10}{'full':>10}{'tok/s':>9}"
           f"{'plain tok/s':>13}{'x plain':>9}{'chat x':>8}{'cpu x':>7}")
     for (label, mode), r in rows.items():
         if not r.tokens:
             continue
         cpu = (r.plain_cpu / r.plain_tokens) / (r.cpu / r.tokens) if r.cpu else 0.0
-        print(f"{label:<14}{mode:<10}{'yes' if r.same else 'NO':>5}{r.accepted / max(r.drafted, 1):>10.3f}"
+        print(f"{label:<16}{mode:<10}{'yes' if r.same else 'NO':>5}{r.accepted / max(r.drafted, 1):>10.3f}"
               f"{mean_len(r):>10.2f}{f'{r.full_rounds}/{r.rounds}':>10}{r.tokens / r.seconds:>9.2f}"
               f"{r.plain_tokens / r.plain_seconds:>13.2f}{speedup(r):>8.2f}x{speedup(chat_rows[(label, mode)]):>7.2f}x"
               f"{cpu:>6.2f}x")
@@ -428,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
         print("nothing to run: --prompts 0 and no hand-written prompt", file=sys.stderr)
         return 2
     heads = find_heads(args, model)
-    drafters = drafter_rows(heads, args.torch_runtime)
+    shipped = shipped_alternatives(args, model, heads) if args.also_shipped else {}
+    drafters = drafter_rows(heads, args.torch_runtime, shipped)
     n_ctx = max(len(p.ids) for p in prompts) + args.n_predict + N_MAX + 16
     target = Target(args, model, n_ctx)
     print(f"model {Path(model).name}, backend {target.backend_name}, {len(prompts)} prompts "
