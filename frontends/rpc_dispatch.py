@@ -124,11 +124,7 @@ class RpcConnection:
                     line = None
                 if line is None:
                     break
-                if isinstance(line, OversizedLine):
-                    err = p.RpcError(p.INVALID_REQUEST, f"request line exceeds {line.limit} bytes; discarded")
-                    tg.start_soon(self._send, p.error_response(None, err))
-                    continue
-                if line.strip():
+                if isinstance(line, OversizedLine) or line.strip():
                     # Counted from here until its reply is written, so a draining shutdown never
                     # closes the connection between a result and its delivery.
                     self.tracker.enter()
@@ -169,8 +165,12 @@ class RpcConnection:
             self.dropped_reason = self.dropped_reason or (str(exc) or "write failed: the client went away")
             self.cancel_all()
 
-    async def _handle_line(self, line: bytes) -> None:
+    async def _handle_line(self, line: bytes | OversizedLine) -> None:
         try:
+            if isinstance(line, OversizedLine):
+                err = p.RpcError(p.INVALID_REQUEST, f"request line exceeds {line.limit} bytes; discarded")
+                await self._send(p.error_response(None, err))
+                return
             try:
                 obj = p.parse_line(line)
             except p.RpcError as err:

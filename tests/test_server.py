@@ -140,6 +140,21 @@ def test_oversized_line_over_socket_then_next_request_works(sock_path: str) -> N
         s.close()
 
 
+def test_oversized_line_is_answered_to_a_peer_that_half_closed(sock_path: str) -> None:
+    # A half-closed peer gets every pending reply; the oversized line's error was once left unanswered
+    # when the end of the stream came before it was written.
+    with running_server(sock_path, max_line_bytes=64 * 1024):
+        for _ in range(3):
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(30)
+            s.connect(sock_path)
+            s.sendall(b'{"x":"' + b"y" * 500_000 + b'"}\n')
+            s.shutdown(socket.SHUT_WR)
+            reply = json.loads(s.makefile("rb").readline())
+            assert reply["error"]["code"] == p.INVALID_REQUEST and reply["id"] is None
+            s.close()
+
+
 def test_async_client_concurrent_requests_on_all_slots_and_queue(sock_path: str) -> None:
     engine = fakes.FakeEngine(round_delay=0.01)
     prompts = [f"prompt number {i}" for i in range(6)]
