@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from spekula.backends.convert_gguf import OUTTYPES
+from spekula.core.errors import ConfigError
 
 HELP = "Train an EAGLE-3 or DFlash draft head for a target by self-distillation (CPU or CUDA)"
 
@@ -36,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outtype", choices=list(OUTTYPES), default="f16", help="GGUF weight type (default f16)")
     p.add_argument("--max-new", type=int, default=None, help="answer tokens per prompt (default 256)")
     p.add_argument("--temp", type=float, default=0.0, help="distillation temperature (default 0: greedy answers)")
+    p.add_argument("--soft-top-k", type=int, default=0, metavar="K",
+                   help="keep the target's K likeliest next tokens per position when distilling and train the head "
+                   "on that distribution instead of the argmax alone (default 0: hard labels)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
     p.add_argument("--batch", type=int, default=None, help="sequences per step (default 8)")
     p.add_argument("--precision", choices=("f32", "bf16"), default=None,
@@ -68,8 +72,10 @@ def _request(args: argparse.Namespace, target: str) -> Any:
              if v is not None}
     # The distillation seed only matters when answers are sampled; greedy data stay shareable across seeds.
     # The target answers on the training device too (a large target distils on its GPU).
+    if args.soft_top_k < 0:
+        raise ConfigError(f"--soft-top-k must be 0 or more, got {args.soft_top_k}")
     distill = replace(req.distill, max_new=args.max_new or req.distill.max_new, temperature=args.temp,
-                      seed=args.seed if args.temp > 0 else 0, device=args.device)
+                      seed=args.seed if args.temp > 0 else 0, device=args.device, soft_top_k=args.soft_top_k)
     return replace(req, **given, head=head, distill=distill, seed=args.seed, prompt_files=tuple(args.prompts),
                    device=args.device, resume=args.resume, threads=args.threads,
                    cache_dir=Path(args.cache_dir) if args.cache_dir else None, outtype=args.outtype,

@@ -13,20 +13,29 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from spekula.core.errors import ConfigError
+
 from .feature_cache import DistilledSequence, FeatureCache
 from .head_api import TrainBatch
+
+# One sequence's window: tokens, labels, features, loss mask, and (soft ids, soft log-probs) or None.
+Window = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]
 
 
 class BatchSource:
     def __init__(self, cache: FeatureCache, cache_layers: Sequence[int], head_layers: Sequence[int], *,
                  n_embd: int, seq_len: int, batch_seqs: int, seed: int, n_eval: int, answer_only: bool = False,
-                 device: torch.device | str = "cpu") -> None:
+                 soft_labels: bool = False, device: torch.device | str = "cpu") -> None:
         missing = [x for x in head_layers if x not in cache_layers]
         if missing:
             raise ValueError(f"the feature cache holds layers {list(cache_layers)}, not {missing}")
         if len(cache) < n_eval + 1:
             raise ValueError(f"the feature cache holds {len(cache)} sequences; at least {n_eval + 1} are needed")
+        if soft_labels and not cache.has_soft_labels:
+            raise ConfigError("soft labels asked for, but the feature cache was distilled without them "
+                             "(distil again with --soft-top-k)")
         self.cache = cache
+        self.soft_labels = soft_labels
         self.cols = np.concatenate([np.arange(cache_layers.index(x) * n_embd, (cache_layers.index(x) + 1) * n_embd)
                                     for x in head_layers])
         self.whole = len(self.cols) == cache.n_features and np.array_equal(self.cols, np.arange(cache.n_features))
@@ -58,7 +67,7 @@ class BatchSource:
         seqs = [self._window(self.cache[i], -1 - i) for i in self.eval_indices]
         return [self.collate(seqs[k:k + self.batch_seqs]) for k in range(0, len(seqs), self.batch_seqs)]
 
-    def _window(self, s: DistilledSequence, sample: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _window(self, s: DistilledSequence, sample: int) -> Window:
         n = len(s.tokens)
         start = 0
         if n > self.seq_len:
@@ -71,9 +80,12 @@ class BatchSource:
         if self.answer_only:
             # label t predicts token t+1: it is an answer token from answer_start - 1 on
             mask = np.arange(start, end) >= s.answer_start - 1
-        return s.tokens[start:end], s.labels[start:end], feats, mask
+        soft = None
+        if self.soft_labels and s.soft_ids is not None and s.soft_logp is not None:
+            soft = (np.asarray(s.soft_ids[start:end]), np.asarray(s.soft_logp[start:end]))
+        return s.tokens[start:end], s.labels[start:end], feats, mask, soft
 
-    def collate(self, windows: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> TrainBatch:
+    def collate(self, windows: Sequence[Window]) -> TrainBatch:
         B, T = len(windows), max(len(w[0]) for w in windows)
         F = windows[0][2].shape[1]
         tokens = np.zeros((B, T), dtype=np.int64)
@@ -81,10 +93,17 @@ class BatchSource:
         feats = np.zeros((B, T, F), dtype=np.float32)
         valid = np.zeros((B, T), dtype=bool)
         loss_mask = np.zeros((B, T), dtype=bool)
-        for b, (tok, lab, fe, m) in enumerate(windows):
+        K = next((w[4][0].shape[1] for w in windows if w[4] is not None), 0) if self.soft_labels else 0
+        soft_ids = np.full((B, T, K), -1, dtype=np.int64)
+        soft_logp = np.zeros((B, T, K), dtype=np.float32)
+        for b, (tok, lab, fe, m, soft) in enumerate(windows):
             n = len(tok)
             tokens[b, :n], labels[b, :n], feats[b, :n], valid[b, :n], loss_mask[b, :n] = tok, lab, fe, True, m
+            if K and soft is not None:
+                soft_ids[b, :n], soft_logp[b, :n] = soft
         d = self.device
         return TrainBatch(torch.from_numpy(tokens).to(d), torch.from_numpy(labels).to(d),
                           torch.from_numpy(feats).to(d), torch.from_numpy(valid).to(d),
-                          torch.from_numpy(loss_mask).to(d))
+                          torch.from_numpy(loss_mask).to(d),
+                          torch.from_numpy(soft_ids).to(d) if K else None,
+                          torch.from_numpy(soft_logp).to(d) if K else None)

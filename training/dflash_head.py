@@ -27,7 +27,7 @@ from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
 
 from .eagle3_head import default_eagle3_layers
-from .head_api import HeadMetrics, TargetFacts, TrainBatch
+from .head_api import HeadMetrics, TargetFacts, TrainBatch, soft_cross_entropy
 
 # tokenizer.ggml.token_type values (GGUF's TokenType enum)
 _CONTROL, _UNUSED = 3, 5
@@ -310,7 +310,14 @@ class DFlashHead(nn.Module):
         target = labels[counted]
         j = offsets.expand_as(at)[counted]
         weight = torch.tensor(self.options.pos_decay, device=dev, dtype=torch.float32) ** j.float()
-        ce = F.cross_entropy(logits, target, reduction="none")
+        if batch.soft_ids is not None and batch.soft_logp is not None:  # learn the target's top-K
+            K = batch.soft_ids.shape[-1]
+            where = at_c[..., None].expand(-1, -1, K)
+            ids = batch.soft_ids.gather(1, where).view(*at.shape, K)[counted]
+            logp = batch.soft_logp.gather(1, where).view(*at.shape, K)[counted]
+            ce = soft_cross_entropy(logits, ids, logp)
+        else:
+            ce = F.cross_entropy(logits, target, reduction="none")
         loss = (weight * ce).sum() / weight.sum()
         with torch.no_grad():
             hit = (logits.argmax(-1) == target).float()

@@ -4,7 +4,8 @@ Each prompt is chat-templated with the target's own template and answered by the
 (greedy by default, or sampled at ``temperature`` with one RNG stream per prompt), several prompts at
 a time in one batched forward. The same forwards capture the layer inputs the head will read, so no
 second pass is needed: every token the target reads yields its features and its greedy label (the
-argmax of its logits there), prompt rows included. Results go to a :class:`FeatureCacheWriter` one
+argmax of its logits there), prompt rows included, and with ``soft_top_k`` its K likeliest next tokens
+and their log-probabilities (soft labels: what the target thinks of the runners-up as well). Results go to a :class:`FeatureCacheWriter` one
 shard at a time, in prompt order, so an interrupted run resumes after the last whole shard and the
 data do not depend on how many prompts ran side by side (the backends' numerics are batch-invariant).
 """
@@ -18,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from spekula.backends.onnx_cache import gguf_sha256
 from spekula.core.backend import BackendOptions, Capture, SeqInput, load_backend, resolve_backend_name
@@ -43,6 +45,7 @@ class DistillOptions:
     backend: str = "auto"
     device: str = "cpu"
     threads: int = 0
+    soft_top_k: int = 0  # keep the target's K likeliest next tokens per position (0: hard labels only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,8 @@ def recipe_for(target: str, prompts: Sequence[str], layers: Sequence[int], optio
     gen = asdict(options)
     for k in ("parallel", "shard_prompts", "backend", "device", "threads"):  # do not change the data
         gen.pop(k)
+    if not options.soft_top_k:  # caches made before soft labels existed keep their recipe (and folder)
+        gen.pop("soft_top_k")
     return {"target": target_identity(target), "layers": [int(x) for x in layers],
             "prompts": prompt_digest(list(prompts)), "n_prompts": len(prompts), "generation": gen}
 
@@ -83,6 +88,7 @@ class _Active:
     fed: int  # tokens already forwarded
     feats: list[np.ndarray]
     labels: list[np.ndarray]
+    soft: list[tuple[np.ndarray, np.ndarray]]
     rng: np.random.Generator | None
 
 
@@ -124,7 +130,7 @@ class Distiller:
             while queue and len(active) < max(1, o.parallel):
                 index, ids = queue.pop()
                 rng = np.random.default_rng([o.seed, index]) if o.temperature > 0 else None
-                active.append(_Active(index, self.backend.new_seq(), ids, len(ids), 0, [], [], rng))
+                active.append(_Active(index, self.backend.new_seq(), ids, len(ids), 0, [], [], [], rng))
             inputs = []
             for a in active:
                 chunk = a.tokens[a.fed:a.fed + PREFILL_CHUNK]
@@ -138,6 +144,8 @@ class Distiller:
                 a.feats.append(np.concatenate([out.layer_inputs[x] for x in self.layers], axis=1).astype(np.float16))
                 labels = np.argmax(out.logits, axis=1).astype(np.int32)
                 a.labels.append(labels)
+                if o.soft_top_k:
+                    a.soft.append(top_k_log_probs(out.logits, o.soft_top_k))
                 if on_tokens is not None:
                     on_tokens(n)
                 if a.fed < len(a.tokens):  # prompt still being read
@@ -146,14 +154,31 @@ class Distiller:
                 nxt = int(labels[-1]) if a.rng is None else _sample(out.logits[-1], o.temperature, a.rng)
                 n_answer = a.fed - a.n_prompt
                 if self.tokenizer.is_eog(nxt) or n_answer + 1 > o.max_new or a.fed + 1 >= o.n_ctx:
+                    soft_ids = np.concatenate([x[0] for x in a.soft]) if a.soft else None
+                    soft_logp = np.concatenate([x[1] for x in a.soft]) if a.soft else None
                     done[a.index] = DistilledSequence(np.asarray(a.tokens[:a.fed], dtype=np.int32),
-                                                      np.concatenate(a.labels), np.concatenate(a.feats), a.n_prompt)
+                                                      np.concatenate(a.labels), np.concatenate(a.feats), a.n_prompt,
+                                                      soft_ids, soft_logp)
                     self.backend.free_seq(a.seq)
                     continue
                 a.tokens.append(nxt)
                 still.append(a)
             active = still
         return [done[i] for i, _ in prompts if i in done]
+
+
+def top_k_log_probs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the ``k`` likeliest token ids (most likely first; ties by lower id, so the first is the
+    row's argmax) and their log-probabilities under the full softmax (int32, float16)."""
+    x = torch.from_numpy(np.ascontiguousarray(logits, dtype=np.float32))
+    values, ids = torch.topk(x, min(k, x.shape[1]), dim=1)
+    # topk's order among equal values is unspecified: order by (value, then lower id) explicitly.
+    by_id = torch.argsort(ids, dim=1)
+    values, ids = values.gather(1, by_id), ids.gather(1, by_id)
+    by_value = torch.argsort(values, dim=1, descending=True, stable=True)
+    values, ids = values.gather(1, by_value), ids.gather(1, by_value)
+    logp = values - torch.logsumexp(x, dim=1, keepdim=True)
+    return ids.numpy().astype(np.int32), logp.numpy().astype(np.float16)
 
 
 def _sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
@@ -172,7 +197,7 @@ def distill(target: str, prompts: Sequence[str], layers: Sequence[int], cache_ro
     cache_root = cache_root or default_cache_dir(recipe)
     probe = GGUFFile(target)
     n_embd = int(probe.require(f"{probe.architecture}.embedding_length"))
-    writer = FeatureCacheWriter(cache_root, recipe, len(layers) * n_embd)
+    writer = FeatureCacheWriter(cache_root, recipe, len(layers) * n_embd, options.soft_top_k)
     cursor = writer.n_prompts
     if writer.n_tokens >= tokens_goal or cursor >= len(prompts):
         return writer.verified or FeatureCache(cache_root)  # nothing to add: what opening checked is it

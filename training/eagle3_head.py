@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from spekula.backends.torch_draft_common import apply_rope, rms_norm, rope_angles, swiglu
 
-from .head_api import HeadMetrics, TargetFacts, TrainBatch
+from .head_api import HeadMetrics, TargetFacts, TrainBatch, soft_cross_entropy
 
 HF_ARCH = "LlamaForCausalLMEagle3"
 INIT_STD = 0.02  # small normal init of every projection (HF's initializer_range)
@@ -70,7 +70,7 @@ def draft_vocabulary(token_counts: np.ndarray, size: int) -> np.ndarray:
     return np.sort(order[:size]).astype(np.int64)
 
 
-def _shift(x: torch.Tensor, by: int, fill: int | bool) -> torch.Tensor:
+def _shift(x: torch.Tensor, by: int, fill: float | bool) -> torch.Tensor:
     """x[:, t + by] at column t; ``fill`` past the end."""
     out = torch.full_like(x, fill)
     if by < x.shape[1]:
@@ -236,8 +236,9 @@ class Eagle3Head(torch.nn.Module):
     def loss(self, batch: TrainBatch, gen: torch.Generator) -> tuple[torch.Tensor, HeadMetrics]:
         """Weighted mean over steps (decay**k, normalised over steps with any prediction) of the mean
         cross-entropy over the draft vocabulary. Step k at row t predicts label t+1+k; it counts where
-        the needed tokens exist, loss_mask holds and the label is in the draft vocabulary. No randomness,
-        so ``gen`` goes unused."""
+        the needed tokens exist, loss_mask holds and the label is in the draft vocabulary; with soft
+        labels the step learns the target's top-K there (restricted to the draft vocabulary) instead of
+        its argmax alone. No randomness, so ``gen`` goes unused."""
         del gen
         dev = self.embd.device
         tokens, labels = batch.tokens.to(dev), batch.labels.to(dev)
@@ -259,7 +260,13 @@ class Eagle3Head(torch.nn.Module):
                 logits = self.draft_logits(h[counted]).float()
                 y = draft_label[counted]
                 w = self.step_decay ** k
-                term = F.cross_entropy(logits, y) * w
+                if batch.soft_ids is not None and batch.soft_logp is not None:
+                    ids = _shift(batch.soft_ids.to(dev), 1 + k, -1)[counted]
+                    ids = torch.where(ids >= 0, self.target_to_draft[ids.clamp(min=0)], -1)
+                    logp = _shift(batch.soft_logp.to(dev), 1 + k, 0.0)[counted]
+                    term = soft_cross_entropy(logits, ids, logp).mean() * w
+                else:
+                    term = F.cross_entropy(logits, y) * w
                 total = term if total is None else total + term
                 weight_sum += w
                 correct = int((logits.argmax(-1) == y).sum())

@@ -5,7 +5,8 @@ A cache is one folder:
 * ``manifest.json``: format version, the recipe that made it (target fingerprint, captured layers,
   prompt digest, generation settings), the shards written so far (how many prompts each consumed,
   their sizes and sha256), and ``exhausted`` once every prompt of the recipe has been answered;
-* per shard ``shard-NNNNN.npz`` (tokens, labels, sequence offsets, answer starts: small) and
+* per shard ``shard-NNNNN.npz`` (tokens, labels, sequence offsets, answer starts: small; with soft
+  labels also the target's top-K token ids and their log-probabilities at every position) and
   ``shard-NNNNN.features.npy`` (float16 ``[n_tokens, len(layers) * n_embd]``: the bulk, memory-mapped).
 
 Shards are written to a temporary name, fsynced and renamed, and the manifest is replaced atomically
@@ -44,6 +45,10 @@ class DistilledSequence:
     labels: np.ndarray  # int32 [T]: the target's greedy next token after reading tokens[:t+1]
     features: np.ndarray  # float16 [T, len(layers) * n_embd]
     answer_start: int  # index of the first answer token in `tokens`
+    # Soft labels (caches distilled with a top-K): the target's K likeliest next tokens after reading
+    # tokens[:t+1], most likely first, and their log-probabilities under its full softmax.
+    soft_ids: np.ndarray | None = None  # int32 [T, K]
+    soft_logp: np.ndarray | None = None  # float16 [T, K]
 
 
 def _fsync_replace(tmp: Path, final: Path) -> None:
@@ -64,10 +69,11 @@ def _write_json(path: Path, obj: dict[str, Any]) -> None:
 class FeatureCacheWriter:
     """Appends shards to a cache folder whose recipe matches; reopening continues after the last shard."""
 
-    def __init__(self, root: Path, recipe: dict[str, Any], n_features: int) -> None:
+    def __init__(self, root: Path, recipe: dict[str, Any], n_features: int, soft_top_k: int = 0) -> None:
         self.root = root
         self.recipe = recipe
         self.n_features = n_features
+        self.soft_top_k = soft_top_k
         root.mkdir(parents=True, exist_ok=True)
         path = root / MANIFEST
         if path.exists():
@@ -109,12 +115,24 @@ class FeatureCacheWriter:
         if feats.shape != (len(tokens), self.n_features) or labels.shape != tokens.shape:
             raise ValueError(f"shard arrays disagree: tokens {tokens.shape}, labels {labels.shape}, "
                              f"features {feats.shape}, expected width {self.n_features}")
+        soft: dict[str, np.ndarray] = {}
+        if self.soft_top_k:
+            K = self.soft_top_k
+            ids, logp = [np.zeros((0, K), np.int32)], [np.zeros((0, K), np.float16)]
+            for s in seqs:
+                if s.soft_ids is None or s.soft_logp is None:
+                    raise ValueError("this cache keeps soft labels; a sequence came without them")
+                ids.append(s.soft_ids)
+                logp.append(s.soft_logp)
+            soft = {"soft_ids": np.concatenate(ids).astype(np.int32), "soft_logp": np.concatenate(logp).astype(np.float16)}
+            if soft["soft_ids"].shape != (len(tokens), K) or soft["soft_logp"].shape != (len(tokens), K):
+                raise ValueError(f"soft labels {soft['soft_ids'].shape} do not fit {len(tokens)} tokens x top-{K}")
         meta_tmp = self.root / f"{stem}.npz.tmp"
         feat_tmp = self.root / f"{stem}.features.npy.tmp"
         try:
             with meta_tmp.open("wb") as f:
                 np.savez(f, tokens=tokens, labels=labels, offsets=offsets,
-                         answer_start=np.array([s.answer_start for s in seqs], dtype=np.int32))
+                         answer_start=np.array([s.answer_start for s in seqs], dtype=np.int32), **soft)
             with feat_tmp.open("wb") as f:
                 np.save(f, feats)
             _fsync_replace(meta_tmp, self.root / f"{stem}.npz")
@@ -159,6 +177,7 @@ class FeatureCache:
         self._tokens: list[np.ndarray] = []
         self._labels: list[np.ndarray] = []
         self._feats: list[np.ndarray] = []
+        self._soft: list[tuple[np.ndarray, np.ndarray] | None] = []
         self._index: list[tuple[int, int, int, int]] = []  # (shard, begin, end, answer_start)
         for si, entry in enumerate(self.manifest["shards"]):
             stem = str(entry["stem"])
@@ -170,11 +189,14 @@ class FeatureCache:
             try:
                 with np.load(root / f"{stem}.npz") as z:
                     tokens, labels, offsets, starts = z["tokens"], z["labels"], z["offsets"], z["answer_start"]
+                    soft = (z["soft_ids"], z["soft_logp"]) if "soft_ids" in z.files else None
                 feats = np.load(root / f"{stem}.features.npy", mmap_mode="r")
             except (OSError, ValueError, KeyError) as exc:
                 raise CacheError(f"{root / stem}: unreadable shard ({exc}); delete {root} to rebuild it") from None
-            if feats.shape != (len(tokens), self.n_features) or len(offsets) != len(starts) + 1:
+            if feats.shape != (len(tokens), self.n_features) or len(offsets) != len(starts) + 1 or \
+                    (soft is not None and (soft[0].shape != soft[1].shape or len(soft[0]) != len(tokens))):
                 raise CacheError(f"{root / stem}: shard arrays disagree; delete {root} to rebuild it")
+            self._soft.append(soft)
             self._tokens.append(tokens)
             self._labels.append(labels)
             self._feats.append(feats)
@@ -184,6 +206,11 @@ class FeatureCache:
     @property
     def recipe(self) -> dict[str, Any]:
         return dict(self.manifest["recipe"])
+
+    @property
+    def has_soft_labels(self) -> bool:
+        """Whether every shard keeps the target's top-K next tokens (an empty cache has none)."""
+        return bool(self._soft) and all(s is not None for s in self._soft)
 
     @property
     def exhausted(self) -> bool:
@@ -201,7 +228,9 @@ class FeatureCache:
 
     def __getitem__(self, i: int) -> DistilledSequence:
         si, b, e, start = self._index[i]
-        return DistilledSequence(self._tokens[si][b:e], self._labels[si][b:e], self._feats[si][b:e], start)
+        soft = self._soft[si]
+        return DistilledSequence(self._tokens[si][b:e], self._labels[si][b:e], self._feats[si][b:e], start,
+                                 None if soft is None else soft[0][b:e], None if soft is None else soft[1][b:e])
 
     def label_counts(self, n_vocab: int) -> np.ndarray:
         """How often each token is the target's label (what a reduced draft vocabulary is chosen by)."""

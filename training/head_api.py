@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from spekula.backends.gguf_weights import read_hparams
 from spekula.core.errors import ModelFileError
@@ -58,13 +59,27 @@ class TrainBatch:
     """B sequences padded to T. ``labels[b, t]`` is the target's greedy next token after reading
     ``tokens[b, :t+1]`` (its argmax at row t), ``-1`` at padding. ``features[b, t]`` are the target's
     layer inputs at position t for the head's ``layers``, concatenated in that order (float32).
-    ``loss_mask[b, t]`` says whether predictions *of* label t count in the loss."""
+    ``loss_mask[b, t]`` says whether predictions *of* label t count in the loss. With soft labels,
+    ``soft_ids[b, t]`` are the target's K likeliest tokens at row t (label first, ``-1`` at padding)
+    and ``soft_logp[b, t]`` their log-probabilities; heads then learn the target's whole top-K."""
 
     tokens: torch.Tensor  # int64 [B, T]
     labels: torch.Tensor  # int64 [B, T]
     features: torch.Tensor  # float32 [B, T, len(layers) * n_embd]
     valid: torch.Tensor  # bool [B, T]: real positions (not padding)
     loss_mask: torch.Tensor  # bool [B, T]
+    soft_ids: torch.Tensor | None = None  # int64 [B, T, K]
+    soft_logp: torch.Tensor | None = None  # float32 [B, T, K]
+
+
+def soft_cross_entropy(logits: torch.Tensor, ids: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """Per row, the cross-entropy of ``logits`` against the target's top-K distribution renormalised
+    over its entries that exist here (``ids`` index the logits' columns, ``-1`` where the token does
+    not: padding, or outside a reduced draft vocabulary). Rows must keep at least one entry."""
+    present = ids >= 0
+    p = torch.softmax(torch.where(present, logp.float(), float("-inf")), dim=-1)
+    taken = F.log_softmax(logits.float(), dim=-1).gather(-1, ids.clamp(min=0))
+    return -(torch.where(present, p * taken, 0.0)).sum(-1)
 
 
 @dataclass(slots=True)

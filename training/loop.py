@@ -45,9 +45,13 @@ class RunConfig:
     answer_only: bool = False
     precision: str = "f32"  # f32 | bf16 (matrix products under bfloat16 autocast; weights stay float32)
     head: dict[str, Any] = field(default_factory=dict)  # the head's own options
+    soft_labels: bool = False  # learn the target's top-K distribution (the cache must keep it)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not self.soft_labels:  # checkpoints written before soft labels existed still resume
+            out.pop("soft_labels")
+        return out
 
 
 @dataclass(slots=True)
@@ -160,7 +164,7 @@ def train(cfg: RunConfig, facts: TargetFacts, cache: FeatureCache, cache_layers:
         start, history, spent = int(state["step"]), list(state["history"]), float(state.get("train_seconds", 0.0))
     source = BatchSource(cache, cache_layers, head.layers, n_embd=facts.n_embd, seq_len=cfg.seq_len,
                          batch_seqs=cfg.batch_seqs, seed=cfg.seed, n_eval=cfg.n_eval, answer_only=cfg.answer_only,
-                         device=dev)
+                         soft_labels=cfg.soft_labels, device=dev)
 
     def checkpoint(step: int, seconds: float) -> None:
         save_checkpoint(run_dir, {"step": step, "head": head.state_dict(), "optimizer": opt.state_dict(),

@@ -132,7 +132,8 @@ def run_training(req: TrainRequest, *, on_distill: Callable[[DistillProgress], N
     head_opts = {**req.head, "layers": list(layers)}
 
     cfg = RunConfig(kind=req.kind, steps=req.steps, seed=req.seed, lr=req.lr, precision=req.precision,
-                    batch_seqs=req.batch_seqs, seq_len=req.seq_len, n_eval=req.n_eval, head=head_opts)
+                    batch_seqs=req.batch_seqs, seq_len=req.seq_len, n_eval=req.n_eval, head=head_opts,
+                    soft_labels=req.distill.soft_top_k > 0)
     result = train(cfg, facts, cache, list(layers), out, resume=req.resume, device=req.device,
                    checkpoint_every_s=req.checkpoint_every_s, progress=on_step)
     summary: dict[str, Any] = {
