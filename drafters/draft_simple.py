@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from spekula.core.backend import Backend, Capture, SeqInput, SeqOutput, load_backend
+from spekula.core.draft_models import N_CANDIDATES, top_candidates
 from spekula.core.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
 from spekula.core.gguf_file import GGUFFile
@@ -33,7 +34,6 @@ from spekula.core.sampling import pick
 from spekula.core.slot_states import SlotStates
 from spekula.core.tokenizer import Tokenizer
 
-N_CANDIDATES = 10  # llama.cpp's draft sampler: top-k 10
 VOCAB_CHECK_START = 5  # ids 0-4 are exempt from the text comparison (llama.cpp)
 VOCAB_MAX_SIZE_DIFFERENCE = 128
 SEED_XOR = 0x85EBCA6B  # probabilistic drafting seeds its sampler with the request seed XOR this
@@ -207,11 +207,9 @@ class DraftSimpleDrafter:
 
     def _choose(self, run: _Run, row: np.ndarray) -> tuple[int, float, np.ndarray | None]:
         """Top-10 candidates: (token, probability of the best candidate, dense q or None)."""
-        logits = np.asarray(row[: self.target_n_vocab], dtype=np.float64)  # never draft ids the target lacks
-        n = min(N_CANDIDATES, len(logits))
-        ids = np.sort(np.argpartition(-logits, n - 1)[:n])
-        ids = ids[np.argsort(-logits[ids], kind="stable")]
-        scaled = logits[ids] / (run.temperature if run.probabilistic else 1.0)
+        logits = np.asarray(row[: self.target_n_vocab])  # never draft ids the target lacks
+        ids = top_candidates(logits if logits.dtype == np.float32 else logits.astype(np.float64), N_CANDIDATES)
+        scaled = logits[ids].astype(np.float64) / (run.temperature if run.probabilistic else 1.0)
         e = np.exp(scaled - scaled.max())
         p = e / e.sum()
         if not run.probabilistic:

@@ -1,0 +1,65 @@
+"""The draft pick's candidate search: the grouped shortcut finds exactly what a full sort finds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spekula.core.draft_models import CANDIDATE_GROUP, N_CANDIDATES, choose, top_candidates
+
+
+def reference(row: np.ndarray, n: int) -> np.ndarray:
+    """The n largest finite entries, best first, ties to the lower id: by a full stable sort."""
+    finite = np.flatnonzero(np.isfinite(row))
+    order = finite[np.argsort(-row[finite].astype(np.float64), kind="stable")]
+    return order[:n]
+
+
+@st.composite
+def rows(draw: st.DrawFn) -> np.ndarray:
+    size = draw(st.sampled_from([1, 5, 9, 10, 11, 63, CANDIDATE_GROUP * N_CANDIDATES - 1,
+                                 CANDIDATE_GROUP * N_CANDIDATES, 2000, 8192]))
+    seed = draw(st.integers(0, 2**32 - 1))
+    r = np.random.default_rng(seed)
+    scale = draw(st.sampled_from([0.01, 1.0, 5.0, 40.0]))
+    row = (r.standard_normal(size) * scale).astype(draw(st.sampled_from([np.float32, np.float64])))
+    if draw(st.booleans()):  # few distinct values: ties everywhere, at the top and at the boundary
+        row = np.round(row / max(scale, 1e-9)).astype(row.dtype)
+    if draw(st.booleans()):  # a reduced draft vocabulary spread over the target's: -inf elsewhere
+        keep = r.random(size) < draw(st.sampled_from([0.001, 0.05, 0.2, 0.9]))
+        row[~keep] = -np.inf
+    if draw(st.booleans()):  # one runaway winner, far above the rest
+        row[r.integers(size)] = row[np.isfinite(row)].max(initial=0.0) + 1000.0
+    special = draw(st.sampled_from([None, np.nan, np.inf]))
+    if special is not None:
+        row[r.integers(size)] = special
+    return row
+
+
+@settings(max_examples=400, deadline=None)
+@given(rows())
+def test_top_candidates_equal_a_full_sort(row: np.ndarray) -> None:
+    want = reference(row, N_CANDIDATES)
+    if len(want) == 0:
+        with pytest.raises(ValueError, match="no finite entry"):
+            top_candidates(row, N_CANDIDATES)
+        return
+    assert np.array_equal(top_candidates(row, N_CANDIDATES), want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows(), st.sampled_from([None, 0.7, 1.3]))
+def test_choose_picks_the_best_candidate_and_spreads_q_over_the_top_ten(row: np.ndarray, temp: float | None) -> None:
+    want = reference(row, N_CANDIDATES)
+    if len(want) == 0:
+        return
+    c = choose(row, None, None)
+    assert c.token == int(want[0]) and c.q is None
+    vals = row[want].astype(np.float64)
+    e = np.exp(vals - vals.max())
+    assert c.p_top == pytest.approx(float(e[0] / e.sum()), rel=1e-12)
+    sampled = choose(row, temp, np.random.default_rng(0))
+    assert sampled.q is not None and set(np.flatnonzero(sampled.q)) <= set(want.tolist())
+    assert sampled.token in set(want.tolist()) and sampled.q.sum() == pytest.approx(1.0, rel=1e-5)
