@@ -8,6 +8,7 @@ so this puts it there once for every test file.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,3 +22,26 @@ if TESTS not in sys.path:
 def anyio_backend() -> str:
     """anyio's pytest plugin runs `@pytest.mark.anyio` tests on asyncio only (the engine's loop)."""
     return "asyncio"
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Training tests run torch on one thread: their results are fixed for a thread count."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def bigram(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A target whose next token is a function of the current one: learnable from a few thousand tokens."""
+    from spekula.backends.convert_hf import convert
+    from spekula.fixtures import tiny_hf
+
+    root = tmp_path_factory.mktemp("bigram")
+    target = root / "bigram.gguf"
+    convert(tiny_hf.write_bigram_target(root / "hf"), target, outtype="f32")
+    return target

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -29,13 +28,8 @@ from spekula.training.head_api import TargetFacts, TrainBatch, read_target_facts
 BLOCK = 4
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny tensors: threads only contend (with each other and the rest of the machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny tensors: threads only contend (with each other and the rest of the machine).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,12 @@ import pytest
 import torch
 from model_drafter_helpers import engine_vs_plain
 
-from spekula.backends.convert_hf import convert
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
 from spekula.core.params import SpecParams
 from spekula.core.tokenizer import Tokenizer
 from spekula.drafters.dflash import DFlashDrafter
 from spekula.drafters.eagle3 import Eagle3Drafter
-from spekula.fixtures import tiny_hf
 from spekula.frontends.cli import main
 from spekula.training import checkpoint as ckpt_mod
 from spekula.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -36,21 +34,8 @@ from spekula.training.run import TrainRequest, quick_request, run_training
 MAKERS = {"eagle3": Eagle3Drafter.create, "dflash": DFlashDrafter.create}
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> object:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def bigram(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A target whose next token is a function of the current one: learnable from a few thousand tokens."""
-    root = tmp_path_factory.mktemp("bigram")
-    target = root / "bigram.gguf"
-    convert(tiny_hf.write_bigram_target(root / "hf"), target, outtype="f32")
-    return target
+# torch on one thread (tests/conftest.py); `bigram` is the learnable tiny target from there too.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

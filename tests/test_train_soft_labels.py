@@ -11,13 +11,11 @@ import torch
 import torch.nn.functional as F
 from model_drafter_helpers import engine_vs_plain
 
-from spekula.backends.convert_hf import convert
 from spekula.core.backend import BackendOptions, Capture, SeqInput, load_backend
 from spekula.core.errors import ConfigError
 from spekula.core.params import SpecParams
 from spekula.drafters.dflash import DFlashDrafter
 from spekula.drafters.eagle3 import Eagle3Drafter
-from spekula.fixtures import tiny_hf
 from spekula.fixtures.tiny_gguf import tiny_model_path
 from spekula.frontends.cli import main
 from spekula.training.distill import Distiller, DistillOptions, distill, recipe_for, top_k_log_probs
@@ -30,20 +28,8 @@ LAYERS = (1, 2, 4)
 MAKERS = {"eagle3": Eagle3Drafter.create, "dflash": DFlashDrafter.create}
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> object:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def bigram(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("bigram-soft")
-    target = root / "bigram.gguf"
-    convert(tiny_hf.write_bigram_target(root / "hf"), target, outtype="f32")
-    return target
+# torch on one thread (tests/conftest.py); `bigram` is the learnable tiny target from there too.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_soft_cross_entropy_renormalises_over_present_entries() -> None:
