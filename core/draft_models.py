@@ -252,7 +252,9 @@ def top_candidates(row: np.ndarray, n: int) -> np.ndarray:
             finite = maxima[maxima > -np.inf]
             if len(finite) >= n:
                 bound = np.partition(finite, len(finite) - n)[len(finite) - n]
-                return _best_first(row, np.flatnonzero(row >= bound), n)
+                near = np.flatnonzero(row >= bound)
+                if np.isfinite(row[near]).all():  # entries past the last whole group were not checked
+                    return _best_first(row, near, n)
     finite_ids = np.flatnonzero(np.isfinite(row))
     if len(finite_ids) == 0:
         raise ValueError("draft logits have no finite entry")
