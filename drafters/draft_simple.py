@@ -26,11 +26,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from spekula.core.backend import Backend, Capture, SeqInput, SeqOutput, load_backend
-from spekula.core.draft_models import N_CANDIDATES, top_candidates
+from spekula.core.draft_models import choose
 from spekula.core.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
 from spekula.core.gguf_file import GGUFFile
-from spekula.core.sampling import pick
 from spekula.core.slot_states import SlotStates
 from spekula.core.tokenizer import Tokenizer
 
@@ -206,19 +205,12 @@ class DraftSimpleDrafter:
             active = list(zip(queue, new_rows, strict=True))
 
     def _choose(self, run: _Run, row: np.ndarray) -> tuple[int, float, np.ndarray | None]:
-        """Top-10 candidates: (token, probability of the best candidate, dense q or None)."""
-        logits = np.asarray(row[: self.target_n_vocab])  # never draft ids the target lacks
-        ids = top_candidates(logits if logits.dtype == np.float32 else logits.astype(np.float64), N_CANDIDATES)
-        scaled = logits[ids].astype(np.float64) / (run.temperature if run.probabilistic else 1.0)
-        e = np.exp(scaled - scaled.max())
-        p = e / e.sum()
-        if not run.probabilistic:
-            return int(ids[0]), float(p[0]), None
-        assert run.slot.rng is not None
-        tok = pick(ids, p, float(run.slot.rng.random()))
-        q = np.zeros(self.target_n_vocab, dtype=np.float32)
-        q[ids] = p
-        return tok, float(p[0]), q
+        """Top-10 candidates: (token, probability of the best candidate, dense q or None); the same pick
+        as the draft heads', over the ids the target has (never draft ids the target lacks)."""
+        if run.probabilistic:
+            assert run.slot.rng is not None
+        c = choose(row[: self.target_n_vocab], run.temperature, run.slot.rng if run.probabilistic else None)
+        return c.token, c.p_top, c.q
 
     def _forward(self, items: list[tuple[_Slot, list[int], int, bool]]) -> list[np.ndarray]:
         """One draft-backend forward for all items (slot, tokens, start, want last-row logits)."""

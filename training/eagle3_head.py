@@ -243,6 +243,8 @@ class Eagle3Head(torch.nn.Module):
         dev = self.embd.device
         tokens, labels = batch.tokens.to(dev), batch.labels.to(dev)
         valid, loss_mask = batch.valid.to(dev), batch.loss_mask.to(dev)
+        soft_ids = None if batch.soft_ids is None else batch.soft_ids.to(dev)
+        soft_logp = None if batch.soft_logp is None else batch.soft_logp.to(dev)
         states = self.draft_states(tokens, batch.features.to(dev), valid)
         metrics = HeadMetrics()
         total: torch.Tensor | None = None
@@ -260,10 +262,10 @@ class Eagle3Head(torch.nn.Module):
                 logits = self.draft_logits(h[counted]).float()
                 y = draft_label[counted]
                 w = self.step_decay ** k
-                if batch.soft_ids is not None and batch.soft_logp is not None:
-                    ids = _shift(batch.soft_ids.to(dev), 1 + k, -1)[counted]
+                if soft_ids is not None and soft_logp is not None:
+                    ids = _shift(soft_ids, 1 + k, -1)[counted]
                     ids = torch.where(ids >= 0, self.target_to_draft[ids.clamp(min=0)], -1)
-                    logp = _shift(batch.soft_logp.to(dev), 1 + k, 0.0)[counted]
+                    logp = _shift(soft_logp, 1 + k, 0.0)[counted]
                     term = soft_cross_entropy(logits, ids, logp).mean() * w
                 else:
                     term = F.cross_entropy(logits, y) * w
