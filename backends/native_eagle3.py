@@ -85,6 +85,9 @@ class NativeEagle3Runtime(PooledSeqs, Eagle3Runtime):
             self.d2t = np.asarray(f.tensor("d2t").data, dtype=np.int64).copy()
             if head.n_rows != self.d2t.shape[0]:
                 raise ModelFileError(f.path, f"output rows {head.n_rows} != d2t entries {self.d2t.shape[0]}")
+            if self.d2t.size and (self.d2t.min() < 0 or self.d2t.max() >= info.n_vocab
+                                  or np.unique(self.d2t).size != self.d2t.size):
+                raise ModelFileError(f.path, f"d2t must map draft ids to distinct target ids in [0, {info.n_vocab})")
         if head.n_cols != H or (self.d2t is None and head.n_rows != info.n_vocab):
             raise ModelFileError(f.path, f"output head ({head.n_rows}, {head.n_cols}) does not fit the draft")
         self.n_out_vocab = int(head.n_rows)
@@ -106,6 +109,7 @@ class NativeEagle3Runtime(PooledSeqs, Eagle3Runtime):
                               f"{options.n_seq_max} sequences): out of memory or threads, or shapes the kernels refuse")
         self._ctx = int(ctx)
         self._seqs = SlotPool(options.n_seq_max, self._reserve_kv, self._release_kv, what="draft sequence")
+        self._one = _OneRowStep(H, self.n_out_vocab)
 
     def _embedding_and_head(self, w: _Weights, target: ModelInfo, base: int | None) -> tuple[nl.Tensor, nl.Tensor]:
         """The draft's own token embedding and head, else the target's: as the native target prepared them
@@ -173,9 +177,25 @@ class NativeEagle3Runtime(PooledSeqs, Eagle3Runtime):
         return out
 
     def decode(self, rows: Sequence[Eagle3Rows]) -> list[Eagle3Out]:
-        if not rows:
-            return []
-        ctx, H = self._live(), self.info.n_embd
+        return self._decode(rows, step=False)
+
+    def draft_step(self, rows: Sequence[Eagle3Rows]) -> list[Eagle3Out]:
+        """Logits over the draft vocabulary (``vocab`` = d2t), not spread over the target's; one row of one
+        sequence (the single-stream case after the first step) runs from preallocated buffers."""
+        if len(rows) != 1 or len(rows[0].tokens) != 1:
+            return self._decode(rows, step=True)
+        r = rows[0]
+        self._check(rows)
+        if np.shape(r.hidden) != self._one.hidden.shape:
+            raise ValueError(f"eagle3 hidden rows must be {list(self._one.hidden.shape)}, got {list(np.shape(r.hidden))}")
+        one, entry = self._one, self._seqs.get(r.seq_id)
+        one.token[0], one.pos[0], one.seq[0] = r.tokens[0], r.start, entry.slot
+        one.hidden[...] = r.hidden
+        nl.forward(self._live(), one.batch, "native EAGLE-3 forward")
+        entry.length = r.start + 1
+        return [Eagle3Out(one.logits, one.prenorm, self.d2t)]
+
+    def _check(self, rows: Sequence[Eagle3Rows]) -> None:
         seen: set[int] = set()
         for r in rows:
             if r.seq_id in seen:
@@ -187,6 +207,14 @@ class NativeEagle3Runtime(PooledSeqs, Eagle3Runtime):
             if r.start + len(r.tokens) > self.n_ctx:
                 raise ContextOverflowError(f"draft sequence {r.seq_id}: position {r.start + len(r.tokens) - 1} "
                                            f"exceeds n_ctx {self.n_ctx}")
+
+    def _decode(self, rows: Sequence[Eagle3Rows], *, step: bool) -> list[Eagle3Out]:
+        """decode(), or with ``step`` draft_step()'s answer: the last row of each entry, over the draft
+        vocabulary."""
+        if not rows:
+            return []
+        ctx, H = self._live(), self.info.n_embd
+        self._check(rows)
         sizes = [len(r.tokens) for r in rows]
         m = int(sum(sizes))
         tokens = np.concatenate([np.asarray(r.tokens, dtype=np.int32) for r in rows])
@@ -196,8 +224,11 @@ class NativeEagle3Runtime(PooledSeqs, Eagle3Runtime):
         if hidden.shape != (m, H):
             raise ValueError(f"eagle3 hidden rows must be [{m}, {H}], got {tuple(hidden.shape)}")
         offsets = np.concatenate([[0], np.cumsum(sizes)])
-        out_rows = np.concatenate([np.arange(offsets[k], offsets[k + 1], dtype=np.int32)
-                                   for k, r in enumerate(rows) if r.want_logits] or [np.zeros(0, np.int32)])
+        if step:
+            out_rows = (offsets[1:] - 1).astype(np.int32)
+        else:
+            out_rows = np.concatenate([np.arange(offsets[k], offsets[k + 1], dtype=np.int32)
+                                       for k, r in enumerate(rows) if r.want_logits] or [np.zeros(0, np.int32)])
         logits = np.empty((out_rows.size, self.n_out_vocab), np.float32)
         prenorm = np.empty((m, H), np.float32)
         capture = (ctypes.c_void_p * 2)(None, nl.ptr(prenorm))  # the residual after the block: pre-norm
@@ -207,6 +238,8 @@ class NativeEagle3Runtime(PooledSeqs, Eagle3Runtime):
         nl.forward(ctx, batch, "native EAGLE-3 forward")
         for r in rows:
             self._seqs.get(r.seq_id).length = r.start + len(r.tokens)
+        if step:
+            return [Eagle3Out(logits[k:k + 1], prenorm[b - 1:b], self.d2t) for k, b in enumerate(offsets[1:])]
         full = logits
         if self.d2t is not None:  # draft-vocabulary rows spread over the target's, -inf elsewhere
             full = np.full((out_rows.size, self.info.n_vocab), -np.inf, np.float32)
@@ -221,6 +254,26 @@ class NativeEagle3Runtime(PooledSeqs, Eagle3Runtime):
                 li += b - a
             outs.append(Eagle3Out(rl, prenorm[a:b]))
         return outs
+
+
+class _OneRowStep:
+    """Buffers and a ready batch for one row with logits: a draft step of a single sequence, the
+    common case, without building arrays and taking their addresses at every step (which cost about
+    half as much as the head's own forward)."""
+
+    def __init__(self, n_embd: int, n_out_vocab: int) -> None:
+        self.token = np.zeros(1, np.int32)
+        self.pos = np.zeros(1, np.int32)
+        self.seq = np.zeros(1, np.int32)
+        self.hidden = np.zeros((1, n_embd), np.float32)
+        self.out_rows = np.zeros(1, np.int32)
+        self.logits = np.empty((1, n_out_vocab), np.float32)
+        self.prenorm = np.empty((1, n_embd), np.float32)
+        self._capture = (ctypes.c_void_p * 2)(None, nl.ptr(self.prenorm))
+        self.batch = nl.Batch(n_rows=1, tokens=nl.ptr(self.token), pos=nl.ptr(self.pos), seq=nl.ptr(self.seq),
+                              n_out=1, out_rows=nl.ptr(self.out_rows), logits=nl.ptr(self.logits),
+                              capture=ctypes.cast(self._capture, ctypes.c_void_p), hidden_final=None,
+                              hidden_in=nl.ptr(self.hidden))
 
 
 runtime_class = NativeEagle3Runtime

@@ -60,6 +60,9 @@ class Eagle3Rows:
 class Eagle3Out:
     logits: np.ndarray | None  # float32 [n, n_vocab], -inf outside the draft vocabulary; None if not wanted
     prenorm: np.ndarray  # float32 [n, n_embd]: the layer output before output_norm (next step's hidden)
+    # From draft_step only: the logits' columns are these target ids (a reduced draft vocabulary, each id
+    # once) instead of the whole target vocabulary, so a step need not spread them over it.
+    vocab: np.ndarray | None = None
 
 
 @dataclass(slots=True)
@@ -112,6 +115,17 @@ class Eagle3Runtime(DraftRuntime):
     @abstractmethod
     def decode(self, rows: Sequence[Eagle3Rows]) -> list[Eagle3Out]:
         """One causal pass of the draft layer over every sequence's rows (written into its KV cache)."""
+
+    def draft_step(self, rows: Sequence[Eagle3Rows]) -> list[Eagle3Out]:
+        """One draft step: :meth:`decode` of each sequence's rows (their ``want_logits`` ignored), answering
+        for its last row only (``logits`` [1, ...], ``prenorm`` [1, n_embd]). A runtime may answer over its
+        reduced vocabulary (``Eagle3Out.vocab``) and from buffers it reuses, so an answer is only valid
+        until the runtime's next call."""
+        head = [Eagle3Rows(r.seq_id, r.tokens[:-1], r.hidden[:-1], r.start, False) for r in rows if len(r.tokens) > 1]
+        if head:
+            self.decode(head)
+        return self.decode([Eagle3Rows(r.seq_id, r.tokens[-1:], r.hidden[-1:], r.start + len(r.tokens) - 1)
+                            for r in rows])
 
 
 class DFlashRuntime(DraftRuntime):
@@ -235,8 +249,9 @@ class Choice:
 CANDIDATE_GROUP = 64  # entries per group whose maxima bound the n-th largest entry from below
 
 
-def top_candidates(row: np.ndarray, n: int) -> np.ndarray:
-    """Ids of the ``n`` largest finite entries of ``row``, best first, ties to the lower id.
+def top_candidates(row: np.ndarray, n: int, vocab: np.ndarray | None = None) -> np.ndarray:
+    """Positions of the ``n`` largest finite entries of ``row``, best first, ties to the lower id: the
+    position itself, or ``vocab[position]`` when the row covers a reduced vocabulary.
 
     A draft step picks from a row as wide as the vocabulary, and a partial sort of all of it cost more
     than the draft model's own step. Instead the row is split into groups (entry i in group i mod m,
@@ -254,37 +269,44 @@ def top_candidates(row: np.ndarray, n: int) -> np.ndarray:
                 bound = np.partition(finite, len(finite) - n)[len(finite) - n]
                 near = np.flatnonzero(row >= bound)
                 if np.isfinite(row[near]).all():  # entries past the last whole group were not checked
-                    return _best_first(row, near, n)
+                    return _best_first(row, near, n, vocab)
     finite_ids = np.flatnonzero(np.isfinite(row))
     if len(finite_ids) == 0:
         raise ValueError("draft logits have no finite entry")
     n = min(n, len(finite_ids))
     nth = -np.partition(-row[finite_ids], n - 1)[n - 1]
-    return _best_first(row, finite_ids[row[finite_ids] >= nth], n)
+    return _best_first(row, finite_ids[row[finite_ids] >= nth], n, vocab)
 
 
-def _best_first(row: np.ndarray, ids: np.ndarray, n: int) -> np.ndarray:
-    """The n best of ``ids`` by ``row``, best first, ties to the lower id (``ids`` ascending)."""
-    vals = row[ids]
-    order = np.lexsort((ids, -vals))  # a stable total order: the same pick however ids were found
-    return ids[order[:n]]
+def _best_first(row: np.ndarray, near: np.ndarray, n: int, vocab: np.ndarray | None) -> np.ndarray:
+    """The n best of positions ``near`` (every entry tied with the n-th is among them) by ``row``, best
+    first, ties to the lower id: a stable total order, the same pick however ``near`` was found."""
+    vals = row[near]
+    order = np.lexsort((near if vocab is None else vocab[near], -vals))
+    return near[order[:n]]
 
 
-def choose(logits: np.ndarray, temperature: float | None, rng: np.random.Generator | None) -> Choice:
+def choose(logits: np.ndarray, temperature: float | None, rng: np.random.Generator | None, *,
+           vocab: np.ndarray | None = None, n_vocab: int = 0) -> Choice:
     """llama.cpp's draft pick: top-10, softmax (at ``temperature`` when sampling, else 1), best or sampled.
 
-    ``-inf`` entries (outside a reduced draft vocabulary) never enter the candidate list.
+    ``-inf`` entries (outside a reduced draft vocabulary) never enter the candidate list. A row over a
+    reduced vocabulary gives ``vocab`` (its columns' token ids) and ``n_vocab`` (the width of ``q``):
+    the pick is the one from that row spread over the whole vocabulary with ``-inf`` elsewhere.
     """
+    if vocab is not None and n_vocab <= 0:
+        raise ValueError("a row over a reduced vocabulary needs the whole vocabulary's width")
     row = np.asarray(logits)
     if row.dtype != np.float32:
         row = row.astype(np.float64)  # float32 stays: widening it is exact, so the order is the same
-    ids = top_candidates(row, N_CANDIDATES)
-    scaled = row[ids].astype(np.float64) / (temperature if (rng is not None and temperature) else 1.0)
+    at = top_candidates(row, N_CANDIDATES, vocab)
+    ids = at if vocab is None else vocab[at]
+    scaled = row[at].astype(np.float64) / (temperature if (rng is not None and temperature) else 1.0)
     e = np.exp(scaled - scaled.max())
     p = e / e.sum()
     if rng is None:
         return Choice(int(ids[0]), float(p[0]), None)
-    q = np.zeros(len(row), dtype=np.float32)
+    q = np.zeros(len(row) if vocab is None else n_vocab, dtype=np.float32)
     q[ids] = p
     return Choice(pick(ids, p, float(rng.random())), float(p[0]), q)
 

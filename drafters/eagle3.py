@@ -120,20 +120,24 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
         st.queue_feats.append(feats)
         st.queued += len(tokens)
 
-    def _flush(self, slots: Sequence[_Slot]) -> list[np.ndarray]:
-        """Decode every slot's queue in one batch; returns each slot's encoded pending row g."""
+    def _take_queue(self, slots: Sequence[_Slot]) -> tuple[list[Eagle3Rows | None], list[np.ndarray]]:
+        """Empty every slot's queue: its rows as one decode entry (None where nothing is queued), and each
+        slot's encoded pending row g. One encoder call for all of them."""
+        if not slots:
+            return [], []
         feats = [f for st in slots for f in st.queue_feats] + [st.pending_feat[None] for st in slots]  # type: ignore[index]
         g = self.runtime.encode(np.concatenate(feats))
-        rows, off = [], 0
+        rows: list[Eagle3Rows | None] = []
+        off = 0
         for st in slots:
+            entry = None
             if st.queued:
-                start = self.runtime.seq_len(st.seq)
-                rows.append(Eagle3Rows(st.seq, np.concatenate(st.queue_tokens), g[off:off + st.queued], start, False))
+                entry = Eagle3Rows(st.seq, np.concatenate(st.queue_tokens), g[off:off + st.queued],
+                                   self.runtime.seq_len(st.seq), False)
                 off += st.queued
+            rows.append(entry)
             st.queue_tokens, st.queue_feats, st.queued = [], [], 0
-        if rows:
-            self.runtime.decode(rows)
-        return [g[off + i] for i in range(len(slots))]
+        return rows, [g[off + i] for i in range(len(slots))]
 
     # --- drafting --------------------------------------------------------------------------------
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
@@ -150,17 +154,22 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
             self._cut(st, pos)
             prob = self.probabilistic(st, r)
             runs.append(DraftRun(i, st, int(r.last), pos, cap, float(r.spec.p_min), float(r.temperature), prob))
-        pending = self._flush([run.slot for run in runs]) if runs else []  # type: ignore[misc]
-        rows = [Eagle3Rows(run.slot.seq, np.array([requests[run.index].last], dtype=np.int32), g[None], run.start)
-                for run, g in zip(runs, pending, strict=True)]
+        queued, pending = self._take_queue([run.slot for run in runs])
+        # The first step decodes the queued rows with it, in one forward: after a target forward the head's
+        # weights are out of the caches, and a separate pass over the queue would read them twice.
+        rows = []
+        for run, q, g in zip(runs, queued, pending, strict=True):
+            x = np.array([run.last], dtype=np.int32)
+            rows.append(Eagle3Rows(run.slot.seq, x, g[None], run.start) if q is None else
+                        Eagle3Rows(run.slot.seq, np.concatenate([q.tokens, x]), np.concatenate([q.hidden, g[None]]), q.start))
         active = runs
         while active:
-            outs = self.runtime.decode(rows)
+            outs = self.runtime.draft_step(rows)
             nxt: list[DraftRun] = []
             rows = []
             for run, out in zip(active, outs, strict=True):
                 assert out.logits is not None
-                if run.take(out.logits[-1]) and not run.full:
+                if run.take(out.logits[-1], out.vocab, self.runtime.info.n_vocab) and not run.full:
                     nxt.append(run)
                     rows.append(Eagle3Rows(run.slot.seq, np.array([run.tokens[-1]], dtype=np.int32), out.prenorm[-1:],
                                            run.start + len(run.tokens)))

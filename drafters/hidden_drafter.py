@@ -186,10 +186,12 @@ class DraftRun:
     tokens: list[int] = field(default_factory=list)
     probs: list[np.ndarray] = field(default_factory=list)
 
-    def take(self, logits: np.ndarray) -> bool:
-        """Choose the next token from `logits` (best, or sampled by the slot's rng); False, dropping it,
-        when it is not confident enough: this run stops."""
-        c = choose(logits, self.temperature, self.slot.rng if self.probabilistic else None)
+    def take(self, logits: np.ndarray, vocab: np.ndarray | None = None, n_vocab: int = 0) -> bool:
+        """Choose the next token from `logits` (best, or sampled by the slot's rng; a row over a reduced
+        vocabulary names its columns' ids and the whole width, as `choose` takes them); False, dropping
+        it, when it is not confident enough: this run stops."""
+        c = choose(logits, self.temperature, self.slot.rng if self.probabilistic else None, vocab=vocab,
+                   n_vocab=n_vocab)
         if c.p_top < self.p_min:
             return False
         self.tokens.append(c.token)

@@ -71,3 +71,29 @@ def test_choose_picks_the_best_candidate_and_spreads_q_over_the_top_ten(row: np.
     sampled = choose(row, temp, np.random.default_rng(0))
     assert sampled.q is not None and set(np.flatnonzero(sampled.q)) <= set(want.tolist())
     assert sampled.token in set(want.tolist()) and sampled.q.sum() == pytest.approx(1.0, rel=1e-5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows(), st.integers(0, 2**32 - 1), st.sampled_from([None, 0.8]))
+def test_a_row_over_a_reduced_vocabulary_picks_as_the_spread_row(row: np.ndarray, seed: int, temp: float | None) -> None:
+    """A draft step answering over its own vocabulary (columns mapped to target ids in any order) picks
+    what the same logits spread over the target's vocabulary, -inf elsewhere, pick: ties included."""
+    n_vocab = row.size * 2 + 7
+    vocab = np.random.default_rng(seed).permutation(n_vocab)[: row.size]
+    spread = np.full(n_vocab, -np.inf, row.dtype)
+    spread[vocab] = row
+    if not np.isfinite(row).any():
+        with pytest.raises(ValueError, match="no finite entry"):
+            choose(row, None, None, vocab=vocab, n_vocab=n_vocab)
+        return
+    want, got = choose(spread, None, None), choose(row, None, None, vocab=vocab, n_vocab=n_vocab)
+    assert (got.token, got.p_top, got.q) == (want.token, want.p_top, None)
+    want_s = choose(spread, temp, np.random.default_rng(seed))
+    got_s = choose(row, temp, np.random.default_rng(seed), vocab=vocab, n_vocab=n_vocab)
+    assert want_s.q is not None and got_s.q is not None
+    assert got_s.token == want_s.token and np.array_equal(got_s.q, want_s.q)
+
+
+def test_a_reduced_row_needs_the_whole_width() -> None:
+    with pytest.raises(ValueError, match="width"):
+        choose(np.zeros(4, np.float32), None, None, vocab=np.arange(4))

@@ -119,7 +119,7 @@ def test_the_lazy_draft_kv_drafts_what_an_update_after_every_forward_drafts(mode
             _observe(d, target, 0, seqs[id(d)], [x, *guess], len(history))
             d.accept(0, n_acc, False)
             if d is eager:
-                d._flush([st])
+                _flush(d, st)
                 assert st.queued == 0 and d.runtime.seq_len(st.seq) == st.pending_pos
         history = [*history, x, *guess[:n_acc]]
         x = int(rng.integers(0, tiny_hf.VOCAB))
@@ -192,6 +192,14 @@ def test_smollm2_random_draft_is_lossless(tmp_path: Path) -> None:
     assert outs == refs and st["gen_drafts"] > 0
 
 
+def _flush(d: Eagle3Drafter, st: object) -> np.ndarray:
+    """Decode a slot's queued rows into the draft KV now; returns its encoded pending row g."""
+    [rows], [g] = d._take_queue([st])  # type: ignore[list-item]
+    if rows is not None:
+        d.runtime.decode([rows])
+    return g
+
+
 def _step0_logits(d: Eagle3Drafter, r: DraftRequest) -> np.ndarray | None:
     """The draft's first-step logits for this request, computed from its current caches (then undone)."""
     from spekula.core.draft_models import Eagle3Rows
@@ -200,7 +208,7 @@ def _step0_logits(d: Eagle3Drafter, r: DraftRequest) -> np.ndarray | None:
     if st is None or st.pending_feat is None or st.pending_pos != pos or d._length(st) < pos:
         return None
     d._cut(st, pos)
-    [g] = d._flush([st])  # brings the draft KV up to date, as draft() is about to
+    g = _flush(d, st)  # brings the draft KV up to date, as draft() is about to
     out = d.runtime.decode([Eagle3Rows(st.seq, np.array([r.last], np.int32), g[None], pos)])[0]
     d.runtime.truncate(st.seq, pos)
     assert out.logits is not None

@@ -124,6 +124,47 @@ def test_a_rows_outputs_do_not_depend_on_batching_chunking_or_threads(models: di
     assert again.logits is not None and np.array_equal(again.logits, want.logits[2:])
 
 
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_a_draft_step_answers_for_the_last_row_over_the_draft_vocabulary(models: dict[str, Path], kind: str) -> None:
+    """draft_step answers for each entry's last row, over the head's own vocabulary (its columns named by
+    ``vocab``), with the bits decode() spreads over the target's: for a queue-plus-step entry, for two
+    sequences in one step, and for one row from its reused buffers."""
+    g = hidden(len(TOKENS), seed=2)
+    ref, rt = native_runtime(models, kind), native_runtime(models, kind)
+    b, a, ra, rb = rt.new_seq(), rt.new_seq(), ref.new_seq(), ref.new_seq()  # a in slot 1: not the buffers zeros
+    want = ref.decode([Eagle3Rows(ra, TOKENS, g, 0)])[0]
+    want_b = ref.decode([Eagle3Rows(rb, TOKENS[:3], g[:3], 0)])[0]
+    step = rt.draft_step([Eagle3Rows(a, TOKENS[:4], g[:4], 0, want_logits=False), Eagle3Rows(b, TOKENS[:3], g[:3], 0)])
+    assert want.logits is not None and want_b.logits is not None
+    for out, full, last in ((step[0], want.logits[3], want.prenorm[3]), (step[1], want_b.logits[2], want_b.prenorm[2])):
+        assert out.logits is not None and out.vocab is not None and out.logits.shape == (1, len(out.vocab))
+        assert np.array_equal(out.logits[0], full[out.vocab]) and np.array_equal(out.prenorm[0], last)
+        assert not np.isfinite(np.delete(full, out.vocab)).any()  # the rest is what spreading fills in
+    assert rt.seq_len(a) == 4 and rt.seq_len(b) == 3
+    for k in range(4, len(TOKENS)):  # one row at a time: the preallocated path
+        [out] = rt.draft_step([Eagle3Rows(a, TOKENS[k:k + 1], g[k:k + 1], k)])
+        assert out.logits is not None and out.vocab is not None
+        assert np.array_equal(out.logits[0], want.logits[k][out.vocab]) and np.array_equal(out.prenorm[0], want.prenorm[k])
+        assert rt.seq_len(a) == k + 1
+    with pytest.raises(ValueError, match="hidden"):
+        rt.draft_step([Eagle3Rows(a, TOKENS[:1], g[0], 2)])
+    with pytest.raises(ConfigError, match="gap"):
+        rt.draft_step([Eagle3Rows(a, TOKENS[:1], g[:1], len(TOKENS) + 1)])
+    assert rt.seq_len(a) == len(TOKENS)
+
+
+def test_the_default_draft_step_answers_like_decode(models: dict[str, Path]) -> None:
+    """A runtime without its own draft_step (torch) decodes an entry's rows and answers for the last."""
+    ref, rt = torch_runtime(models, "f32"), torch_runtime(models, "f32")
+    g = hidden(len(TOKENS), seed=3)
+    want = ref.decode([Eagle3Rows(ref.new_seq(), TOKENS, g, 0)])[0]
+    s = rt.new_seq()
+    [out] = rt.draft_step([Eagle3Rows(s, TOKENS, g, 0)])
+    assert want.logits is not None and out.logits is not None and out.vocab is None and rt.seq_len(s) == len(TOKENS)
+    assert out.logits.shape == (1, tiny_hf.VOCAB) and rel(out.logits[0], want.logits[-1]) < 1e-5
+    assert rel(out.prenorm[0], want.prenorm[-1]) < 1e-5
+
+
 def test_over_a_native_target_it_uses_the_targets_threads_and_embedding(models: dict[str, Path]) -> None:
     target = native_target(models, threads=2)
     over = native_runtime(models, "q8_0", target=target)
