@@ -210,11 +210,7 @@ class RoundPlanner:
                 mine.append((s, ask))
             if not mine:
                 continue
-            reqs = [
-                DraftRequest(slot=s.id, history=s.history, last=s.last, n_max=n, spec=s.plan.spec,  # type: ignore[union-attr]
-                             temperature=s.request.sampling.temperature, seed=s.plan.seed)  # type: ignore[union-attr]
-                for s, n in mine
-            ]
+            reqs = [_draft_request(s, n) for s, n in mine]
             t0 = time.perf_counter()
             try:
                 drafts = drafter.draft(reqs)
@@ -337,6 +333,13 @@ class RoundPlanner:
                 self.controller.probe_found_nothing(sid)  # every drafter was asked and had nothing
             else:
                 self.controller.planned(sid, 0)
+
+
+def _draft_request(s: Slot, n_max: int) -> DraftRequest:
+    """What a drafter is asked on behalf of a generating slot (which always has a request and a plan)."""
+    assert s.plan is not None and s.request is not None
+    return DraftRequest(slot=s.id, history=s.history, last=s.last, n_max=n_max, spec=s.plan.spec,
+                        temperature=s.request.sampling.temperature, seed=s.plan.seed)
 
 
 def _shortened(drafter: Drafter, slot: int, n: int) -> None:

@@ -125,7 +125,10 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
         slot's encoded pending row g. One encoder call for all of them."""
         if not slots:
             return [], []
-        feats = [f for st in slots for f in st.queue_feats] + [st.pending_feat[None] for st in slots]  # type: ignore[index]
+        pending = [st.pending_feat for st in slots]
+        if any(f is None for f in pending):
+            raise ValueError("a slot without a pending row cannot draft")  # draft() only picks slots with one
+        feats = [f for st in slots for f in st.queue_feats] + [f[None] for f in pending if f is not None]
         g = self.runtime.encode(np.concatenate(feats))
         rows: list[Eagle3Rows | None] = []
         off = 0
