@@ -7,8 +7,8 @@ last row is *pending* (its next token is not known yet): its g is kept, and the 
 On verification, ``accept`` rebases the pending row onto the last accepted row (whoever drafted).
 
 The draft KV is brought up to date lazily: each target forward's rows (their tokens and captured
-features) are queued, and the queue is encoded and decoded in one batch when the drafter is next
-asked for a draft. A round in which the cost model does not ask the drafter then costs it nothing;
+features) are queued, and when the drafter is next asked for a draft the queue is encoded and
+decoded in the same forward as the draft's first step. A round in which the cost model does not ask the drafter then costs it nothing;
 updating the draft layer after every target forward (torch, one row at a time) took about as long
 as SmolLM2's own forward.
 """
