@@ -8,9 +8,9 @@ On verification, ``accept`` rebases the pending row onto the last accepted row (
 
 The draft KV is brought up to date lazily: each target forward's rows (their tokens and captured
 features) are queued, and when the drafter is next asked for a draft the queue is encoded and
-decoded in the same forward as the draft's first step. A round in which the cost model does not ask the drafter then costs it nothing;
-updating the draft layer after every target forward (torch, one row at a time) took about as long
-as SmolLM2's own forward.
+decoded in the same forward as the draft's first step. A round in which the cost model does not ask
+the drafter then costs it nothing; updating the draft layer after every target forward (torch, one
+row at a time) took about as long as SmolLM2's own forward.
 """
 
 from __future__ import annotations
