@@ -62,7 +62,9 @@ class Config(ctypes.Structure):
         # MTP heads' input projection (data NULL: rows enter as their token's embedding)
         ("in_proj", Tensor), ("in_embd_norm", ctypes.c_void_p), ("in_hidden_norm", ctypes.c_void_p),
         # EAGLE-3 heads: block 0 reads [normed embedding; normed hidden] itself (WIDE_* below)
-        ("wide_input", ctypes.c_int32)]
+        ("wide_input", ctypes.c_int32),
+        # DFlash heads' context encoder (fc, then its norm) that sk_inject_kv turns into keys and values
+        ("ctx_proj", Tensor), ("ctx_norm", ctypes.c_void_p)]
 
 
 # sk_config.wide_input: none, or the 2 n_embd wide first block with the residual from hidden_in / its norm.
@@ -73,7 +75,8 @@ class Batch(ctypes.Structure):
     _fields_ = [("n_rows", ctypes.c_int64), ("tokens", ctypes.c_void_p), ("pos", ctypes.c_void_p),
                 ("seq", ctypes.c_void_p), ("n_out", ctypes.c_int64), ("out_rows", ctypes.c_void_p),
                 ("logits", ctypes.c_void_p), ("capture", ctypes.c_void_p), ("hidden_final", ctypes.c_void_p),
-                ("hidden_in", ctypes.c_void_p)]
+                ("hidden_in", ctypes.c_void_p),
+                ("key_end", ctypes.c_void_p)]  # NULL: causal; else row r attends keys [0, key_end[r])
 
 
 def forward(ctx: int, batch: Batch, what: str) -> None:
@@ -124,6 +127,8 @@ def lib() -> ctypes.CDLL:
     so.sk_forward.argtypes = [ctypes.c_void_p, ctypes.POINTER(Batch)]
     so.sk_project_in.restype = ctypes.c_int
     so.sk_project_in.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    so.sk_inject_kv.restype = ctypes.c_int
+    so.sk_inject_kv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int32]
     so.sk_test_quantize.restype = None
     so.sk_test_quantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]

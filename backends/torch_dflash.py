@@ -19,6 +19,7 @@ from spekula.core.draft_models import DFlashBlock, DFlashOut, DFlashRuntime, Dra
 from spekula.core.errors import ModelFileError
 from spekula.core.gguf_file import GGUFFile
 
+from .dflash_format import check_supported
 from .torch_draft_common import (
     KVStore,
     TorchDraftBase,
@@ -30,12 +31,6 @@ from .torch_draft_common import (
     swiglu,
     target_embeddings,
 )
-
-# Keys that change the forward in ways this runtime does not implement: refuse rather than decode wrongly.
-_UNSUPPORTED_KEYS = ("attention.sliding_window", "attention.value_scale", "logit_scale", "final_logit_softcapping",
-                     "embedding_scale", "rope.dimension_sections", "selector_rank", "conv_kernel_size")
-_UNSUPPORTED_TENSORS = ("blk.0.post_attention_norm.weight", "blk.0.post_ffw_norm.weight",
-                        "blk.0.layer_output_scale.weight", "blk.0.attn_sinks.weight", "selector_hidden.weight")
 
 
 @dataclass
@@ -58,12 +53,7 @@ class TorchDFlashRuntime(TorchDraftBase, DFlashRuntime):
         self.info = info
         self.device, self.dtype = device_dtype(options)
         a = "dflash"
-        for key in _UNSUPPORTED_KEYS:
-            if f.get(f"{a}.{key}") is not None:
-                raise ModelFileError(f.path, f"key {a}.{key} is not supported by this runtime")
-        for name in _UNSUPPORTED_TENSORS:
-            if f.has_tensor(name):
-                raise ModelFileError(f.path, f"tensor {name!r} is not supported by this runtime")
+        check_supported(f, a)
         H = info.n_embd
         self.n_layer = int(f.require(f"{a}.block_count"))
         self.read_attention(f, a, H)

@@ -13,10 +13,11 @@ backend in one process: plain decoding, then `draft-eagle3 -md EAGLE3.gguf`, `dr
 DFLASH.gguf`, `ngram-simple` and `ngram-mod`, each with `--spec-draft-n-max 6` (the n-gram drafters'
 own caps, size-m and n-min/n-max, are set to 6 too) twice: with the adaptive planner off (a fixed
 n_max 6 every round, as llama.cpp drafts: this is the "mean acceptance length at n_max 6") and on
-(spekula's default: what a user gets). Beside a native target the EAGLE-3 head runs on the native kernels;
-`--torch-runtime` adds an `eagle3/torch` row with it on torch (`--spec-draft-dtype f32`), for comparison. A DFlash head drafts at most block_size - 1 tokens a
-round; its runtime clamps a larger n_max and says so. Every run gets a fresh engine, so no drafter state (the
-ngram-mod pool, the planner's cost model) carries from one run to the next. For each prompt a
+(spekula's default: what a user gets). Beside a native target both heads run on the native kernels;
+`--torch-runtime` adds `eagle3/torch` and `dflash/torch` rows with the heads on torch (`--spec-draft-dtype
+f32`), for comparison. A DFlash head drafts at most block_size - 1 tokens a round; its runtime
+clamps a larger n_max and says so. Every run gets a fresh engine, so no drafter state (the ngram-mod
+pool, the planner's cost model) carries from one run to the next. For each prompt a
 plain run comes before the first drafter's pair of runs and after every pair; a pair's speed is
 compared with the two plain runs that bracket it, so slow drift in the machine's load cancels.
 Every output is checked token for token against plain decoding (greedy speculation is lossless);
@@ -120,7 +121,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the first --prompts training prompts instead of held-out and hand-written ones: how much of a "
                    "head's acceptance comes from fitting its own training prompts (the goals are not judged on them)")
     p.add_argument("--torch-runtime", action="store_true",
-                   help="add EAGLE-3 rows with the head on the torch runtime (--spec-draft-dtype f32) beside the native one")
+                   help="add rows with each head on the torch runtime (--spec-draft-dtype f32) beside the native one")
     p.add_argument("--also-shipped", action="store_true",
                    help="with --eagle3/--dflash: add rows for the shipped head of the same kind (<kind>/shipped)")
     args = p.parse_args(argv)
@@ -203,8 +204,11 @@ def drafter_rows(heads: dict[str, str], torch_runtime: bool = False,
             rows.append(Drafter(kind, (f"draft-{kind}",), head=heads[kind]))
         if shipped and kind in shipped:
             rows.append(Drafter(f"{kind}/shipped", (f"draft-{kind}",), head=shipped[kind]))
-    if torch_runtime and "eagle3" in heads:
-        rows.insert(1, Drafter("eagle3/torch", ("draft-eagle3",), head=heads["eagle3"], draft_dtype="f32"))
+    if torch_runtime:  # each head's row on torch, right after its native row
+        for kind in reversed(HEAD_KINDS):
+            if kind in heads:
+                at = next(i for i, r in enumerate(rows) if r.label == kind) + 1
+                rows.insert(at, Drafter(f"{kind}/torch", (f"draft-{kind}",), head=heads[kind], draft_dtype="f32"))
     return rows + [Drafter("ngram-simple", ("ngram-simple",), options=ngram_caps),
                    Drafter("ngram-mod", ("ngram-mod",), options=ngram_caps)]
 

@@ -77,6 +77,9 @@ class DFlashOut:
     # float32 [B, n_vocab]; for DSpark the Markov bias is already chained in (greedy), -inf outside the draft vocab
     logits: np.ndarray
     confidence: np.ndarray | None  # float32 [B] (DSpark with a confidence head), else None
+    # When set, the logits' columns are these target ids (a reduced draft vocabulary, each id once)
+    # instead of the whole target vocabulary, as in Eagle3Out.
+    vocab: np.ndarray | None = None
 
 
 class DraftRuntime(ABC):
@@ -216,9 +219,9 @@ def runtime_module(module_name: str, missing: str) -> ModuleType:
         raise ConfigError(missing) from None
 
 
-# Draft architectures the native kernels run (backends/native_<arch>.py); the others run on torch's CPU
-# path beside a native target.
-NATIVE_DRAFT_ARCHS = ("eagle3",)
+# Draft kinds the native kernels run (backends/native_<arch>.py); the others (DSpark, whose Markov head
+# chains through the block token by token) run on torch's CPU path beside a native target.
+NATIVE_DRAFT_KINDS = ("eagle3", "dflash")
 
 
 def load_draft_runtime(backend_name: str, gguf_path: str, target: ModelInfo, options: BackendOptions | None = None,
@@ -228,7 +231,7 @@ def load_draft_runtime(backend_name: str, gguf_path: str, target: ModelInfo, opt
     f = GGUFFile(gguf_path)
     info = read_draft_info(f)
     check_target(info, target)
-    runtime_backend = "torch" if backend_name == "native" and info.arch not in NATIVE_DRAFT_ARCHS else backend_name
+    runtime_backend = "torch" if backend_name == "native" and info.kind not in NATIVE_DRAFT_KINDS else backend_name
     module = runtime_module(f"spekula.backends.{runtime_backend}_{info.arch}",
                             f"draft architecture {info.arch!r} has no runtime for backend {backend_name!r}")
     opts = options or BackendOptions()

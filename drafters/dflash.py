@@ -148,7 +148,7 @@ class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, DFlashSlot]):
         tokens: list[int] = []
         probs: list[np.ndarray] = []
         for j in self.read_rows(plan.n_spec)[: plan.cap]:
-            c = choose(out.logits[j], req.temperature, rng)
+            c = choose(out.logits[j], req.temperature, rng, vocab=out.vocab, n_vocab=self.info.n_vocab)
             if c.p_top < float(req.spec.p_min):
                 break
             tokens.append(c.token)

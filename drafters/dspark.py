@@ -56,5 +56,6 @@ class DSparkDrafter(DFlashDrafter):
         for j in self.read_rows(plan.n_spec)[: plan.cap]:
             if p_min > 0 and out.confidence is not None and float(out.confidence[j]) < p_min:
                 break
-            tokens.append(int(np.argmax(out.logits[j])))
+            best = int(np.argmax(out.logits[j]))
+            tokens.append(best if out.vocab is None else int(out.vocab[best]))
         return Draft(tokens)

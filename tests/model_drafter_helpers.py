@@ -77,11 +77,14 @@ def smollm2_or_skip() -> Path:
         pytest.skip(f"default model unavailable: {exc}")
 
 
-def random_draft_gguf(path: Path, arch: str, target: Path, *, seed: int = 0, **keys: Any) -> Path:
-    """A random EAGLE-3 or DFlash draft GGUF sized for ``target`` (no HF checkpoint needed), F16 weights.
+def random_draft_gguf(path: Path, arch: str, target: Path, *, seed: int = 0, draft_vocab: int = 0,
+                      weight_type: str = "F16", **keys: Any) -> Path:
+    """A random EAGLE-3 or DFlash draft GGUF sized for ``target`` (no HF checkpoint needed), F16 weights
+    (or ``weight_type``: F32, F16, Q8_0 for the matrices).
 
     EAGLE-3: one layer, reduced 2048-token vocabulary with its own head (d2t), borrowed embeddings.
-    DFlash: two layers, borrowed embeddings and head. Both read three / two target layers.
+    DFlash: two layers, borrowed embeddings and head, or with ``draft_vocab`` its own head over that
+    many target ids (d2t). Both read three / two target layers.
     """
     import numpy as np
 
@@ -95,7 +98,7 @@ def random_draft_gguf(path: Path, arch: str, target: Path, *, seed: int = 0, **k
     n_head, n_kv, hd, ff = 4, 2, 64, 256
 
     def mat(r: int, c: int) -> tuple[np.ndarray, str]:
-        return (rng.standard_normal((r, c)) / np.sqrt(c)).astype(np.float32), "F16"
+        return (rng.standard_normal((r, c)) / np.sqrt(c)).astype(np.float32), weight_type
 
     def ones(n: int) -> np.ndarray:
         return np.ones(n, np.float32)
@@ -123,6 +126,9 @@ def random_draft_gguf(path: Path, arch: str, target: Path, *, seed: int = 0, **k
             tensors.update({f"blk.{i}.{k}": v for k, v in layer.items()})
             tensors.update({f"blk.{i}.attn_q_norm.weight": ones(hd), f"blk.{i}.attn_k_norm.weight": ones(hd)})
         tensors.update({"fc.weight": mat(H, 2 * H), "enc.output_norm.weight": ones(H)})
+        if draft_vocab:
+            tensors.update({"output.weight": mat(draft_vocab, H),
+                            "d2t": np.sort(rng.choice(n_vocab, draft_vocab, replace=False)).astype(np.int64)})
         meta = {"tokenizer.ggml.mask_token_id": n_vocab - 1}
     hp.update(keys)
     return write_gguf(path, arch, hp, tensors, meta)

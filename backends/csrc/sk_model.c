@@ -7,6 +7,9 @@
  * With a wide input (EAGLE-3 heads: one block) the first block's attention reads that 2 n_embd wide
  * row itself in place of its attn_norm output, and the residual stream starts from hidden_in (or from
  * its normed copy); the output matrix may have fewer rows than the vocabulary (a reduced draft one).
+ * With a context encoder (DFlash heads) the target's features never run through the blocks: sk_inject_kv
+ * turns them into every block's keys and values at their positions, and a batch with key_end lets the
+ * rows of a draft block attend to each other in both directions.
  * A context made with sk_ctx_new_over runs on another context's threads and may take weights that
  * context prepared (layout 1) as they are; it keeps that context alive until it is freed itself.
  *
@@ -50,6 +53,10 @@ typedef struct {
      * above) and what the residual stream starts from. There in_proj, if any, is the encoder that makes
      * hidden_in rows out of wider inputs (EAGLE-3's fc over the target's features): sk_project_in. */
     int32_t wide_input;
+    /* Context encoder [n_embd, k] and its output norm (DFlash: fc over k = target layers x their width);
+     * data NULL: none. Only sk_inject_kv reads it. */
+    sk_tensor ctx_proj;
+    const float *ctx_norm;
 } sk_config;
 
 enum { SK_WIDE_NONE = 0, SK_WIDE_RESIDUAL_HIDDEN = 1, SK_WIDE_RESIDUAL_NORMED = 2 };
@@ -63,6 +70,7 @@ typedef struct {
     float *const *capture;   /* NULL or [n_layer + 1]: residual entering block l, [n_rows, n_embd] each (or NULL) */
     float *hidden_final;     /* NULL or [n_rows, n_embd]: after output_norm */
     const float *hidden_in;  /* [n_rows, n_embd] when the config has in_proj or a wide input, else unused */
+    const int32_t *key_end;  /* NULL: row r attends keys [0, pos[r]] (causal); else [0, key_end[r]) */
 } sk_batch;
 
 typedef struct sk_ctx sk_ctx;
@@ -171,6 +179,9 @@ static void free_scratch(sk_ctx *c) {
 
 static int64_t n_chunks(int64_t n_keys) { return (n_keys + SK_ATTN_CHUNK - 1) / SK_ATTN_CHUNK; }
 
+/* Keys row r of a batch attends to: its own position and those before it, or up to key_end. */
+static inline int64_t row_keys(const sk_batch *b, int64_t r) { return b->key_end ? b->key_end[r] : b->pos[r] + 1; }
+
 /* Work items of a batch's attention: (row, kv head, key chunk), numbered row by row. */
 static int plan_attention(sk_ctx *c, const sk_batch *b) {
     const sk_config *g = &c->cfg;
@@ -183,7 +194,7 @@ static int plan_attention(sk_ctx *c, const sk_batch *b) {
     int64_t items = 0;
     for (int64_t r = 0; r < b->n_rows; r++) {
         c->att_prefix[r] = items;
-        items += (int64_t)g->n_head_kv * n_chunks(b->pos[r] + 1);
+        items += (int64_t)g->n_head_kv * n_chunks(row_keys(b, r));
     }
     c->att_prefix[b->n_rows] = items;
     int64_t need = items * (g->n_head / g->n_head_kv) * (g->head_dim + 2);
@@ -203,6 +214,7 @@ static int ensure_scratch(sk_ctx *c, int64_t m) {
     int64_t qd = (int64_t)g->n_head * g->head_dim, wide = max3(g->n_embd, qd, g->n_ff);
     if ((g->in_proj.data || g->wide_input) && 2 * (int64_t)g->n_embd > wide) wide = 2 * (int64_t)g->n_embd; /* [e; h] */
     if (g->wide_input && g->in_proj.data && g->in_proj.n_cols > wide) wide = g->in_proj.n_cols; /* the encoder's input */
+    if (g->ctx_proj.data && g->ctx_proj.n_cols > wide) wide = g->ctx_proj.n_cols; /* the context encoder's input */
     int64_t kp = sk_round_up(wide, 64);
     c->x = malloc((size_t)(m * g->n_embd) * 4);
     c->h = malloc((size_t)(m * wide) * 4);
@@ -292,7 +304,7 @@ static int pack_weights(sk_ctx *c) {
         for (int64_t i = 0; c->moe[l] && i < sk_moe_n_tensors(c->moe[l]); i++)
             if (pack_tensor(c, sk_moe_tensor(c->moe[l], i)) != 0) return -1;
     }
-    if (pack_tensor(c, &c->cfg.in_proj) != 0) return -1;
+    if (pack_tensor(c, &c->cfg.in_proj) != 0 || pack_tensor(c, &c->cfg.ctx_proj) != 0) return -1;
     return pack_tensor(c, &c->cfg.output);
 }
 
@@ -308,11 +320,22 @@ static int in_proj_fits(const sk_config *cfg) {
     return !p->data || (p->n_rows == cfg->n_embd && p->n_cols == E2 && cfg->in_embd_norm && cfg->in_hidden_norm);
 }
 
+/* A context encoder writes keys and values of blocks with separate k and v projections, from n_embd rows. */
+static int ctx_proj_fits(const sk_config *cfg) {
+    if (!cfg->ctx_proj.data) return 1;
+    if (cfg->ctx_proj.n_rows != cfg->n_embd || cfg->ctx_proj.n_cols < 1 || !cfg->ctx_norm || cfg->wide_input) return 0;
+    for (int l = 0; l < cfg->n_layer; l++)
+        if (!cfg->layers[l].wk.data || cfg->layers[l].wk.n_cols != cfg->n_embd || cfg->layers[l].wv.n_cols != cfg->n_embd)
+            return 0;
+    return 1;
+}
+
 /* base NULL: own threads (cfg->n_threads) and kernel table; else base's, and base lives on until this
  * context is freed (a weight of layout 1 in cfg is taken as prepared for that kernel table). */
 static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int kernel_cap) {
     if ((!base && cfg->n_threads < 1) || cfg->n_ctx < 1 || cfg->n_seq_max < 1 || cfg->n_head_kv < 1 ||
-        cfg->n_head % cfg->n_head_kv != 0 || cfg->n_layer < 1 || !in_proj_fits(cfg))
+        cfg->n_head % cfg->n_head_kv != 0 || cfg->n_layer < 1 || !in_proj_fits(cfg) ||
+        !ctx_proj_fits(cfg))
         return NULL;
     sk_ctx *c = calloc(1, sizeof *c);
     if (!c) return NULL;
@@ -439,6 +462,17 @@ static int any_quant(const part *parts, int np) {
     return 0;
 }
 
+/* Row r's [cos | sin] table at position p. */
+static void rope_angles(sk_ctx *c, int64_t p, int64_t r) {
+    const sk_config *g = &c->cfg;
+    float *cs = c->rope + r * g->n_rot;
+    for (int i = 0; i < g->n_rot / 2; i++) {
+        double th = (double)p * g->rope_inv_freq[i];
+        cs[i] = (float)cos(th);
+        cs[g->n_rot / 2 + i] = (float)sin(th);
+    }
+}
+
 /* Rope on one head: NORM pairs (2i, 2i+1) or NEOX pairs (i, i + n_rot/2); cs = [cos | sin] per pair. */
 static void rope_head(float *v, const float *cs, int n_rot, int neox) {
     int half = n_rot / 2;
@@ -450,14 +484,16 @@ static void rope_head(float *v, const float *cs, int n_rot, int neox) {
     }
 }
 
-static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int64_t r0, int64_t r1) {
+/* Norms and rope of rows [r0, r1)'s heads from first_head on (n_head: keys only), then their keys and
+ * values into the cache at the rows' positions. */
+static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int first_head, int64_t r0, int64_t r1) {
     const sk_config *g = &c->cfg;
     const sk_layer *L = &c->layers[layer];
     const int hd = g->head_dim;
     const int64_t qkvd = qkv_dim(g);
     for (int64_t r = r0; r < r1; r++) {
         float *row = c->qkv + r * qkvd, *cs = c->rope + r * g->n_rot;
-        for (int h = 0; h < g->n_head + g->n_head_kv; h++) {
+        for (int h = first_head; h < g->n_head + g->n_head_kv; h++) {
             float *v = row + (int64_t)h * hd;
             const float *nw = h < g->n_head ? L->q_norm : L->k_norm;
             if (nw) c->kern->rms_norm(v, nw, hd, g->rms_eps, v);
@@ -487,7 +523,7 @@ static void attention(sk_ctx *c, const sk_batch *b, int layer, int ith, int nth)
     split(c->att_prefix[b->n_rows], ith, nth, &i0, &i1);
     for (int64_t i = i0; i < i1; i++) {
         while (c->att_prefix[r + 1] <= i) r++;
-        const int64_t n_keys = b->pos[r] + 1, nc = n_chunks(n_keys), local = i - c->att_prefix[r];
+        const int64_t n_keys = row_keys(b, r), nc = n_chunks(n_keys), local = i - c->att_prefix[r];
         const int kvh = (int)(local / nc);
         const int64_t t0 = (local % nc) * SK_ATTN_CHUNK, t1 = t0 + SK_ATTN_CHUNK < n_keys ? t0 + SK_ATTN_CHUNK : n_keys;
         const float *q = c->qkv + r * qkvd + (int64_t)kvh * gq * hd;
@@ -504,7 +540,7 @@ static void attention_merge(sk_ctx *c, const sk_batch *b, int ith, int nth) {
     int64_t i0, i1;
     split(b->n_rows * g->n_head, ith, nth, &i0, &i1);
     for (int64_t i = i0; i < i1; i++) {
-        const int64_t r = i / g->n_head, nc = n_chunks(b->pos[r] + 1);
+        const int64_t r = i / g->n_head, nc = n_chunks(row_keys(b, r));
         const int h = (int)(i % g->n_head), kvh = h / gq;
         const float *p0 = c->att_parts + ((c->att_prefix[r] + (int64_t)kvh * nc) * gq + h % gq) * ldpart;
         const int64_t step = gq * ldpart;
@@ -550,12 +586,7 @@ static void forward_job(void *arg, int ith, int nth) {
         } else {
             sk_dequant_row(&g->token_embd, b->tokens[r], c->x + r * E);
         }
-        float *cs = c->rope + r * g->n_rot;
-        for (int i = 0; i < g->n_rot / 2; i++) {
-            double th = (double)b->pos[r] * g->rope_inv_freq[i];
-            cs[i] = (float)cos(th);
-            cs[g->n_rot / 2 + i] = (float)sin(th);
-        }
+        rope_angles(c, b->pos[r], r);
     }
     if (g->in_proj.data && !g->wide_input) { /* with a wide input, in_proj is the encoder (sk_project_in) */
         part in = {&g->in_proj, c->x, E, 0};
@@ -581,7 +612,7 @@ static void forward_job(void *arg, int ith, int nth) {
         gemm_parts(c, qkv, nq, c->h, in_w, m, ith, nth);
         barrier(c->pool, ith);
         phase(ith, PH_QKV, &t);
-        qkv_post(c, b, l, r0, r1);
+        qkv_post(c, b, l, 0, r0, r1);
         barrier(c->pool, ith);
         phase(ith, PH_ROPE, &t);
         attention(c, b, l, ith, nth);
@@ -648,6 +679,8 @@ SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
     }
     for (int64_t i = 0; i < b->n_out; i++)
         if (b->out_rows[i] < 0 || b->out_rows[i] >= b->n_rows) return -2;
+    for (int64_t r = 0; b->key_end && r < b->n_rows; r++) /* a row sees at least itself, never past n_ctx */
+        if (b->key_end[r] <= b->pos[r] || b->key_end[r] > g->n_ctx) return -2;
     if (ensure_scratch(c, b->n_rows) != 0 || plan_attention(c, b) != 0 ||
         sk_moe_reserve(&c->moe_scratch, c->moe, g->n_layer, g->n_embd, b->n_rows) != 0)
         return -1;
@@ -686,6 +719,68 @@ SK_API int sk_project_in(sk_ctx *c, const float *x, int64_t m, float *out) {
     if (ensure_scratch(c, m) != 0) return -1;
     project_job j = {c, x, m, out};
     sk_pool_run(c->pool, project_in_job, &j);
+    return 0;
+}
+
+typedef struct {
+    sk_ctx *c;
+    const float *features;
+    const sk_batch *b; /* the rows' positions and sequence */
+} inject_job;
+
+/* ctx_norm(ctx_proj . features) per row, then for every block its k and v projections of that, keys
+ * normed and roped, into the cache: the rows' queries, attention and FFN are never computed. */
+static void inject_kv_job(void *arg, int ith, int nth) {
+    inject_job *j = arg;
+    sk_ctx *c = j->c;
+    const sk_batch *b = j->b;
+    const sk_config *g = &c->cfg;
+    const int64_t m = b->n_rows, E = g->n_embd, qd = (int64_t)g->n_head * g->head_dim;
+    const int64_t kvd = (int64_t)g->n_head_kv * g->head_dim, qkvd = qkv_dim(g), k_in = g->ctx_proj.n_cols;
+    int64_t r0, r1;
+    split(m, ith, nth, &r0, &r1);
+    part enc = {&g->ctx_proj, c->x, E, 0};
+    if (any_quant(&enc, 1)) quantize(c, j->features, k_in, k_in, r0, r1);
+    barrier(c->pool, ith);
+    gemm_parts(c, &enc, 1, j->features, k_in, m, ith, nth);
+    barrier(c->pool, ith);
+    for (int64_t r = r0; r < r1; r++) {
+        c->kern->rms_norm(c->x + r * E, g->ctx_norm, E, g->rms_eps, c->h + r * E);
+        rope_angles(c, b->pos[r], r);
+    }
+    int quant = 0; /* every block reads the same rows: quantized once */
+    for (int l = 0; l < g->n_layer; l++)
+        quant |= sk_is_quant(g->layers[l].wk.type) || sk_is_quant(g->layers[l].wv.type);
+    if (quant) quantize(c, c->h, E, E, r0, r1);
+    barrier(c->pool, ith);
+    for (int l = 0; l < g->n_layer; l++) {
+        const sk_layer *L = &c->layers[l];
+        part kv[2] = {{&L->wk, c->qkv + qd, qkvd, 0}, {&L->wv, c->qkv + qd + kvd, qkvd, 0}};
+        gemm_parts(c, kv, 2, c->h, E, m, ith, nth);
+        barrier(c->pool, ith);
+        qkv_post(c, b, l, g->n_head, r0, r1);
+        barrier(c->pool, ith); /* the next block's products overwrite qkv */
+    }
+}
+
+/* Context rows for one sequence: features [m, ctx_proj.n_cols] at positions start .. start + m - 1 become
+ * every block's keys and values there. 0, -1 out of memory, -2 no context encoder or a bad range. */
+SK_API int sk_inject_kv(sk_ctx *c, const float *features, int64_t m, int slot, int32_t start) {
+    const sk_config *g = &c->cfg;
+    if (!g->ctx_proj.data || m < 1 || slot < 0 || slot >= g->n_seq_max || !c->kv[slot] || start < 0 ||
+        (int64_t)start + m > g->n_ctx)
+        return -2;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)m), *seq = malloc(sizeof(int32_t) * (size_t)m);
+    if (!pos || !seq || ensure_scratch(c, m) != 0) { free(pos); free(seq); return -1; }
+    for (int64_t r = 0; r < m; r++) {
+        pos[r] = start + (int32_t)r;
+        seq[r] = slot;
+    }
+    sk_batch b = {.n_rows = m, .pos = pos, .seq = seq};
+    inject_job j = {c, features, &b};
+    sk_pool_run(c->pool, inject_kv_job, &j);
+    free(pos);
+    free(seq);
     return 0;
 }
 

@@ -1,0 +1,215 @@
+"""DFlash draft heads on spekula's native kernels: the head's blocks are a native context.
+
+A DFlash head (docs/model-formats.md, "DFlash") never runs the target's features through its blocks:
+``fc`` and ``enc.output_norm`` turn them into one row per target position, and every block's k and v
+projections of that row become the block's keys and values there (``inject``; the C side's
+``sk_inject_kv``, which computes nothing else for those rows). A draft block ``[last, MASK, ...]`` then
+runs through the blocks as ordinary rows whose attention reaches the whole block (``key_end``), not
+only the rows before them, and reads the injected context before it. Blocks with their own q/k norms
+(Qwen3-style heads) run as the target's qwen3 blocks do; the output head is the draft's own (over a
+reduced vocabulary with ``d2t``, answered as such: ``DFlashOut.vocab``) or borrowed from the target.
+
+DSpark files (a Markov head on top) stay on the torch runtime: their greedy chaining through the block
+is per-token Python either way. Like the EAGLE-3 runtime, the context runs over the native target's
+(its thread pool and prepared embedding and head), and a draft's numerics need not match the torch
+runtime's bit for bit: the target verifies every token.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from spekula.core.backend import Backend, BackendOptions, ModelInfo
+from spekula.core.draft_models import (
+    DFlashBlock,
+    DFlashOut,
+    DFlashRuntime,
+    DraftModelInfo,
+    read_draft_attention,
+)
+from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError
+from spekula.core.gguf_file import GGUFFile
+
+from . import native_lib as nl
+from .dflash_format import check_supported
+from .native import NativeBackend, _Weights, check_head_options, default_threads
+from .native_eagle3 import rope_inverse_frequencies
+from .seq_slots import PooledSeqs, SlotPool
+
+
+class NativeDFlashRuntime(PooledSeqs, DFlashRuntime):
+    def __init__(self, f: GGUFFile, info: DraftModelInfo, target: ModelInfo, options: BackendOptions,
+                 target_backend: Backend | None = None) -> None:
+        check_head_options(options, "DFlash")
+        if info.kind != "dflash":
+            raise ConfigError(f"the native DFlash runtime runs DFlash heads, not {info.kind} ({f.path})")
+        check_supported(f, "dflash")
+        self.info, self.options = info, options
+        self._lib = nl.lib()
+        self._ctx: int | None = None
+        a, H = "dflash", info.n_embd
+        att = read_draft_attention(f, a, H)
+        n_layer = int(f.require(f"{a}.block_count"))
+        n_ff = int(f.require(f"{a}.feed_forward_length"))
+        q_out, kv_out, hd = att.n_head * att.head_dim, att.n_head_kv * att.head_dim, att.head_dim
+        self.causal = bool(f.get(f"{a}.attention.causal", False))
+        w = self._weights = _Weights(f, None)
+
+        def norm(name: str, n: int) -> int | None:
+            v = w.vector(name)
+            if v is None or v.size != n:
+                raise ModelFileError(f.path, f"tensor {name!r} has {0 if v is None else v.size} entries, expected {n}")
+            return nl.ptr(v)
+
+        layers = (nl.Layer * n_layer)()
+        for i, L in enumerate(layers):
+            L.attn_norm, L.ffn_norm = norm(f"blk.{i}.attn_norm.weight", H), norm(f"blk.{i}.ffn_norm.weight", H)
+            L.q_norm, L.k_norm = norm(f"blk.{i}.attn_q_norm.weight", hd), norm(f"blk.{i}.attn_k_norm.weight", hd)
+            L.wq = w.matrix(f"blk.{i}.attn_q.weight", shape=(q_out, H))
+            L.wk = w.matrix(f"blk.{i}.attn_k.weight", shape=(kv_out, H))
+            L.wv = w.matrix(f"blk.{i}.attn_v.weight", shape=(kv_out, H))
+            L.wo = w.matrix(f"blk.{i}.attn_output.weight", shape=(H, q_out))
+            L.w_gate = w.matrix(f"blk.{i}.ffn_gate.weight", shape=(n_ff, H))
+            L.w_up = w.matrix(f"blk.{i}.ffn_up.weight", shape=(n_ff, H))
+            L.w_down = w.matrix(f"blk.{i}.ffn_down.weight", shape=(H, n_ff))
+        w.structs.append(layers)
+        self._inv = rope_inverse_frequencies(f, att)
+
+        base = target_backend.context if isinstance(target_backend, NativeBackend) else None
+        embd, head, own_head = self._embedding_and_head(w, target, base)
+        # A draft-vocabulary head answers over d2t's ids; a borrowed head over the whole vocabulary.
+        self.vocab: np.ndarray | None = None
+        if own_head and f.has_tensor("d2t"):
+            self.vocab = np.asarray(f.tensor("d2t").data, dtype=np.int64).copy()
+            if self.vocab.size and (self.vocab.min() < 0 or self.vocab.max() >= info.n_vocab
+                                    or np.unique(self.vocab).size != self.vocab.size):
+                raise ModelFileError(f.path, f"d2t must map draft ids to distinct target ids in [0, {info.n_vocab})")
+        n_out = info.n_vocab if self.vocab is None else self.vocab.size
+        if head.n_rows != n_out or head.n_cols != H:
+            raise ModelFileError(f.path, f"output head ({head.n_rows}, {head.n_cols}) does not fit ({n_out}, {H})")
+        self.n_out_vocab = n_out
+        cfg = nl.Config(
+            n_vocab=info.n_vocab, n_embd=H, n_layer=n_layer, n_head=att.n_head, n_head_kv=att.n_head_kv,
+            head_dim=hd, n_ff=n_ff, n_rot=att.n_rot, rope_neox=1, n_ctx=options.n_ctx, n_seq_max=options.n_seq_max,
+            n_threads=0 if base is not None else (options.threads if options.threads > 0 else default_threads()),
+            rms_eps=att.eps, attn_scale=1.0 / math.sqrt(hd), rope_inv_freq=nl.ptr(self._inv),
+            output_norm=norm("output_norm.weight", H), token_embd=embd, output=head, layers=layers,
+            wide_input=nl.WIDE_NONE,
+            ctx_proj=w.matrix("fc.weight", shape=(H, len(info.target_layers) * info.target_hidden)),
+            ctx_norm=norm("enc.output_norm.weight", H))
+        ctx = (self._lib.sk_ctx_new_over(ctypes.byref(cfg), base) if base is not None
+               else self._lib.sk_ctx_new(ctypes.byref(cfg), nl.env_kernel_cap()))
+        if not ctx:
+            raise ConfigError(f"cannot create the native DFlash runtime of {f.path} (n_ctx {options.n_ctx}, "
+                              f"{options.n_seq_max} sequences): out of memory or threads, or shapes the kernels refuse")
+        self._ctx = int(ctx)
+        self._seqs = SlotPool(options.n_seq_max, self._reserve_kv, self._release_kv, what="draft sequence")
+
+    def _embedding_and_head(self, w: _Weights, target: ModelInfo, base: int | None) -> tuple[nl.Tensor, nl.Tensor, bool]:
+        """(token embedding, output head, whether the head is the draft's own output). Head order as llama.cpp
+        reads a DFlash file: its own output, else its own (tied) token_embd, else the target's output.
+        The target's tensors are the native target's prepared ones when this context runs over it."""
+        f, V, H = w.f, self.info.n_vocab, self.info.n_embd
+        own_embd = w.matrix("token_embd.weight", shape=(V, H)) if f.has_tensor("token_embd.weight") else None
+        own_head = w.matrix("output.weight") if f.has_tensor("output.weight") else None
+        if own_embd is not None:
+            return own_embd, own_head if own_head is not None else own_embd, own_head is not None
+        if base is not None:
+            tcfg = nl.ctx_config(base)
+            t_embd, t_head = tcfg.token_embd, tcfg.output
+        else:
+            tf = GGUFFile.shared(target.path)
+            self._target_weights = tw = _Weights(tf, None)  # keeps the target's mapped arrays alive
+            t_embd = tw.matrix("token_embd.weight")
+            t_head = tw.matrix("output.weight" if tf.has_tensor("output.weight") else "token_embd.weight")
+        if t_embd.n_rows != V or t_embd.n_cols != H:
+            raise ModelFileError(f.path, f"the target's token embeddings ({t_embd.n_rows}, {t_embd.n_cols}) "
+                                         f"do not fit ({V}, {H})")
+        return t_embd, own_head if own_head is not None else t_head, own_head is not None
+
+    def close(self) -> None:
+        """Free the context (it lets go of the target's it was made over)."""
+        if getattr(self, "_ctx", None):
+            self._lib.sk_ctx_free(self._ctx)
+        self._ctx = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _live(self) -> int:
+        if not self._ctx:
+            raise ConfigError("the native DFlash runtime is closed")
+        return self._ctx
+
+    # --- sequences (new_seq, free_seq, seq_len, truncate: PooledSeqs over KV slots) --------------
+    @property
+    def n_ctx(self) -> int:
+        return self.options.n_ctx
+
+    def _reserve_kv(self, slot: int) -> None:
+        if self._lib.sk_kv_alloc(self._live(), slot) != 0:
+            raise ConfigError(f"cannot reserve the DFlash head's KV cache of one sequence for --ctx-size "
+                              f"{self.options.n_ctx}; use a smaller --ctx-size")
+
+    def _release_kv(self, slot: int) -> None:
+        if self._ctx:
+            self._lib.sk_kv_release(self._ctx, slot)
+
+    def _check_write(self, seq_id: int, start: int, n: int) -> None:
+        have = self.seq_len(seq_id)
+        if start > have:
+            raise ConfigError(f"draft sequence {seq_id}: write at {start} leaves a gap after {have}")
+        if start + n > self.n_ctx:
+            raise ContextOverflowError(f"draft sequence {seq_id}: position {start + n - 1} exceeds n_ctx {self.n_ctx}")
+
+    # --- graphs ----------------------------------------------------------------------------------
+    def inject(self, seq_id: int, features: np.ndarray, start: int) -> None:
+        n_in = len(self.info.target_layers) * self.info.target_hidden
+        x = np.ascontiguousarray(features, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != n_in:
+            raise ValueError(f"dflash features must be [T, {n_in}], got {tuple(x.shape)}")
+        if x.shape[0] == 0:
+            return
+        entry = self._seqs.get(seq_id)
+        self._check_write(seq_id, start, x.shape[0])
+        rc = self._lib.sk_inject_kv(self._live(), nl.ptr(x), x.shape[0], entry.slot, start)
+        if rc == -1:
+            raise MemoryError(f"native DFlash context of {x.shape[0]} rows: out of memory for its scratch")
+        if rc != 0:
+            raise ConfigError(f"native DFlash context injection rejected its rows (rc={rc})")
+        entry.length = start + x.shape[0]
+
+    def draft_blocks(self, blocks: Sequence[DFlashBlock]) -> list[DFlashOut]:
+        if not blocks:
+            return []
+        if len({b.seq_id for b in blocks}) != len(blocks):
+            raise ConfigError("a draft sequence appears twice in one DFlash forward")
+        for b in blocks:
+            self._check_write(b.seq_id, b.start, len(b.tokens))
+        sizes = [len(b.tokens) for b in blocks]
+        m = int(sum(sizes))
+        tokens = np.concatenate([np.asarray(b.tokens, dtype=np.int32) for b in blocks])
+        pos = np.concatenate([np.arange(b.start, b.start + len(b.tokens), dtype=np.int32) for b in blocks])
+        seq = np.concatenate([np.full(len(b.tokens), self._seqs.get(b.seq_id).slot, np.int32) for b in blocks])
+        # Every row of a block sees the whole block (and the context before it), unless the head is causal.
+        key_end = np.concatenate([np.full(len(b.tokens), b.start + len(b.tokens), np.int32) for b in blocks])
+        out_rows = np.arange(m, dtype=np.int32)
+        logits = np.empty((m, self.n_out_vocab), np.float32)
+        batch = nl.Batch(n_rows=m, tokens=nl.ptr(tokens), pos=nl.ptr(pos), seq=nl.ptr(seq), n_out=m,
+                         out_rows=nl.ptr(out_rows), logits=nl.ptr(logits), capture=None, hidden_final=None,
+                         hidden_in=None, key_end=None if self.causal else nl.ptr(key_end))
+        nl.forward(self._live(), batch, "native DFlash forward")
+        outs: list[DFlashOut] = []
+        off = 0
+        for b, n in zip(blocks, sizes, strict=True):
+            self._seqs.get(b.seq_id).length = b.start + n
+            outs.append(DFlashOut(logits[off:off + n], None, self.vocab))
+            off += n
+        return outs
+
+
+runtime_class = NativeDFlashRuntime
