@@ -43,9 +43,55 @@ MISS_GAP_MAX = 4
 _ROW_POINTS = (1, 2, 4, 8, 16, 32, 64)
 MIN_GAIN = 1e-3  # a draft token less likely than this to be accepted is never worth its row
 _COST_EMA = 0.2
+# A model drafter's calls are fitted as seconds = per call + per token x steps over about the last
+# 1 / _DRAFT_FIT_EMA calls; the fit needs calls of different lengths (a spread of steps of at least
+# _DRAFT_FIT_MIN_VAR) and otherwise charges the mean per token, as a plain average would.
+_DRAFT_FIT_EMA = 0.1
+_DRAFT_FIT_MIN_VAR = 0.1
 # The engine's recent rate (tokens per second) weighs a round RATE_DECAY^age: about the last 20 rounds.
 RATE_DECAY = 0.95
 _COST_EMA_ALL = 0.05
+
+
+@dataclass(slots=True)
+class DraftCostFit:
+    """Decayed least squares of a model drafter's call time against its steps (tokens drafted).
+
+    A model drafter's call is not k times one step: its first step is the dear one (the head's
+    weights come back into the caches after the target's forward, rows queued since its last call
+    are decoded with it, and the call's Python runs once), so charging the mean per token makes
+    one-token drafts look two or three times cheaper than they are, and those are what open-ended
+    text asks for."""
+
+    w: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+
+    def add(self, steps: float, seconds: float) -> None:
+        keep = 1.0 - _DRAFT_FIT_EMA
+        self.w = keep * self.w + 1.0
+        self.sx = keep * self.sx + steps
+        self.sy = keep * self.sy + seconds
+        self.sxx = keep * self.sxx + steps * steps
+        self.sxy = keep * self.sxy + steps * seconds
+
+    def costs(self) -> tuple[float, float]:
+        """(seconds per call, seconds per token): the fit where the calls' lengths spread and it is
+        sensible (both parts non-negative), else the mean per token and nothing per call."""
+        if self.w <= 0:
+            return 0.0, 0.0
+        mx, my = self.sx / self.w, self.sy / self.w
+        per_token = my / max(mx, 1.0)
+        var = self.sxx / self.w - mx * mx
+        if var < _DRAFT_FIT_MIN_VAR:
+            return 0.0, per_token
+        slope = (self.sxy / self.w - mx * my) / var
+        intercept = my - slope * mx
+        if slope < 0 or intercept < 0:
+            return 0.0, per_token
+        return intercept, slope
 
 
 class CostModel:
@@ -61,6 +107,7 @@ class CostModel:
         self._xs = sorted(self.points)  # the row counts measured (fixed; only their times move)
         self.overhead = 0.0  # engine time per round outside the forward
         self.draft_cost: dict[str, float] = {}  # drafter -> seconds per token or per call
+        self.draft_fit: dict[str, DraftCostFit] = {}  # model drafter -> its calls' time against their steps
 
     @classmethod
     def measure(cls, forward_rows: Callable[[int], float], max_rows: int, repeats: int = 2) -> CostModel:
@@ -113,17 +160,24 @@ class CostModel:
 
     def observe_draft(self, drafter: str, seconds: float, steps: int, per_token: bool) -> None:
         """One call of `drafter` that took `seconds` for drafts of at most `steps` tokens. A model
-        drafter's cost is kept per drafted token (it runs a forward per token), an n-gram
-        drafter's per call."""
+        drafter's calls are fitted per call plus per drafted token (DraftCostFit: it runs a forward
+        per token, the first dearer than the rest), an n-gram drafter's cost is kept per call."""
         if not math.isfinite(seconds) or seconds < 0:
             return
         value = seconds / max(steps, 1) if per_token else seconds
         old = self.draft_cost.get(drafter, value)
         self.draft_cost[drafter] = old + _COST_EMA * (value - old)
+        if per_token:
+            self.draft_fit.setdefault(drafter, DraftCostFit()).add(max(steps, 1), seconds)
 
     def drafting(self, drafter: str) -> float:
         """Seconds per drafted token (model drafters) or per call (n-gram drafters); 0 until seen."""
         return self.draft_cost.get(drafter, 0.0)
+
+    def model_drafting(self, drafter: str) -> tuple[float, float]:
+        """A model drafter's (seconds per call, seconds per drafted token); (0, 0) until seen."""
+        fit = self.draft_fit.get(drafter)
+        return fit.costs() if fit is not None else (0.0, 0.0)
 
 
 @dataclass(slots=True)

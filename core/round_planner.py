@@ -171,14 +171,18 @@ class RoundPlanner:
         None when it is not asked because its last calls all came back empty (not a decision about
         a draft, so not counted as one)."""
         assert self.controller is not None
-        unit = self.controller.cost.drafting(drafter.name)
-        if not per_token and unit < CHEAP_CALL * self.controller.cost.forward(base_rows):
-            # Asking costs less than deciding whether to ask; the cut after drafting decides. Only
-            # a long run of empty calls makes the calls sparser (AdaptiveController.due).
-            return n if self.controller.due(drafter.name, s.id) else None
+        cost = self.controller.cost
+        if per_token:
+            call_cost, token_cost = cost.model_drafting(drafter.name)
+        else:
+            call_cost, token_cost = cost.drafting(drafter.name), 0.0
+            if call_cost < CHEAP_CALL * cost.forward(base_rows):
+                # Asking costs less than deciding whether to ask; the cut after drafting decides. Only
+                # a long run of empty calls makes the calls sparser (AdaptiveController.due).
+                return n if self.controller.due(drafter.name, s.id) else None
         k = self.controller.ask_length(s.id, drafter.name, n if per_token else min(n, DECIDE_POSITIONS),
                                        self._round_time(base_rows), base_tokens=n_gen,
-                                       call_cost=0.0 if per_token else unit, token_cost=unit if per_token else 0.0)
+                                       call_cost=call_cost, token_cost=token_cost)
         # An n-gram drafter's whole draft costs no more than a part of it: ask for all, keep what pays.
         return k if per_token or k == 0 else n
 

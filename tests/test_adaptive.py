@@ -105,6 +105,47 @@ def test_drafter_costs_are_per_token_for_models_and_per_call_otherwise() -> None
     assert cost.drafting("never") == 0.0
 
 
+def test_a_model_drafters_calls_are_fitted_per_call_plus_per_token() -> None:
+    """A head's first step costs more than the rest: calls of varied length separate the two, and the
+    per-token mean (which prices a one-token draft at a fraction of its cost) is only the fallback."""
+    cost = CostModel()
+    assert cost.model_drafting("head") == (0.0, 0.0)
+    for steps in [1, 2, 3, 6, 1, 4, 2, 5] * 3:
+        cost.observe_draft("head", 0.8e-3 + 0.2e-3 * steps, steps=steps, per_token=True)
+    call, token = cost.model_drafting("head")
+    assert math.isclose(call, 0.8e-3, rel_tol=1e-6) and math.isclose(token, 0.2e-3, rel_tol=1e-6)
+    # calls of one length cannot be split: the mean per token, as before
+    same = CostModel()
+    for _ in range(10):
+        same.observe_draft("head", 3e-3, steps=3, per_token=True)
+    call, token = same.model_drafting("head")
+    assert call == 0.0 and math.isclose(token, 1e-3)
+    # a fit that says longer calls are cheaper is noise, not a cost model
+    odd = CostModel()
+    for steps, seconds in [(1, 4e-3), (6, 1e-3)] * 5:
+        odd.observe_draft("head", seconds, steps=steps, per_token=True)
+    call, token = odd.model_drafting("head")
+    assert call == 0.0 and 1e-3 / 6 < token < 4e-3  # the (decayed) mean per token
+    assert cost.model_drafting("ngram") == (0.0, 0.0)
+
+
+def test_a_dear_first_step_stops_one_token_drafts_that_a_per_token_mean_would_make() -> None:
+    """A draft token right a third of the time, in a round of 4 ms plus 0.5 ms a row: with the head's
+    calls priced at 1 ms + 0.2 ms a token nothing pays, at their per-token mean (0.4 ms) it would."""
+    def round_time(extra: int) -> float:
+        return 4e-3 + 0.5e-3 * extra
+
+    ctl = AdaptiveController(CostModel())
+    for _ in range(40):
+        ctl.acceptance.observe("head", 0, 1, 0)
+        ctl.acceptance.observe("head", 0, 2, 1)
+        ctl.acceptance.observe("head", 0, 1, 0)
+    ctl.called("head", 0, drafted=True)
+    args = {"base_tokens": 1.0, "call_cost": 0.0, "token_cost": 0.4e-3}
+    assert ctl.ask_length(0, "head", 6, round_time, **args) > 0
+    assert ctl.ask_length(0, "head", 6, round_time, **{**args, "call_cost": 1e-3, "token_cost": 0.2e-3}) == 0
+
+
 def test_acceptance_starts_from_the_global_estimate_and_decays() -> None:
     acc = AcceptanceModel()
     assert acc.cumulative("d", 0, 2) == [FIRST_PRIOR, FIRST_PRIOR * LATER_PRIOR]  # nothing seen: the priors
