@@ -17,7 +17,6 @@ runtime's bit for bit: the target verifies every token.
 
 from __future__ import annotations
 
-import ctypes
 import math
 from collections.abc import Sequence
 
@@ -38,10 +37,12 @@ from . import native_lib as nl
 from .dflash_format import check_supported
 from .native import NativeBackend, _Weights, check_head_options, default_threads
 from .native_eagle3 import rope_inverse_frequencies
-from .seq_slots import PooledSeqs, SlotPool
+from .native_head import NativeHeadContext
 
 
-class NativeDFlashRuntime(PooledSeqs, DFlashRuntime):
+class NativeDFlashRuntime(NativeHeadContext, DFlashRuntime):
+    head_name = "DFlash"
+
     def __init__(self, f: GGUFFile, info: DraftModelInfo, target: ModelInfo, options: BackendOptions,
                  target_backend: Backend | None = None) -> None:
         check_head_options(options, "DFlash")
@@ -80,7 +81,7 @@ class NativeDFlashRuntime(PooledSeqs, DFlashRuntime):
         self._inv = rope_inverse_frequencies(f, att)
 
         base = target_backend.context if isinstance(target_backend, NativeBackend) else None
-        embd, head, own_head = self._embedding_and_head(w, target, base)
+        embd, head, own_head = self.embedding_and_head(w, target, base, tied=True)
         # A draft-vocabulary head answers over d2t's ids; a borrowed head over the whole vocabulary.
         self.vocab: np.ndarray | None = None
         if own_head and f.has_tensor("d2t"):
@@ -101,63 +102,7 @@ class NativeDFlashRuntime(PooledSeqs, DFlashRuntime):
             wide_input=nl.WIDE_NONE,
             ctx_proj=w.matrix("fc.weight", shape=(H, len(info.target_layers) * info.target_hidden)),
             ctx_norm=norm("enc.output_norm.weight", H))
-        ctx = (self._lib.sk_ctx_new_over(ctypes.byref(cfg), base) if base is not None
-               else self._lib.sk_ctx_new(ctypes.byref(cfg), nl.env_kernel_cap()))
-        if not ctx:
-            raise ConfigError(f"cannot create the native DFlash runtime of {f.path} (n_ctx {options.n_ctx}, "
-                              f"{options.n_seq_max} sequences): out of memory or threads, or shapes the kernels refuse")
-        self._ctx = int(ctx)
-        self._seqs = SlotPool(options.n_seq_max, self._reserve_kv, self._release_kv, what="draft sequence")
-
-    def _embedding_and_head(self, w: _Weights, target: ModelInfo, base: int | None) -> tuple[nl.Tensor, nl.Tensor, bool]:
-        """(token embedding, output head, whether the head is the draft's own output). Head order as llama.cpp
-        reads a DFlash file: its own output, else its own (tied) token_embd, else the target's output.
-        The target's tensors are the native target's prepared ones when this context runs over it."""
-        f, V, H = w.f, self.info.n_vocab, self.info.n_embd
-        own_embd = w.matrix("token_embd.weight", shape=(V, H)) if f.has_tensor("token_embd.weight") else None
-        own_head = w.matrix("output.weight") if f.has_tensor("output.weight") else None
-        if own_embd is not None:
-            return own_embd, own_head if own_head is not None else own_embd, own_head is not None
-        if base is not None:
-            tcfg = nl.ctx_config(base)
-            t_embd, t_head = tcfg.token_embd, tcfg.output
-        else:
-            tf = GGUFFile.shared(target.path)
-            self._target_weights = tw = _Weights(tf, None)  # keeps the target's mapped arrays alive
-            t_embd = tw.matrix("token_embd.weight")
-            t_head = tw.matrix("output.weight" if tf.has_tensor("output.weight") else "token_embd.weight")
-        if t_embd.n_rows != V or t_embd.n_cols != H:
-            raise ModelFileError(f.path, f"the target's token embeddings ({t_embd.n_rows}, {t_embd.n_cols}) "
-                                         f"do not fit ({V}, {H})")
-        return t_embd, own_head if own_head is not None else t_head, own_head is not None
-
-    def close(self) -> None:
-        """Free the context (it lets go of the target's it was made over)."""
-        if getattr(self, "_ctx", None):
-            self._lib.sk_ctx_free(self._ctx)
-        self._ctx = None
-
-    def __del__(self) -> None:
-        self.close()
-
-    def _live(self) -> int:
-        if not self._ctx:
-            raise ConfigError("the native DFlash runtime is closed")
-        return self._ctx
-
-    # --- sequences (new_seq, free_seq, seq_len, truncate: PooledSeqs over KV slots) --------------
-    @property
-    def n_ctx(self) -> int:
-        return self.options.n_ctx
-
-    def _reserve_kv(self, slot: int) -> None:
-        if self._lib.sk_kv_alloc(self._live(), slot) != 0:
-            raise ConfigError(f"cannot reserve the DFlash head's KV cache of one sequence for --ctx-size "
-                              f"{self.options.n_ctx}; use a smaller --ctx-size")
-
-    def _release_kv(self, slot: int) -> None:
-        if self._ctx:
-            self._lib.sk_kv_release(self._ctx, slot)
+        self.open_context(cfg, base, str(f.path))
 
     def _check_write(self, seq_id: int, start: int, n: int) -> None:
         have = self.seq_len(seq_id)

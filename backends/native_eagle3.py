@@ -36,7 +36,7 @@ from spekula.core.gguf_file import GGUFFile
 
 from . import native_lib as nl
 from .native import NativeBackend, _Weights, check_head_options, default_threads
-from .seq_slots import PooledSeqs, SlotPool
+from .native_head import NativeHeadContext
 
 
 def rope_inverse_frequencies(f: GGUFFile, att: DraftAttention) -> np.ndarray:
@@ -48,7 +48,9 @@ def rope_inverse_frequencies(f: GGUFFile, att: DraftAttention) -> np.ndarray:
     return np.ascontiguousarray(inv)
 
 
-class NativeEagle3Runtime(PooledSeqs, Eagle3Runtime):
+class NativeEagle3Runtime(NativeHeadContext, Eagle3Runtime):
+    head_name = "EAGLE-3"
+
     def __init__(self, f: GGUFFile, info: DraftModelInfo, target: ModelInfo, options: BackendOptions,
                  target_backend: Backend | None = None) -> None:
         check_head_options(options, "EAGLE-3")
@@ -79,7 +81,7 @@ class NativeEagle3Runtime(PooledSeqs, Eagle3Runtime):
         self._rms_eps = att.eps
 
         base = target_backend.context if isinstance(target_backend, NativeBackend) else None
-        embd, head = self._embedding_and_head(w, target, base)
+        embd, head, _ = self.embedding_and_head(w, target, base, tied=False)
         self.d2t: np.ndarray | None = None
         if f.has_tensor("output.weight") and f.has_tensor("d2t"):
             self.d2t = np.asarray(f.tensor("d2t").data, dtype=np.int64).copy()
@@ -102,63 +104,8 @@ class NativeEagle3Runtime(PooledSeqs, Eagle3Runtime):
             in_proj=w.matrix("fc.weight", shape=(H, 3 * info.target_hidden)),
             in_embd_norm=nl.ptr(w.vector("blk.0.attn_norm.weight")),
             in_hidden_norm=nl.ptr(w.vector("blk.0.attn_norm_2.weight")), wide_input=wide)
-        ctx = (self._lib.sk_ctx_new_over(ctypes.byref(cfg), base) if base is not None
-               else self._lib.sk_ctx_new(ctypes.byref(cfg), nl.env_kernel_cap()))
-        if not ctx:
-            raise ConfigError(f"cannot create the native EAGLE-3 runtime of {f.path} (n_ctx {options.n_ctx}, "
-                              f"{options.n_seq_max} sequences): out of memory or threads, or shapes the kernels refuse")
-        self._ctx = int(ctx)
-        self._seqs = SlotPool(options.n_seq_max, self._reserve_kv, self._release_kv, what="draft sequence")
+        self.open_context(cfg, base, str(f.path))
         self._one = _OneRowStep(H, self.n_out_vocab)
-
-    def _embedding_and_head(self, w: _Weights, target: ModelInfo, base: int | None) -> tuple[nl.Tensor, nl.Tensor]:
-        """The draft's own token embedding and head, else the target's: as the native target prepared them
-        when this context runs over it (a prepared head is in the kernels' layout), else read from its file."""
-        f, V, H = w.f, self.info.n_vocab, self.info.n_embd
-        own_embd = w.matrix("token_embd.weight", shape=(V, H)) if f.has_tensor("token_embd.weight") else None
-        own_head = w.matrix("output.weight") if f.has_tensor("output.weight") else None
-        if own_embd is not None and own_head is not None:
-            return own_embd, own_head
-        if base is not None:
-            tcfg = nl.ctx_config(base)
-            t_embd, t_head = tcfg.token_embd, tcfg.output
-        else:
-            tf = GGUFFile.shared(target.path)
-            self._target_weights = tw = _Weights(tf, None)  # keeps the target's mapped arrays alive
-            t_embd = tw.matrix("token_embd.weight")
-            t_head = tw.matrix("output.weight" if tf.has_tensor("output.weight") else "token_embd.weight")
-        embd = own_embd if own_embd is not None else t_embd
-        if embd.n_rows != V or embd.n_cols != H:
-            raise ModelFileError(f.path, f"token embeddings ({embd.n_rows}, {embd.n_cols}) do not fit ({V}, {H})")
-        return embd, own_head if own_head is not None else t_head
-
-    def close(self) -> None:
-        """Free the context (it lets go of the target's it was made over)."""
-        if getattr(self, "_ctx", None):
-            self._lib.sk_ctx_free(self._ctx)
-        self._ctx = None
-
-    def __del__(self) -> None:
-        self.close()
-
-    def _live(self) -> int:
-        if not self._ctx:
-            raise ConfigError("the native EAGLE-3 runtime is closed")
-        return self._ctx
-
-    # --- sequences (new_seq, free_seq, seq_len, truncate: PooledSeqs over KV slots) --------------
-    @property
-    def n_ctx(self) -> int:
-        return self.options.n_ctx
-
-    def _reserve_kv(self, slot: int) -> None:
-        if self._lib.sk_kv_alloc(self._live(), slot) != 0:
-            raise ConfigError(f"cannot reserve the EAGLE-3 head's KV cache of one sequence for --ctx-size "
-                              f"{self.options.n_ctx}; use a smaller --ctx-size")
-
-    def _release_kv(self, slot: int) -> None:
-        if self._ctx:
-            self._lib.sk_kv_release(self._ctx, slot)
 
     # --- graphs ----------------------------------------------------------------------------------
     def encode(self, features: np.ndarray) -> np.ndarray:

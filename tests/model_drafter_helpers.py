@@ -66,6 +66,19 @@ def engine_vs_plain(target_path: Path, draft_path: Path, make: Callable[[Drafter
     return [f.tokens for f in finals], refs, engine.stats()["drafters"][drafter.name]
 
 
+def head_runtime(backend: str, head: Path, target_path: Path, n_ctx: int, *, target: Any = None,
+                 threads: int = 1) -> Any:
+    """A draft head's runtime for tests of the native runtimes: ``native`` over ``target`` (a native
+    backend) when given, else over a fresh one's info alone; ``torch`` in float32. Three sequences."""
+    from spekula.backends.native import NativeBackend
+    from spekula.core.draft_models import load_draft_runtime
+
+    t = target or NativeBackend(str(target_path), BackendOptions(n_ctx=n_ctx, n_seq_max=3, threads=threads))
+    opts = (BackendOptions(n_ctx=n_ctx, n_seq_max=3, threads=threads) if backend == "native"
+            else BackendOptions(n_ctx=n_ctx, n_seq_max=3, dtype="f32"))
+    return load_draft_runtime(backend, str(head), t.info, opts, target_backend=target)
+
+
 def smollm2_or_skip() -> Path:
     import pytest
 

@@ -9,13 +9,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from model_drafter_helpers import build_target, drafter_context, engine_vs_plain, random_draft_gguf
+from model_drafter_helpers import (
+    build_target,
+    drafter_context,
+    engine_vs_plain,
+    head_runtime,
+    random_draft_gguf,
+)
 
 from spekula.backends.native import NativeBackend
 from spekula.backends.native_dflash import NativeDFlashRuntime
 from spekula.backends.torch_dflash import TorchDFlashRuntime
 from spekula.core.backend import BackendOptions
-from spekula.core.draft_models import DFlashBlock, DFlashOut, DFlashRuntime, load_draft_runtime
+from spekula.core.draft_models import DFlashBlock, DFlashOut, DFlashRuntime
 from spekula.core.errors import ConfigError, ContextOverflowError
 from spekula.core.gguf_file import GGUFFile
 from spekula.core.params import SamplingParams, SpecParams
@@ -49,16 +55,13 @@ def native_target(models: dict[str, Path], threads: int = 1) -> NativeBackend:
 
 def native_runtime(models: dict[str, Path], kind: str, target: NativeBackend | None = None,
                    threads: int = 1) -> NativeDFlashRuntime:
-    t = target or native_target(models, threads)
-    rt = load_draft_runtime("native", str(models[kind]), t.info, BackendOptions(n_ctx=N_CTX, n_seq_max=3, threads=threads),
-                            target_backend=target)
+    rt = head_runtime("native", models[kind], models["target"], N_CTX, target=target, threads=threads)
     assert isinstance(rt, NativeDFlashRuntime)
     return rt
 
 
 def torch_runtime(models: dict[str, Path], kind: str) -> DFlashRuntime:
-    t = native_target(models)
-    rt = load_draft_runtime("torch", str(models[kind]), t.info, BackendOptions(n_ctx=N_CTX, n_seq_max=3, dtype="f32"))
+    rt = head_runtime("torch", models[kind], models["target"], N_CTX)
     assert isinstance(rt, TorchDFlashRuntime)
     return rt
 
