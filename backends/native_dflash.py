@@ -30,7 +30,7 @@ from spekula.core.draft_models import (
     DraftModelInfo,
     read_draft_attention,
 )
-from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError
+from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
 
 from . import native_lib as nl
@@ -85,10 +85,7 @@ class NativeDFlashRuntime(NativeHeadContext, DFlashRuntime):
         # A draft-vocabulary head answers over d2t's ids; a borrowed head over the whole vocabulary.
         self.vocab: np.ndarray | None = None
         if own_head and f.has_tensor("d2t"):
-            self.vocab = np.asarray(f.tensor("d2t").data, dtype=np.int64).copy()
-            if self.vocab.size and (self.vocab.min() < 0 or self.vocab.max() >= info.n_vocab
-                                    or np.unique(self.vocab).size != self.vocab.size):
-                raise ModelFileError(f.path, f"d2t must map draft ids to distinct target ids in [0, {info.n_vocab})")
+            self.vocab = self.draft_vocabulary(f)
         n_out = info.n_vocab if self.vocab is None else self.vocab.size
         if head.n_rows != n_out or head.n_cols != H:
             raise ModelFileError(f.path, f"output head ({head.n_rows}, {head.n_cols}) does not fit ({n_out}, {H})")
@@ -104,13 +101,6 @@ class NativeDFlashRuntime(NativeHeadContext, DFlashRuntime):
             ctx_norm=norm("enc.output_norm.weight", H))
         self.open_context(cfg, base, str(f.path))
 
-    def _check_write(self, seq_id: int, start: int, n: int) -> None:
-        have = self.seq_len(seq_id)
-        if start > have:
-            raise ConfigError(f"draft sequence {seq_id}: write at {start} leaves a gap after {have}")
-        if start + n > self.n_ctx:
-            raise ContextOverflowError(f"draft sequence {seq_id}: position {start + n - 1} exceeds n_ctx {self.n_ctx}")
-
     # --- graphs ----------------------------------------------------------------------------------
     def inject(self, seq_id: int, features: np.ndarray, start: int) -> None:
         n_in = len(self.info.target_layers) * self.info.target_hidden
@@ -120,7 +110,7 @@ class NativeDFlashRuntime(NativeHeadContext, DFlashRuntime):
         if x.shape[0] == 0:
             return
         entry = self._seqs.get(seq_id)
-        self._check_write(seq_id, start, x.shape[0])
+        self.check_write(seq_id, start, x.shape[0])
         rc = self._lib.sk_inject_kv(self._live(), nl.ptr(x), x.shape[0], entry.slot, start)
         if rc == -1:
             raise MemoryError(f"native DFlash context of {x.shape[0]} rows: out of memory for its scratch")
@@ -134,7 +124,7 @@ class NativeDFlashRuntime(NativeHeadContext, DFlashRuntime):
         if len({b.seq_id for b in blocks}) != len(blocks):
             raise ConfigError("a draft sequence appears twice in one DFlash forward")
         for b in blocks:
-            self._check_write(b.seq_id, b.start, len(b.tokens))
+            self.check_write(b.seq_id, b.start, len(b.tokens))
         sizes = [len(b.tokens) for b in blocks]
         m = int(sum(sizes))
         tokens = np.concatenate([np.asarray(b.tokens, dtype=np.int32) for b in blocks])

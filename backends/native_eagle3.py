@@ -31,7 +31,7 @@ from spekula.core.draft_models import (
     Eagle3Runtime,
     read_draft_attention,
 )
-from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError
+from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
 
 from . import native_lib as nl
@@ -84,12 +84,9 @@ class NativeEagle3Runtime(NativeHeadContext, Eagle3Runtime):
         embd, head, _ = self.embedding_and_head(w, target, base, tied=False)
         self.d2t: np.ndarray | None = None
         if f.has_tensor("output.weight") and f.has_tensor("d2t"):
-            self.d2t = np.asarray(f.tensor("d2t").data, dtype=np.int64).copy()
+            self.d2t = self.draft_vocabulary(f)
             if head.n_rows != self.d2t.shape[0]:
                 raise ModelFileError(f.path, f"output rows {head.n_rows} != d2t entries {self.d2t.shape[0]}")
-            if self.d2t.size and (self.d2t.min() < 0 or self.d2t.max() >= info.n_vocab
-                                  or np.unique(self.d2t).size != self.d2t.size):
-                raise ModelFileError(f.path, f"d2t must map draft ids to distinct target ids in [0, {info.n_vocab})")
         if head.n_cols != H or (self.d2t is None and head.n_rows != info.n_vocab):
             raise ModelFileError(f.path, f"output head ({head.n_rows}, {head.n_cols}) does not fit the draft")
         self.n_out_vocab = int(head.n_rows)
@@ -148,12 +145,7 @@ class NativeEagle3Runtime(NativeHeadContext, Eagle3Runtime):
             if r.seq_id in seen:
                 raise ConfigError(f"draft sequence {r.seq_id} appears twice in one decode")
             seen.add(r.seq_id)
-            have = self.seq_len(r.seq_id)
-            if r.start > have:
-                raise ConfigError(f"draft sequence {r.seq_id}: write at {r.start} leaves a gap after {have}")
-            if r.start + len(r.tokens) > self.n_ctx:
-                raise ContextOverflowError(f"draft sequence {r.seq_id}: position {r.start + len(r.tokens) - 1} "
-                                           f"exceeds n_ctx {self.n_ctx}")
+            self.check_write(r.seq_id, r.start, len(r.tokens))
 
     def _decode(self, rows: Sequence[Eagle3Rows], *, step: bool) -> list[Eagle3Out]:
         """decode(), or with ``step`` draft_step()'s answer: the last row of each entry, over the draft

@@ -11,9 +11,11 @@ from __future__ import annotations
 import ctypes
 from typing import Any, ClassVar
 
+import numpy as np
+
 from spekula.core.backend import BackendOptions, ModelInfo
 from spekula.core.draft_models import DraftModelInfo
-from spekula.core.errors import ConfigError, ModelFileError
+from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError
 from spekula.core.gguf_file import GGUFFile
 
 from . import native_lib as nl
@@ -70,7 +72,24 @@ class NativeHeadContext(PooledSeqs):
         if self._ctx:
             self._lib.sk_kv_release(self._ctx, slot)
 
-    # --- borrowed tensors ------------------------------------------------------------------------
+    def check_write(self, seq_id: int, start: int, n: int) -> None:
+        """Rows at positions start .. start + n - 1 of a sequence: no gap after what it holds, within n_ctx."""
+        have = self.seq_len(seq_id)
+        if start > have:
+            raise ConfigError(f"draft sequence {seq_id}: write at {start} leaves a gap after {have}")
+        if start + n > self.n_ctx:
+            raise ContextOverflowError(f"draft sequence {seq_id}: position {start + n - 1} exceeds n_ctx {self.n_ctx}")
+
+    # --- output vocabulary and borrowed tensors ------------------------------------------------------
+    def draft_vocabulary(self, f: GGUFFile) -> np.ndarray:
+        """The file's d2t: the target id of each row of its own reduced head, checked to be distinct ids
+        within the target's vocabulary."""
+        d2t = np.asarray(f.tensor("d2t").data, dtype=np.int64).copy()
+        n_vocab = self.info.n_vocab
+        if d2t.size and (d2t.min() < 0 or d2t.max() >= n_vocab or np.unique(d2t).size != d2t.size):
+            raise ModelFileError(f.path, f"d2t must map draft ids to distinct target ids in [0, {n_vocab})")
+        return d2t
+
     def embedding_and_head(self, w: _Weights, target: ModelInfo, base: int | None, *,
                            tied: bool) -> tuple[nl.Tensor, nl.Tensor, bool]:
         """(token embedding, output head, whether the head is the draft's own ``output``): the draft's own

@@ -77,13 +77,17 @@ class DraftCostFit:
         self.sxx = keep * self.sxx + steps * steps
         self.sxy = keep * self.sxy + steps * seconds
 
+    def mean_per_token(self) -> float:
+        """The calls' (decayed) seconds over their steps; 0 before any call."""
+        return self.sy / max(self.sx, self.w) if self.w > 0 else 0.0
+
     def costs(self) -> tuple[float, float]:
         """(seconds per call, seconds per token): the fit where the calls' lengths spread and it is
         sensible (both parts non-negative), else the mean per token and nothing per call."""
         if self.w <= 0:
             return 0.0, 0.0
         mx, my = self.sx / self.w, self.sy / self.w
-        per_token = my / max(mx, 1.0)
+        per_token = self.mean_per_token()
         var = self.sxx / self.w - mx * mx
         if var < _DRAFT_FIT_MIN_VAR:
             return 0.0, per_token
@@ -106,7 +110,7 @@ class CostModel:
         self.points: dict[int, float] = dict(points or {1: 1e-3, 64: 8e-3})
         self._xs = sorted(self.points)  # the row counts measured (fixed; only their times move)
         self.overhead = 0.0  # engine time per round outside the forward
-        self.draft_cost: dict[str, float] = {}  # drafter -> seconds per token or per call
+        self.draft_cost: dict[str, float] = {}  # draftless drafter -> seconds per call
         self.draft_fit: dict[str, DraftCostFit] = {}  # model drafter -> its calls' time against their steps
 
     @classmethod
@@ -164,15 +168,17 @@ class CostModel:
         per token, the first dearer than the rest), an n-gram drafter's cost is kept per call."""
         if not math.isfinite(seconds) or seconds < 0:
             return
-        value = seconds / max(steps, 1) if per_token else seconds
-        old = self.draft_cost.get(drafter, value)
-        self.draft_cost[drafter] = old + _COST_EMA * (value - old)
         if per_token:
             self.draft_fit.setdefault(drafter, DraftCostFit()).add(max(steps, 1), seconds)
+            return
+        old = self.draft_cost.get(drafter, seconds)
+        self.draft_cost[drafter] = old + _COST_EMA * (seconds - old)
 
     def drafting(self, drafter: str) -> float:
-        """Seconds per drafted token (model drafters) or per call (n-gram drafters); 0 until seen."""
-        return self.draft_cost.get(drafter, 0.0)
+        """Seconds per drafted token (model drafters: the mean of their calls) or per call (n-gram
+        drafters); 0 until seen."""
+        fit = self.draft_fit.get(drafter)
+        return fit.mean_per_token() if fit is not None else self.draft_cost.get(drafter, 0.0)
 
     def model_drafting(self, drafter: str) -> tuple[float, float]:
         """A model drafter's (seconds per call, seconds per drafted token); (0, 0) until seen."""
