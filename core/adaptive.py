@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .acceptance import AcceptanceModel
+from .confidence import ConfidenceCalibration
 
 # A slot whose drafts were all dropped this many rounds in a row verifies one token anyway, so an
 # estimate that turned pessimistic can recover when the text becomes predictable.
@@ -112,6 +113,10 @@ class CostModel:
         self.overhead = 0.0  # engine time per round outside the forward
         self.draft_cost: dict[str, float] = {}  # draftless drafter -> seconds per call
         self.draft_fit: dict[str, DraftCostFit] = {}  # model drafter -> its calls' time against their steps
+        # Generating slots -> seconds of a whole round that only decoded their pending tokens, measured on
+        # rounds with no draft call in them or in the round before (see observe_plain_round).
+        self.plain_rounds: dict[int, float] = {}
+        self.aftermath: dict[str, float] = {}  # model drafter -> what a round with its call costs beyond its rows
 
     @classmethod
     def measure(cls, forward_rows: Callable[[int], float], max_rows: int, repeats: int = 2) -> CostModel:
@@ -162,6 +167,28 @@ class CostModel:
         if seconds >= 0 and math.isfinite(seconds):
             self.overhead += _COST_EMA * (seconds - self.overhead)
 
+    def observe_aftermath(self, drafter: str, seconds: float) -> None:
+        """A round with a call of model drafter `drafter` took `seconds` more than the curve and the
+        overhead say its rows take (negative: less). Charged to the drafter's calls: a model drafter's
+        weights and state push the target's out of the caches, so the forward after its call is
+        slower, and its rounds carry more engine work (choosing, cutting, verifying)."""
+        if math.isfinite(seconds):
+            old = self.aftermath.get(drafter, 0.0)
+            self.aftermath[drafter] = old + _COST_EMA * (seconds - old)
+
+    def observe_plain_round(self, n_gen: int, seconds: float) -> None:
+        """A round of `n_gen` generating slots, one row each, no draft and no drafting in it or in the
+        round before, took `seconds` (forward and engine overhead). This is the time the planner holds
+        drafting against. It is not read off the forward curve: a draft call leaves the next forwards
+        slower (the drafter's weights and state have pushed the target's out of the caches) and its
+        own rounds carry more engine work, and those rounds pull the curve's points up; a plain
+        estimate taken from it then rises exactly while drafting goes on, lowering the bar that
+        drafting has to clear."""
+        if seconds <= 0 or not math.isfinite(seconds):
+            return
+        old = self.plain_rounds.get(n_gen)
+        self.plain_rounds[n_gen] = seconds if old is None else old + _COST_EMA * (seconds - old)
+
     def observe_draft(self, drafter: str, seconds: float, steps: int, per_token: bool) -> None:
         """One call of `drafter` that took `seconds` for drafts of at most `steps` tokens. A model
         drafter's calls are fitted per call plus per drafted token (DraftCostFit: it runs a forward
@@ -183,7 +210,10 @@ class CostModel:
     def model_drafting(self, drafter: str) -> tuple[float, float]:
         """A model drafter's (seconds per call, seconds per drafted token); (0, 0) until seen."""
         fit = self.draft_fit.get(drafter)
-        return fit.costs() if fit is not None else (0.0, 0.0)
+        if fit is None:
+            return 0.0, 0.0
+        per_call, per_token = fit.costs()
+        return per_call + max(self.aftermath.get(drafter, 0.0), 0.0), per_token
 
 
 @dataclass(slots=True)
@@ -273,6 +303,8 @@ class AdaptiveController:
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
         self.acceptance = AcceptanceModel()
+        # Model drafters say how sure they are of each token; what that is worth is learned here.
+        self.calibration = ConfidenceCalibration()
         # How often a call of the drafter returns a draft at all (position 0 of a one-token "draft"
         # per call): in open-ended text the n-gram drafters mostly find nothing, and a call that
         # finds nothing still costs its time.
@@ -296,9 +328,15 @@ class AdaptiveController:
     def probing(self, slot: int) -> bool:
         return self._quiet.get(slot, 0) >= self._interval.get(slot, PROBE_AFTER)
 
-    def offer(self, slot: int, drafter: str, length: int, token_cost: float = 0.0, start: int = 0) -> Offer:
-        return Offer(slot, drafter, self.acceptance.cumulative(drafter, slot, length, start), self.probing(slot),
-                     token_cost)
+    def offer(self, slot: int, drafter: str, length: int, token_cost: float = 0.0, start: int = 0,
+              confidence: list[float] | None = None) -> Offer:
+        """A draft of `length` tokens valued by the drafter's acceptance per draft position, or, for a
+        draft that came with the drafter's confidence in each token, by that confidence calibrated."""
+        if confidence is not None and len(confidence) >= length:
+            gains = self.calibration.cumulative(drafter, confidence[:length])
+        else:
+            gains = self.acceptance.cumulative(drafter, slot, length, start)
+        return Offer(slot, drafter, gains, self.probing(slot), token_cost)
 
     def ask_length(self, slot: int, drafter: str, n_max: int, round_time: Callable[[int], float], *,
                    base_tokens: float, call_cost: float, token_cost: float) -> int:
@@ -324,7 +362,8 @@ class AdaptiveController:
         """The rate a draft token must beat: emitted tokens per second over the recent generating
         rounds, but never below what plain decoding of this round would make (always within reach by
         not drafting: rounds slowed by rejected drafts must not lower the bar for more of them)."""
-        plain = base_tokens / max(plain_time, 1e-12)
+        measured = self.cost.plain_rounds.get(round(base_tokens))
+        plain = base_tokens / max(plain_time if measured is None else measured, 1e-12)
         if self._rate_seconds > 0:
             return max(self._rate_tokens / self._rate_seconds, plain)
         return plain
@@ -339,17 +378,22 @@ class AdaptiveController:
     def hit_rate(self, drafter: str, slot: int) -> float:
         return self.hits.conditional(drafter, slot, 0)
 
-    def called(self, drafter: str, slot: int, drafted: bool) -> None:
+    def called(self, drafter: str, slot: int, drafted: bool, judged_at_cut: bool = False) -> None:
         """A call of `drafter` for `slot` returned a draft (or nothing). Whether a draft was of any use
-        is told by `kept`, once the cut has been made."""
-        self.hits.observe(drafter, slot, 1, int(drafted))
+        is told by `kept`, once the cut has been made. `judged_at_cut`: the draft carries the drafter's
+        confidence, and whether the call hit is whether the cut keeps any of it (a model drafter always
+        drafts something; what a call is worth is how often its draft is sure enough to verify)."""
+        if not (drafted and judged_at_cut):
+            self.hits.observe(drafter, slot, 1, int(drafted))
         if not drafted:
             self._missed(drafter, slot)
 
-    def kept(self, drafter: str, slot: int, n: int) -> None:
+    def kept(self, drafter: str, slot: int, n: int, judged_at_cut: bool = False) -> None:
         """The cut kept n tokens of `drafter`'s draft for `slot`: a draft cut to nothing counts as a call
         that found nothing (open-ended text gives some drafters a one-token guess nearly every round,
         and asking for those costs as much as asking in vain)."""
+        if judged_at_cut:
+            self.hits.observe(drafter, slot, 1, int(n > 0))
         if n > 0:
             self._misses[(drafter, slot)] = 0
         else:
@@ -382,8 +426,11 @@ class AdaptiveController:
         """Record the length the planner kept for this slot's draft this round."""
         self._quiet[slot] = 0 if kept > 0 else self._quiet.get(slot, 0) + 1
 
-    def verified(self, drafter: str, slot: int, k: int, n_accepted: int, probe: bool) -> None:
+    def verified(self, drafter: str, slot: int, k: int, n_accepted: int, probe: bool,
+                 confidence: list[float] | None = None) -> None:
         self.acceptance.observe(drafter, slot, k, n_accepted)
+        if confidence is not None:
+            self.calibration.observe(drafter, confidence[:k], n_accepted)
         if probe:
             interval = self._interval.get(slot, PROBE_AFTER)
             self._interval[slot] = PROBE_AFTER if n_accepted > 0 else min(2 * interval, PROBE_MAX)

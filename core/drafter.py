@@ -53,6 +53,15 @@ class Draft:
     # float32 [len(tokens), n_vocab] draft distributions q, only from probabilistic model drafting;
     # enables rejection-sampling verification at temperature > 0.
     probs: np.ndarray | None = None
+    # A model drafter's own probability for each token it chose (its weight among the candidates it
+    # chose from); the adaptive planner calibrates it against outcomes (core/confidence.py). None for
+    # draftless drafters, which have no such number.
+    confidence: list[float] | None = None
+
+    def prefix(self, n: int) -> Draft:
+        """The first n tokens, with their probabilities and confidences."""
+        return Draft(list(self.tokens[:n]), None if self.probs is None else self.probs[:n],
+                     None if self.confidence is None else self.confidence[:n])
 
     @staticmethod
     def empty() -> Draft:

@@ -230,11 +230,11 @@ class RoundPlanner:
             for (s, n), d in zip(mine, drafts, strict=True):
                 call.lengths[s.id] = min(len(d.tokens), n)
                 if self.controller is not None and s.plan is not None and s.plan.adaptive:
-                    self.controller.called(drafter.name, s.id, bool(d.tokens))
+                    self.controller.called(drafter.name, s.id, bool(d.tokens), judged_at_cut=d.confidence is not None)
                 if not d.tokens:
                     continue  # an empty draft falls through to the next drafter
                 if len(d.tokens) > n:  # the round's budget caps every drafter (docs/semantics.md §1.3)
-                    d = Draft(list(d.tokens[:n]), None if d.probs is None else d.probs[:n])
+                    d = d.prefix(n)
                 if s.plan is not None and s.plan.constraint is not None:
                     d = self._grammar_trim(s, drafter, d, call)
                     if not d.tokens:
@@ -280,7 +280,7 @@ class RoundPlanner:
             return d
         self.observer.grammar_rejected(s, drafter.name, rejected)
         call.lengths[s.id] = len(tokens)
-        return Draft(tokens, probs)
+        return Draft(tokens, probs, None if d.confidence is None else d.confidence[: len(tokens)])
 
     # -- the cost model's cut -------------------------------------------------------------------
     def _shorten(self, slots: dict[int, Slot], chosen: dict[int, tuple[Draft, Drafter]],
@@ -301,7 +301,8 @@ class RoundPlanner:
         offers: list[Offer] = []
         for sid in adaptive:
             draft, drafter = chosen[sid]
-            offers.append(self.controller.offer(sid, drafter.name, len(draft.tokens), start=self._continued.get(sid, 0)))
+            offers.append(self.controller.offer(sid, drafter.name, len(draft.tokens), start=self._continued.get(sid, 0),
+                                                confidence=draft.confidence))
         result = choose_lengths(offers, round_time, base_tokens=n_gen,
                                 rate=self.controller.rate(n_gen, round_time(0)))
         for o in offers:
@@ -312,14 +313,13 @@ class RoundPlanner:
                 if call.drafter is drafter and o.slot in call.lengths:
                     call.lengths[o.slot] = kept
             self.tails.keep(slots[o.slot], drafter, draft.tokens, kept, self._continued.get(o.slot, 0))
-            self.controller.kept(drafter.name, o.slot, kept)
+            self.controller.kept(drafter.name, o.slot, kept, judged_at_cut=draft.confidence is not None)
             if kept < o.length:
                 _shortened(drafter, o.slot, kept)
                 if kept == 0:
                     del chosen[o.slot]
                 else:
-                    chosen[o.slot] = (Draft(draft.tokens[:kept], None if draft.probs is None else draft.probs[:kept]),
-                                      drafter)
+                    chosen[o.slot] = (draft.prefix(kept), drafter)
         plan.predicted_seconds = result.predicted_time if offers else round_time(0)
         plan.plain_seconds = self._round_time(base_rows)(0)
 

@@ -34,6 +34,7 @@ class Scheduler:
         self.observer = observer
         self.controller = controller
         self.planner = RoundPlanner(n_batch, observer, controller)
+        self._drafted_before = False  # the last round called a drafter or verified a draft
 
     def step(self, slots: list[Slot]) -> list[tuple[Slot, PieceEvent | None]]:
         """Run one forward for every busy slot; return each touched slot with its piece event."""
@@ -74,8 +75,20 @@ class Scheduler:
         """Refine the cost model with this round and report what the adaptive decisions gave."""
         assert self.controller is not None
         cost = self.controller.cost
-        cost.observe_forward(plan.rows, forward_seconds)
-        cost.observe_overhead(max(0.0, round_seconds - forward_seconds - plan.drafting_seconds))
+        overhead = max(0.0, round_seconds - forward_seconds - plan.drafting_seconds)
+        model_calls = [c.drafter.name for c in plan.calls if c.seconds > 0 and getattr(c.drafter, "model_based", True)]
+        if model_calls:
+            # What the round took beyond its rows is the call's doing; the curve learns from other rounds.
+            excess = forward_seconds - cost.forward(plan.rows) + overhead - cost.overhead
+            for name in model_calls:
+                cost.observe_aftermath(name, excess / len(model_calls))
+        else:
+            cost.observe_forward(plan.rows, forward_seconds)
+            cost.observe_overhead(overhead)
+        drafted = bool(plan.calls) or plan.rows > len(plan.work)
+        if not drafted and not self._drafted_before and not any(w.prompt_chunk for w in plan.work):
+            cost.observe_plain_round(len(plan.work), round_seconds)
+        self._drafted_before = drafted
         if not any(w.prompt_chunk for w in plan.work):
             # In the cost model's own seconds (which follow the measured ones), so that the rate
             # and the round times it is weighed against are in one unit.
@@ -141,7 +154,8 @@ class Scheduler:
                 if d is w.drafter:
                     self.observer.verified(s, d.name, n_acc, time.perf_counter() - t0)
             if self.controller is not None and w.decision is not None:
-                self.controller.verified(w.drafter.name, s.id, len(draft.tokens), n_acc, w.decision.probe)
+                self.controller.verified(w.drafter.name, s.id, len(draft.tokens), n_acc, w.decision.probe,
+                                         draft.confidence)
         names: list[str | None] = [w.drafter.name if w.drafter else None] * n_acc + [None]
         return self._emit(s, result.emitted, names, _probs(s, out.logits, result.emitted, before))
 

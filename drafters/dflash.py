@@ -147,14 +147,16 @@ class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, DFlashSlot]):
         rng = plan.slot.rng if req.spec.draft_sampling == "probabilistic" and req.temperature > 0 else None
         tokens: list[int] = []
         probs: list[np.ndarray] = []
+        confidence: list[float] = []
         for j in self.read_rows(plan.n_spec)[: plan.cap]:
             c = choose(out.logits[j], req.temperature, rng, vocab=out.vocab, n_vocab=self.info.n_vocab)
             if c.p_top < float(req.spec.p_min):
                 break
             tokens.append(c.token)
+            confidence.append(c.p_top)
             if c.q is not None:
                 probs.append(c.q)
-        return Draft(tokens, np.stack(probs) if rng is not None and probs else None)
+        return Draft(tokens, np.stack(probs) if rng is not None and probs else None, confidence)
 
     # --- drafting --------------------------------------------------------------------------------
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:

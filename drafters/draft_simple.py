@@ -86,6 +86,7 @@ class _Run:
     p_min: float
     tokens: list[int] = field(default_factory=list)
     probs: list[np.ndarray] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
 
 
 class DraftSimpleDrafter:
@@ -164,7 +165,7 @@ class DraftSimpleDrafter:
             if not run.tokens or len(run.tokens) < int(requests[run.index].spec.n_min):
                 continue  # nothing, or too short: discarded whole, never padded
             probs = np.stack(run.probs).astype(np.float32) if run.probabilistic else None
-            out[run.index] = Draft(run.tokens, probs)
+            out[run.index] = Draft(run.tokens, probs, run.confidence)
         return out
 
     def _retune(self, st: _Slot, temperature: float, seed: int) -> None:
@@ -194,6 +195,7 @@ class DraftSimpleDrafter:
                 if top_p < run.p_min:
                     continue  # not confident enough: stop this slot, drop the token
                 run.tokens.append(tok)
+                run.confidence.append(float(top_p))
                 if q is not None:
                     run.probs.append(q)
                 if len(run.tokens) >= run.cap:

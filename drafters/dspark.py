@@ -53,9 +53,13 @@ class DSparkDrafter(DFlashDrafter):
             self._warn("per-request p_min ignored: the model has no confidence head")
             p_min = 0.0
         tokens: list[int] = []
+        confidence: list[float] = []
         for j in self.read_rows(plan.n_spec)[: plan.cap]:
             if p_min > 0 and out.confidence is not None and float(out.confidence[j]) < p_min:
                 break
             best = int(np.argmax(out.logits[j]))
             tokens.append(best if out.vocab is None else int(out.vocab[best]))
-        return Draft(tokens)
+            if out.confidence is not None:
+                confidence.append(float(out.confidence[j]))
+        # Its confidence head's number is what a DSpark draft is sure of; without one there is none.
+        return Draft(tokens, None, confidence if out.confidence is not None else None)

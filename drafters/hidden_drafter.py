@@ -185,6 +185,7 @@ class DraftRun:
     probabilistic: bool
     tokens: list[int] = field(default_factory=list)
     probs: list[np.ndarray] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
 
     def take(self, logits: np.ndarray, vocab: np.ndarray | None = None, n_vocab: int = 0) -> bool:
         """Choose the next token from `logits` (best, or sampled by the slot's rng; a row over a reduced
@@ -195,6 +196,7 @@ class DraftRun:
         if c.p_top < self.p_min:
             return False
         self.tokens.append(c.token)
+        self.confidence.append(c.p_top)
         if c.q is not None:
             self.probs.append(c.q)
         return True
@@ -212,5 +214,5 @@ def finish_drafts(runtime: SeqRuntime, requests: Sequence[DraftRequest], runs: S
         runtime.truncate(run.slot.seq, run.start)
         if run.tokens and len(run.tokens) >= int(requests[run.index].spec.n_min):
             probs = np.stack(run.probs) if run.probabilistic and run.probs else None
-            result[run.index] = Draft(run.tokens, probs)
+            result[run.index] = Draft(run.tokens, probs, run.confidence)
     return result

@@ -220,6 +220,44 @@ class GarbageDrafter(DraftlessDrafter):
         return None
 
 
+class ConfidentDrafter(DraftlessDrafter):
+    """Model-based stand-in that says how sure it is: knows the sequence plain decoding produces
+    (`truth`: prompt and output) and drafts it for `right` tokens, then pseudo-random tokens up to
+    n_max, with confidence `sure` for the right tokens and `unsure` for the rest (swapped with `liar`),
+    so its confidence tells the right tokens from the wrong ones (or says the opposite)."""
+
+    name: ClassVar[str] = "test-confident"
+    model_based: ClassVar[bool] = True
+
+    def __init__(self, truth: Sequence[int], n_vocab: int, n_max: int = 6, right: int = 3, sure: float = 0.95,
+                 unsure: float = 0.15, liar: bool = False) -> None:
+        self.truth = [int(t) for t in truth]
+        self.garbage = GarbageDrafter(n_vocab, n_max)
+        self.n_max = self.draft_cap = n_max
+        self.right = right
+        self.sure, self.unsure = (unsure, sure) if liar else (sure, unsure)
+
+    @classmethod
+    def create(cls, ctx: DrafterContext) -> ConfidentDrafter:
+        raise NotImplementedError("built by the tests with the sequence it knows")
+
+    def begin(self, slot: int, prompt: np.ndarray) -> None:
+        return None
+
+    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        out = []
+        for r, pad in zip(requests, self.garbage.draft(requests), strict=True):
+            n = min(self.n_max, r.n_max)
+            at = len(r.history) + 1  # the draft follows the history and the pending token x
+            right = self.truth[at : at + min(self.right, n)]
+            tokens = (right + [int(t) for t in pad.tokens])[:n]
+            out.append(Draft(tokens, None, [self.sure] * len(right) + [self.unsure] * (n - len(right))))
+        return out
+
+    def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
+        return None
+
+
 class ObservingDrafter(GarbageDrafter):
     """Model-based stand-in: declares a capture and records what observe() saw."""
 
@@ -303,6 +341,12 @@ class FixedCost(CostModel):
         return None
 
     def observe_draft(self, drafter: str, seconds: float, steps: int, per_token: bool) -> None:
+        return None
+
+    def observe_plain_round(self, n_gen: int, seconds: float) -> None:
+        return None
+
+    def observe_aftermath(self, drafter: str, seconds: float) -> None:
         return None
 
 
