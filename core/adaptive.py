@@ -30,6 +30,9 @@ from .confidence import ConfidenceCalibration
 # estimate that turned pessimistic can recover when the text becomes predictable.
 PROBE_AFTER = 8
 PROBE_MAX = 32
+# A decision not to ask a drafter stands for this many rounds (unless the slot probes or new evidence
+# about the drafter arrives) before it is weighed again.
+SKIP_STANDS = 4
 # A cheap draftless drafter that keeps finding nothing of use for a slot (no draft, or one cut to
 # nothing) is asked less often: after MISS_STREAK such calls in a row every 2nd round, after twice
 # as many every MISS_GAP_MAX-th. Its first draft then comes at most MISS_GAP_MAX - 1 rounds late,
@@ -116,7 +119,6 @@ class CostModel:
         # Generating slots -> seconds of a whole round that only decoded their pending tokens, measured on
         # rounds with no draft call in them or in the round before (see observe_plain_round).
         self.plain_rounds: dict[int, float] = {}
-        self.aftermath: dict[str, float] = {}  # model drafter -> what a round with its call costs beyond its rows
 
     @classmethod
     def measure(cls, forward_rows: Callable[[int], float], max_rows: int, repeats: int = 2) -> CostModel:
@@ -167,15 +169,6 @@ class CostModel:
         if seconds >= 0 and math.isfinite(seconds):
             self.overhead += _COST_EMA * (seconds - self.overhead)
 
-    def observe_aftermath(self, drafter: str, seconds: float) -> None:
-        """A round with a call of model drafter `drafter` took `seconds` more than the curve and the
-        overhead say its rows take (negative: less). Charged to the drafter's calls: a model drafter's
-        weights and state push the target's out of the caches, so the forward after its call is
-        slower, and its rounds carry more engine work (choosing, cutting, verifying)."""
-        if math.isfinite(seconds):
-            old = self.aftermath.get(drafter, 0.0)
-            self.aftermath[drafter] = old + _COST_EMA * (seconds - old)
-
     def observe_plain_round(self, n_gen: int, seconds: float) -> None:
         """A round of `n_gen` generating slots, one row each, no draft and no drafting in it or in the
         round before, took `seconds` (forward and engine overhead). This is the time the planner holds
@@ -210,10 +203,7 @@ class CostModel:
     def model_drafting(self, drafter: str) -> tuple[float, float]:
         """A model drafter's (seconds per call, seconds per drafted token); (0, 0) until seen."""
         fit = self.draft_fit.get(drafter)
-        if fit is None:
-            return 0.0, 0.0
-        per_call, per_token = fit.costs()
-        return per_call + max(self.aftermath.get(drafter, 0.0), 0.0), per_token
+        return fit.costs() if fit is not None else (0.0, 0.0)
 
 
 @dataclass(slots=True)
@@ -313,6 +303,7 @@ class AdaptiveController:
         self._interval: dict[int, int] = {}  # slot -> rounds between probes
         self._misses: dict[tuple[str, int], int] = {}  # (drafter, slot) -> empty calls in a row
         self._wait: dict[tuple[str, int], int] = {}  # (drafter, slot) -> rounds before the next call
+        self._skips: dict[tuple[str, int], int] = {}  # (drafter, slot) -> rounds its "do not ask" still stands
         self._rate_tokens = 0.0  # decayed emitted tokens and seconds of recent generating rounds
         self._rate_seconds = 0.0
 
@@ -321,7 +312,7 @@ class AdaptiveController:
         self.hits.forget_slot(slot)
         self._quiet.pop(slot, None)
         self._interval.pop(slot, None)
-        for table in (self._misses, self._wait):
+        for table in (self._misses, self._wait, self._skips):
             for key in [key for key in table if key[1] == slot]:
                 del table[key]
 
@@ -345,6 +336,24 @@ class AdaptiveController:
         returns a draft at all with the drafter's hit rate."""
         if n_max <= 0:
             return 0
+        key = (drafter, slot)
+        left = self._skips.get(key, 0)
+        if left > 0 and not self.probing(slot):
+            # Not asking changes none of the estimates the decision came from (only the cost model and
+            # the rate drift a little), so it stands for a few rounds instead of being weighed again:
+            # weighing costs a model drafter's slot about 2 % of a SmolLM2 round.
+            self._skips[key] = left - 1
+            return 0
+        k = self._ask_length(slot, drafter, n_max, round_time, base_tokens=base_tokens, call_cost=call_cost,
+                             token_cost=token_cost)
+        if k == 0:
+            self._skips[key] = SKIP_STANDS - 1
+        else:
+            self._skips.pop(key, None)
+        return k
+
+    def _ask_length(self, slot: int, drafter: str, n_max: int, round_time: Callable[[int], float], *,
+                    base_tokens: float, call_cost: float, token_cost: float) -> int:
         offer = self.offer(slot, drafter, n_max, token_cost)
         rate = self.rate(base_tokens, round_time(0))
         plan = choose_lengths([offer], round_time, base_tokens, rate)
@@ -383,6 +392,7 @@ class AdaptiveController:
         is told by `kept`, once the cut has been made. `judged_at_cut`: the draft carries the drafter's
         confidence, and whether the call hit is whether the cut keeps any of it (a model drafter always
         drafts something; what a call is worth is how often its draft is sure enough to verify)."""
+        self._skips.pop((drafter, slot), None)
         if not (drafted and judged_at_cut):
             self.hits.observe(drafter, slot, 1, int(drafted))
         if not drafted:
@@ -429,6 +439,7 @@ class AdaptiveController:
     def verified(self, drafter: str, slot: int, k: int, n_accepted: int, probe: bool,
                  confidence: list[float] | None = None) -> None:
         self.acceptance.observe(drafter, slot, k, n_accepted)
+        self._skips.pop((drafter, slot), None)
         if confidence is not None:
             self.calibration.observe(drafter, confidence[:k], n_accepted)
         if probe:

@@ -24,6 +24,7 @@ from .constraint import trim_draft
 from .draft_tails import DraftTails, Tail
 from .drafter import Draft, Drafter, DraftRequest
 from .registry import order_drafters
+from .request_plan import drafter_cap
 from .slot import Slot, SlotState
 
 # A draftless drafter whose call costs less than this fraction of the round's forward is asked
@@ -170,8 +171,14 @@ class RoundPlanner:
         """Tokens to ask `drafter` for on behalf of slot `s`: 0 when the cost model skips it this round,
         None when it is not asked because its last calls all came back empty (not a decision about
         a draft, so not counted as one)."""
-        assert self.controller is not None
+        assert self.controller is not None and s.plan is not None
         cost = self.controller.cost
+        # Weigh only what the drafter can draft: a model drafter stops at --spec-draft-n-max, an n-gram
+        # drafter at its own cap, whatever room the round has (valuing a six-token head as if it could
+        # draft sixty made its calls look worth far more than they are).
+        cap = drafter_cap(drafter, s.plan.spec)
+        if cap > 0:
+            n = min(n, cap)
         if per_token:
             call_cost, token_cost = cost.model_drafting(drafter.name)
         else:
@@ -298,6 +305,10 @@ class RoundPlanner:
         assert self.controller is not None
         fixed_rows = sum(len(d.tokens) for sid, (d, _) in chosen.items() if sid not in adaptive)
         round_time = self._round_time(base_rows + fixed_rows, plan.drafting_seconds)
+        if not adaptive:  # only decisions not to draft: nothing to weigh
+            plan.predicted_seconds = round_time(0)
+            plan.plain_seconds = self._round_time(base_rows)(0)
+            return
         offers: list[Offer] = []
         for sid in adaptive:
             draft, drafter = chosen[sid]

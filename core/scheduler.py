@@ -75,16 +75,8 @@ class Scheduler:
         """Refine the cost model with this round and report what the adaptive decisions gave."""
         assert self.controller is not None
         cost = self.controller.cost
-        overhead = max(0.0, round_seconds - forward_seconds - plan.drafting_seconds)
-        model_calls = [c.drafter.name for c in plan.calls if c.seconds > 0 and getattr(c.drafter, "model_based", True)]
-        if model_calls:
-            # What the round took beyond its rows is the call's doing; the curve learns from other rounds.
-            excess = forward_seconds - cost.forward(plan.rows) + overhead - cost.overhead
-            for name in model_calls:
-                cost.observe_aftermath(name, excess / len(model_calls))
-        else:
-            cost.observe_forward(plan.rows, forward_seconds)
-            cost.observe_overhead(overhead)
+        cost.observe_forward(plan.rows, forward_seconds)
+        cost.observe_overhead(max(0.0, round_seconds - forward_seconds - plan.drafting_seconds))
         drafted = bool(plan.calls) or plan.rows > len(plan.work)
         if not drafted and not self._drafted_before and not any(w.prompt_chunk for w in plan.work):
             cost.observe_plain_round(len(plan.work), round_seconds)

@@ -25,6 +25,7 @@ from spekula.core.adaptive import (
     MISS_STREAK,
     PROBE_AFTER,
     PROBE_MAX,
+    SKIP_STANDS,
     AdaptiveController,
     CostModel,
     Offer,
@@ -242,3 +243,24 @@ def test_dear_rows_shorten_drafts_without_changing_output() -> None:
         adaptive, stats = _run(("test-repeat", "test-garbage"), True, prompt, 60, per_row=0.3, temperature=temperature)
         assert adaptive.tokens == fixed.tokens
         assert sum(s["adaptive"]["rounds"] for s in stats.values() if "adaptive" in s) > 0
+
+
+def test_a_decision_not_to_ask_stands_a_few_rounds_unless_new_evidence_arrives() -> None:
+    def round_time(extra: int) -> float:
+        return 4e-3 + 0.5e-3 * extra
+
+    args = {"base_tokens": 1.0, "call_cost": 1e-3, "token_cost": 0.2e-3}
+    for evidence in (False, True):
+        ctl = AdaptiveController(CostModel())
+        for _ in range(40):
+            ctl.acceptance.observe("head", 0, 1, 0)  # always wrong: not worth asking
+        ctl.called("head", 0, drafted=True)
+        assert ctl.ask_length(0, "head", 6, round_time, **args) == 0
+        for _ in range(60):
+            ctl.acceptance.observe("head", 0, 6, 6)  # now always right, but no round verified it yet
+        if evidence:
+            ctl.verified("head", 0, 6, 6, probe=False)  # a verified draft is weighed at once
+            assert ctl.ask_length(0, "head", 6, round_time, **args) > 0
+            continue
+        asked = [ctl.ask_length(0, "head", 6, round_time, **args) for _ in range(SKIP_STANDS)]
+        assert asked[:-1] == [0] * (SKIP_STANDS - 1) and asked[-1] > 0

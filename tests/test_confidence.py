@@ -1,5 +1,5 @@
-"""A model drafter's confidence, calibrated against outcomes (core/confidence.py), and the costs the
-planner charges model drafters' calls (core/adaptive.py, core/scheduler.py)."""
+"""A model drafter's confidence, calibrated against outcomes (core/confidence.py), and the bar the
+planner holds drafts against (core/adaptive.py)."""
 
 from __future__ import annotations
 
@@ -101,20 +101,6 @@ def test_the_bar_is_the_measured_plain_round_not_the_forward_curve() -> None:
     assert math.isclose(ctl.rate(1.0, 5e-3), 250.0, rel_tol=1e-6)
 
 
-def test_a_model_drafters_call_is_charged_what_its_round_cost_beyond_its_rows() -> None:
-    cost = CostModel()
-    for steps in [1, 2, 3, 6, 1, 4, 2, 5] * 3:
-        cost.observe_draft("head", 0.8e-3 + 0.2e-3 * steps, steps=steps, per_token=True)
-    for _ in range(60):
-        cost.observe_aftermath("head", 0.5e-3)
-    call, token = cost.model_drafting("head")
-    assert math.isclose(call, 1.3e-3, rel_tol=1e-3) and math.isclose(token, 0.2e-3, rel_tol=1e-6)
-    for _ in range(60):
-        cost.observe_aftermath("head", -2e-3)  # rounds that came in faster than the curve: no discount
-    assert math.isclose(cost.model_drafting("head")[0], 0.8e-3, rel_tol=1e-6)
-    assert cost.model_drafting("never") == (0.0, 0.0)
-
-
 PROMPT = [7, 8, 9, 10] * 12
 
 
@@ -143,3 +129,23 @@ def test_the_engine_verifies_what_the_drafter_is_sure_of_and_output_never_change
     # (valued by position instead, 5 of the 49 verified tokens are wrong in this run)
     assert honest_stats["gen"] - honest_stats["acc"] <= 1 and honest_stats["acc"] >= 40
     assert honest_stats["acc"] > liar_stats["acc"]
+
+
+def test_a_model_drafter_is_weighed_for_no_more_than_it_can_draft() -> None:
+    """The round has room for 60 tokens; a head capped at --spec-draft-n-max 3 is weighed for 3."""
+    backend = ToyBackend()
+    truth = PROMPT + plain_decode(backend, PROMPT, n_predict=40, sampling=SamplingParams(temperature=0.0), seed=0,
+                                  is_eog=lambda t: False, n_ctx=256)
+    spec = SpecParams(types=("test-confident",), n_max=3, adaptive=True)
+    engine = fix_cost(make_engine(ToyBackend(), ToyTokenizer(), spec=spec, drafters=[ConfidentDrafter(truth, 48)]),
+                      1.0, 0.3)
+    weighed: list[int] = []
+    ask = engine.adaptive.ask_length
+
+    def spy(slot, drafter, n_max, round_time, **kw):  # type: ignore[no-untyped-def]
+        weighed.append(n_max)
+        return ask(slot, drafter, n_max, round_time, **kw)
+
+    engine.adaptive.ask_length = spy  # type: ignore[method-assign]
+    anyio.run(run_requests, engine, [CompletionRequest(PROMPT, n_predict=40, sampling=SamplingParams(temperature=0.0))])
+    assert weighed and max(weighed) == 3

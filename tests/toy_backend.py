@@ -233,7 +233,7 @@ class ConfidentDrafter(DraftlessDrafter):
                  unsure: float = 0.15, liar: bool = False) -> None:
         self.truth = [int(t) for t in truth]
         self.garbage = GarbageDrafter(n_vocab, n_max)
-        self.n_max = self.draft_cap = n_max
+        self.n_max = n_max  # no draft_cap: like the real model drafters it stops at --spec-draft-n-max
         self.right = right
         self.sure, self.unsure = (unsure, sure) if liar else (sure, unsure)
 
@@ -247,7 +247,7 @@ class ConfidentDrafter(DraftlessDrafter):
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         out = []
         for r, pad in zip(requests, self.garbage.draft(requests), strict=True):
-            n = min(self.n_max, r.n_max)
+            n = min(self.n_max, r.n_max, r.spec.n_max)
             at = len(r.history) + 1  # the draft follows the history and the pending token x
             right = self.truth[at : at + min(self.right, n)]
             tokens = (right + [int(t) for t in pad.tokens])[:n]
@@ -344,9 +344,6 @@ class FixedCost(CostModel):
         return None
 
     def observe_plain_round(self, n_gen: int, seconds: float) -> None:
-        return None
-
-    def observe_aftermath(self, drafter: str, seconds: float) -> None:
         return None
 
 
