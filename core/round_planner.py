@@ -227,6 +227,8 @@ class RoundPlanner:
                 drafts = drafter.draft(reqs)
                 if len(drafts) != len(reqs):
                     raise RuntimeError(f"returned {len(drafts)} drafts for {len(reqs)} requests")
+                for d in drafts:
+                    _check_confidence(d)
             except Exception as exc:  # a broken drafter ends the requests it was drafting for, not the engine
                 for s, _ in mine:
                     s.error = f"drafter {drafter.name!r} failed: {type(exc).__name__}: {exc}"
@@ -348,6 +350,17 @@ class RoundPlanner:
                 self.controller.probe_found_nothing(sid)  # every drafter was asked and had nothing
             else:
                 self.controller.planned(sid, 0)
+
+
+def _check_confidence(d: Draft) -> None:
+    """A drafter's confidences, if it gives any, as one float per token (a plugin's mistake here must
+    end its requests with a clear error, not fail later inside the cost model)."""
+    if d.confidence is None:
+        return
+    values = [float(c) for c in d.confidence]
+    if len(values) != len(d.tokens):
+        raise RuntimeError(f"returned {len(values)} confidences for a draft of {len(d.tokens)} tokens")
+    d.confidence = values
 
 
 def _draft_request(s: Slot, n_max: int) -> DraftRequest:

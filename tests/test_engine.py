@@ -271,6 +271,33 @@ async def test_failing_drafter_ends_only_its_request() -> None:
     assert good.tokens == _plain(20, prompt=[5, 6, 7])
 
 
+class _BadConfidenceDrafter(GarbageDrafter):
+    name = "test-bad-confidence"
+    model_based = True
+
+    def __init__(self, n_vocab: int, confidence: object) -> None:
+        super().__init__(n_vocab)
+        self.confidence = confidence
+
+    def draft(self, requests):  # type: ignore[no-untyped-def]
+        drafts = super().draft(requests)
+        for d in drafts:
+            d.confidence = self.confidence
+        return drafts
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("confidence", "message"), [([0.5], "confidences for a draft of"),
+                                                     (["sure"] * 4, "could not convert")])
+async def test_a_drafter_with_malformed_confidence_ends_only_its_request(confidence: object, message: str) -> None:
+    engine = make_engine(ToyBackend(), ToyTokenizer(), n_slots=2, drafters=[_BadConfidenceDrafter(48, confidence)])
+    bad, good = await run_requests(engine, [
+        CompletionRequest(PROMPT, n_predict=20, sampling=GREEDY, spec=SpecParams(types=("test-bad-confidence",))),
+        CompletionRequest([5, 6, 7], n_predict=20, sampling=GREEDY)])
+    assert bad.stop_type == "error" and message in (bad.error or "") and "test-bad-confidence" in (bad.error or "")
+    assert good.tokens == _plain(20, prompt=[5, 6, 7])
+
+
 class _ProbsDrafter(GarbageDrafter):
     """Proposes tokens with a uniform draft distribution q, like a probabilistic model drafter."""
 
