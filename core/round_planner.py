@@ -284,12 +284,12 @@ class RoundPlanner:
     def _grammar_trim(self, s: Slot, drafter: Drafter, d: Draft, call: DraftCall) -> Draft:
         """Drop what the request's grammar forbids before it costs a verification row."""
         assert s.plan is not None and s.plan.constraint is not None
-        tokens, probs, rejected = trim_draft(list(d.tokens), d.probs, s.plan.constraint.valid_prefix(d.tokens))
+        tokens, _probs, rejected = trim_draft(list(d.tokens), d.probs, s.plan.constraint.valid_prefix(d.tokens))
         if not rejected:
             return d
         self.observer.grammar_rejected(s, drafter.name, rejected)
         call.lengths[s.id] = len(tokens)
-        return Draft(tokens, probs, None if d.confidence is None else d.confidence[: len(tokens)])
+        return d.prefix(len(tokens))  # trim_draft keeps a prefix: the same tokens and probabilities
 
     # -- the cost model's cut -------------------------------------------------------------------
     def _shorten(self, slots: dict[int, Slot], chosen: dict[int, tuple[Draft, Drafter]],
@@ -307,9 +307,9 @@ class RoundPlanner:
         assert self.controller is not None
         fixed_rows = sum(len(d.tokens) for sid, (d, _) in chosen.items() if sid not in adaptive)
         round_time = self._round_time(base_rows + fixed_rows, plan.drafting_seconds)
+        plan.plain_seconds = self._round_time(base_rows)(0)
         if not adaptive:  # only decisions not to draft: nothing to weigh
             plan.predicted_seconds = round_time(0)
-            plan.plain_seconds = self._round_time(base_rows)(0)
             return
         offers: list[Offer] = []
         for sid in adaptive:
@@ -333,8 +333,7 @@ class RoundPlanner:
                     del chosen[o.slot]
                 else:
                     chosen[o.slot] = (draft.prefix(kept), drafter)
-        plan.predicted_seconds = result.predicted_time if offers else round_time(0)
-        plan.plain_seconds = self._round_time(base_rows)(0)
+        plan.predicted_seconds = result.predicted_time
 
     def _count_quiet_rounds(self, slots: dict[int, Slot], chosen: dict[int, tuple[Draft, Drafter]],
                             decisions: dict[int, Decision]) -> None:
