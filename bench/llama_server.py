@@ -256,8 +256,10 @@ class LlamaServer:
                 return int(float(line.split()[-1]))
         return None
 
-    def complete(self, prompt: list[int], n_predict: int, *, ignore_eos: bool = False) -> Completion:
-        """Greedy completion of already-tokenized `prompt` (sent as ids, so both engines see the same tokens)."""
+    def complete(self, prompt: list[int], n_predict: int, *, ignore_eos: bool = False,
+                 sampling: dict[str, Any] | None = None) -> Completion:
+        """Completion of already-tokenized `prompt` (sent as ids, so both engines see the same tokens):
+        greedy, or with the `sampling` fields given (temperature, top_k, seed, ...)."""
         steps_before = self._verif_steps()
         body = {
             "prompt": prompt,
@@ -267,6 +269,7 @@ class LlamaServer:
             "cache_prompt": False,
             "return_tokens": True,
             "stream": False,
+            **(sampling or {}),
         }
         answer = json.loads(self._request("/completion", body))
         steps_after = self._verif_steps()

@@ -3,8 +3,9 @@
     python bench/spekula_worker.py --model M --path native --threads 2 --job JOB.json
 
 JOB.json: {"workloads": {name: [token ids]}, "n_predict": N, "specs": ["none", "ngram-mod", ...],
-"prompt_512": [token ids]}. Prints one JSON object: per spec and workload the generated tokens and
-tok/s, the engine's own time per round next to the forward's, the 512-token prompt's tok/s, the load
+"prompt_512": [token ids], "sampling": {SamplingParams fields}}. Prints one JSON object: per spec and workload the generated tokens and
+tok/s, the engine's own time per round next to the forward's, the workloads' tok/s at the job's
+sampling (to n_predict tokens), the 512-token prompt's tok/s, the load
 time and the process's peak RSS (VmHWM). A fresh Engine per spec (drafter state carries across the
 workloads of one spec, as it does across requests on one llama-server).
 """
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from spekula.core.gguf_file import GGUFFile
     from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
     from spekula.core.registry import parse_spec_types
+    from spekula.core.sampling import banning_end_of_generation
     from spekula.core.tokenizer import Tokenizer
 
     t0 = time.perf_counter()
@@ -101,6 +103,15 @@ def main(argv: list[str] | None = None) -> int:
                     "rounds": rounds, "forward_ms_per_round": 1e3 * sum(decode_fwd) / rounds,
                     "engine_ms_per_round": 1e3 * engine_s / rounds, "error": final.error,
                 }
+            if spec_name == "none" and "sampling" in job:  # the same workloads at the job's sampling
+                # ignore_eos as llama-server reads it: end-of-generation tokens banned, not only passed over
+                sampled = banning_end_of_generation(SamplingParams(**job["sampling"]), tokenizer.eog_ids)
+                out["sampled_tps"] = {}
+                for name, prompt in job["workloads"].items():
+                    final = await engine.submit(CompletionRequest(list(prompt), n_predict=job["n_predict"],
+                                                                  sampling=sampled, cache_prompt=False,
+                                                                  ignore_eos=True)).result()
+                    out["sampled_tps"][name] = final.timings["predicted_per_second"]
             if spec_name == "none":
                 final = await engine.submit(CompletionRequest(list(job["prompt_512"]), n_predict=1, sampling=greedy,
                                                               cache_prompt=False)).result()

@@ -6,8 +6,10 @@
 
 For each thread count and repetition, in an order that rotates between repetitions, every engine runs
 in a fresh process on the same GGUF and the same prompt token ids (the workloads rendered through
-the model's chat template by spekula's tokenizer), greedily:
+the model's chat template by spekula's tokenizer), greedily unless said otherwise:
   * plain decode tok/s on three workloads (code rewrite, repeat-then-summarise, open-ended chat);
+  * plain decode tok/s at llama-server's default sampling (temperature 0.8, top-k 40, top-p 0.95,
+    min-p 0.05; seed 1, to n_predict tokens), the same three workloads;
   * prompt tok/s on a 512-token prompt;
   * the best speculation tok/s per workload over --specs (the same drafter set on both engines;
     llama-server needs one server per spec type, spekula one engine);
@@ -45,6 +47,9 @@ from ngram import WORKLOADS  # noqa: E402
 DEFAULT_SPECS = "ngram-simple,ngram-map-k,ngram-mod,ngram-cache,ngram-mod+ngram-simple"
 N_CTX = 2048
 PROMPT_512 = 512
+# llama-server's sampling defaults (what a client that sets nothing gets), with a fixed seed; each
+# engine answers the three workloads once more with them, to n_predict tokens (ignore_eos).
+DEFAULT_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 1}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -80,7 +85,7 @@ def build_job(model: str, n_predict: int, specs: list[str]) -> dict[str, Any]:
     filler = " ".join(WORKLOADS.values())
     ids = [int(t) for t in tok.encode(filler * 4, add_special=True)]
     return {"workloads": workloads, "n_predict": n_predict, "specs": ["none", *specs],
-            "prompt_512": ids[:PROMPT_512]}
+            "prompt_512": ids[:PROMPT_512], "sampling": DEFAULT_SAMPLING}
 
 
 # ---- engines -------------------------------------------------------------------------------------------
@@ -122,6 +127,9 @@ def run_llama(binary: str, model: str, threads: int, job: dict[str, Any]) -> dic
                 result[name] = {"tokens": c.tokens, "tps": c.predicted_per_second, "n": c.predicted_n,
                                 "draft_n": c.draft_n, "draft_n_accepted": c.draft_n_accepted}
             if spec == "none":
+                out["sampled_tps"] = {name: srv.complete(prompt, job["n_predict"], ignore_eos=True,
+                                                         sampling=job["sampling"]).predicted_per_second
+                                      for name, prompt in job["workloads"].items()}
                 body = srv._request("/completion", {"prompt": job["prompt_512"], "n_predict": 1,  # noqa: SLF001
                                                     "temperature": 0.0, "cache_prompt": False})
                 out["prompt_512_tps"] = float(json.loads(body)["timings"]["prompt_per_second"])
@@ -203,6 +211,9 @@ def report(title: str, runs: dict[str, list[dict[str, Any]]], starts: dict[str, 
 
     for w in WORKLOADS:
         row(f"plain decode tok/s, {w}", {e: med([r["specs"]["none"][w]["tps"] for r in runs[e]]) for e in engines}, ".1f")
+    for w in WORKLOADS:
+        row(f"default sampling tok/s, {w}",
+            {e: med([r["sampled_tps"][w] for r in runs[e] if "sampled_tps" in r]) for e in engines}, ".1f")
     row("prompt tok/s (512 tokens)", {e: med([r.get("prompt_512_tps", float("nan")) for r in runs[e]]) for e in engines}, ".0f")
     for w in WORKLOADS:
         best = {e: best_spec(runs[e], w) for e in engines}

@@ -21,6 +21,7 @@ from .backend import Backend, BackendOptions, ModelInfo
 from .errors import ConfigError, ModelFileError
 from .gguf_file import GGUFFile
 from .sampling import pick
+from .top_entries import GROUP, best_first, bounded_top
 
 DRAFT_ARCHS = ("eagle3", "dflash")
 N_CANDIDATES = 10  # llama.cpp's draft sampler keeps the top 10 candidates
@@ -249,7 +250,7 @@ class Choice:
     q: np.ndarray | None  # float32 [n_vocab] draft distribution (probabilistic drafting only)
 
 
-CANDIDATE_GROUP = 64  # entries per group whose maxima bound the n-th largest entry from below
+CANDIDATE_GROUP = GROUP  # entries per group whose maxima bound the n-th largest entry (core/top_entries.py)
 
 
 def top_candidates(row: np.ndarray, n: int, vocab: np.ndarray | None = None) -> np.ndarray:
@@ -257,36 +258,19 @@ def top_candidates(row: np.ndarray, n: int, vocab: np.ndarray | None = None) -> 
     position itself, or ``vocab[position]`` when the row covers a reduced vocabulary.
 
     A draft step picks from a row as wide as the vocabulary, and a partial sort of all of it cost more
-    than the draft model's own step. Instead the row is split into groups (entry i in group i mod m,
-    so the maxima are one vectorised pass): n groups whose maxima are at least b hold n entries >= b,
-    so the n-th largest group maximum b bounds the n-th largest entry from below, and only the entries
-    >= b (a few dozen) are sorted. Rows with a NaN or an infinite maximum, or too short to group, take
-    a partition of their finite entries instead; the result is the same.
+    than the draft model's own step: the group-maxima bound of core/top_entries.py finds them. Rows
+    where it does not apply (a NaN or an infinite maximum, too short to group) take a partition of
+    their finite entries instead; the result is the same.
     """
-    m = row.size // CANDIDATE_GROUP
-    if m >= n:
-        maxima = row[: m * CANDIDATE_GROUP].reshape(CANDIDATE_GROUP, m).max(axis=0)
-        if not np.isnan(maxima).any() and not (maxima == np.inf).any():
-            finite = maxima[maxima > -np.inf]
-            if len(finite) >= n:
-                bound = np.partition(finite, len(finite) - n)[len(finite) - n]
-                near = np.flatnonzero(row >= bound)
-                if np.isfinite(row[near]).all():  # entries past the last whole group were not checked
-                    return _best_first(row, near, n, vocab)
+    near = bounded_top(row, n, vocab)
+    if near is not None:
+        return near
     finite_ids = np.flatnonzero(np.isfinite(row))
     if len(finite_ids) == 0:
         raise ValueError("draft logits have no finite entry")
     n = min(n, len(finite_ids))
     nth = -np.partition(-row[finite_ids], n - 1)[n - 1]
-    return _best_first(row, finite_ids[row[finite_ids] >= nth], n, vocab)
-
-
-def _best_first(row: np.ndarray, near: np.ndarray, n: int, vocab: np.ndarray | None) -> np.ndarray:
-    """The n best of positions ``near`` (every entry tied with the n-th is among them) by ``row``, best
-    first, ties to the lower id: a stable total order, the same pick however ``near`` was found."""
-    vals = row[near]
-    order = np.lexsort((near if vocab is None else vocab[near], -vals))
-    return near[order[:n]]
+    return best_first(row, finite_ids[row[finite_ids] >= nth], n, vocab)
 
 
 def choose(logits: np.ndarray, temperature: float | None, rng: np.random.Generator | None, *,

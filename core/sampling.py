@@ -2,7 +2,9 @@
 
 Chain order (llama.cpp's common sampler): logit bias -> penalties (repeat, then frequency and
 presence) -> top-k -> top-p -> min-p -> temperature -> dist. top-p and min-p look at the temperature-1 distribution because they run
-before the temperature stage, exactly as in llama.cpp.
+before the temperature stage, exactly as in llama.cpp. top-k keeps the k highest logits, ties at the
+k-th to the lower token id, found without partitioning the whole row (core/top_entries.py: a
+partition of a 49152-wide row cost about a tenth of a SmolLM2 decode step).
 
 `sample` draws exactly one uniform from the request's Generator when temperature > 0 and none when
 greedy. Verification by sample-and-match calls `sample` once per verified position, in order, on the
@@ -21,6 +23,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .params import SamplingParams
+from .top_entries import best_first, bounded_top
 
 
 def resolve_seed(seed: int) -> int:
@@ -134,13 +137,23 @@ class Sampler:
         if p.greedy:
             return np.array([int(np.argmax(row))], dtype=np.int64), np.ones(1, dtype=np.float64)
 
-        if 0 < p.top_k < self.n_vocab:
-            ids = np.argpartition(-row, p.top_k - 1)[: p.top_k]
+        top_k = 0 < p.top_k < self.n_vocab
+        vocab_mass = 0.0
+        if top_k:
+            ids = top_k_ids(row, p.top_k)
         else:
-            ids = np.arange(self.n_vocab)
-        # Stable sort on (-logit) keeps the lower id first among ties, independent of argpartition.
-        ids = np.sort(ids)
-        ids = ids[np.argsort(-row[ids], kind="stable")].astype(np.int64)
+            # Without top-k, top-p weighs each token against the whole vocabulary's mass, summed in id
+            # order so that it does not depend on how many tokens were put in order; min-p then keeps
+            # only tokens within a factor of the best, and where it applies those are all that is sorted.
+            row64 = row.astype(np.float64)
+            best = float(row64.max())
+            if math.isfinite(best) and p.top_p < 1.0:
+                vocab_mass = float(np.exp(row64 - best).sum())
+            near = np.flatnonzero(row64 >= best + math.log(p.min_p)) if p.min_p > 0.0 and math.isfinite(best) else None
+            if near is not None and near.size >= p.min_keep:
+                ids = best_first(row, near, near.size).astype(np.int64)
+            else:  # by a stable sort on (-logit): the lower id first among ties
+                ids = np.argsort(-row, kind="stable").astype(np.int64)
         lg = row[ids].astype(np.float64)
         if lg[-1] == -np.inf:  # banned tokens (a -inf bias) have no mass; if every one is, the first stays
             keep = max(int(np.count_nonzero(lg > -np.inf)), 1)
@@ -149,7 +162,7 @@ class Sampler:
                 return ids, np.ones(1, dtype=np.float64)
 
         if p.top_p < 1.0:
-            probs = _softmax(lg)
+            probs = _softmax(lg) if top_k or not vocab_mass else np.exp(lg - lg[0]) / vocab_mass
             cum = np.cumsum(probs)
             keep = int(np.searchsorted(cum, p.top_p, side="left")) + 1  # first index with cum >= p
             keep = min(max(keep, 1, p.min_keep), len(ids))
@@ -198,6 +211,20 @@ class Sampler:
         other._counts = Counter(self._counts)
         other._bias_ids, other._bias = self._bias_ids, self._bias
         return other
+
+
+def top_k_ids(row: np.ndarray, k: int) -> np.ndarray:
+    """The k highest logits' ids, highest first, ties to the lower id (int64): by the group-maxima bound
+    where it applies, else by a partition that finds the k-th highest value and then orders every
+    entry tied with it or above (NaN entries left out, unless too few others remain)."""
+    ids = bounded_top(row, k)
+    if ids is None:
+        nth = -np.partition(-row, k - 1)[k - 1]
+        near = np.flatnonzero(row >= nth)
+        if near.size < k:  # NaN among the k best: as a partition ranks it
+            near = np.argpartition(-row, k - 1)[:k]
+        ids = best_first(row, near, k)
+    return ids.astype(np.int64)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

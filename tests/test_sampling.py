@@ -207,3 +207,77 @@ def test_a_banned_token_is_never_sampled(banned: set[int], temperature: float, s
 def test_bad_logit_bias_is_a_config_error(bias: tuple[tuple[int, float], ...]) -> None:
     with pytest.raises(ConfigError, match="logit_bias"):
         Sampler(SamplingParams(logit_bias=bias), 8, seed=0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    size=st.sampled_from([64 * 40 - 1, 64 * 40, 3000, 49152]),
+    top_k=st.sampled_from([1, 2, 40, 41, 100]),
+    ties=st.booleans(),
+    banned=st.sampled_from([0.0, 0.5, 0.99, 0.9995]),
+)
+def test_top_k_keeps_the_k_best_ties_to_the_lower_id(seed: int, size: int, top_k: int, ties: bool,
+                                                      banned: float) -> None:
+    """On rows as wide as a vocabulary, with ties at the k-th logit and many tokens banned (-inf), top-k
+    keeps what a full stable sort keeps: the k highest finite logits, ties to the lower token id."""
+    r = np.random.default_rng(seed)
+    logits = (r.standard_normal(size) * 3.0).astype(np.float32)
+    if ties:
+        logits = np.round(logits).astype(np.float32)  # a handful of distinct values: ties at every k
+    logits[r.random(size) < banned] = -np.inf
+    finite = np.flatnonzero(np.isfinite(logits))
+    s = Sampler(SamplingParams(temperature=0.7, top_k=top_k, top_p=1.0, min_p=0.0), size, seed)
+    ids, probs = s.distribution(logits)
+    if finite.size == 0:  # every token banned: one candidate is left, as before
+        assert len(ids) == 1 and probs.tolist() == [1.0]
+        return
+    want = finite[np.argsort(-logits[finite], kind="stable")][:top_k]
+    assert ids.tolist() == want.tolist()
+    np.testing.assert_allclose(probs, softmax(logits[want].astype(np.float64) / 0.7), rtol=1e-9)
+
+
+def chain_by_full_sort(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """top-p, min-p and temperature without top-k, by sorting the whole row: top-p weighs each token
+    against the whole vocabulary's mass (summed in id order), min-p keeps tokens within a factor of
+    the best."""
+    ids = np.argsort(-logits, kind="stable")
+    lg = logits[ids].astype(np.float64)
+    finite = int(np.count_nonzero(lg > -np.inf))
+    ids, lg = ids[: max(finite, 1)], lg[: max(finite, 1)]
+    if params.top_p < 1.0:
+        cum = np.cumsum(np.exp(lg - lg[0]) / np.exp(logits.astype(np.float64) - lg[0]).sum())
+        keep = min(max(int(np.searchsorted(cum, params.top_p, side="left")) + 1, 1, params.min_keep), len(ids))
+        ids, lg = ids[:keep], lg[:keep]
+    if params.min_p > 0.0:
+        keep = min(max(int(np.count_nonzero(lg >= lg[0] + math.log(params.min_p))), 1, params.min_keep), len(ids))
+        ids, lg = ids[:keep], lg[:keep]
+    return ids, softmax(lg / params.temperature)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    size=st.sampled_from([3000, 49152]),
+    scale=st.sampled_from([0.5, 3.0, 12.0]),
+    ties=st.booleans(),
+    banned=st.sampled_from([0.0, 0.5, 0.999]),
+    top_p=st.sampled_from([1.0, 0.95, 0.5]),
+    min_p=st.sampled_from([0.0, 0.05, 0.3]),
+    min_keep=st.sampled_from([0, 1, 5, 400]),
+)
+def test_without_top_k_only_the_tokens_min_p_can_keep_are_sorted(
+        seed: int, size: int, scale: float, ties: bool, banned: float, top_p: float, min_p: float,
+        min_keep: int) -> None:
+    """Without top-k the chain orders only the tokens min-p can keep, and gives exactly what sorting the
+    whole vocabulary gives."""
+    r = np.random.default_rng(seed)
+    logits = (r.standard_normal(size) * scale).astype(np.float32)
+    if ties:
+        logits = np.round(logits).astype(np.float32)
+    logits[r.random(size) < banned] = -np.inf
+    params = SamplingParams(temperature=0.9, top_k=0, top_p=top_p, min_p=min_p, min_keep=min_keep)
+    ids, probs = Sampler(params, size, seed).distribution(logits)
+    want_ids, want_probs = chain_by_full_sort(logits, params)
+    assert ids.tolist() == want_ids.tolist()
+    assert np.array_equal(probs, want_probs)
