@@ -15,12 +15,14 @@ No torch here: the scheduler imports this.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .sampling import Sampler
+from .top_entries import bounded_top
 
 # The most alternatives one emitted token lists: every one costs a JSON object per token.
 MAX_N_PROBS = 100
@@ -43,13 +45,31 @@ def _top(ids: np.ndarray, values: np.ndarray, n: int) -> tuple[tuple[int, float]
     if n <= 0 or ids.size == 0:
         return ()
     n = min(n, ids.size)
-    part = np.argpartition(-values, n - 1)[:n] if n < ids.size else np.arange(ids.size)
-    order = part[np.lexsort((ids[part], -values[part]))]
+    order = bounded_top(values, n, ids) if n < ids.size else None
+    if order is None:  # every entry tied with the n-th competes, so ties go to the lower id
+        near = np.flatnonzero(values >= np.partition(values, ids.size - n)[ids.size - n]) if n < ids.size \
+            else np.arange(ids.size)
+        order = near[np.lexsort((ids[near], -values[near]))][:n]
     return tuple((int(ids[i]), float(values[i])) for i in order)
 
 
 def pre_sampling(row: np.ndarray, token: int, n: int) -> TokenProbs:
-    """Log-softmax of the target's row: the emitted token's and the n best."""
+    """Log-softmax of the target's row: the emitted token's and the n best.
+
+    A row of finite float32 scores (the usual case) is exponentiated in float32 and summed in float64:
+    float64 exponentials of a 49152-wide row took 0.45 ms, and the whole computation 2.1 ms a token,
+    about half a SmolLM2 decode step."""
+    if isinstance(row, np.ndarray) and row.dtype == np.float32 and row.ndim == 1 and bool(np.isfinite(row).all()):
+        best = row.max()
+        logz = float(best) + math.log(float(np.exp(row - best).sum(dtype=np.float64)))
+        ids = np.arange(row.size)
+        if n <= 0:
+            return TokenProbs(int(token), float(row[token]) - logz, ())
+        top = bounded_top(row, n) if n < row.size else None
+        if top is None:
+            return TokenProbs(int(token), float(row[token]) - logz, _top(ids, row.astype(np.float64) - logz, n))
+        return TokenProbs(int(token), float(row[token]) - logz,
+                          tuple((int(i), float(row[i]) - logz) for i in top))
     x = np.asarray(row, dtype=np.float64)
     finite = np.isfinite(x)
     m = x[finite].max() if finite.any() else 0.0

@@ -30,6 +30,27 @@ def test_pre_sampling_is_the_log_softmax_with_the_best_first() -> None:
     assert pre_sampling(row, 4, 0).value == -math.inf and pre_sampling(row, 4, 0).top == ()
 
 
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), size=st.sampled_from([7, 3000, 49152]), n=st.sampled_from([0, 1, 5, 100]),
+       ties=st.booleans())
+def test_pre_sampling_on_finite_rows_matches_a_float64_log_softmax(seed: int, size: int, n: int, ties: bool) -> None:
+    """The usual row (finite float32 scores) takes a shortcut: float32 exponentials summed in float64
+    and the n best without sorting the row. Same tokens in the same order as a full sort, values
+    within float32 rounding of the float64 log-softmax."""
+    r = np.random.default_rng(seed)
+    row = (r.standard_normal(size) * 4.0).astype(np.float32)
+    if ties:
+        row = np.round(row).astype(np.float32)
+    token = int(r.integers(size))
+    got = pre_sampling(row, token, n)
+    x = row.astype(np.float64)
+    logp = x - (x.max() + math.log(np.exp(x - x.max()).sum()))
+    want = np.argsort(-x, kind="stable")[: min(n, size)]
+    assert [t for t, _ in got.top] == want.tolist()
+    assert got.value == pytest.approx(logp[token], rel=1e-6, abs=1e-6)
+    assert [v for _, v in got.top] == pytest.approx(logp[want].tolist(), rel=1e-6, abs=1e-6)
+
+
 def test_post_sampling_lists_what_the_chain_kept() -> None:
     row = np.array([5.0, 4.0, 3.0, 2.0, 1.0, 0.0], dtype=np.float32)
     sampler = Sampler(SamplingParams(temperature=0.7, top_k=3, top_p=1.0, min_p=0.0), 6, 1)
