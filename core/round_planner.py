@@ -177,8 +177,9 @@ class RoundPlanner:
         # drafter at its own cap, whatever room the round has (valuing a six-token head as if it could
         # draft sixty made its calls look worth far more than they are).
         cap = drafter_cap(drafter, s.plan.spec)
-        if cap > 0:
-            n = min(n, cap)
+        if cap <= 0:
+            return None  # it drafts nothing (--spec-draft-n-max 0): asking would only cost its call
+        n = min(n, cap)
         if per_token:
             call_cost, token_cost = cost.model_drafting(drafter.name)
         else:

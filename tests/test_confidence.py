@@ -149,3 +149,25 @@ def test_a_model_drafter_is_weighed_for_no_more_than_it_can_draft() -> None:
     engine.adaptive.ask_length = spy  # type: ignore[method-assign]
     anyio.run(run_requests, engine, [CompletionRequest(PROMPT, n_predict=40, sampling=SamplingParams(temperature=0.0))])
     assert weighed and max(weighed) == 3
+
+
+def test_a_model_drafter_with_a_cap_of_0_is_never_called() -> None:
+    """--spec-draft-n-max 0: a model drafter drafts nothing, so the adaptive planner does not call it."""
+    backend = ToyBackend()
+    truth = PROMPT + plain_decode(backend, PROMPT, n_predict=20, sampling=SamplingParams(temperature=0.0), seed=0,
+                                  is_eog=lambda t: False, n_ctx=256)
+    drafter = ConfidentDrafter(truth, 48)
+    calls: list[int] = []
+    draft = drafter.draft
+
+    def counting(requests):  # type: ignore[no-untyped-def]
+        calls.append(len(requests))
+        return draft(requests)
+
+    drafter.draft = counting  # type: ignore[method-assign]
+    spec = SpecParams(types=("test-confident",), n_max=0, adaptive=True)
+    engine = fix_cost(make_engine(ToyBackend(), ToyTokenizer(), spec=spec, drafters=[drafter]), 1.0, 0.3)
+    [final] = anyio.run(run_requests, engine, [CompletionRequest(PROMPT, n_predict=20,
+                                                                 sampling=SamplingParams(temperature=0.0))])
+    assert list(final.tokens) == truth[len(PROMPT) : len(PROMPT) + 20]
+    assert calls == []
