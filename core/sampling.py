@@ -150,7 +150,7 @@ class Sampler:
             if math.isfinite(best) and p.top_p < 1.0:
                 vocab_mass = float(np.exp(row64 - best).sum())
             near = np.flatnonzero(row64 >= best + math.log(p.min_p)) if p.min_p > 0.0 and math.isfinite(best) else None
-            if near is not None and near.size >= p.min_keep:
+            if near is not None and near.size >= max(p.min_keep, 1):  # min-p above 1 keeps no token by itself
                 ids = best_first(row, near, near.size).astype(np.int64)
             else:  # by a stable sort on (-logit): the lower id first among ties
                 ids = np.argsort(-row, kind="stable").astype(np.int64)

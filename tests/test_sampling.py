@@ -263,7 +263,7 @@ def chain_by_full_sort(logits: np.ndarray, params: SamplingParams) -> tuple[np.n
     ties=st.booleans(),
     banned=st.sampled_from([0.0, 0.5, 0.999]),
     top_p=st.sampled_from([1.0, 0.95, 0.5]),
-    min_p=st.sampled_from([0.0, 0.05, 0.3]),
+    min_p=st.sampled_from([0.0, 0.05, 0.3, 1.0, 5.0]),
     min_keep=st.sampled_from([0, 1, 5, 400]),
 )
 def test_without_top_k_only_the_tokens_min_p_can_keep_are_sorted(
