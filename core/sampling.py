@@ -25,6 +25,10 @@ from .errors import ConfigError
 from .params import SamplingParams
 from .top_entries import best_first, bounded_top
 
+# Without top-k or min-p, top-p's tokens are looked for within these distances of the best logit
+# (a token e^-8 below the best weighs 3e-4 of it) before the whole row is sorted.
+TOP_P_SPREADS = (8.0, 16.0)
+
 
 def resolve_seed(seed: int) -> int:
     """-1 means "random", drawn once per request; any other value must be a uint32."""
@@ -142,18 +146,7 @@ class Sampler:
         if top_k:
             ids = top_k_ids(row, p.top_k)
         else:
-            # Without top-k, top-p weighs each token against the whole vocabulary's mass, summed in id
-            # order so that it does not depend on how many tokens were put in order; min-p then keeps
-            # only tokens within a factor of the best, and where it applies those are all that is sorted.
-            row64 = row.astype(np.float64)
-            best = float(row64.max())
-            if math.isfinite(best) and p.top_p < 1.0:
-                vocab_mass = float(np.exp(row64 - best).sum())
-            near = np.flatnonzero(row64 >= best + math.log(p.min_p)) if p.min_p > 0.0 and math.isfinite(best) else None
-            if near is not None and near.size >= max(p.min_keep, 1):  # min-p above 1 keeps no token by itself
-                ids = best_first(row, near, near.size).astype(np.int64)
-            else:  # by a stable sort on (-logit): the lower id first among ties
-                ids = np.argsort(-row, kind="stable").astype(np.int64)
+            ids, vocab_mass = self._without_top_k(row)
         lg = row[ids].astype(np.float64)
         if lg[-1] == -np.inf:  # banned tokens (a -inf bias) have no mass; if every one is, the first stays
             keep = max(int(np.count_nonzero(lg > -np.inf)), 1)
@@ -174,6 +167,35 @@ class Sampler:
             ids, lg = ids[:keep], lg[:keep]
 
         return ids, _softmax(lg / p.temperature)
+
+    def _without_top_k(self, row: np.ndarray) -> tuple[np.ndarray, float]:
+        """The candidates in the chain's order when there is no top-k, and the mass top-p weighs them
+        against (0.0 without top-p). Every token could be kept, but sorting a 49152-wide row takes
+        longer than a SmolLM2 forward, so only a leading part of the order is made where it is known to
+        hold every token the chain can keep: the tokens min-p keeps (within a factor of the best), or,
+        without min-p, the tokens near the best once they hold top_p of the mass. top-p weighs each
+        token against the whole vocabulary's mass summed in id order, so the result does not depend on
+        how much was sorted."""
+        p = self.params
+        row64 = row.astype(np.float64)
+        best = float(row64.max())
+        if not math.isfinite(best):  # NaN, +inf or nothing allowed: the whole row, in order
+            return np.argsort(-row, kind="stable").astype(np.int64), 0.0
+        mass = float(np.exp(row64 - best).sum()) if p.top_p < 1.0 else 0.0
+        floor = max(p.min_keep, 1)  # min_keep may keep tokens past both cuts; min-p above 1 keeps none
+        if p.min_p > 0.0:
+            near = np.flatnonzero(row64 >= best + math.log(p.min_p))
+            if near.size >= floor:
+                return best_first(row, near, near.size).astype(np.int64), mass
+        elif p.top_p < 1.0:
+            for spread in TOP_P_SPREADS:
+                near = np.flatnonzero(row64 >= best - spread)
+                if near.size < floor:
+                    continue
+                ids = best_first(row, near, near.size)
+                if np.cumsum(np.exp(row64[ids] - best) / mass)[-1] >= p.top_p:  # top-p stops within them
+                    return ids.astype(np.int64), mass
+        return np.argsort(-row, kind="stable").astype(np.int64), mass  # lower ids first among ties
 
     def sample(self, logits: np.ndarray) -> int:
         """One token; exactly one RNG draw when temperature > 0, none when greedy."""
