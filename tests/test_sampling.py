@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from spekula.core.errors import ConfigError
@@ -245,6 +245,8 @@ def chain_by_full_sort(logits: np.ndarray, params: SamplingParams) -> tuple[np.n
     lg = logits[ids].astype(np.float64)
     finite = int(np.count_nonzero(lg > -np.inf))
     ids, lg = ids[: max(finite, 1)], lg[: max(finite, 1)]
+    if finite == 0:  # every token banned: the first stays, alone
+        return ids, np.ones(1)
     if params.top_p < 1.0:
         cum = np.cumsum(np.exp(lg - lg[0]) / np.exp(logits.astype(np.float64) - lg[0]).sum())
         keep = min(max(int(np.searchsorted(cum, params.top_p, side="left")) + 1, 1, params.min_keep), len(ids))
@@ -266,6 +268,7 @@ def chain_by_full_sort(logits: np.ndarray, params: SamplingParams) -> tuple[np.n
     min_p=st.sampled_from([0.0, 0.05, 0.3, 1.0, 5.0]),
     min_keep=st.sampled_from([0, 1, 5, 400]),
 )
+@example(seed=1022, size=3000, scale=0.5, ties=False, banned=0.999, top_p=1.0, min_p=0.0, min_keep=0)  # all banned
 def test_without_top_k_only_the_tokens_min_p_can_keep_are_sorted(
         seed: int, size: int, scale: float, ties: bool, banned: float, top_p: float, min_p: float,
         min_keep: int) -> None:
