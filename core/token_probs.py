@@ -47,8 +47,10 @@ def _top(ids: np.ndarray, values: np.ndarray, n: int) -> tuple[tuple[int, float]
     n = min(n, ids.size)
     order = bounded_top(values, n, ids) if n < ids.size else None
     if order is None:  # every entry tied with the n-th competes, so ties go to the lower id
-        near = np.flatnonzero(values >= np.partition(values, ids.size - n)[ids.size - n]) if n < ids.size \
-            else np.arange(ids.size)
+        if n < ids.size:
+            near = np.flatnonzero(values >= np.partition(values, ids.size - n)[ids.size - n])
+        else:
+            near = np.arange(ids.size)
         order = near[np.lexsort((ids[near], -values[near]))][:n]
     return tuple((int(ids[i]), float(values[i])) for i in order)
 
@@ -62,14 +64,13 @@ def pre_sampling(row: np.ndarray, token: int, n: int) -> TokenProbs:
     if isinstance(row, np.ndarray) and row.dtype == np.float32 and row.ndim == 1 and bool(np.isfinite(row).all()):
         best = row.max()
         logz = float(best) + math.log(float(np.exp(row - best).sum(dtype=np.float64)))
-        ids = np.arange(row.size)
+        value = float(row[token]) - logz
         if n <= 0:
-            return TokenProbs(int(token), float(row[token]) - logz, ())
+            return TokenProbs(int(token), value, ())
         top = bounded_top(row, n) if n < row.size else None
-        if top is None:
-            return TokenProbs(int(token), float(row[token]) - logz, _top(ids, row.astype(np.float64) - logz, n))
-        return TokenProbs(int(token), float(row[token]) - logz,
-                          tuple((int(i), float(row[i]) - logz) for i in top))
+        if top is not None:
+            return TokenProbs(int(token), value, tuple((int(i), float(row[i]) - logz) for i in top))
+        return TokenProbs(int(token), value, _top(np.arange(row.size), row.astype(np.float64) - logz, n))
     x = np.asarray(row, dtype=np.float64)
     finite = np.isfinite(x)
     m = x[finite].max() if finite.any() else 0.0
