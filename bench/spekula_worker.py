@@ -103,16 +103,16 @@ def main(argv: list[str] | None = None) -> int:
                     "rounds": rounds, "forward_ms_per_round": 1e3 * sum(decode_fwd) / rounds,
                     "engine_ms_per_round": 1e3 * engine_s / rounds, "error": final.error,
                 }
-            if spec_name == "none" and "sampling" in job:  # the same workloads at the job's sampling
-                # ignore_eos as llama-server reads it: end-of-generation tokens banned, not only passed over
-                sampled = banning_end_of_generation(SamplingParams(**job["sampling"]), tokenizer.eog_ids)
-                out["sampled_tps"] = {}
-                for name, prompt in job["workloads"].items():
-                    final = await engine.submit(CompletionRequest(list(prompt), n_predict=job["n_predict"],
-                                                                  sampling=sampled, cache_prompt=False,
-                                                                  ignore_eos=True)).result()
-                    out["sampled_tps"][name] = final.timings["predicted_per_second"]
             if spec_name == "none":
+                if "sampling" in job:  # the same workloads at the job's sampling
+                    # ignore_eos as llama-server reads it: end-of-generation tokens banned, not only passed over
+                    sampled = banning_end_of_generation(SamplingParams(**job["sampling"]), tokenizer.eog_ids)
+                    out["sampled_tps"] = {}
+                    for name, prompt in job["workloads"].items():
+                        final = await engine.submit(CompletionRequest(list(prompt), n_predict=job["n_predict"],
+                                                                      sampling=sampled, cache_prompt=False,
+                                                                      ignore_eos=True)).result()
+                        out["sampled_tps"][name] = final.timings["predicted_per_second"]
                 final = await engine.submit(CompletionRequest(list(job["prompt_512"]), n_predict=1, sampling=greedy,
                                                               cache_prompt=False)).result()
                 out["prompt_512_tps"] = final.timings["prompt_per_second"]

@@ -21,7 +21,7 @@ from .backend import Backend, BackendOptions, ModelInfo
 from .errors import ConfigError, ModelFileError
 from .gguf_file import GGUFFile
 from .sampling import pick
-from .top_entries import GROUP, best_first, bounded_top
+from .top_entries import GROUP, bounded_top, partition_top
 
 DRAFT_ARCHS = ("eagle3", "dflash")
 N_CANDIDATES = 10  # llama.cpp's draft sampler keeps the top 10 candidates
@@ -268,9 +268,7 @@ def top_candidates(row: np.ndarray, n: int, vocab: np.ndarray | None = None) -> 
     finite_ids = np.flatnonzero(np.isfinite(row))
     if len(finite_ids) == 0:
         raise ValueError("draft logits have no finite entry")
-    n = min(n, len(finite_ids))
-    nth = -np.partition(-row[finite_ids], n - 1)[n - 1]
-    return best_first(row, finite_ids[row[finite_ids] >= nth], n, vocab)
+    return partition_top(row, min(n, len(finite_ids)), vocab, finite_ids)
 
 
 def choose(logits: np.ndarray, temperature: float | None, rng: np.random.Generator | None, *,

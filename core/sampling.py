@@ -23,7 +23,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .params import SamplingParams
-from .top_entries import best_first, bounded_top
+from .top_entries import best_first, bounded_top, partition_top
 
 # Without top-k or min-p, top-p's tokens are looked for within these distances of the best logit
 # (a token e^-8 below the best weighs 3e-4 of it) before the whole row is sorted.
@@ -241,11 +241,9 @@ def top_k_ids(row: np.ndarray, k: int) -> np.ndarray:
     entry tied with it or above (NaN entries left out, unless too few others remain)."""
     ids = bounded_top(row, k)
     if ids is None:
-        nth = -np.partition(-row, k - 1)[k - 1]
-        near = np.flatnonzero(row >= nth)
-        if near.size < k:  # NaN among the k best: as a partition ranks it
-            near = np.argpartition(-row, k - 1)[:k]
-        ids = best_first(row, near, k)
+        ids = partition_top(row, k)
+        if ids.size < k:  # NaN among the k best: as a partition ranks it
+            ids = best_first(row, np.argpartition(-row, k - 1)[:k], k)
     return ids.astype(np.int64)
 
 

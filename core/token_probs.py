@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .sampling import Sampler
-from .top_entries import bounded_top
+from .top_entries import bounded_top, partition_top
 
 # The most alternatives one emitted token lists: every one costs a JSON object per token.
 MAX_N_PROBS = 100
@@ -47,11 +47,7 @@ def _top(ids: np.ndarray, values: np.ndarray, n: int) -> tuple[tuple[int, float]
     n = min(n, ids.size)
     order = bounded_top(values, n, ids) if n < ids.size else None
     if order is None:  # every entry tied with the n-th competes, so ties go to the lower id
-        if n < ids.size:
-            near = np.flatnonzero(values >= np.partition(values, ids.size - n)[ids.size - n])
-        else:
-            near = np.arange(ids.size)
-        order = near[np.lexsort((ids[near], -values[near]))][:n]
+        order = partition_top(values, n, ids)
     return tuple((int(ids[i]), float(values[i])) for i in order)
 
 

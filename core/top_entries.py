@@ -40,6 +40,17 @@ def bounded_top(row: np.ndarray, n: int, vocab: np.ndarray | None = None) -> np.
     return best_first(row, near, n, vocab)
 
 
+def partition_top(row: np.ndarray, n: int, vocab: np.ndarray | None = None,
+                  among: np.ndarray | None = None) -> np.ndarray:
+    """Where the bound does not apply: the n-th best value of ``row`` at positions ``among`` (every
+    position when None) by a partition, then every one of those positions at or above it, in
+    :func:`best_first` order. Fewer than n come back only when NaN entries take places among the n best."""
+    pos = np.arange(row.size) if among is None else among
+    vals = row[pos]
+    nth = -np.partition(-vals, n - 1)[n - 1]
+    return best_first(row, pos[vals >= nth], n, vocab)
+
+
 def best_first(row: np.ndarray, near: np.ndarray, n: int, vocab: np.ndarray | None = None) -> np.ndarray:
     """The n best of positions ``near`` (every entry tied with the n-th is among them) by ``row``, best
     first, ties to the lower id: a stable total order, the same pick however ``near`` was found."""
