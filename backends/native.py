@@ -180,7 +180,8 @@ class NativeBackend(PooledSeqs, Backend):
             raise ConfigError(f"cannot create the native runtime ({self.threads} threads, n_ctx {options.n_ctx}, "
                               f"{options.n_seq_max} sequences): out of memory or threads")
         self.kernels = self._lib.sk_ctx_kernel_name(self._ctx).decode()
-        self._rows = np.zeros((3, 64), np.int32)
+        self._rows = np.zeros((4, 64), np.int32)
+        self._rows_ptr = self._rows.ctypes.data
         self._seqs = SlotPool(options.n_seq_max, self._reserve_kv, self._release_kv)
 
     @property
@@ -213,9 +214,11 @@ class NativeBackend(PooledSeqs, Backend):
     # ---- forward -----------------------------------------------------------------------------------
 
     def _row_buffers(self, m: int) -> np.ndarray:
-        """int32 [3, >= m]: tokens, positions and KV slots of a forward's rows (kept between calls)."""
+        """int32 [4, >= m]: tokens, positions, KV slots and logit rows of a forward (kept between calls,
+        with their address: a decode step's bookkeeping is a measurable part of its time)."""
         if self._rows.shape[1] < m:
-            self._rows = np.zeros((3, max(m, 2 * self._rows.shape[1])), np.int32)
+            self._rows = np.zeros((4, max(m, 2 * self._rows.shape[1])), np.int32)
+            self._rows_ptr = self._rows.ctypes.data
         return self._rows
 
     def forward(self, inputs: Sequence[SeqInput], capture: Capture = _NO_CAPTURE) -> list[SeqOutput]:
@@ -231,18 +234,29 @@ class NativeBackend(PooledSeqs, Backend):
         wanted, offsets, o, ordered = [], [], 0, True
         for c in checked:
             n = int(c.tokens.size)
-            rows[0, o : o + n] = c.tokens
-            rows[1, o : o + n] = np.arange(c.start, c.start + n, dtype=np.int32)
+            if n == 1:  # a decode step: scalars, not one-element arrays
+                rows[0, o] = c.tokens[0]
+                rows[1, o] = c.start
+            else:
+                rows[0, o : o + n] = c.tokens
+                rows[1, o : o + n] = np.arange(c.start, c.start + n, dtype=np.int32)
             rows[2, o : o + n] = self._seqs.get(c.seq_id).slot
             lr = c.logit_rows
             ordered = ordered and (lr.size < 2 or bool(np.all(lr[1:] > lr[:-1])))
-            wanted.append(lr + o)
+            wanted.append(lr + o if o else lr)
             offsets.append(o)
             o += n
         offsets.append(m)
         # Rows of each sequence strictly increasing (the scheduler's case): they are already the sorted
         # distinct rows the C side computes, and each sequence's logits are a view of one array.
-        out_rows = np.concatenate(wanted).astype(np.int32) if ordered else np.unique(np.concatenate(wanted)).astype(np.int32)
+        if ordered:
+            out_rows = rows[3, : sum(int(w.size) for w in wanted)]  # at most m: distinct rows of the batch
+            k = 0
+            for w in wanted:
+                out_rows[k : k + w.size] = w
+                k += w.size
+        else:
+            out_rows = np.unique(np.concatenate(wanted)).astype(np.int32)
         logits = np.empty((out_rows.size, hp.n_vocab), np.float32)
         cap_arrays = {layer: np.empty((m, hp.n_embd), np.float32) for layer in sorted(capture.layers)}
         cap_ptrs = None
@@ -250,9 +264,10 @@ class NativeBackend(PooledSeqs, Backend):
             cap_ptrs = (ctypes.c_void_p * (hp.n_layer + 1))(*[nl.ptr(cap_arrays.get(i)) for i in range(hp.n_layer + 1)])
         hidden = np.empty((m, hp.n_embd), np.float32) if capture.final_norm else None
         stride = rows.strides[0]
-        base = rows.ctypes.data
+        base = self._rows_ptr
+        out_ptr = (base + 3 * stride if ordered else out_rows.ctypes.data) if out_rows.size else None
         batch = nl.Batch(n_rows=m, tokens=base, pos=base + stride, seq=base + 2 * stride, n_out=out_rows.size,
-                         out_rows=out_rows.ctypes.data if out_rows.size else None, logits=logits.ctypes.data,
+                         out_rows=out_ptr, logits=logits.ctypes.data,
                          capture=ctypes.cast(cap_ptrs, ctypes.c_void_p) if cap_ptrs is not None else None,
                          hidden_final=nl.ptr(hidden))
         nl.forward(self._ctx, batch, "native forward")

@@ -10,6 +10,12 @@ import numpy as np
 from ..core.backend import Capture, SeqInput
 from ..core.errors import ConfigError, ContextOverflowError
 
+# The default logit row ("the last one") of an input of n < 64 tokens, made once: read-only, so no caller
+# can change what another sees.
+_LAST_ROW = [np.array([n - 1] if n else [], dtype=np.int64) for n in range(64)]
+for _row in _LAST_ROW:
+    _row.flags.writeable = False
+
 
 @dataclass(slots=True)
 class CheckedInput:
@@ -33,11 +39,17 @@ def check_inputs(inputs: Sequence[SeqInput], capture: Capture, *, n_layer: int, 
         seen.add(inp.seq_id)
         length = seq_len(inp.seq_id)
         tokens = np.asarray(inp.tokens).reshape(-1)
-        if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
+        n = int(tokens.size)
+        # dtype.kind instead of np.issubdtype, and one element read directly instead of min()/max():
+        # a decode step checks one token, and numpy's reductions cost more than its forward's bookkeeping.
+        if n and tokens.dtype.kind not in "iu":
             raise ConfigError(f"sequence {inp.seq_id}: tokens must be integers, got {tokens.dtype}")
         tokens = tokens.astype(np.int64)
-        n = int(tokens.size)
-        if n and (tokens.min() < 0 or tokens.max() >= n_vocab):
+        if n == 1:
+            out_of_range = not 0 <= int(tokens[0]) < n_vocab
+        else:
+            out_of_range = bool(n) and (tokens.min() < 0 or tokens.max() >= n_vocab)
+        if out_of_range:
             raise ConfigError(f"sequence {inp.seq_id}: token id out of range [0, {n_vocab})")
         if not 0 <= inp.start <= length:
             raise ConfigError(f"sequence {inp.seq_id}: start {inp.start} not in [0, {length}]")
@@ -45,7 +57,7 @@ def check_inputs(inputs: Sequence[SeqInput], capture: Capture, *, n_layer: int, 
             raise ContextOverflowError(
                 f"sequence {inp.seq_id}: positions up to {inp.start + n} exceed n_ctx={n_ctx}")
         if inp.logit_rows is None:
-            rows = np.array([n - 1] if n else [], dtype=np.int64)
+            rows = _LAST_ROW[n] if n < len(_LAST_ROW) else np.array([n - 1], dtype=np.int64)
         else:
             rows = np.asarray(inp.logit_rows, dtype=np.int64).reshape(-1)
             if rows.size and (rows.min() < 0 or rows.max() >= n):

@@ -73,6 +73,8 @@ def _verify_argmax(draft: Sequence[int], target_logits: np.ndarray, is_eog: Call
     """verify_match for a plain greedy sampler, with one argmax over all rows instead of k + 1 samples:
     the same tokens, since each row's sample is its argmax whatever was accepted before it."""
     k = len(draft)
+    if k == 0:  # a plain decode step: one row, one argmax
+        return VerifyResult([int(target_logits[0].argmax())], 0)
     targets = np.argmax(target_logits, axis=1)
     mismatch = np.flatnonzero(targets[:k] != np.asarray(draft, dtype=targets.dtype)) if k else np.zeros(0, np.int64)
     n_acc = int(mismatch[0]) if mismatch.size else k
