@@ -366,7 +366,8 @@ class Engine:
             results = self._scheduler.step(busy)
             if not results or time.perf_counter() > deadline or not self._keeps_stepping(busy):
                 return results
-            pieces = [(s.outbox, piece) for s, piece in results if s.outbox is not None and _has_content(piece)]
+            pieces = [(s.outbox, piece) for s, piece in results
+                      if s.outbox is not None and s.outbox.wants_pieces and _has_content(piece)]
             if pieces:
                 call_soon(self._deliver, pieces)
 

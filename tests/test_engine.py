@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import anyio
 import numpy as np
 import pytest
@@ -366,3 +368,32 @@ async def test_prompt_progress_events_come_before_the_first_piece() -> None:
     assert all(isinstance(e, ProgressEvent) for e in mine[:len(progress)])
     assert all(e.timings is not None for e in mine if isinstance(e, PieceEvent))
     assert finals[0].tokens == finals[1].tokens == _plain(4, prompt)
+
+
+@pytest.mark.anyio
+async def test_a_caller_wanting_only_the_result_gets_only_the_final_event() -> None:
+    """result() says the pieces are not wanted: the engine stops sending them (and the final event still
+    carries the whole answer), while a request iterated beside it gets every piece."""
+    engine = make_engine(ToyBackend(), ToyTokenizer(), n_slots=2)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.run)
+            streamed = engine.submit(CompletionRequest(PROMPT, n_predict=120, sampling=GREEDY,
+                                                       spec=SpecParams(types=("ngram-simple",))))
+            quiet = engine.submit(CompletionRequest(PROMPT, n_predict=120, sampling=GREEDY, return_progress=True))
+            received: list[object] = []
+            events_of = quiet._events
+
+            async def counted() -> AsyncIterator[object]:
+                async for ev in events_of():
+                    received.append(ev)
+                    yield ev
+
+            quiet._events = counted  # type: ignore[method-assign,assignment]
+            final = await quiet.result()
+            events = [ev async for ev in streamed]
+            tg.cancel_scope.cancel()
+    assert final.tokens == _plain(120) and final.content
+    pieces = [t for ev in events if isinstance(ev, PieceEvent) for t in ev.tokens]
+    assert pieces == events[-1].tokens == _plain(120)  # type: ignore[union-attr]
+    assert received == [final]  # no piece and no progress event reached the quiet request's stream
