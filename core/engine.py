@@ -377,11 +377,16 @@ class Engine:
         return all(s.state is SlotState.GENERATING and not s.finished and not s.cancelled for s in busy)
 
     def _deliver(self, pieces: list[tuple[Outbox, PieceEvent]]) -> None:
-        """On the loop, queued by the worker: wake the delivery task (a plain callback has no task
-        from which an outbox could start draining a slow reader's backlog)."""
-        self._pending.extend(pieces)
-        if self._pending_wake is not None:
-            self._pending_wake.set()
+        """On the loop, queued by the worker: hand each piece to its reader's stream right here when
+        that needs no waiting (the usual case, and the cheapest for the loop), else wake the delivery
+        task (a plain callback has no task from which an outbox could start draining a slow reader's
+        backlog). Order is kept: once one piece waits for the task, the rest wait behind it."""
+        for i, (outbox, piece) in enumerate(pieces):
+            if self._pending or not outbox.put_now(piece):
+                self._pending.extend(pieces[i:])
+                if self._pending_wake is not None:
+                    self._pending_wake.set()
+                return
 
     def _flush_pending(self) -> None:
         while self._pending:

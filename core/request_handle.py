@@ -41,21 +41,28 @@ class Outbox:
         self.wants_pieces = True
 
     def put(self, event: Event, tg: TaskGroup | None) -> None:
-        if self.reader_gone or (not self.wants_pieces and isinstance(event, PieceEvent | ProgressEvent)):
+        if self.put_now(event):
             return
-        if not self._backlog and not self._draining:
-            try:
-                self._send.send_nowait(event)
-                return
-            except anyio.WouldBlock:
-                pass
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self._gone()
-                return
         self._backlog.append(event)
         if not self._draining and tg is not None:
             self._draining = True
             tg.start_soon(self._drain)
+
+    def put_now(self, event: Event) -> bool:
+        """Deliver without waiting and without a task group if nothing is queued and the stream has
+        room; False (nothing done) when the caller must go through `put`. An event this outbox drops
+        (its reader is gone, or wants the final event only) counts as delivered."""
+        if self.reader_gone or (not self.wants_pieces and isinstance(event, PieceEvent | ProgressEvent)):
+            return True
+        if self._backlog or self._draining:
+            return False
+        try:
+            self._send.send_nowait(event)
+        except anyio.WouldBlock:
+            return False
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._gone()
+        return True
 
     def close(self, tg: TaskGroup | None = None) -> None:
         """Close once every queued event is delivered (or right away if nothing is queued).
