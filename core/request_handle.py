@@ -119,10 +119,14 @@ class RequestHandle:
                     self.final = event
                     return
 
-    async def result(self) -> FinalEvent:
-        """Drain the stream and return the final event (pieces not yet sent are no longer sent)."""
+    def final_only(self) -> None:
+        """From now on the engine sends this request's final event alone (no pieces, no progress)."""
         if self._outbox is not None:
             self._outbox.wants_pieces = False
+
+    async def result(self) -> FinalEvent:
+        """Drain the stream and return the final event (pieces not yet sent are no longer sent)."""
+        self.final_only()
         async for _ in self:
             pass
         if self.final is None:  # the engine stopped without finishing this request

@@ -144,6 +144,8 @@ class SpekulaMethods:
     async def _generate(self, parsed: rp.ParsedCompletion, ctx: CallContext) -> dict[str, Any]:
         await rp.check_grammar(parsed, self.engine)
         handle = self.engine.submit(parsed.request)
+        if not parsed.stream:
+            handle.final_only()  # the pieces would be read and dropped below: do not send them
         ctx.on_cancel = handle.cancel
         owned = ctx.connection.owned_requests if ctx.connection is not None else None
         if owned is not None:

@@ -58,6 +58,7 @@ class FakeHandle:
         self._engine = engine
         self._send, self._receive = anyio.create_memory_object_stream[Event](1024)
         self.cancelled = False
+        self.wants_pieces = True  # as the real outbox: final_only() stops the pieces
 
     def __aiter__(self) -> Any:
         return self._events()
@@ -68,6 +69,9 @@ class FakeHandle:
                 yield ev
                 if isinstance(ev, FinalEvent):
                     return
+
+    def final_only(self) -> None:
+        self.wants_pieces = False
 
     def cancel(self) -> None:
         self._engine.cancel(self.id)
@@ -82,6 +86,7 @@ class FakeEngine:
         self.submitted: list[CompletionRequest] = []
         self.cancelled: set[str] = set()
         self.active: dict[str, FakeHandle] = {}
+        self.handles: list[FakeHandle] = []  # every request submitted, in order
         self._queue_send, self._queue_recv = anyio.create_memory_object_stream[FakeHandle](1000)
         self._limiter = anyio.CapacityLimiter(self.config.n_slots)
         self._n = 0
@@ -98,6 +103,7 @@ class FakeEngine:
         req.id = req.id or f"req-{self._n}"
         self.submitted.append(req)
         handle = FakeHandle(req, self)
+        self.handles.append(handle)
         self.active[req.id] = handle
         self._queue_send.send_nowait(handle)
         return handle
@@ -125,7 +131,8 @@ class FakeEngine:
                 out += toks
                 drafters: list[str | None] = ["ngram-mod"] * (take - 1) + [None]
                 try:
-                    await send.send(PieceEvent(h.id, toks, bytes(toks).decode("utf-8", "replace"), drafters))
+                    if h.wants_pieces:
+                        await send.send(PieceEvent(h.id, toks, bytes(toks).decode("utf-8", "replace"), drafters))
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     stop = "cancel"
                     break

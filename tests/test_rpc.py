@@ -78,6 +78,8 @@ def test_completion_returns_engine_content() -> None:
             assert msg["result"]["tokens"] == list(b"hellohe")
             assert msg["result"]["stop_type"] == "limit"
             assert not peer.notes  # not streaming: no chunks
+            # ... and the engine was told so: it sends such a request its final event alone.
+            assert [h.wants_pieces for h in engine.handles] == [False]
 
     run(body)
 
@@ -93,6 +95,7 @@ def test_stream_chunks_concatenate_to_final_and_carry_drafters() -> None:
             assert "".join(c["content"] for c in chunks) == msg["result"]["content"] == fakes.expected_text("abcd", 10)
             assert all(len(c["drafters"]) == len(c["tokens"]) for c in chunks)
             assert {d for c in chunks for d in c["drafters"]} == {"ngram-mod", None}
+            assert [h.wants_pieces for h in engine.handles] == [True]
 
     run(body)
 
