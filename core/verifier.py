@@ -76,7 +76,7 @@ def _verify_argmax(draft: Sequence[int], target_logits: np.ndarray, is_eog: Call
     if k == 0:  # a plain decode step: one row, one argmax
         return VerifyResult([int(target_logits[0].argmax())], 0)
     targets = np.argmax(target_logits, axis=1)
-    mismatch = np.flatnonzero(targets[:k] != np.asarray(draft, dtype=targets.dtype)) if k else np.zeros(0, np.int64)
+    mismatch = np.flatnonzero(targets[:k] != np.asarray(draft, dtype=targets.dtype))
     n_acc = int(mismatch[0]) if mismatch.size else k
     for i in range(min(n_acc, k - 1)):  # a matched EOG before the last position ends the round there
         if is_eog(int(targets[i])):
