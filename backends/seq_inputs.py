@@ -40,8 +40,9 @@ def check_inputs(inputs: Sequence[SeqInput], capture: Capture, *, n_layer: int, 
         length = seq_len(inp.seq_id)
         tokens = np.asarray(inp.tokens).reshape(-1)
         n = int(tokens.size)
-        # dtype.kind instead of np.issubdtype, and one element read directly instead of min()/max():
-        # a decode step checks one token, and numpy's reductions cost more than its forward's bookkeeping.
+        # dtype.kind instead of np.issubdtype, and one element read directly instead of min()/max() (here
+        # and for the logit rows): a decode step checks one token and one row, and numpy's reductions
+        # cost more than the rest of its forward's bookkeeping.
         if n and tokens.dtype.kind not in "iu":
             raise ConfigError(f"sequence {inp.seq_id}: tokens must be integers, got {tokens.dtype}")
         tokens = tokens.astype(np.int64)
@@ -60,7 +61,11 @@ def check_inputs(inputs: Sequence[SeqInput], capture: Capture, *, n_layer: int, 
             rows = _LAST_ROW[n] if n < len(_LAST_ROW) else np.array([n - 1], dtype=np.int64)
         else:
             rows = np.asarray(inp.logit_rows, dtype=np.int64).reshape(-1)
-            if rows.size and (rows.min() < 0 or rows.max() >= n):
+            if rows.size == 1:
+                rows_out_of_range = not 0 <= int(rows[0]) < n
+            else:
+                rows_out_of_range = bool(rows.size) and (rows.min() < 0 or rows.max() >= n)
+            if rows_out_of_range:
                 raise ConfigError(f"sequence {inp.seq_id}: logit_rows out of range [0, {n})")
         out.append(CheckedInput(inp.seq_id, tokens, int(inp.start), rows))
     return out

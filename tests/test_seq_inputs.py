@@ -71,8 +71,11 @@ def test_positions_rows_and_sequences() -> None:
         check(SeqInput(0, np.array([1], np.int32), 11))
     with pytest.raises(ContextOverflowError):
         check(SeqInput(0, np.zeros(N_CTX - 9, np.int32), 10))
-    with pytest.raises(ConfigError, match="logit_rows out of range"):
-        check(SeqInput(0, np.array([1, 2], np.int32), 10, np.array([2])))
+    for rows in ([2], [-1], [0, 2], [-1, 1]):
+        with pytest.raises(ConfigError, match="logit_rows out of range"):
+            check(SeqInput(0, np.array([1, 2], np.int32), 10, np.array(rows)))
+    (c,) = check(SeqInput(0, np.array([1, 2], np.int32), 10, np.array([1])))
+    assert c.logit_rows.tolist() == [1]
     with pytest.raises(ConfigError, match="twice"):
         check(SeqInput(0, np.array([1], np.int32), 10), SeqInput(0, np.array([1], np.int32), 10))
     with pytest.raises(ConfigError, match="unknown sequence"):
