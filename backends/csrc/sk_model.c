@@ -88,9 +88,9 @@ struct sk_ctx {
     int64_t *att_prefix;  /* [rows + 1]: first attention work item of each row (kv heads x chunks) */
     float *att_parts;     /* per work item and query head: [max, sum, values] of one key chunk */
     int64_t att_rows_cap, att_parts_cap;
-    void **packed;       /* weight copies in the kernels' own layout, freed with the context */
-    int n_packed;
-    int64_t packed_bytes;
+    uint8_t *packed;     /* weight copies in the kernels' own layout, one arena freed with the context */
+    size_t packed_map;   /* the arena's mapped length */
+    int64_t packed_bytes, packed_used;
     sk_moe **moe;        /* [n_layer]: this context's copy of each MoE block's description, or NULL */
     sk_moe_scratch *moe_scratch;
     sk_ctx *base;        /* the context whose threads (and possibly prepared weights) this one uses, or NULL */
@@ -247,8 +247,7 @@ SK_API void sk_ctx_free(sk_ctx *c) {
     free(c->att_scratch);
     free(c->att_prefix);
     free(c->att_parts);
-    for (int i = 0; i < c->n_packed; i++) free(c->packed[i]);
-    free(c->packed);
+    if (c->packed) munmap(c->packed, c->packed_map);
     if (c->moe)
         for (int l = 0; l < c->cfg.n_layer; l++) sk_moe_free(c->moe[l]);
     free(c->moe);
@@ -269,16 +268,20 @@ static void drop_pages(const void *start, size_t len) {
     if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
-/* Rewrite a weight into the kernel table's layout when it has one; -1 when out of memory. */
-static int pack_tensor(sk_ctx *c, sk_tensor *w) {
+/* Bytes a weight takes in the kernel table's layout (0: it stays as it is), rounded to 64. */
+static int64_t packed_footprint(const sk_ctx *c, const sk_tensor *w) {
     if (!w->data || w->layout != 0 || !c->kern->packed_size) return 0;
     int64_t row_bytes = 0, size = c->kern->packed_size(w, &row_bytes);
-    if (size <= 0) return 0;
-    uint8_t *dst = xalloc((size_t)size);
-    void **list = realloc(c->packed, sizeof(void *) * (size_t)(c->n_packed + 1));
-    if (list) c->packed = list;
-    if (!dst || !list) { free(dst); return -1; }
-    c->packed[c->n_packed++] = dst;
+    return size > 0 ? (size + 63) / 64 * 64 : 0;
+}
+
+/* Rewrite a weight into the kernel table's layout when it has one, at the arena's next free bytes. */
+static void pack_tensor(sk_ctx *c, sk_tensor *w) {
+    if (!w->data || w->layout != 0 || !c->kern->packed_size) return;
+    int64_t row_bytes = 0, size = c->kern->packed_size(w, &row_bytes);
+    if (size <= 0) return;
+    uint8_t *dst = c->packed + c->packed_used;
+    c->packed_used += (size + 63) / 64 * 64;
     c->packed_bytes += size;
     /* In steps of ~1 MiB of source rows, giving their pages back as we go: the peak stays near the
      * packed size instead of packed + source. */
@@ -292,20 +295,44 @@ static int pack_tensor(sk_ctx *c, sk_tensor *w) {
     w->data = dst;
     w->row_bytes = row_bytes;
     w->layout = 1;
-    return 0;
 }
 
-static int pack_weights(sk_ctx *c) {
+/* Every weight the context packs, in one order for sizing and for packing. */
+static int64_t for_each_weight(sk_ctx *c, int64_t (*fn)(sk_ctx *, sk_tensor *)) {
+    int64_t total = 0;
     for (int l = 0; l < c->cfg.n_layer; l++) {
         sk_layer *L = &c->layers[l];
         sk_tensor *ts[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++)
-            if (pack_tensor(c, ts[i]) != 0) return -1;
-        for (int64_t i = 0; c->moe[l] && i < sk_moe_n_tensors(c->moe[l]); i++)
-            if (pack_tensor(c, sk_moe_tensor(c->moe[l], i)) != 0) return -1;
+        for (int i = 0; i < 7; i++) total += fn(c, ts[i]);
+        for (int64_t i = 0; c->moe[l] && i < sk_moe_n_tensors(c->moe[l]); i++) total += fn(c, sk_moe_tensor(c->moe[l], i));
     }
-    if (pack_tensor(c, &c->cfg.in_proj) != 0 || pack_tensor(c, &c->cfg.ctx_proj) != 0) return -1;
-    return pack_tensor(c, &c->cfg.output);
+    return total + fn(c, &c->cfg.in_proj) + fn(c, &c->cfg.ctx_proj) + fn(c, &c->cfg.output);
+}
+
+static int64_t size_one(sk_ctx *c, sk_tensor *w) { return packed_footprint(c, w); }
+static int64_t pack_one(sk_ctx *c, sk_tensor *w) { pack_tensor(c, w); return 0; }
+
+/* The packed weights live in one anonymous mapping that asks for transparent huge pages: a decode
+ * step reads every weight once, and with 4 KiB pages that is tens of thousands of TLB entries for a
+ * small model (the page walks show up in the step's time); 2 MiB pages need a few dozen. Where the
+ * kernel gives no huge pages the mapping works as before, page by page. -1 when out of memory. */
+static int pack_weights(sk_ctx *c) {
+    const int64_t total = for_each_weight(c, size_one);
+    if (total == 0) return 0;
+    const size_t huge = (size_t)2 << 20, len = ((size_t)total + huge - 1) / huge * huge;
+    /* Mapped with a huge page to spare and trimmed to a 2 MiB boundary: huge pages need aligned ranges. */
+    uint8_t *raw = mmap(NULL, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return -1;
+    uint8_t *arena = (uint8_t *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
+    if (arena > raw) munmap(raw, (size_t)(arena - raw));
+    if (raw + huge > arena) munmap(arena + len, (size_t)(raw + huge - arena));
+#ifdef MADV_HUGEPAGE
+    madvise(arena, len, MADV_HUGEPAGE);
+#endif
+    c->packed = arena;
+    c->packed_map = len;
+    for_each_weight(c, pack_one);
+    return 0;
 }
 
 static int in_proj_fits(const sk_config *cfg) {
