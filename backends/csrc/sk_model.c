@@ -268,20 +268,26 @@ static void drop_pages(const void *start, size_t len) {
     if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
-/* Bytes a weight takes in the kernel table's layout (0: it stays as it is), rounded to 64. */
-static int64_t packed_footprint(const sk_ctx *c, const sk_tensor *w) {
+/* Bytes a weight takes in the kernel table's layout, rounded to 64 for the next one's alignment (0: it
+ * stays as it is); its packed row_bytes and exact size through the pointers when they are not NULL. */
+static int64_t packed_footprint(const sk_ctx *c, const sk_tensor *w, int64_t *row_bytes, int64_t *size) {
     if (!w->data || w->layout != 0 || !c->kern->packed_size) return 0;
-    int64_t row_bytes = 0, size = c->kern->packed_size(w, &row_bytes);
-    return size > 0 ? (size + 63) / 64 * 64 : 0;
+    int64_t rb = 0, sz = c->kern->packed_size(w, &rb);
+    if (sz <= 0) return 0;
+    if (row_bytes) *row_bytes = rb;
+    if (size) *size = sz;
+    return (sz + 63) / 64 * 64;
 }
 
-/* Rewrite a weight into the kernel table's layout when it has one, at the arena's next free bytes. */
-static void pack_tensor(sk_ctx *c, sk_tensor *w) {
-    if (!w->data || w->layout != 0 || !c->kern->packed_size) return;
-    int64_t row_bytes = 0, size = c->kern->packed_size(w, &row_bytes);
-    if (size <= 0) return;
+static int64_t size_tensor(sk_ctx *c, sk_tensor *w) { return packed_footprint(c, w, NULL, NULL); }
+
+/* Rewrite a weight into the kernel table's layout when it has one, at the arena's next free bytes;
+ * returns the bytes it took there. */
+static int64_t pack_tensor(sk_ctx *c, sk_tensor *w) {
+    int64_t row_bytes = 0, size = 0, footprint = packed_footprint(c, w, &row_bytes, &size);
+    if (footprint == 0) return 0;
     uint8_t *dst = c->packed + c->packed_used;
-    c->packed_used += (size + 63) / 64 * 64;
+    c->packed_used += footprint;
     c->packed_bytes += size;
     /* In steps of ~1 MiB of source rows, giving their pages back as we go: the peak stays near the
      * packed size instead of packed + source. */
@@ -295,9 +301,10 @@ static void pack_tensor(sk_ctx *c, sk_tensor *w) {
     w->data = dst;
     w->row_bytes = row_bytes;
     w->layout = 1;
+    return footprint;
 }
 
-/* Every weight the context packs, in one order for sizing and for packing. */
+/* Every weight the context packs, in one order for sizing and for packing; the sum of fn's results. */
 static int64_t for_each_weight(sk_ctx *c, int64_t (*fn)(sk_ctx *, sk_tensor *)) {
     int64_t total = 0;
     for (int l = 0; l < c->cfg.n_layer; l++) {
@@ -309,15 +316,12 @@ static int64_t for_each_weight(sk_ctx *c, int64_t (*fn)(sk_ctx *, sk_tensor *)) 
     return total + fn(c, &c->cfg.in_proj) + fn(c, &c->cfg.ctx_proj) + fn(c, &c->cfg.output);
 }
 
-static int64_t size_one(sk_ctx *c, sk_tensor *w) { return packed_footprint(c, w); }
-static int64_t pack_one(sk_ctx *c, sk_tensor *w) { pack_tensor(c, w); return 0; }
-
 /* The packed weights live in one anonymous mapping that asks for transparent huge pages: a decode
  * step reads every weight once, and with 4 KiB pages that is tens of thousands of TLB entries for a
  * small model (the page walks show up in the step's time); 2 MiB pages need a few dozen. Where the
  * kernel gives no huge pages the mapping works as before, page by page. -1 when out of memory. */
 static int pack_weights(sk_ctx *c) {
-    const int64_t total = for_each_weight(c, size_one);
+    const int64_t total = for_each_weight(c, size_tensor);
     if (total == 0) return 0;
     const size_t huge = (size_t)2 << 20, len = ((size_t)total + huge - 1) / huge * huge;
     /* Mapped with a huge page to spare and trimmed to a 2 MiB boundary: huge pages need aligned ranges. */
@@ -325,13 +329,13 @@ static int pack_weights(sk_ctx *c) {
     if (raw == MAP_FAILED) return -1;
     uint8_t *arena = (uint8_t *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
     if (arena > raw) munmap(raw, (size_t)(arena - raw));
-    if (raw + huge > arena) munmap(arena + len, (size_t)(raw + huge - arena));
+    munmap(arena + len, (size_t)(raw + huge - arena)); /* the tail: arena < raw + huge, so never empty */
 #ifdef MADV_HUGEPAGE
     madvise(arena, len, MADV_HUGEPAGE);
 #endif
     c->packed = arena;
     c->packed_map = len;
-    for_each_weight(c, pack_one);
+    for_each_weight(c, pack_tensor);
     return 0;
 }
 
