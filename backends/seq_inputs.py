@@ -40,17 +40,12 @@ def check_inputs(inputs: Sequence[SeqInput], capture: Capture, *, n_layer: int, 
         length = seq_len(inp.seq_id)
         tokens = np.asarray(inp.tokens).reshape(-1)
         n = int(tokens.size)
-        # dtype.kind instead of np.issubdtype, and one element read directly instead of min()/max() (here
-        # and for the logit rows): a decode step checks one token and one row, and numpy's reductions
-        # cost more than the rest of its forward's bookkeeping.
+        # dtype.kind instead of np.issubdtype: a decode step's checks are a measurable part of its
+        # bookkeeping (see _outside).
         if n and tokens.dtype.kind not in "iu":
             raise ConfigError(f"sequence {inp.seq_id}: tokens must be integers, got {tokens.dtype}")
         tokens = tokens.astype(np.int64)
-        if n == 1:
-            out_of_range = not 0 <= int(tokens[0]) < n_vocab
-        else:
-            out_of_range = bool(n) and (tokens.min() < 0 or tokens.max() >= n_vocab)
-        if out_of_range:
+        if _outside(tokens, n_vocab):
             raise ConfigError(f"sequence {inp.seq_id}: token id out of range [0, {n_vocab})")
         if not 0 <= inp.start <= length:
             raise ConfigError(f"sequence {inp.seq_id}: start {inp.start} not in [0, {length}]")
@@ -61,11 +56,15 @@ def check_inputs(inputs: Sequence[SeqInput], capture: Capture, *, n_layer: int, 
             rows = _LAST_ROW[n] if n < len(_LAST_ROW) else np.array([n - 1], dtype=np.int64)
         else:
             rows = np.asarray(inp.logit_rows, dtype=np.int64).reshape(-1)
-            if rows.size == 1:
-                rows_out_of_range = not 0 <= int(rows[0]) < n
-            else:
-                rows_out_of_range = bool(rows.size) and (rows.min() < 0 or rows.max() >= n)
-            if rows_out_of_range:
+            if _outside(rows, n):
                 raise ConfigError(f"sequence {inp.seq_id}: logit_rows out of range [0, {n})")
         out.append(CheckedInput(inp.seq_id, tokens, int(inp.start), rows))
     return out
+
+
+def _outside(values: np.ndarray, end: int) -> bool:
+    """Whether any of the int64 ``values`` is outside [0, end). One value (a decode step's token and its
+    logit row) is read directly: numpy's min() and max() cost more than the rest of the step's checks."""
+    if values.size == 1:
+        return not 0 <= int(values[0]) < end
+    return bool(values.size) and bool(values.min() < 0 or values.max() >= end)

@@ -21,7 +21,7 @@ from .backend import Backend, BackendOptions, ModelInfo
 from .errors import ConfigError, ModelFileError
 from .gguf_file import GGUFFile
 from .sampling import pick
-from .top_entries import GROUP, bounded_top, partition_top
+from .top_entries import bounded_top, partition_top
 
 DRAFT_ARCHS = ("eagle3", "dflash")
 N_CANDIDATES = 10  # llama.cpp's draft sampler keeps the top 10 candidates
@@ -248,9 +248,6 @@ class Choice:
     token: int
     p_top: float  # probability of the best candidate (softmax over the top 10): what p_min compares
     q: np.ndarray | None  # float32 [n_vocab] draft distribution (probabilistic drafting only)
-
-
-CANDIDATE_GROUP = GROUP  # entries per group whose maxima bound the n-th largest entry (core/top_entries.py)
 
 
 def top_candidates(row: np.ndarray, n: int, vocab: np.ndarray | None = None) -> np.ndarray:

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from spekula.core.draft_models import CANDIDATE_GROUP, N_CANDIDATES, choose, top_candidates
+from spekula.core.draft_models import N_CANDIDATES, choose, top_candidates
+from spekula.core.top_entries import GROUP
 
 
 def reference(row: np.ndarray, n: int) -> np.ndarray:
@@ -19,8 +20,8 @@ def reference(row: np.ndarray, n: int) -> np.ndarray:
 
 @st.composite
 def rows(draw: st.DrawFn) -> np.ndarray:
-    size = draw(st.sampled_from([1, 5, 9, 10, 11, 63, CANDIDATE_GROUP * N_CANDIDATES - 1,
-                                 CANDIDATE_GROUP * N_CANDIDATES, 2000, 8192]))
+    size = draw(st.sampled_from([1, 5, 9, 10, 11, 63, GROUP * N_CANDIDATES - 1,
+                                 GROUP * N_CANDIDATES, 2000, 8192]))
     seed = draw(st.integers(0, 2**32 - 1))
     r = np.random.default_rng(seed)
     scale = draw(st.sampled_from([0.01, 1.0, 5.0, 40.0]))
