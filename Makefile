@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 .PHONY: run test install lint clean drafter
 
 # The C sources are prerequisites too: a checkout that changed them rebuilds the extensions.
-$(STAMP): pyproject.toml setup.py $(wildcard backends/csrc/*.[ch] drafters/csrc/*.[ch])
+$(STAMP): pyproject.toml setup.py $(wildcard backends/native/csrc/*.[ch] drafters/draftless/csrc/*.[ch])
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch is pinned to the local CPU wheel first so nothing pulls a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
@@ -27,7 +27,7 @@ test: $(STAMP)
 
 # The shipped SmolLM2 heads, from scratch: self-distillation data (cached under ~/.cache/spekula/train),
 # then both heads trained side by side on one thread each, in bfloat16 products (results are reproducible
-# for a fixed seed and thread count), converted to Q8_0 GGUFs and installed into drafters/heads/ with
+# for a fixed seed and thread count), converted to Q8_0 GGUFs and installed into drafters/model/heads/ with
 # their recipe.
 # An interrupted run continues where it stopped: `make drafter RESUME=--resume`.
 DRAFTER_DIR ?= build/drafters

@@ -1,7 +1,7 @@
-"""Build spekula's native CPU kernels (backends/csrc), the suffix drafter's tree and the n-gram
-lookups (drafters/csrc) with the package; everything else is in pyproject.toml.
+"""Build spekula's native CPU kernels (backends/native/csrc), the suffix drafter's tree and the n-gram
+lookups (drafters/draftless/csrc) with the package; everything else is in pyproject.toml.
 
-The kernels are loaded with ctypes (spekula.backends.native_lib); the drafters' libraries are extension
+The kernels are loaded with ctypes (spekula.backends.native.lib); the drafters' libraries are extension
 modules, because they are called every round right after a forward, where a ctypes call costs several
 times as much as a module's.
 -ffp-contract=off keeps the compiler from fusing a*b+c on its own, which the kernels' bitwise
@@ -17,26 +17,26 @@ SOURCES = ["sk_model.c", "sk_moe.c", "sk_pool.c", "sk_pack.c", "sk_generic.c", "
 setup(
     ext_modules=[
         Extension(
-            "spekula.backends._sk",
-            sources=[f"backends/csrc/{name}" for name in SOURCES],
-            depends=["backends/csrc/sk.h", "backends/csrc/sk_moe.h", "backends/csrc/sk_pool.h", "backends/csrc/sk_avx512.h",
-                     "backends/csrc/sk_avx2.h", "backends/csrc/sk_pack.h"],
+            "spekula.backends.native._sk",
+            sources=[f"backends/native/csrc/{name}" for name in SOURCES],
+            depends=["backends/native/csrc/sk.h", "backends/native/csrc/sk_moe.h", "backends/native/csrc/sk_pool.h", "backends/native/csrc/sk_avx512.h",
+                     "backends/native/csrc/sk_avx2.h", "backends/native/csrc/sk_pack.h"],
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread", "-std=gnu11"],
             extra_link_args=["-pthread"],
             libraries=["m"],
         ),
-        # The suffix drafter's tree (drafters/suffix_tree.py), an extension module (see above).
+        # The suffix drafter's tree (drafters/draftless/suffix_tree.py), an extension module (see above).
         Extension(
-            "spekula.drafters._suffix_tree",
-            sources=["drafters/csrc/suffix_tree.c", "drafters/csrc/suffix_module.c"],
-            depends=["drafters/csrc/int32_buffer.h"],
+            "spekula.drafters.draftless._suffix_tree",
+            sources=["drafters/draftless/csrc/suffix_tree.c", "drafters/draftless/csrc/suffix_module.c"],
+            depends=["drafters/draftless/csrc/int32_buffer.h"],
             extra_compile_args=["-O2", "-std=gnu11"],
         ),
-        # The n-gram drafters' lookups (drafters/ngram_lookup.py), an extension module as well.
+        # The n-gram drafters' lookups (drafters/draftless/ngram_lookup.py), an extension module as well.
         Extension(
-            "spekula.drafters._ngram_lookup",
-            sources=["drafters/csrc/ngram_lookup.c", "drafters/csrc/ngram_module.c"],
-            depends=["drafters/csrc/int32_buffer.h"],
+            "spekula.drafters.draftless._ngram_lookup",
+            sources=["drafters/draftless/csrc/ngram_lookup.c", "drafters/draftless/csrc/ngram_module.c"],
+            depends=["drafters/draftless/csrc/int32_buffer.h"],
             extra_compile_args=["-O2", "-std=gnu11"],
         ),
     ]

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.backend import Capture, SeqInput
-from ..core.errors import ConfigError, ContextOverflowError
+from spekula.core.backend import Capture, SeqInput
+from spekula.core.errors import ConfigError, ContextOverflowError
 
 # The default logit row ("the last one") of an input of n < 64 tokens, made once: read-only, so no caller
 # can change what another sees.

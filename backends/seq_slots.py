@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..core.errors import ConfigError
+from spekula.core.errors import ConfigError
 
 
 class SeqState(Protocol):

@@ -84,8 +84,8 @@ class Bench:
 
     def __init__(self, args: argparse.Namespace) -> None:
         from spekula.core.backend import BackendOptions, load_backend
-        from spekula.core.gguf_file import GGUFFile
-        from spekula.core.tokenizer import Tokenizer
+        from spekula.core.modelfile.gguf_file import GGUFFile
+        from spekula.core.modelfile.tokenizer import Tokenizer
 
         self.args = args
         self.model = args.model or self._default_model()
@@ -96,7 +96,7 @@ class Bench:
 
     @staticmethod
     def _default_model() -> str:
-        from spekula.frontends.default_model import ensure_default_model
+        from spekula.backends.gguf.default_model import ensure_default_model
 
         return str(ensure_default_model())
 
@@ -110,7 +110,7 @@ class Bench:
         (None: done). Returns the final events."""
         import anyio
 
-        from spekula.core.engine import Engine, EngineConfig
+        from spekula.core.engine.engine import Engine, EngineConfig
         from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 
         spec = SpecParams(types=types, adaptive=adaptive, drafter_options=dict(options))
@@ -327,14 +327,14 @@ def part_server(bench: Bench) -> None:
 
     from serve_load import make_prompts, report, run_phase, wait_for_socket
 
-    from spekula.frontends.client import SpekulaClient
+    from spekula.frontends.rpc.client import SpekulaClient
 
     args = argparse.Namespace(time_limit=1800.0, requests=bench.args.requests, n_predict=16,
                               clients=bench.args.clients)
     prompts = make_prompts(8)
     with tempfile.TemporaryDirectory() as tmp:
         sock, log = os.path.join(tmp, "bench.sock"), Path(tmp) / "server.log"
-        cmd = [sys.executable, "-m", "spekula.frontends.cli", "serve", "-m", bench.model, "--socket", sock,
+        cmd = [sys.executable, "-m", "spekula.frontends.cli.main", "serve", "-m", bench.model, "--socket", sock,
                "-np", "4", "-c", "1024", "--temp", "0", "-t", str(bench.args.threads), "--spec-type", "ngram-mod",
                "--spec-ngram-mod-n-match", "8", "--spec-ngram-mod-n-min", "4", "--spec-ngram-mod-n-max", "16"]
         print("\n## Server load: " + " ".join(cmd[2:]).replace(sock, "SOCK") + f", {args.clients} clients x "

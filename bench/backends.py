@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _model_path(model: str | None) -> str:
     if model:
         return model
-    from spekula.frontends.default_model import ensure_default_model
+    from spekula.backends.gguf.default_model import ensure_default_model
 
     return str(ensure_default_model())
 

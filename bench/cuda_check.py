@@ -6,7 +6,7 @@ for both backends, with a summary at the end.
 
 Conformance: every check of tests/backend_conformance.py on the tiny fixtures and SmolLM2, with both
 backends built for the GPU in fp32 (the torch backend on CUDA is also the reference there). The torch
-backend's exact mode is bitwise on CUDA by running every GEMM on one fixed shape (backends/torch.py),
+backend's exact mode is bitwise on CUDA by running every GEMM on one fixed shape (backends/torch/backend.py),
 so its bitwise checks must pass there like anywhere else.
 MoE targets: the qwen3moe and glm4moe fixtures are in the conformance list; draft-mtp on the GLM fixture
 (torch on the GPU) must print what plain decoding prints.
@@ -44,7 +44,7 @@ def cuda_status(device_id: int) -> dict[str, str | None]:
     except ImportError as exc:
         status["torch"] = f"torch not importable: {exc}"
     try:
-        from spekula.backends.onnx_providers import cuda_usable
+        from spekula.backends.onnx.providers import cuda_usable
 
         status["onnx"] = cuda_usable(device_id)
     except ImportError as exc:
@@ -119,7 +119,7 @@ def mtp_matches_plain(device: str) -> str | None:
     from spekula.fixtures.tiny_moe import tiny_moe_gguf_path
 
     model = str(tiny_moe_gguf_path("glm4moe", n_mtp=2))
-    base = [sys.executable, "-m", "spekula.frontends.cli", "generate", "-m", model, "--device", device,
+    base = [sys.executable, "-m", "spekula.frontends.cli.main", "generate", "-m", model, "--device", device,
             "--dtype", "f32", "-n", "48", "--temp", "0", "--ignore-eos", "-p", "the cat sat on the mat"]
     outs = []
     for extra in ([], ["--spec-type", "draft-mtp"]):
@@ -142,13 +142,13 @@ def quick_training_on(device: str) -> str | None:
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("eagle3", "dflash"):
             for precision in ("f32", "bf16"):
-                cmd = [sys.executable, "-m", "spekula.frontends.cli", "train-drafter", kind, "-m", model, "-o",
+                cmd = [sys.executable, "-m", "spekula.frontends.cli.main", "train-drafter", kind, "-m", model, "-o",
                        f"{tmp}/{kind}-{precision}", "--quick", "--device", device, "--precision", precision,
                        "--cache-dir", f"{tmp}/cache-{kind}"]
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
                 if done.returncode != 0:
                     return f"train-drafter {kind} --precision {precision} failed: {done.stderr.strip()[-300:]}"
-        base = [sys.executable, "-m", "spekula.frontends.cli", "generate", "-m", model, "--device", device,
+        base = [sys.executable, "-m", "spekula.frontends.cli.main", "generate", "-m", model, "--device", device,
                 "--dtype", "f32", "-n", "32", "--temp", "0", "--ignore-eos", "-p", "the cat sat on the mat"]
         outs = []
         for extra in ([], *(["--spec-type", "draft-eagle3", "-md", f"{tmp}/eagle3-{p}/eagle3.gguf"] for p in ("f32", "bf16"))):

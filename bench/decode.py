@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spekula.backends.torch import TorchBackend
+from spekula.backends.torch.backend import TorchBackend
 from spekula.core.backend import BackendOptions, SeqInput
-from spekula.core.gguf_file import GGUFFile
-from spekula.core.tokenizer import Tokenizer
+from spekula.core.modelfile.gguf_file import GGUFFile
+from spekula.core.modelfile.tokenizer import Tokenizer
 
 PROMPT = "<|im_start|>user\nWrite a short story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -76,7 +76,7 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="also time spekula with bf16 weights")
     args = ap.parse_args()
     if args.model is None:
-        from spekula.frontends.default_model import ensure_default_model
+        from spekula.backends.gguf.default_model import ensure_default_model
 
         args.model = str(ensure_default_model())
     torch.set_num_threads(args.threads)

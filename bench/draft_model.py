@@ -121,7 +121,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def make_drafts(model: str, layers: list[int], out_dir: Path) -> list[tuple[str, str]]:
     """(label, path) for each draft: the target itself, then one truncated copy per K."""
-    from spekula.backends.gguf_truncate import truncate_gguf
+    from spekula.backends.gguf.truncate import truncate_gguf
 
     drafts = []
     for k in layers:
@@ -138,10 +138,10 @@ def bench(args: argparse.Namespace, model: str, drafts: list[tuple[str, str]]) -
     import anyio
 
     from spekula.core.backend import BackendOptions, load_backend
-    from spekula.core.engine import Engine, EngineConfig
-    from spekula.core.gguf_file import GGUFFile
+    from spekula.core.engine.engine import Engine, EngineConfig
+    from spekula.core.modelfile.gguf_file import GGUFFile
+    from spekula.core.modelfile.tokenizer import Tokenizer
     from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
-    from spekula.core.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(GGUFFile(model))
     prompts = {name: tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPTS[name]}]))
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.model:
         model = args.model
     else:
-        from spekula.frontends.default_model import ensure_default_model
+        from spekula.backends.gguf.default_model import ensure_default_model
 
         model = str(ensure_default_model())
     with tempfile.TemporaryDirectory(prefix="spekula-drafts-") as tmp:

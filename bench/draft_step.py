@@ -32,10 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=200)
     args = p.parse_args(argv)
 
+    from spekula.backends.gguf.default_model import ensure_default_model
     from spekula.core.backend import BackendOptions, load_backend
-    from spekula.core.draft_models import Eagle3Rows, Eagle3Runtime, load_draft_runtime
-    from spekula.drafters.shipped_heads import find_shipped_head
-    from spekula.frontends.default_model import ensure_default_model
+    from spekula.core.drafting.draft_models import Eagle3Rows, Eagle3Runtime, load_draft_runtime
+    from spekula.drafters.model.shipped_heads import find_shipped_head
 
     model = args.model or str(ensure_default_model())
     draft = args.draft or find_shipped_head(model, "eagle3")

@@ -3,7 +3,7 @@
     .venv/bin/python bench/forward_rows.py [-m MODEL.gguf] [--threads 2] [--contexts 300,700]
                                            [--rows 1,2,4,8,16,32] [--reps 12]
 
-The adaptive planner (core/adaptive.py) keeps a draft token only when its chance of acceptance pays
+The adaptive planner (core/policy/cost_model.py) keeps a draft token only when its chance of acceptance pays
 for the row it adds to the target's forward, so the cost of a row decides how far speculation can
 go. For each context length and row count this prints the median time of a forward whose rows all
 want logits (as a verification does), what each row beyond the first adds, and thread 0's time in
@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     contexts, row_counts = int_list(args.contexts), int_list(args.rows)
     os.environ["SPEKULA_NATIVE_PROFILE"] = "1"  # read by the library at its first forward
 
-    from spekula.backends import native_lib
-    from spekula.frontends.default_model import ensure_default_model
+    from spekula.backends.gguf.default_model import ensure_default_model
+    from spekula.backends.native import lib as native_lib
 
     model = args.model or str(ensure_default_model())
     n_ctx = max(contexts) + max(row_counts) + 1

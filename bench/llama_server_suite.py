@@ -91,7 +91,7 @@ def _cache_dir(explicit: Path | None) -> Path:
     if explicit is not None:
         return explicit
     try:
-        from spekula.frontends.default_model import cache_dir
+        from spekula.backends.gguf.default_model import cache_dir
     except ImportError:
         return Path.home() / ".cache" / "spekula"
     return cache_dir()
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: {server} not found; install the entry point: "
                          ".venv/bin/pip install -q --no-build-isolation --no-deps -e .")
     if args.model is None:
-        from spekula.frontends.default_model import ensure_default_model
+        from spekula.backends.gguf.default_model import ensure_default_model
 
         args.model = Path(ensure_default_model())
     model = args.model.resolve()

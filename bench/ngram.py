@@ -172,7 +172,7 @@ class WorkloadResult:
 def resolve_model(args: argparse.Namespace) -> str:
     if args.model:
         return str(args.model)
-    from spekula.frontends.default_model import ensure_default_model
+    from spekula.backends.gguf.default_model import ensure_default_model
 
     return str(ensure_default_model())
 
@@ -182,12 +182,12 @@ def run_workloads(
 ) -> dict[str, WorkloadResult]:
     import anyio
 
-    from spekula.backends.torch import TorchBackend
+    from spekula.backends.torch.backend import TorchBackend
     from spekula.core.backend import BackendOptions
-    from spekula.core.engine import Engine, EngineConfig
-    from spekula.core.gguf_file import GGUFFile
+    from spekula.core.engine.engine import Engine, EngineConfig
+    from spekula.core.modelfile.gguf_file import GGUFFile
+    from spekula.core.modelfile.tokenizer import Tokenizer
     from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
-    from spekula.core.tokenizer import Tokenizer
 
     backend = TorchBackend(model, BackendOptions(n_ctx=N_CTX, n_seq_max=1, threads=args.threads))
     tokenizer = Tokenizer.from_gguf(GGUFFile(model))
@@ -269,9 +269,9 @@ def synthetic_history(size: int, seed: int = 0, vocab: int = 49152) -> np.ndarra
 
 def time_drafter(name: str, options: dict[str, Any], size: int, calls: int) -> tuple[float, float, float]:
     """(median ms, p99 ms, drafts per call) over `calls` rounds on a history growing to `size`."""
-    from spekula.core.drafter import DrafterContext, DraftRequest
+    from spekula.core.drafting.drafter import DrafterContext, DraftRequest
+    from spekula.core.drafting.registry import create_drafter
     from spekula.core.params import SpecParams
-    from spekula.core.registry import create_drafter
 
     spec = SpecParams(drafter_options=options)
     ctx = DrafterContext(spec=spec, target=None, tokenizer=None, n_seq_max=1)  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
 """Ways to run one MoE FFN in onnxruntime, timed and checked against numpy (CPU, one thread).
 
-  contribN  backends/onnx_moe.py as shipped: standard-op routing + com.microsoft.MoE (rows grouped by
-            expert), every row sent N times (exact mode sends 4, see onnx_moe.py)
+  contribN  backends/onnx/moe.py as shipped: standard-op routing + com.microsoft.MoE (rows grouped by
+            expert), every row sent N times (exact mode sends 4, see onnx/moe.py)
   gather    standard ops: Gather each row's k expert matrices, batched MatMul over [rows, k]
   dense     standard ops: every expert on every row, weighted by a mostly-zero [rows, n_expert] matrix
 
@@ -21,10 +21,10 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from spekula.backends.gguf_moe import MoEParams
-from spekula.backends.onnx_builder import MS_DOMAIN, MS_OPSET, GraphBuilder, linear_f32
-from spekula.backends.onnx_graph import IR_VERSION, OPSET
-from spekula.backends.onnx_moe import MOE_ROWS, fused_gate_up, moe_ffn, moe_rows, route
+from spekula.backends.gguf.moe import MoEParams
+from spekula.backends.onnx.builder import MS_DOMAIN, MS_OPSET, GraphBuilder, linear_f32
+from spekula.backends.onnx.graph import IR_VERSION, OPSET
+from spekula.backends.onnx.moe import MOE_ROWS, fused_gate_up, moe_ffn, moe_rows, route
 
 GATHER_MAX_BYTES = 3 << 30  # skip the gather path where its per-row weight copies would exceed this
 

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-predict", type=int, default=96, help="turn 1's answer length")
     ap.add_argument("--llama-server", default=None, help="llama-server binary (default: PATH, then the bench build)")
     args = ap.parse_args(argv)
-    from spekula.frontends.default_model import ensure_default_model
+    from spekula.backends.gguf.default_model import ensure_default_model
 
     model = args.model or str(ensure_default_model())
     binary, why = find_llama_server(args.llama_server)

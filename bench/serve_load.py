@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spekula.frontends.client import ServerGoneError, SpekulaClient
+from spekula.frontends.rpc.client import ServerGoneError, SpekulaClient
 
 
 def make_prompts(n: int) -> list[str]:
@@ -155,14 +155,14 @@ def main() -> int:
     args = ap.parse_args()
 
     if args.model is None:
-        from spekula.frontends.default_model import ensure_default_model
+        from spekula.backends.gguf.default_model import ensure_default_model
 
         args.model = str(ensure_default_model())
     n_match, n_min, n_max = args.ngram_mod.split(",")
     prompts = make_prompts(args.prompts)
     with tempfile.TemporaryDirectory() as tmp:
         sock, log = os.path.join(tmp, "bench.sock"), Path(tmp) / "server.log"
-        cmd = [sys.executable, "-m", "spekula.frontends.cli", "serve", "-m", args.model, "--socket", sock,
+        cmd = [sys.executable, "-m", "spekula.frontends.cli.main", "serve", "-m", args.model, "--socket", sock,
                "-np", str(args.parallel), "-c", "1024", "--temp", "0", "--spec-type", "ngram-mod",
                "--spec-ngram-mod-n-match", n_match, "--spec-ngram-mod-n-min", n_min, "--spec-ngram-mod-n-max", n_max]
         print("server:", " ".join(cmd[2:]), flush=True)

@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spekula.frontends import rpc_protocol as p
-from spekula.frontends.client import RpcCallError, ServerGoneError, SpekulaClient
+from spekula.frontends.rpc import protocol as p
+from spekula.frontends.rpc.client import RpcCallError, ServerGoneError, SpekulaClient
 
 PROMPTS = [
     "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
@@ -166,12 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.model:
         model = args.model
     else:
-        from spekula.frontends.default_model import ensure_default_model
+        from spekula.backends.gguf.default_model import ensure_default_model
 
         model = str(ensure_default_model())
     with tempfile.TemporaryDirectory() as d:
         sock, log = os.path.join(d, "soak.sock"), Path(d) / "server.log"
-        cmd = [sys.executable, "-m", "spekula.frontends.cli", "serve", "-m", model, "--socket", sock,
+        cmd = [sys.executable, "-m", "spekula.frontends.cli.main", "serve", "-m", model, "--socket", sock,
                "-np", str(args.parallel), "-c", "1024", "--temp", "0", "--spec-type", "ngram-mod",
                "--write-timeout", "10", "-t", str(args.threads)]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"))

@@ -34,11 +34,11 @@ import anyio
 import numpy as np
 
 from spekula.core.backend import Backend, BackendOptions, SeqInput, load_backend
-from spekula.core.drafter import Draft, DrafterContext, DraftlessDrafter, DraftRequest
-from spekula.core.engine import Engine, EngineConfig
-from spekula.core.gguf_file import GGUFFile
+from spekula.core.drafting.drafter import Draft, DrafterContext, DraftlessDrafter, DraftRequest
+from spekula.core.engine.engine import Engine, EngineConfig
+from spekula.core.modelfile.gguf_file import GGUFFile
+from spekula.core.modelfile.tokenizer import Tokenizer
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
-from spekula.core.tokenizer import Tokenizer
 
 PROMPT = "I have a job interview tomorrow for a junior developer role. Any advice?"
 
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     path = args.model
     if path is None:
-        from spekula.frontends.default_model import ensure_default_model
+        from spekula.backends.gguf.default_model import ensure_default_model
 
         path = str(ensure_default_model())
     tok = Tokenizer.from_gguf(GGUFFile(path))

@@ -49,12 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     import anyio
 
     from spekula.core.backend import BackendOptions, load_backend
-    from spekula.core.engine import Engine, EngineConfig
-    from spekula.core.gguf_file import GGUFFile
+    from spekula.core.drafting.registry import parse_spec_types
+    from spekula.core.engine.engine import Engine, EngineConfig
+    from spekula.core.modelfile.gguf_file import GGUFFile
+    from spekula.core.modelfile.tokenizer import Tokenizer
     from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
-    from spekula.core.registry import parse_spec_types
-    from spekula.core.sampling import banning_end_of_generation
-    from spekula.core.tokenizer import Tokenizer
+    from spekula.core.verify.sampling import banning_end_of_generation
 
     t0 = time.perf_counter()
     backend_name, dtype = PATHS[args.path]

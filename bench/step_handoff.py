@@ -23,7 +23,7 @@ sys.path.insert(0, str(HERE))  # bench/ is not a package
 from adaptive import PAIR, Bench  # noqa: E402
 from ngram import _CODE  # noqa: E402
 
-import spekula.core.engine as engine_module  # noqa: E402
+import spekula.core.engine.engine as engine_module  # noqa: E402
 
 PROMPTS = {
     "chat": "Write a short story about a lighthouse keeper who finds a message in a bottle.",

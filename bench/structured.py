@@ -105,9 +105,9 @@ class Bench:
 
     def __init__(self, args: argparse.Namespace) -> None:
         from spekula.core.backend import BackendOptions, load_backend
-        from spekula.core.gguf_file import GGUFFile
-        from spekula.core.grammar_llg import Grammars
-        from spekula.core.tokenizer import Tokenizer
+        from spekula.core.modelfile.gguf_file import GGUFFile
+        from spekula.core.modelfile.grammar_llg import Grammars
+        from spekula.core.modelfile.tokenizer import Tokenizer
 
         self.args = args
         self.model = args.model or self._default_model()
@@ -127,7 +127,7 @@ class Bench:
 
     @staticmethod
     def _default_model() -> str:
-        from spekula.frontends.default_model import ensure_default_model
+        from spekula.backends.gguf.default_model import ensure_default_model
 
         return str(ensure_default_model())
 
@@ -140,8 +140,8 @@ class Bench:
         """One request on a fresh engine: (final event, its constraint or None)."""
         import anyio
 
-        from spekula.core.constraint import GrammarSpec
-        from spekula.core.engine import Engine, EngineConfig
+        from spekula.core.engine.engine import Engine, EngineConfig
+        from spekula.core.modelfile.constraint import GrammarSpec
         from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 
         spec = SpecParams(types=PAIR if spec_on else (), adaptive=self.args.spec_adaptive == "on",

@@ -27,7 +27,7 @@ CACHE = Path(os.environ.get("SPEKULA_CACHE_DIR", Path.home() / ".cache" / "speku
 
 
 def _tokenizer_meta(vocab: int) -> dict[str, object]:
-    from spekula.core.tokenizer import NORMAL
+    from spekula.core.modelfile.tokenizer import NORMAL
     from spekula.fixtures.tiny_gguf import tokenizer_metadata
 
     meta = tokenizer_metadata("smollm", 320)

@@ -23,7 +23,7 @@ compared with the two plain runs that bracket it, so slow drift in the machine's
 Every output is checked token for token against plain decoding (greedy speculation is lossless);
 any difference makes the exit status 1. Unmet goals do not: this is a measurement.
 
-The heads default to the ones shipped for the target (drafters/shipped_heads.py); a missing head
+The heads default to the ones shipped for the target (drafters/model/shipped_heads.py); a missing head
 skips its rows and says why. With `--also-shipped`, heads given by --eagle3/--dflash run beside the
 shipped ones (rows `<kind>/shipped`), so a new training run is compared with the heads it would
 replace on the same prompts in one run. When a llama-server binary is found (bench/llama_server.py: --llama-
@@ -159,7 +159,7 @@ def make_prompts(tok: Any, n_builtin: int, n_hand: int, training: bool = False) 
 
 def find_heads(args: argparse.Namespace, model: str) -> dict[str, str]:
     """kind -> head file, printing why a kind has none."""
-    from spekula.drafters.shipped_heads import find_shipped_head
+    from spekula.drafters.model.shipped_heads import find_shipped_head
 
     heads: dict[str, str] = {}
     for kind in HEAD_KINDS:
@@ -183,7 +183,7 @@ def find_heads(args: argparse.Namespace, model: str) -> dict[str, str]:
 
 def shipped_alternatives(args: argparse.Namespace, model: str, heads: dict[str, str]) -> dict[str, str]:
     """kind -> shipped head file, for the kinds whose head was given on the command line and differs."""
-    from spekula.drafters.shipped_heads import find_shipped_head
+    from spekula.drafters.model.shipped_heads import find_shipped_head
 
     found: dict[str, str] = {}
     for kind in HEAD_KINDS:
@@ -218,8 +218,8 @@ class Target:
 
     def __init__(self, args: argparse.Namespace, model: str, n_ctx: int) -> None:
         from spekula.core.backend import BackendOptions, load_backend, resolve_backend_name
-        from spekula.core.gguf_file import GGUFFile
-        from spekula.core.tokenizer import Tokenizer
+        from spekula.core.modelfile.gguf_file import GGUFFile
+        from spekula.core.modelfile.tokenizer import Tokenizer
 
         self.options = BackendOptions(n_ctx=n_ctx, n_seq_max=1, threads=args.threads)
         self.backend_name = resolve_backend_name(args.backend, self.options)
@@ -230,7 +230,7 @@ class Target:
     def generate(self, drafter: Drafter | None, adaptive: bool, prompt: list[int], n_predict: int) -> Run:
         import anyio
 
-        from spekula.core.engine import Engine, EngineConfig
+        from spekula.core.engine.engine import Engine, EngineConfig
         from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 
         spec = SpecParams() if drafter is None else SpecParams(
@@ -445,11 +445,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.model:
         model = args.model
     else:
-        from spekula.frontends.default_model import ensure_default_model
+        from spekula.backends.gguf.default_model import ensure_default_model
 
         model = str(ensure_default_model())
-    from spekula.core.gguf_file import GGUFFile
-    from spekula.core.tokenizer import Tokenizer
+    from spekula.core.modelfile.gguf_file import GGUFFile
+    from spekula.core.modelfile.tokenizer import Tokenizer
 
     prompts = make_prompts(Tokenizer.from_gguf(GGUFFile(model)), args.n_builtin, args.n_hand, args.training_prompts)
     if not prompts:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import anyio
 
-from spekula.frontends.cli import build_parser
-from spekula.frontends.options import build_engine, sampling_from_args
-from spekula.frontends.rpc_params import ServerDefaults
-from spekula.frontends.tui_app import EmbeddedSource, SpekulaApp
+from spekula.frontends.cli.main import build_parser
+from spekula.frontends.cli.options import build_engine, sampling_from_args
+from spekula.frontends.schema.completion import ServerDefaults
+from spekula.frontends.tui.app import EmbeddedSource, SpekulaApp
 
 REQUEST = (
     "Add type hints to every parameter and return value of this Python code. Reply with the complete code.\n"

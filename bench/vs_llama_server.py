@@ -74,8 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_job(model: str, n_predict: int, specs: list[str]) -> dict[str, Any]:
-    from spekula.core.gguf_file import GGUFFile
-    from spekula.core.tokenizer import Tokenizer
+    from spekula.core.modelfile.gguf_file import GGUFFile
+    from spekula.core.modelfile.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(GGUFFile(model))
     workloads = {}
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.model:
         model = args.model
     else:
-        from spekula.frontends.default_model import ensure_default_model
+        from spekula.backends.gguf.default_model import ensure_default_model
 
         model = str(ensure_default_model())
     llama_binary, why = find_llama_server(args.llama_server)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ConfigError
+from spekula.core.errors import ConfigError
 
 BACKEND_NAMES = ("auto", "native", "torch", "onnx")
 
@@ -133,10 +133,10 @@ def resolve_backend_name(name: str, options: BackendOptions) -> str:
 
 
 def load_backend(name: str, model_path: str, options: BackendOptions | None = None) -> Backend:
-    """Import ``spekula.backends.<name>`` lazily and build its ``backend_class``."""
+    """Import ``spekula.backends.<name>.backend`` lazily and build its ``backend_class``."""
     if name not in BACKEND_NAMES:
         raise ConfigError(f"unknown backend {name!r}; available: {', '.join(BACKEND_NAMES)}")
     options = options or BackendOptions()
-    module = importlib.import_module(f"spekula.backends.{resolve_backend_name(name, options)}")
+    module = importlib.import_module(f"spekula.backends.{resolve_backend_name(name, options)}.backend")
     cls = module.backend_class
     return cls(model_path, options)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .token_probs import TokenProbs
+from spekula.core.verify.token_probs import TokenProbs
 
 StopType = Literal["eos", "limit", "word", "cancel", "error", "none"]
 

@@ -8,7 +8,7 @@ import importlib.machinery
 from pathlib import Path
 from types import ModuleType
 
-from .errors import ConfigError
+from spekula.core.errors import ConfigError
 
 
 def _missing(folder: Path, stem: str, what: str, advice: str = "") -> ConfigError:

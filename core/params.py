@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from .constraint import GrammarSpec
+from spekula.core.modelfile.constraint import GrammarSpec
 
 # Fixed priority (docs/semantics.md §3): every draftless type before every model type.
 SPEC_TYPE_PRIORITY: tuple[str, ...] = (
@@ -88,7 +88,7 @@ class CompletionRequest:
     cache_prompt: bool = True
     id_slot: int = -1  # run in this slot (waiting for it if busy); -1: the engine chooses
     grammar: GrammarSpec | None = None  # constrained decoding: GBNF, a JSON schema, ...
-    # Report the target's probability of every emitted token (core/token_probs.py), with its
+    # Report the target's probability of every emitted token (core/verify/token_probs.py), with its
     # n_probs most likely alternatives; after the sampler chain instead of before it if post_sampling_probs.
     token_probs: bool = False
     n_probs: int = 0

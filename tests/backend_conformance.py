@@ -57,7 +57,7 @@ def smollm2_path() -> Path:
     """The default model through the product's own fetcher, else the local copy, else skip saying why."""
     reason = ""
     try:
-        from spekula.frontends.default_model import ensure_default_model
+        from spekula.backends.gguf.default_model import ensure_default_model
 
         return ensure_default_model(quiet=True)
     except Exception as exc:  # any failure to fetch: fall back, then skip with the reason

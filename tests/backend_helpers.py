@@ -18,7 +18,7 @@ from spekula.core.backend import Backend, SeqInput
 def native_simd_choices() -> list[str]:
     """Native kernel choices to run the backend tests under: the best set, and AVX2 where it is not the
     best (an AVX-512 machine), so both SIMD paths pass the same bitwise checks."""
-    from spekula.backends import native_lib as nl
+    from spekula.backends.native import lib as nl
 
     sets = nl.available_kernels()
     return ["best"] + (["avx2"] if "avx2" in sets and nl.kernel_name() != "avx2" else [])
@@ -27,7 +27,7 @@ def native_simd_choices() -> list[str]:
 @contextmanager
 def native_kernels(choice: str) -> Iterator[None]:
     """Native backends built inside use the kernel choice (read when a context is made)."""
-    from spekula.backends.native_lib import KERNELS_ENV
+    from spekula.backends.native.lib import KERNELS_ENV
 
     old = os.environ.get(KERNELS_ENV)
     os.environ[KERNELS_ENV] = choice

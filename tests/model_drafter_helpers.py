@@ -13,12 +13,12 @@ from typing import Any
 import anyio
 from toy_backend import make_engine, plain_decode, run_requests
 
-from spekula.backends.convert_hf import convert
+from spekula.backends.convert.hf import convert
 from spekula.core.backend import Backend, BackendOptions, load_backend
-from spekula.core.drafter import Drafter, DrafterContext
-from spekula.core.gguf_file import GGUFFile
+from spekula.core.drafting.drafter import Drafter, DrafterContext
+from spekula.core.modelfile.gguf_file import GGUFFile
+from spekula.core.modelfile.tokenizer import Tokenizer
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
-from spekula.core.tokenizer import Tokenizer
 from spekula.fixtures import tiny_hf
 
 N_CTX = 256
@@ -70,8 +70,8 @@ def head_runtime(backend: str, head: Path, target_path: Path, n_ctx: int, *, tar
                  threads: int = 1) -> Any:
     """A draft head's runtime for tests of the native runtimes: ``native`` over ``target`` (a native
     backend) when given, else over a fresh one's info alone; ``torch`` in float32. Three sequences."""
-    from spekula.backends.native import NativeBackend
-    from spekula.core.draft_models import load_draft_runtime
+    from spekula.backends.native.backend import NativeBackend
+    from spekula.core.drafting.draft_models import load_draft_runtime
 
     t = target or NativeBackend(str(target_path), BackendOptions(n_ctx=n_ctx, n_seq_max=3, threads=threads))
     opts = (BackendOptions(n_ctx=n_ctx, n_seq_max=3, threads=threads) if backend == "native"
@@ -82,7 +82,7 @@ def head_runtime(backend: str, head: Path, target_path: Path, n_ctx: int, *, tar
 def smollm2_or_skip() -> Path:
     import pytest
 
-    from spekula.frontends.default_model import DefaultModelError, ensure_default_model
+    from spekula.backends.gguf.default_model import DefaultModelError, ensure_default_model
 
     try:
         return ensure_default_model(quiet=True)
@@ -224,7 +224,7 @@ def agree_unless_near_tie(drafted: list[int], ref_logits: list[Any], gap: float 
 
 def block_logits(d: Any, r: Any) -> Any:
     """The draft block's logits for this request from the drafter's current context (block K/V undone)."""
-    from spekula.core.draft_models import DFlashBlock
+    from spekula.core.drafting.draft_models import DFlashBlock
 
     st, pos0 = d._slots.get(r.slot), len(r.history)
     if st is None or not d.sync(st, pos0):  # the context injected up to the committed history

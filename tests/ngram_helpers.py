@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spekula.core.drafter import DrafterContext, DraftRequest
+from spekula.core.drafting.drafter import DrafterContext, DraftRequest
 from spekula.core.params import SpecParams
 
 

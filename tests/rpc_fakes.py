@@ -144,7 +144,7 @@ class FakeEngine:
                 await send.send(final)
 
     def stats(self) -> dict[str, Any]:
-        # The real engine's shape (core/spec_stats.py), with made-up numbers.
+        # The real engine's shape (core/stats/spec_stats.py), with made-up numbers.
         ngram = {"calls_begin": 1, "calls_draft": 4, "calls_accept": 4, "gen_drafts": 4, "acc_drafts": 3,
                  "gen_tokens": 12, "acc_tokens": 7, "mean_acc_len": 2.75, "acc_per_pos": [3, 3, 1]}
         return {"drafters": {"ngram-mod": ngram}, "histogram": [1, 0, 2, 1], "acc_per_pos": [3, 3, 1],

@@ -11,14 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from spekula.fixtures.tiny_gguf import tiny_model_path
-from spekula.frontends.client import ServerGoneError, SpekulaClient
+from spekula.frontends.rpc.client import ServerGoneError, SpekulaClient
 
 N_SLOTS = 3
 N_CTX = 256
 
 
 def start_server(sock: str, *extra: str, log: Path, preexec_fn: Callable[[], None] | None = None) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "spekula.frontends.cli", "serve", "-m", str(tiny_model_path("llama")),
+    cmd = [sys.executable, "-m", "spekula.frontends.cli.main", "serve", "-m", str(tiny_model_path("llama")),
            "--socket", sock, "-np", str(N_SLOTS), "-c", str(N_CTX), "--temp", "0",
            "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2", "--spec-ngram-simple-size-m", "4",
            *extra]

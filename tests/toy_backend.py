@@ -18,14 +18,14 @@ from typing import Any, ClassVar
 import anyio
 import numpy as np
 
-from spekula.core.adaptive import CostModel
 from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
-from spekula.core.drafter import Draft, DrafterContext, DraftlessDrafter, DraftRequest
-from spekula.core.engine import Engine, EngineConfig
+from spekula.core.drafting.drafter import Draft, DrafterContext, DraftlessDrafter, DraftRequest
+from spekula.core.engine.engine import Engine, EngineConfig
 from spekula.core.errors import ConfigError
 from spekula.core.events import FinalEvent
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
-from spekula.core.sampling import Sampler
+from spekula.core.policy.cost_model import CostModel
+from spekula.core.verify.sampling import Sampler
 
 
 class ToyBackend(Backend):

@@ -14,9 +14,8 @@ import numpy as np
 import torch
 
 from spekula.core.errors import ConfigError
-
-from .feature_cache import DistilledSequence, FeatureCache
-from .head_api import TrainBatch
+from spekula.training.feature_cache import DistilledSequence, FeatureCache
+from spekula.training.head_api import TrainBatch
 
 # One sequence's window: tokens, labels, features, loss mask, and (soft ids, soft log-probs) or None.
 Window = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]

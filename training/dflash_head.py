@@ -22,12 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spekula.backends.torch_draft_common import apply_rope, rms_norm, rope_angles
+from spekula.backends.torch.draft_common import apply_rope, rms_norm, rope_angles
 from spekula.core.errors import ConfigError, ModelFileError
-from spekula.core.gguf_file import GGUFFile
-
-from .eagle3_head import default_eagle3_layers
-from .head_api import HeadMetrics, TargetFacts, TrainBatch, soft_cross_entropy
+from spekula.core.modelfile.gguf_file import GGUFFile
+from spekula.training.eagle3_head import default_eagle3_layers
+from spekula.training.head_api import HeadMetrics, TargetFacts, TrainBatch, soft_cross_entropy
 
 # tokenizer.ggml.token_type values (GGUF's TokenType enum)
 _CONTROL, _UNUSED = 3, 5

@@ -21,15 +21,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spekula.backends.onnx_cache import gguf_sha256
+from spekula.backends.gguf.default_model import cache_dir
+from spekula.backends.onnx.cache import gguf_sha256
 from spekula.core.backend import BackendOptions, Capture, SeqInput, load_backend, resolve_backend_name
 from spekula.core.errors import ConfigError
-from spekula.core.gguf_file import GGUFFile
-from spekula.core.tokenizer import Tokenizer
-from spekula.frontends.default_model import cache_dir
-
-from .feature_cache import DistilledSequence, FeatureCache, FeatureCacheWriter
-from .prompts import prompt_digest
+from spekula.core.modelfile.gguf_file import GGUFFile
+from spekula.core.modelfile.tokenizer import Tokenizer
+from spekula.training.feature_cache import DistilledSequence, FeatureCache, FeatureCacheWriter
+from spekula.training.prompts import prompt_digest
 
 PREFILL_CHUNK = 512  # prompt rows per forward: bounds the logits array of a long prompt
 

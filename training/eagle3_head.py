@@ -1,4 +1,4 @@
-"""The trainable EAGLE-3 draft head: the same network backends/torch_eagle3.py runs, in Hugging Face layout.
+"""The trainable EAGLE-3 draft head: the same network backends/torch/eagle3.py runs, in Hugging Face layout.
 
 One Llama layer over [rmsnorm(embedding of the next token); rmsnorm(g)], where g is the fc projection
 of three captured target layer inputs (or, at later draft steps, the layer's own pre-norm output).
@@ -16,9 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from spekula.backends.torch_draft_common import apply_rope, rms_norm, rope_angles, swiglu
-
-from .head_api import HeadMetrics, TargetFacts, TrainBatch, soft_cross_entropy
+from spekula.backends.torch.draft_common import apply_rope, rms_norm, rope_angles, swiglu
+from spekula.training.head_api import HeadMetrics, TargetFacts, TrainBatch, soft_cross_entropy
 
 HF_ARCH = "LlamaForCausalLMEagle3"
 INIT_STD = 0.02  # small normal init of every projection (HF's initializer_range)

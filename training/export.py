@@ -15,10 +15,9 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from spekula.backends.convert_hf import convert
-from spekula.backends.convert_output import atomic_output
-
-from .head_api import DraftHead
+from spekula.backends.convert.hf import convert
+from spekula.backends.convert.output import atomic_output
+from spekula.training.head_api import DraftHead
 
 
 def write_hf_checkpoint(head: DraftHead, folder: Path) -> Path:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from spekula.backends.onnx_cache import sha256_file
+from spekula.backends.onnx.cache import sha256_file
 from spekula.core.errors import SpekulaError
 
 FORMAT_VERSION = 1

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from spekula.backends.gguf_weights import read_hparams
+from spekula.backends.gguf.weights import read_hparams
 from spekula.core.errors import ModelFileError
-from spekula.core.gguf_file import GGUFFile
+from spekula.core.modelfile.gguf_file import GGUFFile
 
 # Target architectures whose forward the drafter runtimes pair with (dense decoders spekula loads).
 TRAINABLE_TARGET_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe")

@@ -1,6 +1,6 @@
 """Install trained heads as shipped heads: ``python -m spekula.training.install_head RUN_DIR ...``.
 
-Each run folder's GGUF is copied into the package's heads folder (``drafters/heads``, or
+Each run folder's GGUF is copied into the package's heads folder (``drafters/model/heads``, or
 ``$SPEKULA_HEADS_DIR``) under a name saying which target it is for, and listed in its index with the
 recipe that made it (the command line, seed, thread count, data and training time from train.json),
 so ``--spec-type draft-eagle3`` / ``draft-dflash`` without ``-md`` finds it for that exact target file.
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from spekula.core.errors import ConfigError, SpekulaError
-from spekula.drafters.shipped_heads import register_head, shipped_heads_dir
+from spekula.drafters.model.shipped_heads import register_head, shipped_heads_dir
 
 
 def recipe_text(summary: dict[str, Any]) -> str:
@@ -42,7 +42,7 @@ def install(run_dir: Path, target: str, heads_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spekula.frontends.default_model import ensure_default_model
+    from spekula.backends.gguf.default_model import ensure_default_model
 
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:

@@ -20,12 +20,11 @@ from typing import Any
 import torch
 
 from spekula.core.errors import ConfigError
-
-from .batches import BatchSource
-from .checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
-from .feature_cache import FeatureCache
-from .head_api import DraftHead, HeadMetrics, TargetFacts
-from .head_factory import build_head
+from spekula.training.batches import BatchSource
+from spekula.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from spekula.training.feature_cache import FeatureCache
+from spekula.training.head_api import DraftHead, HeadMetrics, TargetFacts
+from spekula.training.head_factory import build_head
 
 
 @dataclass(frozen=True, slots=True)

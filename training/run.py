@@ -17,19 +17,18 @@ from typing import Any
 
 import torch
 
-from spekula.backends.convert_output import atomic_output
-from spekula.backends.torch import resolve_device
+from spekula.backends.convert.output import atomic_output
+from spekula.backends.torch.backend import resolve_device
 from spekula.core.backend import BackendOptions
 from spekula.core.errors import ConfigError
-
-from .checkpoint import has_checkpoint
-from .distill import DistillOptions, DistillProgress, distill
-from .export import export_gguf, write_hf_checkpoint
-from .feature_cache import FeatureCache
-from .head_api import TargetFacts, read_target_facts
-from .head_factory import HEAD_KINDS, default_layers
-from .loop import RunConfig, StepReport, TrainResult, train
-from .prompts import builtin_prompts, iter_prompt_files
+from spekula.training.checkpoint import has_checkpoint
+from spekula.training.distill import DistillOptions, DistillProgress, distill
+from spekula.training.export import export_gguf, write_hf_checkpoint
+from spekula.training.feature_cache import FeatureCache
+from spekula.training.head_api import TargetFacts, read_target_facts
+from spekula.training.head_factory import HEAD_KINDS, default_layers
+from spekula.training.loop import RunConfig, StepReport, TrainResult, train
+from spekula.training.prompts import builtin_prompts, iter_prompt_files
 
 DEFAULT_PROMPTS = 2000
 

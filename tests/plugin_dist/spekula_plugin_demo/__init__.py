@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from spekula.core.drafter import Draft, DrafterContext, DraftlessDrafter, DraftRequest
+from spekula.core.drafting.drafter import Draft, DrafterContext, DraftlessDrafter, DraftRequest
 
 
 class LookbackDrafter(DraftlessDrafter):

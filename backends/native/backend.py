@@ -1,0 +1,290 @@
+"""Native CPU backend: spekula's own C kernels reading the GGUF blocks in place.
+
+The file is memory-mapped and the matmuls read its quantized blocks directly (F32, F16, BF16, Q4_0,
+Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K): no float copy of any matmul weight exists, so memory is
+about the file's size plus the KV cache. Activations entering a quantized matmul are quantized to
+int8 per 32 values, as llama.cpp does, so logits differ from the float32 dequantized reference by
+that rounding (tests state the tolerance).
+
+Always exact in the project's sense: every output element is computed by one fixed instruction
+sequence whatever the batch, the chunking or the thread count (see backends/native/csrc/sk.h), so a row's
+logits are bitwise the same alone or inside any verification batch. The KV cache is float16.
+
+Mixture-of-experts blocks (qwen3moe, glm4moe) describe each expert as a view of its slice of the 3-D
+expert tensor (native/moe.py); the C side runs them as grouped matmuls (backends/native/csrc/sk_moe.c).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from spekula.backends.gguf.weights import (
+    ModelHParams,
+    dequantize,
+    expected_shapes,
+    optional_shapes,
+    read_hparams,
+    rope_inv_freq,
+)
+from spekula.backends.native import lib as nl
+from spekula.backends.native.moe import moe_block
+from spekula.backends.seq_inputs import check_inputs
+from spekula.backends.seq_slots import PooledSeqs, SlotPool
+from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
+from spekula.core.errors import ConfigError, ModelFileError
+from spekula.core.modelfile.gguf_file import GGUFFile, TensorEntry
+
+_NO_CAPTURE = Capture()
+# Bounds of the C structures' 32-bit fields, with room for positions and counts computed from them.
+MAX_CTX = 1 << 26
+MAX_SEQS = 4096
+MAX_THREADS = 1024
+
+
+def check_head_options(options: BackendOptions, what: str) -> None:
+    """A native head runtime (`what`: "MTP", "EAGLE-3") runs on the CPU in the GGUF's own block types,
+    within the kernels' limits; anything else is a ConfigError naming the torch runtime."""
+    if options.device.strip().lower() != "cpu" or options.dtype not in ("auto", "native"):
+        raise ConfigError(f"the native {what} runtime runs on the CPU in the GGUF's own block types (got --device "
+                          f"{options.device}, --dtype {options.dtype}); the torch runtime takes other devices and dtypes")
+    if not 0 < options.n_ctx <= MAX_CTX or not 0 < options.n_seq_max <= MAX_SEQS or options.threads > MAX_THREADS:
+        raise ConfigError(f"the native {what} runtime supports --ctx-size 1..{MAX_CTX}, 1..{MAX_SEQS} sequences and "
+                          f"up to {MAX_THREADS} threads (got {options.n_ctx}, {options.n_seq_max}, {options.threads})")
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+class _Weights:
+    """ctypes descriptions of the model's tensors; keeps every array they point into alive."""
+
+    def __init__(self, f: GGUFFile, hp: ModelHParams | None) -> None:
+        """``hp``: the decoder's hyper-parameters, whose tensors' shapes are checked by name; None for a
+        file of another kind (a draft head), whose callers give each shape."""
+        self.f, self.hp = f, hp
+        self.keep: list[np.ndarray] = []
+        self.structs: list[ctypes.Structure | ctypes.Array[nl.Tensor]] = []  # MoE descriptions the C side reads
+        self.shapes = expected_shapes(hp) | optional_shapes(hp) if hp is not None else {}
+
+    def entry(self, name: str, shape: tuple[int, ...] | None = None) -> TensorEntry:
+        if not self.f.has_tensor(name):
+            raise ModelFileError(self.f.path, f"missing tensor {name!r} (architecture {self.f.architecture})")
+        e = self.f.tensor(name)
+        want = shape or self.shapes.get(name)
+        if want is not None and e.shape != want:
+            raise ModelFileError(self.f.path, f"tensor {name!r} has shape {e.shape}, expected {want}")
+        return e
+
+    def vector(self, name: str, required: bool = True) -> np.ndarray | None:
+        """A small float32 vector (norm weight, bias) as its own array."""
+        if not required and not self.f.has_tensor(name):
+            return None
+        arr = np.ascontiguousarray(dequantize(self.entry(name), self.f.path), dtype=np.float32).reshape(-1)
+        self.keep.append(arr)
+        return arr
+
+    def typed_entry(self, name: str, shape: tuple[int, ...] | None = None) -> TensorEntry:
+        """A matmul weight's entry, checked to be of a block type the kernels read."""
+        e = self.entry(name, shape)
+        if e.type_name not in nl.TYPE_IDS:
+            raise ModelFileError(
+                self.f.path, f"tensor {name!r} has type {e.type_name}, which the native backend does not read "
+                f"(it reads {', '.join(nl.TYPE_IDS)}); use --backend torch")
+        return e
+
+    def keep_data(self, e: TensorEntry) -> np.ndarray:
+        data = np.ascontiguousarray(e.data)  # a view into the mapped file (already contiguous)
+        self.keep.append(data)
+        return data
+
+    def matrix(self, name: str, bias: str | None = None, shape: tuple[int, ...] | None = None) -> nl.Tensor:
+        e = self.typed_entry(name, shape)
+        data = self.keep_data(e)
+        b = self.vector(bias, required=False) if bias else None
+        return nl.tensor(data, e.type_name, e.shape[0], e.shape[1], b)
+
+
+def _build_layer(w: _Weights, i: int) -> nl.Layer:
+    hp, b = w.hp, f"blk.{i}."
+    layer = nl.Layer()
+    layer.attn_norm = nl.ptr(w.vector(b + "attn_norm.weight"))
+    layer.ffn_norm = nl.ptr(w.vector(b + hp.ffn_norm_name + ".weight"))
+    if hp.has_qk_norm:
+        layer.q_norm = nl.ptr(w.vector(b + "attn_q_norm.weight"))
+        layer.k_norm = nl.ptr(w.vector(b + "attn_k_norm.weight"))
+    if w.f.has_tensor(b + "attn_qkv.weight") and not w.f.has_tensor(b + "attn_q.weight"):
+        qkv_rows = (hp.n_head + 2 * hp.n_head_kv) * hp.head_dim
+        layer.wq = w.matrix(b + "attn_qkv.weight", b + "attn_qkv.bias", shape=(qkv_rows, hp.n_embd))
+    else:
+        layer.wq = w.matrix(b + "attn_q.weight", b + "attn_q.bias")
+        layer.wk = w.matrix(b + "attn_k.weight", b + "attn_k.bias")
+        layer.wv = w.matrix(b + "attn_v.weight", b + "attn_v.bias")
+    layer.wo = w.matrix(b + "attn_output.weight", b + "attn_output.bias")
+    if hp.moe is not None and hp.moe.is_moe(i):
+        layer.moe = moe_block(w, i)
+        return layer
+    layer.w_gate = w.matrix(b + "ffn_gate.weight", b + "ffn_gate.bias")
+    layer.w_up = w.matrix(b + "ffn_up.weight", b + "ffn_up.bias")
+    layer.w_down = w.matrix(b + "ffn_down.weight", b + "ffn_down.bias")
+    return layer
+
+
+class NativeBackend(PooledSeqs, Backend):
+    def __init__(self, model_path: str, options: BackendOptions) -> None:
+        self.options = options
+        if options.device.strip().lower() != "cpu":
+            raise ConfigError(f"the native backend runs on the CPU only (got --device {options.device}); "
+                              "use --backend torch for CUDA")
+        if options.dtype not in ("auto", "native"):
+            raise ConfigError(f"the native backend computes on the GGUF's own block types (got --dtype {options.dtype});"
+                              " use --backend torch for f32/f16/bf16 or --backend onnx for q4")
+        if options.n_ctx <= 0 or options.n_seq_max <= 0:
+            raise ConfigError(f"n_ctx and n_seq_max must be positive (got {options.n_ctx}, {options.n_seq_max})")
+        if options.n_ctx > MAX_CTX or options.n_seq_max > MAX_SEQS or options.threads > MAX_THREADS:
+            raise ConfigError(f"the native backend supports --ctx-size up to {MAX_CTX}, up to {MAX_SEQS} sequences "
+                              f"and {MAX_THREADS} threads (got {options.n_ctx}, {options.n_seq_max}, {options.threads})")
+        f = GGUFFile.shared(model_path)
+        hp = self.hparams = read_hparams(f)
+        self.info = ModelInfo(path=str(model_path), arch=hp.arch, name=str(f.get("general.name", f.path.stem)),
+                              n_vocab=hp.n_vocab, n_embd=hp.n_embd, n_layer=hp.n_layer, n_ctx_train=hp.n_ctx_train)
+        self._file = f
+        w = self._weights = _Weights(f, hp)
+        self._layers = (nl.Layer * hp.n_layer)(*[_build_layer(w, i) for i in range(hp.n_layer)])
+        rope_freqs = w.vector("rope_freqs.weight", required=False)
+        inv = np.ascontiguousarray(rope_inv_freq(hp, {} if rope_freqs is None else {"rope_freqs.weight": rope_freqs}),
+                                   dtype=np.float64)
+        w.keep.append(inv)
+        embd = w.matrix("token_embd.weight")
+        # A tied head is the embedding matrix again (its own descriptor, which may carry output.bias).
+        head = "output.weight" if f.has_tensor("output.weight") else "token_embd.weight"
+        output = w.matrix(head, "output.bias")
+        self.threads = options.threads if options.threads > 0 else default_threads()
+        cfg = nl.Config(
+            n_vocab=hp.n_vocab, n_embd=hp.n_embd, n_layer=hp.n_layer, n_head=hp.n_head, n_head_kv=hp.n_head_kv,
+            head_dim=hp.head_dim, n_ff=hp.n_ff, n_rot=hp.n_rot, rope_neox=int(hp.rope_neox), n_ctx=options.n_ctx,
+            n_seq_max=options.n_seq_max, n_threads=self.threads, rms_eps=hp.rms_eps, attn_scale=hp.attn_scale,
+            rope_inv_freq=nl.ptr(inv), output_norm=nl.ptr(w.vector("output_norm.weight")),
+            token_embd=embd, output=output, layers=self._layers)
+        self._cfg = cfg
+        self._lib = nl.lib()
+        self._ctx = self._lib.sk_ctx_new(ctypes.byref(cfg), nl.env_kernel_cap())
+        if not self._ctx:
+            raise ConfigError(f"cannot create the native runtime ({self.threads} threads, n_ctx {options.n_ctx}, "
+                              f"{options.n_seq_max} sequences): out of memory or threads")
+        self.kernels = self._lib.sk_ctx_kernel_name(self._ctx).decode()
+        self._rows = np.zeros((4, 64), np.int32)
+        self._rows_ptr = self._rows.ctypes.data
+        self._seqs = SlotPool(options.n_seq_max, self._reserve_kv, self._release_kv)
+
+    @property
+    def context(self) -> int | None:
+        """The C context (None once closed), for contexts made over it (native/mtp.py: the MTP heads run
+        on its threads with its prepared embedding and output head)."""
+        return self._ctx
+
+    # ---- sequences (new_seq, free_seq, seq_len, truncate: PooledSeqs over KV slots) ----------------
+
+    def _reserve_kv(self, slot: int) -> None:
+        if self._lib.sk_kv_alloc(self._ctx, slot) != 0:
+            hp = self.hparams
+            gib = hp.n_layer * hp.n_head_kv * hp.head_dim * 2 * 2 * self.options.n_ctx / 2**30
+            raise ConfigError(f"cannot reserve the KV cache of one sequence ({gib:.1f} GiB for --ctx-size "
+                              f"{self.options.n_ctx}); use a smaller --ctx-size")
+
+    def _release_kv(self, slot: int) -> None:
+        self._lib.sk_kv_release(self._ctx, slot)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            self._lib.sk_ctx_free(self._ctx)
+            self._ctx = None
+            self._seqs.clear()
+
+    def __del__(self) -> None:
+        self.close()
+
+    # ---- forward -----------------------------------------------------------------------------------
+
+    def _row_buffers(self, m: int) -> np.ndarray:
+        """int32 [4, >= m]: tokens, positions, KV slots and logit rows of a forward (kept between calls,
+        with their address: a decode step's bookkeeping is a measurable part of its time)."""
+        if self._rows.shape[1] < m:
+            self._rows = np.zeros((4, max(m, 2 * self._rows.shape[1])), np.int32)
+            self._rows_ptr = self._rows.ctypes.data
+        return self._rows
+
+    def forward(self, inputs: Sequence[SeqInput], capture: Capture = _NO_CAPTURE) -> list[SeqOutput]:
+        if not self._ctx:
+            raise ConfigError("the native backend is closed")
+        hp = self.hparams
+        checked = check_inputs(inputs, capture, n_layer=hp.n_layer, n_vocab=hp.n_vocab, n_ctx=self.options.n_ctx,
+                               seq_len=self.seq_len)
+        m = sum(int(c.tokens.size) for c in checked)
+        if m == 0:
+            return [SeqOutput(logits=np.empty((c.logit_rows.size, hp.n_vocab), np.float32)) for c in checked]
+        rows = self._row_buffers(m)
+        wanted, offsets, o, ordered = [], [], 0, True
+        for c in checked:
+            n = int(c.tokens.size)
+            if n == 1:  # a decode step: scalars, not one-element arrays
+                rows[0, o] = c.tokens[0]
+                rows[1, o] = c.start
+            else:
+                rows[0, o : o + n] = c.tokens
+                rows[1, o : o + n] = np.arange(c.start, c.start + n, dtype=np.int32)
+            rows[2, o : o + n] = self._seqs.get(c.seq_id).slot
+            lr = c.logit_rows
+            ordered = ordered and (lr.size < 2 or bool(np.all(lr[1:] > lr[:-1])))
+            wanted.append(lr + o if o else lr)
+            offsets.append(o)
+            o += n
+        offsets.append(m)
+        # Rows of each sequence strictly increasing (the scheduler's case): they are already the sorted
+        # distinct rows the C side computes, and each sequence's logits are a view of one array.
+        if ordered:
+            out_rows = rows[3, : sum(int(w.size) for w in wanted)]  # at most m: distinct rows of the batch
+            k = 0
+            for w in wanted:
+                out_rows[k : k + w.size] = w
+                k += w.size
+        else:
+            out_rows = np.unique(np.concatenate(wanted)).astype(np.int32)
+        logits = np.empty((out_rows.size, hp.n_vocab), np.float32)
+        cap_arrays = {layer: np.empty((m, hp.n_embd), np.float32) for layer in sorted(capture.layers)}
+        cap_ptrs = None
+        if cap_arrays:
+            cap_ptrs = (ctypes.c_void_p * (hp.n_layer + 1))(*[nl.ptr(cap_arrays.get(i)) for i in range(hp.n_layer + 1)])
+        hidden = np.empty((m, hp.n_embd), np.float32) if capture.final_norm else None
+        stride = rows.strides[0]
+        base = self._rows_ptr
+        out_ptr = (base + 3 * stride if ordered else out_rows.ctypes.data) if out_rows.size else None
+        batch = nl.Batch(n_rows=m, tokens=base, pos=base + stride, seq=base + 2 * stride, n_out=out_rows.size,
+                         out_rows=out_ptr, logits=logits.ctypes.data,
+                         capture=ctypes.cast(cap_ptrs, ctypes.c_void_p) if cap_ptrs is not None else None,
+                         hidden_final=nl.ptr(hidden))
+        nl.forward(self._ctx, batch, "native forward")
+        outs, k = [], 0
+        for i, c in enumerate(checked):
+            self._seqs.get(c.seq_id).length = c.start + int(c.tokens.size)
+            n_out = int(c.logit_rows.size)
+            lg = logits[k : k + n_out] if ordered else logits[np.searchsorted(out_rows, wanted[i])]
+            k += n_out
+            out = SeqOutput(logits=lg)
+            o0, o1 = offsets[i], offsets[i + 1]
+            for layer, arr in cap_arrays.items():
+                out.layer_inputs[layer] = arr[o0:o1]
+            if hidden is not None:
+                out.hidden_final = hidden[o0:o1]
+            outs.append(out)
+        return outs
+
+
+backend_class = NativeBackend

@@ -1,0 +1,43 @@
+"""The native backend's description of a MoE block's FFN (qwen3moe, glm4moe): see backends/native/csrc/sk_moe.h.
+
+Each expert is an ``sk_tensor`` view of its slice of the 3-D expert tensor (expert e's [out, in]
+matrix is contiguous in the file), so nothing is copied here; the C side reads the mapped file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING
+
+from spekula.backends.native import lib as nl
+
+if TYPE_CHECKING:
+    from spekula.backends.native.backend import _Weights
+
+
+def _experts(w: _Weights, name: str) -> ctypes.Array[nl.Tensor]:
+    """One Tensor per expert of a 3-D [n_expert, out, in] tensor, each pointing into the mapped data."""
+    e = w.typed_entry(name)
+    data = w.keep_data(e)
+    n_expert, n_out, n_in = e.shape
+    views = (nl.Tensor * n_expert)(*[nl.tensor(data[k], e.type_name, n_out, n_in) for k in range(n_expert)])
+    w.structs.append(views)
+    return views
+
+
+def moe_block(w: _Weights, i: int) -> ctypes._Pointer[nl.MoE]:
+    """blk.i's router, experts and shared expert (the layer's moe field)."""
+    moe, b = w.hp.moe, f"blk.{i}."
+    assert moe is not None and moe.is_moe(i)
+    bias = w.vector(b + "exp_probs_b.bias") if moe.selection_bias else None
+    block = nl.MoE(n_expert=moe.n_expert, n_expert_used=moe.n_expert_used, gating=nl.GATING_IDS[moe.gating],
+                   norm_weights=int(moe.norm_weights), weights_scale=moe.weights_scale,
+                   selection_bias=nl.ptr(bias), router=w.matrix(b + "ffn_gate_inp.weight"),
+                   gate=_experts(w, b + "ffn_gate_exps.weight"), up=_experts(w, b + "ffn_up_exps.weight"),
+                   down=_experts(w, b + "ffn_down_exps.weight"))
+    if moe.n_expert_shared:
+        block.shared_gate = w.matrix(b + "ffn_gate_shexp.weight")
+        block.shared_up = w.matrix(b + "ffn_up_shexp.weight")
+        block.shared_down = w.matrix(b + "ffn_down_shexp.weight")
+    w.structs.append(block)
+    return ctypes.pointer(block)

@@ -1,0 +1,296 @@
+"""PyTorch backend: GGUF llama/qwen2/qwen3/qwen3moe/glm4moe models on CPU or CUDA, with a batch-invariant
+exact mode.
+
+Exact mode (``BackendOptions.exact``, default): a row's logits are bitwise the same whatever else is
+in the forward and however the sequence was chunked. How (CPU fp32):
+
+* Linear layers: plain ``F.linear`` (MKL) gives a row bits that depend on the row count M (GEMV for
+  M=1, other kernels for small M and for the last rows of a micro-kernel). Which library path avoids
+  that depends on the CPU, so it is measured when the model loads (``torch_exact_probe``): oneDNN's
+  prepacked linear when it is row-invariant at every shape of the model (it was on an AVX2 machine,
+  not at every shape on an AVX-512/AMX one), else MKL on row counts padded to the measured multiple.
+  MoE experts, shared experts and routers are planned GEMMs like the others, so an expert's GEMM
+  gives a row the same bits whatever number of rows was routed to that expert.
+* Attention: a row at position p always attends over the key window
+  ``[0, ceil((p+1)/KEY_GRANULE) * KEY_GRANULE)`` with later keys masked to an exact 0 weight, and its
+  query GEMMs run on row groups padded to the same measured multiple, so every reduction has the same
+  length and kernel.
+* Norms, rope, activations and routing (top-k by a stable sort) are row-wise.
+
+Rows go through the blocks in tiles of at most ``TILE_ROWS`` rows. Proven by tests/test_torch_backend.py
+and the conformance suite (bitwise checks). On CUDA cuBLAS picks its kernels by shape alone, so exact
+mode runs every tile, attention group and expert GEMM on exactly ``TILE_ROWS`` rows: one shape per key
+window, the same kernels every forward (bench/cuda_check.py checks it bitwise on a GPU). On the CPU in
+f16/bf16 nothing guarantees invariance. ``exact=False`` drops the padding and windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from spekula.backends.gguf.weights import ModelHParams, load_model_weights, read_hparams
+from spekula.backends.seq_inputs import check_inputs
+from spekula.backends.seq_slots import PooledSeqs
+from spekula.backends.torch.exact_probe import choose_exact_gemm, onednn_packing_available, padded_align
+from spekula.backends.torch.kv import KVPool, SeqCache
+from spekula.backends.torch.model import AttnGroup, KVWrite, Tile, TorchModel, model_gemm_shapes
+from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
+from spekula.core.errors import ConfigError
+from spekula.core.modelfile.gguf_file import GGUFFile
+
+KEY_GRANULE = 64
+TILE_ROWS = 64
+FAST_TILE_ROWS = 512
+# Device types whose exact mode runs every GEMM on TILE_ROWS rows instead of a plan measured at load
+# (a set so that a test can run the same path on the CPU, where MKL is row-invariant at 64 rows too).
+FIXED_SHAPE_DEVICES = {"cuda"}
+
+_NO_CAPTURE = Capture()
+_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def resolve_device(options: BackendOptions) -> torch.device:
+    dev = options.device.strip().lower()
+    if dev == "cpu":
+        return torch.device("cpu")
+    if dev == "cuda" or dev.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {options.device!r} requested but CUDA is not available to torch")
+        device = torch.device(dev)
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"device {options.device!r}: only {torch.cuda.device_count()} CUDA device(s)")
+        return device
+    raise ConfigError(f"unknown device {options.device!r} (cpu, cuda, cuda:N)")
+
+
+def resolve_dtype(options: BackendOptions, device: torch.device) -> torch.dtype:
+    if options.dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if options.dtype not in _DTYPES:
+        raise ConfigError(f"unknown dtype {options.dtype!r} (auto, f32, f16, bf16)")
+    return _DTYPES[options.dtype]
+
+
+@dataclass
+class _Req:
+    """One validated SeqInput."""
+
+    cache: SeqCache
+    tokens: np.ndarray
+    start: int
+    logit_rows: np.ndarray
+    out: SeqOutput
+    logit_slot: dict[int, int]  # row index in tokens -> row in out.logits
+
+
+class TorchBackend(PooledSeqs, Backend):
+    def __init__(self, model_path: str, options: BackendOptions) -> None:
+        self.options = options
+        if options.n_ctx <= 0 or options.n_seq_max <= 0:
+            raise ConfigError(f"n_ctx and n_seq_max must be positive (got {options.n_ctx}, {options.n_seq_max})")
+        self.device = resolve_device(options)
+        self.dtype = resolve_dtype(options, self.device)
+        if options.threads > 0:
+            torch.set_num_threads(options.threads)
+        f = GGUFFile.shared(model_path)
+        self.hparams: ModelHParams = read_hparams(f)
+        hp = self.hparams
+        self.info = ModelInfo(
+            path=str(model_path),
+            arch=hp.arch,
+            name=str(f.get("general.name", f.path.stem)),
+            n_vocab=hp.n_vocab,
+            n_embd=hp.n_embd,
+            n_layer=hp.n_layer,
+            n_ctx_train=hp.n_ctx_train,
+        )
+        self.exact = options.exact
+        cpu_f32 = self.device.type == "cpu" and self.dtype == torch.float32
+        self.gemm_plan: dict[tuple[int, int], tuple[bool, int]] = {}
+        self._align, self._attn_align, self._gemm_align = 1, 1, 1
+        if self.exact and self.device.type in FIXED_SHAPE_DEVICES:
+            # cuBLAS picks a kernel by shape, and a kernel gives an output element the same bits whatever
+            # the other rows hold. So every tile is padded to the full TILE_ROWS, every attention group's
+            # queries to TILE_ROWS, every expert's rows to TILE_ROWS: each GEMM, softmax and norm of a
+            # forward then has one shape per key window, whatever rows the forward carries.
+            self._align = self._attn_align = self._gemm_align = TILE_ROWS
+        elif self.exact and cpu_f32:
+            # Per weight shape: oneDNN packing where it is row-invariant, else MKL padded to what was
+            # measured, so one shape that needs padding does not make every GEMM pay for it.
+            allow = onednn_packing_available()
+            for shape in model_gemm_shapes(hp):
+                packed, align = choose_exact_gemm([shape], allow_packed=allow)
+                if align is None:
+                    raise ConfigError(f"no fp32 GEMM path of this torch build is row-invariant on this CPU at {shape}, "
+                                      "so the torch backend cannot be exact here; use --backend native")
+                self.gemm_plan[shape] = (packed, align)
+            attn = [padded_align(n, hp.head_dim) for n in (KEY_GRANULE, 4 * KEY_GRANULE)]
+            if None in attn:
+                raise ConfigError("no fp32 attention GEMM of this torch build is row-invariant on this CPU; "
+                                  "use --backend native")
+            self._attn_align = max(a for a in attn if a is not None)
+        elif self.exact:
+            self._align = self._attn_align = 4  # CPU half precision: fixed shapes, no bitwise claim
+        self.packed = any(p for p, _ in self.gemm_plan.values())
+        self._tile_rows = TILE_ROWS if self.exact else FAST_TILE_ROWS
+        weights = load_model_weights(f, hp=hp)
+        with torch.inference_mode():
+            self.kv = self._seqs = KVPool(
+                n_layer=hp.n_layer,
+                n_head_kv=hp.n_head_kv,
+                head_dim=hp.head_dim,
+                n_ctx=options.n_ctx,
+                n_seq_max=options.n_seq_max,
+                granule=KEY_GRANULE,
+                dtype=self.dtype,
+                device=self.device,
+            )
+            self.model = TorchModel(
+                hp, weights, dtype=self.dtype, device=self.device, max_pos=self.kv.max_capacity,
+                gemm=lambda n, k: self.gemm_plan.get((n, k), (False, self._gemm_align))
+            )
+        del weights
+
+    # ---- sequences (new_seq, free_seq, seq_len, truncate: PooledSeqs over the KV pool) -------------
+
+    def close(self) -> None:
+        self.kv.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # ---- forward ----------------------------------------------------------------------------------
+
+    def _validate(self, inputs: Sequence[SeqInput], capture: Capture) -> list[_Req]:
+        hp = self.hparams
+        checked = check_inputs(inputs, capture, n_layer=hp.n_layer, n_vocab=hp.n_vocab, n_ctx=self.options.n_ctx,
+                               seq_len=lambda seq_id: self.kv.get(seq_id).length)
+        reqs: list[_Req] = []
+        for c in checked:
+            n = int(c.tokens.size)
+            out = SeqOutput(logits=np.empty((c.logit_rows.size, hp.n_vocab), dtype=np.float32))
+            for layer in capture.layers:
+                out.layer_inputs[layer] = np.empty((n, hp.n_embd), dtype=np.float32)
+            if capture.final_norm:
+                out.hidden_final = np.empty((n, hp.n_embd), dtype=np.float32)
+            slots: dict[int, int] = {}
+            for j, r in enumerate(c.logit_rows.tolist()):
+                slots.setdefault(r, j)
+            reqs.append(_Req(self.kv.get(c.seq_id), c.tokens, c.start, c.logit_rows, out, slots))
+        return reqs
+
+    def _plan_tiles(self, reqs: list[_Req]) -> list[tuple[Tile, list[tuple[int, int]]]]:
+        """Cut all rows into tiles; each tile comes with its rows' (request index, token index)."""
+        rows = [(ri, j) for ri, r in enumerate(reqs) for j in range(r.tokens.size)]
+        tiles = []
+        for t0 in range(0, len(rows), self._tile_rows):
+            trows = rows[t0 : t0 + self._tile_rows]
+            tiles.append((self._make_tile(reqs, trows), trows))
+        return tiles
+
+    def _make_tile(self, reqs: list[_Req], trows: list[tuple[int, int]]) -> Tile:
+        n_real = len(trows)
+        M = _round_up(n_real, self._align)
+        tokens = np.zeros(M, dtype=np.int64)
+        pos = np.zeros(M, dtype=np.int64)
+        for i, (ri, j) in enumerate(trows):
+            tokens[i] = reqs[ri].tokens[j]
+            pos[i] = reqs[ri].start + j
+        self.model.ensure_rope(int(pos.max()) + 1)
+        pos_t = torch.from_numpy(pos).to(self.device)
+        tile = Tile(
+            tokens=torch.from_numpy(tokens).to(self.device),
+            cos=self.model.rope_cos[pos_t].unsqueeze(1),
+            sin=self.model.rope_sin[pos_t].unsqueeze(1),
+            n_real=n_real,
+        )
+        r0 = 0
+        while r0 < n_real:  # one segment per request: consecutive rows, consecutive positions
+            ri = trows[r0][0]
+            r1 = r0
+            while r1 < n_real and trows[r1][0] == ri:
+                r1 += 1
+            cache = reqs[ri].cache
+            tile.writes.append(KVWrite(cache, r0, r1, int(pos[r0])))
+            self._add_groups(tile, cache, r0, r1, pos)
+            r0 = r1
+        return tile
+
+    def _add_groups(self, tile: Tile, cache: SeqCache, r0: int, r1: int, pos: np.ndarray) -> None:
+        if self.exact:
+            window = (pos[r0:r1] // KEY_GRANULE + 1) * KEY_GRANULE
+        else:
+            window = np.full(r1 - r0, int(pos[r1 - 1]) + 1)
+        a = r0
+        while a < r1:
+            b = a
+            while b < r1 and window[b - r0] == window[a - r0]:
+                b += 1
+            n_keys = int(window[a - r0])
+            q_rows = _round_up(b - a, self._attn_align)
+            rows = np.concatenate([np.arange(a, b), np.full(q_rows - (b - a), b - 1)])
+            tile.groups.append(
+                AttnGroup(cache, a, b, n_keys, q_rows, self._mask(pos[rows], n_keys), self._q_index(rows))
+            )
+            a = b
+
+    def _mask(self, pos: np.ndarray, n_keys: int) -> torch.Tensor:
+        """Additive mask [g * R, n_keys] in (j, row) order: -inf on keys after each row's position."""
+        hp = self.hparams
+        future = np.arange(n_keys)[None, :] > pos[:, None]
+        add = np.where(future, -np.inf, 0.0).astype(np.float32)
+        add = np.tile(add, (hp.n_head // hp.n_head_kv, 1))
+        return torch.from_numpy(add).to(device=self.device, dtype=self.dtype)
+
+    def _q_index(self, rows: np.ndarray) -> torch.Tensor:
+        """Indices into the tile's [M * (n_head + n_kv), hd] view, ordered (kv head, j, row)."""
+        hp = self.hparams
+        stride = hp.n_head + hp.n_head_kv
+        heads = np.arange(hp.n_head)  # h = kv * g + j, so plain head order is (kv, j)
+        idx = rows[None, :] * stride + heads[:, None]
+        return torch.from_numpy(idx.reshape(-1).astype(np.int64)).to(self.device)
+
+    def forward(self, inputs: Sequence[SeqInput], capture: Capture = _NO_CAPTURE) -> list[SeqOutput]:
+        reqs = self._validate(inputs, capture)
+        with torch.inference_mode():
+            for r in reqs:
+                r.cache.length = r.start  # writing at `start` drops anything after it
+                self.kv.reserve_for(r.cache, r.start + r.tokens.size)
+            for tile, trows in self._plan_tiles(reqs):
+                self._run_tile(reqs, tile, trows, capture)
+            for r in reqs:
+                r.cache.length = r.start + r.tokens.size
+        return [r.out for r in reqs]
+
+    def _run_tile(self, reqs: list[_Req], tile: Tile, trows: list[tuple[int, int]], capture: Capture) -> None:
+        hidden, captured = self.model.run_tile(tile, capture.layers)
+        want = [i for i, (ri, j) in enumerate(trows) if j in reqs[ri].logit_slot]
+        if want:
+            pad = [want[-1]] * (_round_up(len(want), self._align) - len(want))
+            sel = hidden[torch.tensor(want + pad, device=self.device)]
+            logits = self.model.logits(sel)[: len(want)].float().cpu().numpy()
+            for k, i in enumerate(want):
+                ri, j = trows[i]
+                out = reqs[ri].out
+                for slot in np.nonzero(reqs[ri].logit_rows == j)[0]:
+                    out.logits[slot] = logits[k]
+        if not capture:
+            return
+        cap_np = {layer: t.float().cpu().numpy() for layer, t in captured.items()}
+        fin = hidden[: tile.n_real].float().cpu().numpy() if capture.final_norm else None
+        for i, (ri, j) in enumerate(trows):
+            out = reqs[ri].out
+            for layer, arr in cap_np.items():
+                out.layer_inputs[layer][j] = arr[i]
+            if fin is not None and out.hidden_final is not None:
+                out.hidden_final[j] = fin[i]
+
+
+backend_class = TorchBackend

@@ -1,0 +1,95 @@
+"""Per-sequence KV caches written by position.
+
+A sequence's keys and values live in one buffer per kind, ``[n_layer, n_head_kv, capacity, head_dim]``.
+Writing at position ``p`` overwrites whatever was there, so ``truncate`` only moves the length
+(O(1)); stale entries beyond the length are masked by attention and later overwritten.
+
+Buffers start zeroed and are only ever written with finite values: attention multiplies masked
+positions by an exact 0 probability, and 0 * finite adds nothing, while 0 * NaN would poison the row.
+Capacity grows in whole key buckets so an attention window ``[:bucket_end]`` is always in range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spekula.core.errors import ConfigError
+
+
+@dataclass
+class SeqCache:
+    k: torch.Tensor  # [n_layer, n_kv, cap, hd]
+    v: torch.Tensor
+    length: int = 0
+
+    @property
+    def capacity(self) -> int:
+        return int(self.k.shape[2])
+
+
+class KVPool:
+    """Owns the caches of all live sequences of one model."""
+
+    def __init__(
+        self,
+        *,
+        n_layer: int,
+        n_head_kv: int,
+        head_dim: int,
+        n_ctx: int,
+        n_seq_max: int,
+        granule: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.n_layer, self.n_head_kv, self.head_dim = n_layer, n_head_kv, head_dim
+        self.n_ctx, self.n_seq_max, self.granule = n_ctx, n_seq_max, granule
+        self.dtype, self.device = dtype, device
+        # Capacity may exceed n_ctx by less than one granule so the last bucket fits.
+        self.max_capacity = -(-n_ctx // granule) * granule
+        self._seqs: dict[int, SeqCache] = {}
+
+    def _alloc(self, cap: int) -> torch.Tensor:
+        shape = (self.n_layer, self.n_head_kv, cap, self.head_dim)
+        with torch.inference_mode():  # written only by forwards, which run in inference mode
+            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def new_seq(self) -> int:
+        if len(self._seqs) >= self.n_seq_max:
+            raise ConfigError(f"too many live sequences (n_seq_max={self.n_seq_max})")
+        seq_id = next(i for i in range(self.n_seq_max + 1) if i not in self._seqs)
+        cap = min(self.max_capacity, 4 * self.granule)
+        self._seqs[seq_id] = SeqCache(self._alloc(cap), self._alloc(cap))
+        return seq_id
+
+    def get(self, seq_id: int) -> SeqCache:
+        cache = self._seqs.get(seq_id)
+        if cache is None:
+            raise ConfigError(f"unknown sequence id {seq_id}")
+        return cache
+
+    def free(self, seq_id: int) -> None:
+        self.get(seq_id)
+        del self._seqs[seq_id]
+
+    def truncate(self, seq_id: int, n_keep: int) -> None:
+        cache = self.get(seq_id)
+        if n_keep < 0:
+            raise ConfigError(f"truncate: n_keep must be >= 0, got {n_keep}")
+        cache.length = min(cache.length, n_keep)
+
+    def reserve_for(self, cache: SeqCache, n_positions: int) -> None:
+        """Make room for positions [0, n_positions) rounded up to a whole granule (amortised doubling)."""
+        need = -(-n_positions // self.granule) * self.granule
+        if need > cache.capacity:
+            cap = min(self.max_capacity, max(need, 2 * cache.capacity))
+            for name in ("k", "v"):
+                old = getattr(cache, name)
+                new = self._alloc(cap)
+                new[:, :, : old.shape[2]] = old
+                setattr(cache, name, new)
+
+    def clear(self) -> None:
+        self._seqs.clear()

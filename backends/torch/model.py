@@ -1,0 +1,277 @@
+"""The llama / qwen2 / qwen3 / qwen3moe / glm4moe decoder in plain PyTorch, run one row tile at a time.
+
+The backend (``torch.py``) cuts a forward pass into :class:`Tile` s and this module runs a tile through
+every block. What makes the exact mode exact is decided by the planner; here the rule is only that
+every operation on a tile is either row-wise (norms, rope, activations, routing) or a GEMM whose shapes
+the planner fixed, so a row meets the same kernels wherever it sits (the FFNs, dense and MoE, are in
+``torch_moe``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from spekula.backends.gguf.weights import ModelHParams, rope_inv_freq
+from spekula.backends.torch.kv import SeqCache
+from spekula.backends.torch.linear import GemmPlan, Lin, plain_gemm, planned_lin
+from spekula.backends.torch.moe import DenseFFN, MoEFFN, build_moe_ffn, moe_gemm_shapes
+
+
+@dataclass
+class AttnGroup:
+    """Rows ``[r0, r1)`` of a tile: one sequence, consecutive positions, one key window ``[0, n_keys)``."""
+
+    cache: SeqCache
+    r0: int
+    r1: int
+    n_keys: int
+    q_rows: int  # rows the attention GEMMs run on (>= r1 - r0; padding repeats the last row)
+    mask: torch.Tensor  # additive [g * q_rows, n_keys]: 0 for visible keys, -inf for the row's future
+    q_index: torch.Tensor  # rows of the tile's [M * (n_head + n_kv), hd] q/k view, in (kv, j, row) order
+
+
+@dataclass
+class KVWrite:
+    cache: SeqCache
+    r0: int
+    r1: int
+    pos0: int
+
+
+@dataclass
+class Tile:
+    tokens: torch.Tensor  # int64 [M] (padded rows hold token 0)
+    cos: torch.Tensor  # [M, 1, n_rot] float32 (see TorchModel.rope_tables)
+    sin: torch.Tensor
+    n_real: int
+    writes: list[KVWrite] = field(default_factory=list)
+    groups: list[AttnGroup] = field(default_factory=list)
+
+
+def model_gemm_shapes(hp: ModelHParams) -> list[tuple[int, int]]:
+    """[n, k] of every linear the model runs (fused qkv and gate/up, as built below)."""
+    qkv = (hp.n_head + 2 * hp.n_head_kv) * hp.head_dim
+    shapes = [(qkv, hp.n_embd), (hp.n_embd, hp.n_head * hp.head_dim), (hp.n_vocab, hp.n_embd)]
+    if hp.moe is None or hp.moe.n_dense_lead > 0:
+        shapes += [(2 * hp.n_ff, hp.n_embd), (hp.n_embd, hp.n_ff)]
+    if hp.moe is not None:
+        shapes += moe_gemm_shapes(hp.moe, hp.n_embd)
+    return shapes
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor
+    qkv: Lin  # [(n_head + 2 n_kv) * hd, H]: one GEMM instead of three
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    out: Lin
+    ffn_norm: torch.Tensor
+    ffn: DenseFFN | MoEFFN
+
+
+def _rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:
+        return torch.rms_norm(x, (x.shape[-1],), w, eps)
+    # Half precision: normalise in float32 as the reference implementations do.
+    y = torch.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+    return y * w if w is not None else y
+
+
+def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """GGUF llama Q/K row order (interleaved rope pairs) back to HF's rotate-half order, per head."""
+    rows = w.shape[0]
+    hd = rows // n_head
+    return w.reshape(n_head, hd // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+class TorchModel:
+    def __init__(
+        self,
+        hp: ModelHParams,
+        weights: dict[str, np.ndarray],
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_pos: int,
+        gemm: GemmPlan = plain_gemm,
+        blocks: Sequence[int] | None = None,
+    ) -> None:
+        """``blocks``: the GGUF block ids built as this model's layers, in order (default: the trunk,
+        0 .. n_layer-1); the MTP runtime builds its heads' blocks, run with :meth:`run_block`."""
+        self.hp, self.dtype, self.device = hp, dtype, device
+        self.gemm = gemm
+        block_ids = list(range(hp.n_layer)) if blocks is None else list(blocks)
+        # llama's rows were permuted for interleaved rope; un-permuting Q and K alike leaves every
+        # q.k score unchanged and lets all archs share the cheaper rotate-half rope.
+        self.unpermuted = not hp.rope_neox and hp.n_rot == hp.head_dim and not hp.has_qk_norm
+        weights = dict(weights)
+        if self.unpermuted:
+            for i in block_ids:
+                for kind, n in (("q", hp.n_head), ("k", hp.n_head_kv)):
+                    for suffix in ("weight", "bias"):
+                        name = f"blk.{i}.attn_{kind}.{suffix}"
+                        if name in weights:
+                            weights[name] = _unpermute_rows(weights[name], n)
+        self.neox = hp.rope_neox or self.unpermuted
+
+        def dev(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(device=device, dtype=dtype).contiguous()
+
+        def t(name: str) -> torch.Tensor:
+            return dev(weights[name])
+
+        def opt(name: str) -> torch.Tensor | None:
+            return t(name) if name in weights else None
+
+        def cat(*names: str) -> torch.Tensor:
+            # Fused rows: one GEMM instead of three (qkv) or two (gate/up) per block.
+            return dev(np.concatenate([weights[n] for n in names], axis=0))
+
+        self.embd = t("token_embd.weight")
+        self.lm_head = self._lin(self.embd if hp.tied_output else t("output.weight"), opt("output.bias"))
+        self.out_norm = t("output_norm.weight")
+        self.layers: list[LayerWeights] = []
+        for i in block_ids:
+            b = f"blk.{i}."
+            bias = cat(b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias") if hp.has_qkv_bias else None
+            if hp.moe is not None and hp.moe.is_moe(i):
+                ffn: DenseFFN | MoEFFN = build_moe_ffn(hp.moe, weights, b, to_tensor=dev, make_lin=self._lin)
+            else:
+                gate_up = self._lin(cat(b + "ffn_gate.weight", b + "ffn_up.weight"), self._gate_up_bias(weights, b))
+                ffn = DenseFFN(gate_up, self._lin(t(b + "ffn_down.weight"), opt(b + "ffn_down.bias")), hp.n_ff)
+            self.layers.append(
+                LayerWeights(
+                    attn_norm=t(b + "attn_norm.weight"),
+                    qkv=self._lin(cat(b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"), bias),
+                    q_norm=opt(b + "attn_q_norm.weight"),
+                    k_norm=opt(b + "attn_k_norm.weight"),
+                    out=self._lin(t(b + "attn_output.weight"), opt(b + "attn_output.bias")),
+                    ffn_norm=t(b + hp.ffn_norm_name + ".weight"),
+                    ffn=ffn,
+                )
+            )
+        self._build_rope_tables(weights, max_pos)
+
+    def _lin(self, w: torch.Tensor, b: torch.Tensor | None) -> Lin:
+        return planned_lin(self.gemm, w, b)
+
+    def _build_rope_tables(self, weights: dict[str, np.ndarray], max_pos: int) -> None:
+        """Rope tables grow on demand (doubling) up to `max_pos`: a huge -c must not allocate
+        gigabytes up front. An entry depends only on its position, so growth changes no bits."""
+        self._rope_inv = rope_inv_freq(self.hp, weights)
+        self._rope_max = max_pos
+        self.rope_cos = self.rope_sin = torch.empty(0, device=self.device)
+        self.ensure_rope(min(max_pos, 4096))
+
+    def ensure_rope(self, n_pos: int) -> None:
+        """Make rope_cos/rope_sin cover positions [0, n_pos).
+
+        cos/sin per position are laid out so rope is ``x * cos + swap(x) * sin`` in three tensor ops.
+        NEOX: swap(x) = (x2, x1) and sin = (-sin, +sin). NORM: swap exchanges each (2i, 2i+1) pair and
+        sin = (-sin, +sin) interleaved. Angles are computed in float64 and rounded once.
+        """
+        have = self.rope_cos.shape[0]
+        if n_pos <= have:
+            return
+        size = min(self._rope_max, max(n_pos, 2 * have))
+        ang = np.arange(size, dtype=np.float64)[:, None] * self._rope_inv[None, :]
+        cos, sin = np.cos(ang), np.sin(ang)
+        if self.neox:
+            cos_full = np.concatenate([cos, cos], axis=1)
+            sin_full = np.concatenate([-sin, sin], axis=1)
+        else:
+            cos_full = np.repeat(cos, 2, axis=1)
+            sin_full = np.stack([-sin, sin], axis=2).reshape(size, -1)
+        self.rope_cos = torch.from_numpy(cos_full.astype(np.float32)).to(self.device)
+        self.rope_sin = torch.from_numpy(sin_full.astype(np.float32)).to(self.device)
+
+    def _gate_up_bias(self, weights: dict[str, np.ndarray], b: str) -> torch.Tensor | None:
+        g, u = weights.get(b + "ffn_gate.bias"), weights.get(b + "ffn_up.bias")
+        if g is None and u is None:
+            return None
+        n_ff = self.hp.n_ff
+        parts = [g if g is not None else np.zeros(n_ff, np.float32), u if u is not None else np.zeros(n_ff, np.float32)]
+        return torch.from_numpy(np.concatenate(parts)).to(device=self.device, dtype=self.dtype)
+
+    # ---- per-tile math ---------------------------------------------------------------------------
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [M, heads, hd]; cos/sin: [M, 1, n_rot]. Dims >= n_rot pass through."""
+        n_rot = self.hp.n_rot
+        xr = x[..., :n_rot] if n_rot < x.shape[-1] else x
+        if self.neox:
+            half = n_rot // 2
+            swapped = torch.cat((xr[..., half:], xr[..., :half]), dim=-1)
+        else:
+            swapped = xr.unflatten(-1, (n_rot // 2, 2)).flip(-1).flatten(-2)
+        if x.dtype == torch.float32:
+            out = torch.addcmul(xr * cos, swapped, sin)
+        else:
+            out = torch.addcmul(xr.float() * cos, swapped.float(), sin).to(x.dtype)
+        return torch.cat((out, x[..., n_rot:]), dim=-1) if n_rot < x.shape[-1] else out
+
+    def _attention(self, tile: Tile, layer: int, qk: torch.Tensor, out: torch.Tensor) -> None:
+        """qk: roped [M, n_head + n_kv, hd]. Writes each group's rows of ``out`` [M, n_head, hd]."""
+        hp = self.hp
+        n_kv, g, hd = hp.n_head_kv, hp.n_head // hp.n_head_kv, hp.head_dim
+        flat = qk.view(-1, hd)
+        for grp in tile.groups:
+            n, R = grp.r1 - grp.r0, grp.q_rows
+            # heads h = kv*g + j share kv head `kv`: fold (j, row) into the GEMM's M dimension.
+            qg = flat.index_select(0, grp.q_index).view(n_kv, g * R, hd)
+            keys = grp.cache.k[layer, :, : grp.n_keys]
+            vals = grp.cache.v[layer, :, : grp.n_keys]
+            scores = torch.baddbmm(grp.mask, qg, keys.transpose(1, 2), alpha=hp.attn_scale)
+            if scores.dtype == torch.float32:
+                probs = torch.softmax(scores, dim=-1)
+            else:
+                probs = torch.softmax(scores.float(), dim=-1).to(vals.dtype)
+            o = torch.bmm(probs, vals).view(hp.n_head, R, hd)
+            out[grp.r0 : grp.r1] = o[:, :n].transpose(0, 1)
+
+    def run_tile(self, tile: Tile, capture: frozenset[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Run every block on one tile; returns (post-norm hidden [M, H], captured layer inputs)."""
+        hp = self.hp
+        x = F.embedding(tile.tokens, self.embd)
+        captured: dict[int, torch.Tensor] = {}
+        attn_out = torch.zeros((x.shape[0], hp.n_head, hp.head_dim), dtype=self.dtype, device=self.device)
+        for li in range(len(self.layers)):
+            if li in capture:
+                captured[li] = x[: tile.n_real].clone()
+            x = self.run_block(tile, li, x, attn_out)
+        if hp.n_layer in capture:
+            captured[hp.n_layer] = x[: tile.n_real].clone()
+        return _rms_norm(x, self.out_norm, hp.rms_eps), captured
+
+    def run_block(self, tile: Tile, li: int, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """Layer ``li`` over a tile's residual rows x [M, H]: attention (K/V written to KV layer ``li`` of
+        the tile's caches) and FFN, residuals added. ``attn_out``: zeroed [M, n_head, head_dim] scratch."""
+        hp = self.hp
+        nh, nkv, hd = hp.n_head, hp.n_head_kv, hp.head_dim
+        M = x.shape[0]
+        lw = self.layers[li]
+        attn_flat = attn_out.view(M, nh * hd)
+        h = _rms_norm(x, lw.attn_norm, hp.rms_eps)
+        qkv = lw.qkv(h).view(M, nh + 2 * nkv, hd)
+        qk, v = qkv[:, : nh + nkv], qkv[:, nh + nkv :]
+        if lw.q_norm is not None and lw.k_norm is not None:
+            qk = torch.cat(
+                (_rms_norm(qk[:, :nh], lw.q_norm, hp.rms_eps), _rms_norm(qk[:, nh:], lw.k_norm, hp.rms_eps)), 1
+            )
+        qk = self._rope(qk, tile.cos, tile.sin)
+        for w in tile.writes:
+            n = w.r1 - w.r0
+            w.cache.k[li, :, w.pos0 : w.pos0 + n] = qk[w.r0 : w.r1, nh:].transpose(0, 1)
+            w.cache.v[li, :, w.pos0 : w.pos0 + n] = v[w.r0 : w.r1].transpose(0, 1)
+        self._attention(tile, li, qk, attn_out)
+        x = x + lw.out(attn_flat)
+        return x + lw.ffn(_rms_norm(x, lw.ffn_norm, hp.rms_eps))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

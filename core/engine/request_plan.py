@@ -1,0 +1,105 @@
+"""A request resolved once: everything the scheduler needs to run it, decided before it is queued.
+
+`plan_request` is the one place a CompletionRequest is checked and turned into settings: the
+effective speculation parameters, the drafters in precedence order, their length cap, the target's
+sampler, the verification rule and its random streams. Anything wrong with the request surfaces
+here as a `RequestRejected`, so a queued request can always start and a bad one ends alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from spekula.core.drafting.drafter import Drafter
+from spekula.core.errors import ContextOverflowError, SpekulaError
+from spekula.core.modelfile.constraint import Constraint, ConstraintError, GrammarSpec
+from spekula.core.params import CompletionRequest, SpecParams
+from spekula.core.verify.sampling import Sampler, resolve_seed
+from spekula.core.verify.synthetic import conditional_rates, resolve_synthetic_rates
+from spekula.core.verify.verifier import Verifier, choose_verifier
+
+
+class RequestRejected(SpekulaError):
+    """The request cannot run; `spec_at_fault` when its own `speculative` settings are the reason."""
+
+    def __init__(self, message: str, *, spec_at_fault: bool = False) -> None:
+        super().__init__(message)
+        self.spec_at_fault = spec_at_fault
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPlan:
+    spec: SpecParams
+    drafters: tuple[Drafter, ...]  # precedence order: the first non-empty draft of a round wins
+    n_max_eff: int  # the longest draft any of them may make (sizes per-position statistics)
+    sampler: Sampler  # the target's sampler, its penalty history already fed with the prompt
+    verifier: Verifier
+    adaptive: bool  # draft lengths chosen by the cost model rather than fixed caps
+    constraint: Constraint | None = None  # the request's grammar state (masks every verification row)
+
+    @property
+    def seed(self) -> int:
+        return self.sampler.seed
+
+    @property
+    def speculates(self) -> bool:
+        return bool(self.drafters)
+
+
+def drafter_cap(drafter: Drafter, spec: SpecParams) -> int:
+    """A drafter's own length cap (docs/semantics.md §1.3): its declared `draft_cap`, else
+    --spec-draft-n-max (the model drafters' cap)."""
+    cap = getattr(drafter, "draft_cap", None)
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) else spec.n_max
+
+
+def synthetic_rates(spec: SpecParams, drafters: Sequence[Drafter]) -> tuple[float, ...] | None:
+    """Conditional synthetic acceptance rates when --spec-synth-* is on (validated against the cap)."""
+    k_eff = max((drafter_cap(d, spec) for d in drafters), default=0)
+    rates = resolve_synthetic_rates(k_eff, spec.synth_rates, spec.synth_len)
+    return None if rates is None else conditional_rates(rates)
+
+
+def check_prompt(req: CompletionRequest, n_ctx: int, n_vocab: int) -> None:
+    if not req.prompt:
+        raise RequestRejected("empty prompt")
+    if len(req.prompt) >= n_ctx:
+        raise RequestRejected(str(ContextOverflowError(
+            f"the prompt has {len(req.prompt)} tokens, which does not fit the context of {n_ctx} tokens per slot")))
+    if min(req.prompt) < 0 or max(req.prompt) >= n_vocab:
+        raise RequestRejected(f"prompt token ids must be in [0, {n_vocab})")
+
+
+def plan_request(req: CompletionRequest, *, server_spec: SpecParams, n_ctx: int, n_vocab: int,
+                 drafters_for: Callable[[SpecParams], list[Drafter]],
+                 is_eog: Callable[[int], bool],
+                 new_constraint: Callable[[GrammarSpec], Constraint] | None = None) -> RequestPlan:
+    """Check `req` and resolve it into a RequestPlan, or raise RequestRejected."""
+    check_prompt(req, n_ctx, n_vocab)
+    spec = req.spec or server_spec
+    try:
+        drafters = tuple(drafters_for(spec))
+        synth = synthetic_rates(spec, drafters)
+    except SpekulaError as exc:
+        raise RequestRejected(str(exc), spec_at_fault=req.spec is not None) from None
+    try:
+        sampler = Sampler(req.sampling, n_vocab, resolve_seed(req.sampling.seed))
+    except SpekulaError as exc:
+        raise RequestRejected(str(exc)) from None
+    # llama-server feeds the prompt to the sampler's penalty history before generating.
+    sampler.accept_many(req.prompt)
+    verifier = choose_verifier(sampler, is_eog, probabilistic=spec.draft_sampling == "probabilistic",
+                               synth_rates=synth, seed=sampler.seed)
+    # Synthetic acceptance measures the engine at chosen rates: the lengths stay fixed for it.
+    adaptive = spec.adaptive and synth is None
+    constraint = None
+    if req.grammar is not None:
+        if new_constraint is None:
+            raise RequestRejected("this engine has no grammar support")
+        try:
+            constraint = new_constraint(req.grammar)
+        except ConstraintError as exc:
+            raise RequestRejected(f"invalid {req.grammar.kind}: {exc}") from None
+    return RequestPlan(spec=spec, drafters=drafters, n_max_eff=max((drafter_cap(d, spec) for d in drafters), default=0),
+                       sampler=sampler, verifier=verifier, adaptive=adaptive, constraint=constraint)

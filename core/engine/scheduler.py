@@ -1,0 +1,191 @@
+"""One scheduler step (continuous batching), run synchronously in a worker thread.
+
+Every step gathers the work of ALL busy slots into ONE backend forward (planned by
+`RoundPlanner`: verification rows of generating slots first, then prompt chunks). Then, per slot:
+the drafters observe the forward, the request's verifier keeps the accepted prefix, the KV rolls
+back to it, the drafters hear how their draft fared, and the tokens are emitted
+(docs/semantics.md §1.1). Statistics are only announced to the observer.
+
+The engine calls `step` only from one worker thread at a time and touches slots only between steps,
+so nothing here needs a lock. No torch: arrays cross the Backend boundary as numpy.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from spekula.core.backend import Backend, Capture, SeqOutput
+from spekula.core.engine.round_observer import RoundObserver
+from spekula.core.engine.round_planner import RoundPlan, RoundPlanner, Work
+from spekula.core.engine.slot import Slot, SlotState
+from spekula.core.events import PieceEvent
+from spekula.core.policy.cost_model import AdaptiveController
+from spekula.core.verify.sampling import Sampler
+from spekula.core.verify.token_probs import TokenProbs, emitted_probs
+
+
+class Scheduler:
+    def __init__(self, backend: Backend, tokenizer: object, n_batch: int, observer: RoundObserver,
+                 controller: AdaptiveController | None = None) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.observer = observer
+        self.controller = controller
+        self.planner = RoundPlanner(n_batch, observer, controller)
+        self._drafted_before = False  # the last round called a drafter or verified a draft
+
+    def step(self, slots: list[Slot]) -> list[tuple[Slot, PieceEvent | None]]:
+        """Run one forward for every busy slot; return each touched slot with its piece event."""
+        t_start = time.perf_counter()
+        plan = self.planner.plan(slots)
+        if not plan.work:
+            return []
+        capture = Capture()
+        for w in plan.work:
+            for d in w.slot.drafters:
+                capture = capture.union(d.capture())
+        t_forward = time.perf_counter()
+        try:
+            outs = self.backend.forward([w.inp for w in plan.work], capture)
+        except Exception as exc:  # a backend failure ends the requests in this batch, not the engine
+            for w in plan.work:
+                w.slot.error = f"backend forward failed: {type(exc).__name__}: {exc}"
+            return [(w.slot, None) for w in plan.work]
+        forward_seconds = time.perf_counter() - t_forward
+        self.observer.forwarded(len(plan.work))
+        results: list[tuple[Slot, PieceEvent | None]] = []
+        emitted: dict[int, int] = {}
+        for w, out in zip(plan.work, outs, strict=True):
+            s = w.slot
+            try:
+                for d in s.drafters:
+                    d.observe(s.id, w.inp, out)
+                piece = self._after_prompt(w, out) if w.prompt_chunk else self._after_round(w, out, emitted)
+                results.append((s, piece))
+            except Exception as exc:  # e.g. a failing third-party drafter: end this request clearly
+                s.error = f"{type(exc).__name__}: {exc}"
+                results.append((s, None))
+        if self.controller is not None:
+            self._learn(plan, forward_seconds, time.perf_counter() - t_start, emitted)
+        return results
+
+    def _learn(self, plan: RoundPlan, forward_seconds: float, round_seconds: float, emitted: dict[int, int]) -> None:
+        """Refine the cost model with this round and report what the adaptive decisions gave."""
+        assert self.controller is not None
+        cost = self.controller.cost
+        cost.observe_forward(plan.rows, forward_seconds)
+        cost.observe_overhead(max(0.0, round_seconds - forward_seconds - plan.drafting_seconds))
+        drafted = bool(plan.calls) or plan.rows > len(plan.work)
+        if not drafted and not self._drafted_before and not any(w.prompt_chunk for w in plan.work):
+            cost.observe_plain_round(len(plan.work), round_seconds)
+        self._drafted_before = drafted
+        if not any(w.prompt_chunk for w in plan.work):
+            # In the cost model's own seconds (which follow the measured ones), so that the rate
+            # and the round times it is weighed against are in one unit.
+            self.controller.observe_round(sum(emitted.values()), cost.round_time(plan.rows, plan.drafting_seconds))
+        if plan.plain_seconds <= 0:
+            return
+        predicted = plan.predicted_seconds / plan.plain_seconds
+        measured = round_seconds / plan.plain_seconds
+        for w in plan.work:
+            if w.decision is not None and w.slot.id in emitted:
+                self.observer.adapted(w.decision, emitted[w.slot.id], predicted, measured)
+
+    def _is_eog(self, token: int) -> bool:
+        return bool(self.tokenizer.is_eog(token))  # type: ignore[attr-defined]
+
+    def _after_prompt(self, w: Work, out: SeqOutput) -> PieceEvent | None:
+        s = w.slot
+        s.n_prompt_done += len(w.inp.tokens)
+        if s.n_prompt_done < len(s.prompt):
+            return None
+        assert s.plan is not None and s.request is not None
+        s.n_hist = len(s.prompt)  # Slot.start put the prompt into the history buffer
+        s.t_prompt_done = time.perf_counter()
+        s.state = SlotState.GENERATING
+        for d in s.drafters:  # begin(H) once the prompt is processed (docs/semantics.md §7.6)
+            t0 = time.perf_counter()
+            d.begin(s.id, s.history)
+            self.observer.began(d.name, time.perf_counter() - t0)
+        if self.controller is not None:
+            self.controller.begin_request(s.id)
+        logits = out.logits[-1:]
+        if s.plan.constraint is not None:
+            s.plan.constraint.mask_logits(logits, [])
+        before = _sampler_before(s)
+        result = s.plan.verifier.verify([], None, logits)
+        s.last = result.emitted[-1]
+        if s.plan.constraint is not None:
+            s.plan.constraint.advance(result.emitted)
+        return self._emit(s, result.emitted, [None], _probs(s, logits, result.emitted, before))
+
+    def _after_round(self, w: Work, out: SeqOutput, emitted: dict[int, int]) -> PieceEvent | None:
+        s, draft = w.slot, w.draft
+        assert s.plan is not None
+        constraint = s.plan.constraint
+        if constraint is not None:
+            # Row i may sample only what the grammar allows after draft[:i] (in place: the logits
+            # are this round's, and the drafters have already observed them).
+            constraint.mask_logits(out.logits, draft.tokens)
+        before = _sampler_before(s)
+        result = s.plan.verifier.verify(draft.tokens, draft.probs, out.logits)
+        if constraint is not None:
+            constraint.advance(result.emitted)
+        n_acc = result.n_accepted
+        # Roll back: keep H, x and the accepted drafts; later writes overwrite the rest (O(1)).
+        s.commit(result.emitted)
+        self.backend.truncate(s.seq_id, s.n_hist)
+        emitted[s.id] = len(result.emitted)
+        if draft.tokens:
+            assert w.drafter is not None
+            for d in s.drafters:
+                t0 = time.perf_counter()
+                d.accept(s.id, n_acc, d is w.drafter)
+                if d is w.drafter:
+                    self.observer.verified(s, d.name, n_acc, time.perf_counter() - t0)
+            if self.controller is not None and w.decision is not None:
+                self.controller.verified(w.drafter.name, s.id, len(draft.tokens), n_acc, w.decision.probe,
+                                         draft.confidence)
+        names: list[str | None] = [w.drafter.name if w.drafter else None] * n_acc + [None]
+        return self._emit(s, result.emitted, names, _probs(s, out.logits, result.emitted, before))
+
+    def _emit(self, s: Slot, emitted: list[int], names: list[str | None],
+              probs: list[TokenProbs] | None) -> PieceEvent:
+        assert s.request is not None
+        n_out = 0
+        constraint = s.plan.constraint if s.plan is not None else None
+        for t in emitted:
+            eog = self._is_eog(t)
+            s.emit(t, eog)
+            n_out += 1
+            if eog and constraint is not None and constraint.stopped and not s.finished:
+                s.stop_type = "eos"  # the grammar is complete: its end ends the request, even with ignore_eos
+            if s.finished:
+                break  # the rest of the round stays in the KV but is not emitted (docs/semantics.md §1.1 step 9)
+        if s.finished and s.stop_type != "word":
+            s.text.text += s.decoder.flush()  # a dangling partial character renders as U+FFFD
+        if probs is not None:
+            probs = probs[:n_out]
+            s.probs.extend(probs)
+        return PieceEvent(request_id=s.request.id, tokens=[int(t) for t in emitted[:n_out]],
+                          text=s.text.take(final=s.finished), drafters=names[:n_out], slot=s.id, probs=probs,
+                          timings=s.timings() if s.request.timings_per_token else None)
+
+
+def _sampler_before(s: Slot) -> Sampler | None:
+    """For a request that wants probabilities after sampling: its sampler as the round starts."""
+    req = s.request
+    if req is None or s.plan is None or not (req.token_probs and req.post_sampling_probs):
+        return None
+    return s.plan.sampler.clone()
+
+
+def _probs(s: Slot, rows: np.ndarray, emitted: list[int], before: Sampler | None) -> list[TokenProbs] | None:
+    """The target's probabilities of the round's emitted tokens, if the request asked for them
+    (rows[j] scored emitted[j]: verification emits from the rows in order)."""
+    req = s.request
+    if req is None or not req.token_probs:
+        return None
+    return emitted_probs(rows, emitted, req.n_probs, before)

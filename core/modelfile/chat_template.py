@@ -1,0 +1,210 @@
+"""Render a model's Jinja chat template the way Hugging Face transformers does.
+
+Same environment as ``transformers``' ``apply_chat_template``: an immutable sandbox, ``trim_blocks`` and
+``lstrip_blocks``, loop controls, a ``tojson`` filter that keeps non-ASCII text, ``raise_exception`` and
+``strftime_now`` globals, and the ``{% generation %}`` block tag (rendered as its plain body). Models
+without a template get ChatML, with a warning, because that is what the tiny fixtures and most small
+instruct models use.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+import structlog
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from spekula.core.errors import SpekulaError
+from spekula.core.modelfile.named_templates import NAMED_TEMPLATES as _BUILT_IN
+
+log = structlog.get_logger(__name__)
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class ChatTemplateError(SpekulaError):
+    """The chat template is invalid, or refuses the given messages."""
+
+
+class _TemplateRaised(Exception):
+    """Raised by the template's own raise_exception(); carries the template author's message."""
+
+
+def _raise_exception(message: str) -> None:
+    raise _TemplateRaised(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _Undefined(jinja2.Undefined):
+    """An undefined variable added to a string is the empty string, as in llama-server's template
+    engine (Firefunction's template adds an optional `functions` that way); anything else done with
+    one is still an error."""
+
+    def __add__(self, other: Any) -> Any:
+        return other if isinstance(other, str) else self._fail_with_undefined_error()
+
+    __radd__ = __add__
+
+
+def _default_variables() -> dict[str, Any]:
+    """Variables every render gets unless the caller sets them, as llama-server sets them: thinking
+    on (templates such as Qwen3's switch it off with enable_thinking=false) and today's date in the
+    two forms Llama 3 and Firefunction templates print."""
+    today = datetime.now()
+    return {"tools": None, "documents": None, "enable_thinking": True,
+            "date_string": today.strftime("%d %b %Y"), "datetime": today.strftime("%b %d %Y")}
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+    sort_keys: bool = False,
+) -> str:  # fmt: skip
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+class _GenerationTag(Extension):
+    """``{% generation %}...{% endgeneration %}`` marks assistant text for training masks; here a no-op."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
+def _checked(source: str) -> jinja2.Template:
+    """The compiled template, or ChatTemplateError saying where it does not parse."""
+    try:
+        return _compile(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ChatTemplateError(f"chat template does not parse (line {exc.lineno}): {exc.message}") from None
+
+
+@lru_cache(maxsize=16)
+def _compile(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols], undefined=_Undefined
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+def render_chat(
+    template: str | None,
+    messages: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+    **extra: Any,
+) -> str:
+    """Render `messages` with `template` (None or empty: ChatML). Raises ChatTemplateError on failure."""
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise ChatTemplateError("messages must be a list of {'role': ..., 'content': ...} objects")
+    if not template:
+        log.warning("model has no chat template; using ChatML")
+        template = CHATML_TEMPLATE
+    compiled = _checked(template)
+    context = {**_default_variables(), **extra}
+    try:
+        return compiled.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            **context,
+        )
+    except _TemplateRaised as exc:
+        raise ChatTemplateError(f"chat template rejected the messages: {exc}") from None
+    except Exception as exc:  # any failure inside someone else's template is a bad-input error, not a crash
+        raise ChatTemplateError(f"chat template failed to render ({type(exc).__name__}: {exc})") from None
+
+
+# Templates known by name: llama.cpp's built-in formats (modelfile/named_templates.py) and ChatML.
+NAMED_TEMPLATES = {"chatml": CHATML_TEMPLATE, **_BUILT_IN}
+
+
+def template_override(name_or_source: str | None, path: str | None) -> str | None:
+    """The chat template to use instead of the model's: `--chat-template` (a name of NAMED_TEMPLATES or
+    Jinja source) or `--chat-template-file`; None when neither is given. Checked to parse."""
+    if name_or_source and path:
+        raise ChatTemplateError("give --chat-template or --chat-template-file, not both")
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                source = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ChatTemplateError(f"--chat-template-file {path}: cannot read it ({exc})") from None
+    elif name_or_source:
+        source = NAMED_TEMPLATES.get(name_or_source, name_or_source)
+        if source is name_or_source and "{{" not in source and "{%" not in source:
+            # llama-server (Jinja mode) takes any such string as a template of literal text; so does
+            # spekula, but a mistyped name deserves a word in the log.
+            log.warning("--chat-template is not a known name and has no Jinja tags: every prompt will be "
+                        "this literal text", value=name_or_source[:80], names=", ".join(sorted(NAMED_TEMPLATES)))
+    else:
+        return None
+    _checked(source)
+    return source
+
+
+def with_prefill(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """An assistant message at the end is the start of the answer (a prefill): the template renders the
+    messages before it with the generation prompt, and its text follows. Returns (messages to render,
+    text to append); the text is empty when the last message is not the assistant's."""
+    if not messages or messages[-1].get("role") != "assistant":
+        return messages, ""
+    if len(messages) >= 2 and messages[-2].get("role") == "assistant":
+        raise ChatTemplateError("Cannot have 2 or more assistant messages at the end of the list.")
+    return messages[:-1], str(messages[-1].get("content") or "")
+
+
+def chat_prompt(tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                continue_final: bool = False, prefill: bool = True, **extra: Any) -> str:
+    """The prompt text of a chat through the tokenizer's template. A final assistant message is continued
+    (see `with_prefill`) rather than closed and followed by a new assistant turn: always with
+    `continue_final` (vLLM's `continue_final_message`, which insists on one), and by default (`prefill`,
+    llama-server's --prefill-assistant) whenever the chat ends with one."""
+    ends_with_assistant = bool(messages) and messages[-1].get("role") == "assistant"
+    if continue_final and not ends_with_assistant:
+        raise ChatTemplateError("'continue_final_message' needs the last message to be the assistant's")
+    if ends_with_assistant and (continue_final or prefill):
+        head, text = with_prefill(messages)
+        return str(tokenizer.apply_chat_template(head, add_generation_prompt=True, **extra)) + text
+    return str(tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra))
+
+
+# Variables every render sets itself; chat_template_kwargs may not replace them.
+_RESERVED_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "documents", "bos_token", "eos_token"})
+
+
+def template_variables(value: Any, where: str) -> dict[str, Any]:
+    """`chat_template_kwargs` (a request field, or --chat-template-kwargs): extra variables for the
+    template, such as Qwen3's `enable_thinking`. A JSON object whose keys are not the render's own."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ChatTemplateError(f"{where} must be a JSON object of template variables")
+    reserved = sorted(set(value) & _RESERVED_VARIABLES)
+    if reserved:
+        raise ChatTemplateError(f"{where}: {', '.join(reserved)} is set by the request itself, not as a template variable")
+    return dict(value)

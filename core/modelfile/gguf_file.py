@@ -1,0 +1,318 @@
+"""Read a GGUF file's metadata and tensor directory with one clear error on damage.
+
+This is the only place that opens GGUF files for reading; model loaders (weights) and the tokenizer
+(vocabulary, chat template) both take a :class:`GGUFFile`.
+
+The header is parsed here rather than with ``gguf.GGUFReader`` because that reader builds numpy
+views for every element of every array: SmolLM2's 49k-token vocabulary took 4-14 s per open. This
+parser reads string arrays in one pass and memory-maps tensor data (same views as GGUFReader).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from spekula.core.errors import ModelFileError
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+
+# GGUF metadata value types -> (struct format, numpy dtype)
+_SCALARS: dict[int, tuple[str, str]] = {
+    0: ("<B", "<u1"),
+    1: ("<b", "<i1"),
+    2: ("<H", "<u2"),
+    3: ("<h", "<i2"),
+    4: ("<I", "<u4"),
+    5: ("<i", "<i4"),
+    6: ("<f", "<f4"),
+    7: ("<?", "<u1"),  # bool
+    10: ("<Q", "<u8"),
+    11: ("<q", "<i8"),
+    12: ("<d", "<f8"),
+}
+_STRING, _ARRAY, _BOOL = 8, 9, 7
+_SHARED: dict[tuple[str, int, int], GGUFFile] = {}
+_SHARED_LOCK = threading.Lock()
+_SHARED_MAX = 4
+_U64 = struct.Struct("<Q")
+
+# ggml types stored as plain typed arrays (everything else is exposed as raw bytes per row)
+_PLAIN_TENSOR_DTYPES: dict[str, str] = {
+    "F32": "<f4",
+    "F16": "<f2",
+    "F64": "<f8",
+    "I8": "<i1",
+    "I16": "<i2",
+    "I32": "<i4",
+    "I64": "<i8",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    """One tensor of the file: `shape` in PyTorch order (outermost first), `data` as stored."""
+
+    name: str
+    type_name: str  # GGMLQuantizationType name: F32, F16, BF16, Q8_0, Q4_1, ...
+    shape: tuple[int, ...]
+    data: np.ndarray  # raw bytes [.., bytes per row] for quantized/BF16 types, typed array for plain types
+
+
+@dataclass(frozen=True, slots=True)
+class _TensorInfo:
+    name: str
+    type_id: int
+    ne: tuple[int, ...]  # ggml order (innermost first)
+    offset: int  # absolute file offset of the data
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads over the mapped file."""
+
+    def __init__(self, buf: mmap.mmap | bytes, path: Path) -> None:
+        self.buf = buf
+        self.pos = 0
+        self.path = path
+
+    def take(self, n: int) -> memoryview:
+        end = self.pos + n
+        if n < 0 or end > len(self.buf):
+            raise ModelFileError(self.path, f"truncated header: wanted {n} bytes at offset {self.pos}")
+        view = memoryview(self.buf)[self.pos : end]
+        self.pos = end
+        return view
+
+    def scalar(self, fmt: str) -> Any:
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        n = self.scalar("<Q")
+        return bytes(self.take(n)).decode("utf-8", errors="replace")
+
+    def strings(self, count: int) -> list[str]:
+        """`count` strings in a row (vocabularies: one tight loop instead of a call chain per string)."""
+        buf, pos, end = self.buf, self.pos, len(self.buf)
+        length = _U64.unpack_from
+        out: list[str] = []
+        append = out.append
+        for _ in range(count):
+            if pos + 8 > end:
+                raise ModelFileError(self.path, f"truncated header: string length at offset {pos}")
+            (n,) = length(buf, pos)
+            pos += 8
+            if n > end - pos:
+                raise ModelFileError(self.path, f"truncated header: wanted {n} bytes at offset {pos}")
+            append(bytes(buf[pos : pos + n]).decode("utf-8", errors="replace"))
+            pos += n
+        self.pos = pos
+        return out
+
+    def value(self, vtype: int) -> Any:
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            etype, count = self.scalar("<I"), self.scalar("<Q")
+            if etype == _STRING:
+                return self.strings(count)
+            if etype not in _SCALARS:
+                raise ModelFileError(self.path, f"unknown array element type {etype}")
+            dtype = np.dtype(_SCALARS[etype][1])
+            arr = np.frombuffer(self.take(count * dtype.itemsize), dtype=dtype)
+            return [bool(v) for v in arr] if etype == _BOOL else arr.tolist()
+        if vtype not in _SCALARS:
+            raise ModelFileError(self.path, f"unknown metadata value type {vtype}")
+        v = self.scalar(_SCALARS[vtype][0])
+        return bool(v) if vtype == _BOOL else v
+
+
+class GGUFFile:
+    """An opened GGUF file. Metadata values are plain Python (str, int, float, bool, list)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if self.path.is_dir():
+            raise ModelFileError(self.path, "is a directory, not a GGUF file")
+        if not self.path.is_file():
+            raise ModelFileError(self.path, "no such file")
+        size = self.path.stat().st_size
+        if size < 24:
+            raise ModelFileError(self.path, f"not a GGUF file ({size} bytes)")
+        with open(self.path, "rb") as fh:
+            self._mmap = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        if self._mmap[:4] != GGUF_MAGIC:
+            raise ModelFileError(self.path, f"not a GGUF file (magic {bytes(self._mmap[:4])!r}, expected b'GGUF')")
+        try:
+            self._parse_header()
+        except ModelFileError:
+            raise
+        except Exception as exc:  # struct/unicode/overflow errors on damaged headers
+            raise ModelFileError(self.path, f"corrupt GGUF header ({type(exc).__name__}: {exc})") from None
+
+    def _parse_header(self) -> None:
+        cur = _Cursor(self._mmap, self.path)
+        cur.take(4)
+        version = cur.scalar("<I")
+        if version not in (2, 3):
+            raise ModelFileError(self.path, f"unsupported GGUF version {version} (expected 2 or 3)")
+        n_tensors, n_kv = cur.scalar("<Q"), cur.scalar("<Q")
+        if n_tensors > 1_000_000 or n_kv > 1_000_000:
+            raise ModelFileError(self.path, f"corrupt header: {n_tensors} tensors, {n_kv} metadata keys")
+        meta: dict[str, Any] = {}
+        types: dict[str, tuple[int, int | None]] = {}
+        for _ in range(n_kv):
+            key = cur.string()
+            vtype = cur.scalar("<I")
+            # an array's element type leads its value; peeked so that copies can keep it (see value_type)
+            etype = struct.unpack_from("<I", self._mmap, cur.pos)[0] if vtype == _ARRAY else None
+            types[key] = (vtype, etype)
+            meta[key] = cur.value(vtype)
+        infos: list[tuple[str, tuple[int, ...], int, int]] = []
+        for _ in range(n_tensors):
+            name = cur.string()
+            n_dims = cur.scalar("<I")
+            if n_dims > 8:
+                raise ModelFileError(self.path, f"corrupt tensor info for {name!r}: {n_dims} dims")
+            ne = tuple(cur.scalar("<Q") for _ in range(n_dims))
+            infos.append((name, ne, cur.scalar("<I"), cur.scalar("<Q")))
+        align = int(meta.get("general.alignment", DEFAULT_ALIGNMENT))
+        data_start = -(-cur.pos // align) * align
+        self.metadata_dict = meta
+        self._value_types = types
+        self._infos: dict[str, _TensorInfo] = {}
+        file_size = len(self._mmap)
+        for name, ne, type_id, rel in infos:
+            if name in self._infos:
+                raise ModelFileError(self.path, f"duplicated tensor {name!r}")
+            info = _TensorInfo(name, type_id, ne, data_start + rel)
+            end = info.offset + _n_bytes(info, self.path)
+            if end > file_size:
+                raise ModelFileError(
+                    self.path, f"truncated: tensor {name!r} ends at byte {end} but the file has {file_size}"
+                )
+            self._infos[name] = info
+
+    @classmethod
+    def shared(cls, path: str | os.PathLike[str]) -> GGUFFile:
+        """One parsed header per file (same path, size and mtime) for the whole process: the CLI reads
+        the vocabulary for the tokenizer and the tensors for the backend from one parse."""
+        p = Path(path)
+        try:
+            st = p.stat()
+            key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+        except OSError:
+            return cls(path)  # the constructor says what is wrong with the path
+        with _SHARED_LOCK:
+            hit = _SHARED.get(key)
+        if hit is not None:
+            return hit
+        f = cls(path)
+        with _SHARED_LOCK:
+            _SHARED[key] = f
+            while len(_SHARED) > _SHARED_MAX:
+                _SHARED.pop(next(iter(_SHARED)))
+        return f
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.metadata_dict
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata_dict.get(key, default)
+
+    def require(self, key: str) -> Any:
+        if key not in self.metadata_dict:
+            raise ModelFileError(self.path, f"missing metadata key {key!r}")
+        return self.metadata_dict[key]
+
+    def value_type(self, key: str) -> tuple[int, int | None]:
+        """(GGUF value type, element type for arrays else None) of a metadata key, as stored: the plain
+        values of `metadata` lose the difference between u32 and i32, which a verbatim copy must keep."""
+        if key not in self._value_types:
+            raise ModelFileError(self.path, f"missing metadata key {key!r}")
+        return self._value_types[key]
+
+    @property
+    def architecture(self) -> str:
+        return str(self.require("general.architecture"))
+
+    def tensor_names(self) -> list[str]:
+        return list(self._infos)
+
+    def has_tensor(self, name: str) -> bool:
+        return name in self._infos
+
+    def tensor(self, name: str) -> TensorEntry:
+        info = self._infos.get(name)
+        if info is None:
+            raise ModelFileError(self.path, f"missing tensor {name!r}")
+        type_name = _type_name(info.type_id, self.path)
+        shape = tuple(int(d) for d in reversed(info.ne))
+        n_bytes = _n_bytes(info, self.path)
+        raw = np.frombuffer(self._mmap, dtype=np.uint8, count=n_bytes, offset=info.offset)
+        if type_name in _PLAIN_TENSOR_DTYPES:
+            data = raw.view(np.dtype(_PLAIN_TENSOR_DTYPES[type_name])).reshape(shape)
+        else:
+            block, type_size = _quant_sizes(info.type_id)
+            row_bytes = info.ne[0] // block * type_size
+            data = raw.reshape(*shape[:-1], row_bytes) if shape else raw
+        return TensorEntry(name=name, type_name=type_name, shape=shape, data=data)
+
+    def tensors(self) -> Iterator[TensorEntry]:
+        for name in self._infos:
+            yield self.tensor(name)
+
+    @cached_property
+    def _reader(self) -> Any:
+        """A full ``gguf.GGUFReader`` (slow to build) for tools that rewrite files field by field."""
+        import gguf
+
+        return gguf.GGUFReader(str(self.path), "r")
+
+
+# (name, values per block, bytes per block) of the tensor types spekula's backends read, so that opening a
+# model needs no import of the gguf package (a tenth of the CLI's start); other ids ask gguf, which knows
+# every type llama.cpp defines. tests/test_gguf_file.py checks this table against gguf's.
+COMMON_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2),
+}
+
+
+def _type_name(type_id: int, path: Path) -> str:
+    if type_id in COMMON_TYPES:
+        return COMMON_TYPES[type_id][0]
+    from gguf import GGMLQuantizationType
+
+    try:
+        return GGMLQuantizationType(type_id).name
+    except ValueError:
+        raise ModelFileError(path, f"unknown tensor type id {type_id}") from None
+
+
+def _quant_sizes(type_id: int) -> tuple[int, int]:
+    if type_id in COMMON_TYPES:
+        return COMMON_TYPES[type_id][1:]
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    return GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
+
+
+def _n_bytes(info: _TensorInfo, path: Path) -> int:
+    _type_name(info.type_id, path)
+    block, type_size = _quant_sizes(info.type_id)
+    n = int(np.prod(info.ne, dtype=np.int64)) if info.ne else 1
+    if info.ne and info.ne[0] % block:
+        raise ModelFileError(path, f"tensor {info.name!r}: row of {info.ne[0]} is not a multiple of block {block}")
+    return n * type_size // block

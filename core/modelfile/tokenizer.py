@@ -1,0 +1,437 @@
+"""The model's tokenizer, rebuilt from GGUF metadata with llama.cpp's semantics.
+
+Two vocabulary kinds are supported:
+* ``tokenizer.ggml.model == "gpt2"``: byte-level BPE with a pre-tokenizer named by ``tokenizer.ggml.pre``
+  (``smollm``, ``qwen2``, ``qwen35``, ``llama-bpe`` and a few aliases);
+* ``tokenizer.ggml.model == "llama"``: SentencePiece-style BPE driven by token scores, ``▁`` for spaces,
+  ``<0xNN>`` byte fallback tokens and a space prefix.
+
+Special tokens are split out of the text first, the way llama.cpp does it (longest special first,
+control tokens only when ``parse_special``, user-defined tokens always); each plain-text fragment is then
+encoded by a `tokenizers` BPE model that knows nothing about specials.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from spekula.core.errors import ModelFileError
+from spekula.core.modelfile.gguf_file import GGUFFile
+from spekula.core.modelfile.stream_decode import StreamDecoder
+
+# tokenizer.ggml.token_type values
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+_GIL_FREE_CHARS = 4096
+
+_QWEN2_SPLIT = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN35_SPLIT = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3_SPLIT = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# pre name -> (kind, ignore_merges). "gpt2": GPT-2's regex; "digits": every digit isolated first, then
+# GPT-2's regex (llama.cpp's starcoder/smollm list); a regex string: one isolating split.
+_PRE_TYPES: dict[str, tuple[str, bool]] = {
+    "gpt2": ("gpt2", False),
+    "gpt-2": ("gpt2", False),
+    "smollm": ("digits", False),
+    "starcoder": ("digits", False),
+    "refact": ("digits", False),
+    "qwen2": (_QWEN2_SPLIT, False),
+    "deepseek-r1-qwen": (_QWEN2_SPLIT, False),
+    "qwen35": (_QWEN35_SPLIT, False),
+    "llama-bpe": (_LLAMA3_SPLIT, True),
+    "llama3": (_LLAMA3_SPLIT, True),
+    "llama-v3": (_LLAMA3_SPLIT, True),
+}
+# llama.cpp adds BOS by default for these pre-tokenizers when the file does not say
+_PRE_ADD_BOS = {"llama-bpe", "llama3", "llama-v3"}
+
+# Token texts llama.cpp treats as end-of-generation whatever their declared type (llama-vocab.cpp).
+_EOG_TEXTS = frozenset(
+    {
+        "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+        "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+        "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+        "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[",
+    }
+)  # fmt: skip
+# Fill-in-the-middle tokens, found by text (as llama.cpp finds them) when their id keys are absent.
+_FIM_TEXTS = (
+    ("fim_pre", ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>", "\u2581<PRE>",
+                 "<|code_prefix|>", "<|prefix|>")),
+    ("fim_suf", ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>", "<SUF>", "\u2581<SUF>",
+                 "<|code_suffix|>", "<|suffix|>")),
+    ("fim_mid", ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>", "<MID>", "\u2581<MID>",
+                 "<|code_middle|>", "<|middle|>")),
+    ("fim_pad", ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")),
+    ("fim_rep", ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")),
+    ("fim_sep", ("<|file_sep|>",)),
+)
+_FIM_EOG = ("fim_pad", "fim_rep", "fim_sep")  # these also end the generation
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_BYTE_OF_CHAR = {c: b for b, c in bytes_to_unicode().items()}
+# str.translate table taking each byte-alphabet character to the Latin-1 character of its byte, and each
+# other character below U+0100 to its UTF-8 bytes as Latin-1 characters: a piece then encodes to Latin-1
+# in one C call, and only a piece with a character from U+0100 up outside the alphabet fails and takes
+# the per-character path.
+_LATIN1_OF_CHAR = {**{i: chr(i).encode("utf-8").decode("latin-1") for i in range(256)},
+                   **{ord(c): chr(b) for c, b in _BYTE_OF_CHAR.items()}}
+
+
+def byte_level_pre_tokenizer(pre: str) -> tuple[pre_tokenizers.PreTokenizer, bool]:
+    """(pre-tokenizer ending in ByteLevel, ignore_merges) for a ``tokenizer.ggml.pre`` name.
+
+    Raises KeyError for names this module does not implement (callers turn that into a clear error).
+    """
+    kind, ignore_merges = _PRE_TYPES[pre]
+    if kind == "gpt2":
+        pre_tok = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif kind == "digits":
+        pre_tok = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
+    else:
+        pre_tok = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(kind), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    return pre_tok, ignore_merges
+
+
+def supported_pre_tokenizers() -> list[str]:
+    return sorted(_PRE_TYPES)
+
+
+@dataclass(frozen=True, slots=True)
+class _Special:
+    token: int
+    text: str
+    always: bool  # user-defined tokens are split out even when parse_special is off
+
+
+class Tokenizer:
+    """Encode/decode with the vocabulary of one GGUF model (see module docstring)."""
+
+    n_vocab: int
+    bos_id: int | None
+    eos_id: int | None
+    add_bos: bool
+    add_eos: bool
+    eog_ids: frozenset[int]
+    fim: dict[str, int]  # fill-in-the-middle tokens by role: fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep
+    chat_template: str | None
+    chat_template_kwargs: dict[str, Any]  # extra template variables every render gets (--chat-template-kwargs)
+
+    def __init__(self, meta: dict[str, Any], *, source: object = "<metadata>") -> None:
+        self._source = source
+        model = meta.get("tokenizer.ggml.model")
+        tokens = meta.get("tokenizer.ggml.tokens")
+        if model is None or tokens is None:
+            missing = "tokenizer.ggml.model" if model is None else "tokenizer.ggml.tokens"
+            raise ModelFileError(source, f"no tokenizer in this file (missing metadata key {missing!r})")
+        self._tokens: list[str] = [str(t) for t in tokens]
+        self.n_vocab = len(self._tokens)
+        if self.n_vocab == 0:
+            raise ModelFileError(source, "tokenizer.ggml.tokens is empty")
+        types = meta.get("tokenizer.ggml.token_type")
+        self._types: list[int] = [int(t) for t in types] if types is not None else [NORMAL] * self.n_vocab
+        if len(self._types) != self.n_vocab:
+            raise ModelFileError(
+                source, f"token_type has {len(self._types)} entries for {self.n_vocab} tokens"
+            )
+        self.model_kind = str(model)
+        self.pre = str(meta.get("tokenizer.ggml.pre") or "")
+        if self.model_kind == "gpt2":
+            self._init_bpe(meta)
+            default_bos = default_eos = 11
+            default_add_bos = self.pre in _PRE_ADD_BOS
+        elif self.model_kind == "llama":
+            self._init_spm(meta)
+            default_bos, default_eos = 1, 2
+            default_add_bos = True
+        else:
+            raise ModelFileError(
+                source, f"unsupported tokenizer model {self.model_kind!r} (supported: 'gpt2', 'llama')"
+            )
+        self.bos_id = self._special_id(meta, "bos", default_bos)
+        self.eos_id = self._special_id(meta, "eos", default_eos)
+        self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", default_add_bos))
+        self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+        self.chat_template = meta.get("tokenizer.chat_template")
+        self.chat_template_kwargs = {}
+        by_text = {t: i for i, t in enumerate(self._tokens)}
+        self.fim = self._find_fim(meta, by_text)
+        self.eog_ids = self._build_eog(meta, by_text)
+        self._specials = self._build_specials()
+        self._pieces = [self._piece(i) for i in range(self.n_vocab)]
+        self._skip = [t in (CONTROL, UNKNOWN) for t in self._types]
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile) -> Tokenizer:
+        return cls(f.metadata, source=f.path)
+
+    # ---- construction helpers -------------------------------------------------------------------
+
+    def _init_bpe(self, meta: dict[str, Any]) -> None:
+        pre = self.pre or "gpt2"  # llama.cpp falls back to its default regex (with a warning) when absent
+        try:
+            pre_tok, ignore_merges = byte_level_pre_tokenizer(pre)
+        except KeyError:
+            raise ModelFileError(
+                self._source,
+                f"unsupported pre-tokenizer {pre!r} (supported: {', '.join(supported_pre_tokenizers())})",
+            ) from None
+        raw_merges = meta.get("tokenizer.ggml.merges")
+        if raw_merges is None:
+            raise ModelFileError(
+                self._source, "missing metadata key 'tokenizer.ggml.merges' (needed by gpt2 BPE)"
+            )
+        vocab = {t: i for i, t in enumerate(self._tokens)}  # later duplicates win, as in llama.cpp
+        merges: list[tuple[str, str]] = []
+        for m in raw_merges:
+            cut = str(m).find(" ", 1)  # a part may itself start with a space: split at the first one after it
+            if cut < 0:
+                continue
+            a, b = m[:cut], m[cut + 1 :]
+            if a in vocab and b in vocab and a + b in vocab:
+                merges.append((a, b))
+        bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges, fuse_unk=False)
+        self._core = HFTokenizer(bpe)
+        self._core.pre_tokenizer = pre_tok
+        self._core.decoder = decoders.ByteLevel()
+        self._add_space_prefix = False
+
+    def _init_spm(self, meta: dict[str, Any]) -> None:
+        scores = meta.get("tokenizer.ggml.scores")
+        if scores is None or len(scores) != self.n_vocab:
+            raise ModelFileError(
+                self._source, "SentencePiece vocabulary needs tokenizer.ggml.scores (one per token)"
+            )
+        vocab = {t: i for i, t in enumerate(self._tokens)}
+        # llama.cpp merges the adjacent pair whose joined text is the best-scored token; a BPE merge list
+        # ranked by that score gives the same result.
+        ranked: list[tuple[float, int, str, str]] = []
+        for tid, text in enumerate(self._tokens):
+            if self._types[tid] != NORMAL or len(text) < 2:
+                continue
+            for cut in range(1, len(text)):
+                a, b = text[:cut], text[cut:]
+                if a in vocab and b in vocab:
+                    ranked.append((-float(scores[tid]), tid, a, b))
+        ranked.sort()
+        unk = self._special_id(meta, "unknown", 0)
+        has_bytes = any(t == BYTE for t in self._types)
+        bpe = models.BPE(
+            vocab=vocab,
+            merges=[(a, b) for _, _, a, b in ranked],
+            unk_token=self._tokens[unk] if unk is not None else None,
+            fuse_unk=True,
+            byte_fallback=has_bytes,
+        )
+        self._core = HFTokenizer(bpe)
+        self._add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+
+    def _special_id(self, meta: dict[str, Any], name: str, default: int | None) -> int | None:
+        value = meta.get(f"tokenizer.ggml.{name}_token_id")
+        if value is None:
+            return default if default is not None and default < self.n_vocab else None
+        value = int(value)
+        return value if 0 <= value < self.n_vocab else default
+
+    def _find_fim(self, meta: dict[str, Any], by_text: dict[str, int]) -> dict[str, int]:
+        """The fill-in-the-middle tokens this vocabulary has ("fim_pre", "fim_suf", "fim_mid", ...)."""
+        out: dict[str, int] = {}
+        for name, texts in _FIM_TEXTS:
+            tid = self._special_id(meta, name, None)
+            if tid is None:
+                tid = next((by_text[t] for t in texts if t in by_text), None)
+                if tid is not None:
+                    self._types[tid] = CONTROL  # found by text: llama.cpp makes it a control token
+            if tid is not None:
+                out[name] = tid
+        return out
+
+    def _build_eog(self, meta: dict[str, Any], by_text: dict[str, int]) -> frozenset[int]:
+        eog: set[int] = {self.fim[name] for name in _FIM_EOG if name in self.fim}
+        for text, tid in by_text.items():
+            if text in _EOG_TEXTS:
+                eog.add(tid)
+                self._types[tid] = CONTROL  # llama.cpp overrides a mislabelled type the same way
+        for name in ("eos", "eot", "eom"):
+            tid = self.eos_id if name == "eos" else self._special_id(meta, name, None)
+            if tid is not None:
+                eog.add(tid)
+        texts = {self._tokens[i]: i for i in eog}
+        # gpt-oss / solar-open: "<|end|>" ends a message, not the generation
+        if "<|end|>" in texts and "<|call|>" in texts and ("<|return|>" in texts or "<|flush|>" in texts):
+            eog.discard(texts["<|end|>"])
+            self._types[texts["<|end|>"]] = USER_DEFINED
+        # gemma4 / plamo: "</s>" is ordinary text there
+        if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+            eog.discard(texts["</s>"])
+            self._types[texts["</s>"]] = NORMAL
+        return frozenset(eog)
+
+    def _build_specials(self) -> list[_Special]:
+        out = [
+            _Special(i, text, self._types[i] == USER_DEFINED)
+            for i, text in enumerate(self._tokens)
+            if self._types[i] in (CONTROL, USER_DEFINED, UNKNOWN) and text
+        ]
+        out.sort(key=lambda s: (-len(s.text.encode("utf-8")), s.token))
+        return out
+
+    def _piece(self, tid: int) -> bytes:
+        """The bytes token `tid` stands for (control tokens: their text)."""
+        text, kind = self._tokens[tid], self._types[tid]
+        if kind in (CONTROL, USER_DEFINED, UNKNOWN):
+            return text.encode("utf-8")
+        if kind == BYTE:
+            if self.model_kind == "llama" and text.startswith("<0x") and text.endswith(">"):
+                return bytes([int(text[3:-1], 16)])
+            return bytes([_BYTE_OF_CHAR[text]]) if text in _BYTE_OF_CHAR else text.encode("utf-8")
+        if kind != NORMAL:
+            return b""  # UNUSED and undefined tokens render as nothing in llama.cpp
+        if self.model_kind == "llama":
+            return text.replace("\u2581", " ").encode("utf-8")
+        # characters outside the byte alphabet (hand-added tokens) stand for their own UTF-8
+        try:
+            return text.translate(_LATIN1_OF_CHAR).encode("latin-1")
+        except UnicodeEncodeError:
+            return b"".join(bytes([_BYTE_OF_CHAR[c]]) if c in _BYTE_OF_CHAR else c.encode("utf-8") for c in text)
+
+    # ---- public API ----------------------------------------------------------------------------
+
+    def is_eog(self, token: int) -> bool:
+        return token in self.eog_ids
+
+    def token_text(self, token: int) -> str:
+        return self._tokens[token]
+
+    def token_type(self, token: int) -> int:
+        return self._types[token]
+
+    def token_bytes(self, token: int) -> bytes:
+        """What the token contributes to decoded output (control tokens included)."""
+        return self._pieces[token]
+
+    def _partition(self, text: str, parse_special: bool) -> list[str | int]:
+        parts: list[str | int] = [text] if text else []
+        for sp in self._specials:
+            if not (parse_special or sp.always):
+                continue
+            nxt: list[str | int] = []
+            for part in parts:
+                if isinstance(part, int) or sp.text not in part:
+                    nxt.append(part)
+                    continue
+                chunks = part.split(sp.text)
+                for k, chunk in enumerate(chunks):
+                    if k:
+                        nxt.append(sp.token)
+                    if chunk:
+                        nxt.append(chunk)
+            parts = nxt
+        return parts
+
+    def _encode_fragment(self, fragment: str, prev_special: bool) -> list[int]:
+        if self.model_kind == "llama":
+            if self._add_space_prefix and prev_special:
+                fragment = " " + fragment
+            fragment = fragment.replace(" ", "\u2581")
+        if len(fragment) > _GIL_FREE_CHARS:
+            # The batch call releases the GIL while it works, so a long text does not stall the
+            # event loop of a server tokenizing it in a worker thread.
+            return self._core.encode_batch([fragment], add_special_tokens=False)[0].ids
+        return self._core.encode(fragment, add_special_tokens=False).ids
+
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Text -> ids. `add_special`: BOS/EOS as the model asks; `parse_special`: recognise control tokens."""
+        out: list[int] = []
+        if add_special and self.add_bos and self.bos_id is not None:
+            out.append(self.bos_id)
+        prev_special = True  # SentencePiece prefixes a space to the first fragment and after specials
+        for part in self._partition(text, parse_special):
+            if isinstance(part, int):
+                out.append(part)
+                prev_special = True
+            else:
+                out.extend(self._encode_fragment(part, prev_special))
+                prev_special = False
+        if add_special and self.add_eos and self.eos_id is not None:
+            out.append(self.eos_id)
+        return out
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        for t in ids:
+            if not 0 <= int(t) < self.n_vocab:
+                raise ValueError(f"token id {t} out of range [0, {self.n_vocab})")
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
+        """Ids -> text; with SentencePiece the space prefix that encode() added is removed again."""
+        self._check_ids(ids)
+        ids = [int(t) for t in ids]
+        pieces = [b"" if skip_special and self._skip[t] else self._pieces[t] for t in ids]
+        # llama.cpp strips one leading space from the first token only, and never after a BOS
+        if self._add_space_prefix and pieces and ids[0] != self.bos_id and pieces[0].startswith(b" "):
+            pieces[0] = pieces[0][1:]
+        return b"".join(pieces).decode("utf-8", errors="replace")
+
+    def stream_decoder(self, *, skip_special: bool = False) -> StreamDecoder:
+        """Incremental decoder for generated tokens (no space-prefix removal, like llama.cpp's pieces)."""
+
+        def piece(t: int) -> bytes:
+            if not 0 <= t < self.n_vocab:
+                raise ValueError(f"token id {t} out of range [0, {self.n_vocab})")
+            return b"" if skip_special and self._skip[t] else self._pieces[t]
+
+        return StreamDecoder(piece)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **extra: Any
+    ) -> str:
+        """`extra` reaches the template as variables (e.g. `tools`, for templates that render them), over
+        the defaults in `chat_template_kwargs`."""
+        from spekula.core.modelfile.chat_template import render_chat
+
+        bos = self._tokens[self.bos_id] if self.bos_id is not None else ""
+        eos = self._tokens[self.eos_id] if self.eos_id is not None else ""
+        return render_chat(
+            self.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos,
+            eos_token=eos,
+            **{**self.chat_template_kwargs, **extra},
+        )

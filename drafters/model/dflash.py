@@ -1,0 +1,183 @@
+"""draft-dflash: block denoising over the target's hidden states (docs/model-formats.md §3.3).
+
+Every target forward's captured features become keys/values of every draft layer at their positions
+(prompt chunks and verification rows alike; a later write at a position replaces what was there and
+after it). A draft is one non-causal forward of the block ``[x, MASK, ...]`` at positions
+``pos0..``; block index j proposes the token at pos0+j. The block's own K/V are dropped afterwards so
+only target context persists. ``--spec-draft-n-max`` is clamped to block_size - 1.
+
+The context is injected lazily: each forward's features are queued, cut where a later forward
+rewrites them, and injected in one batch when the drafter is next asked for a draft (only the rows
+up to the committed history, so rejected verification rows are never injected). A round in which
+the cost model does not ask the drafter costs it nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from spekula.core.backend import SeqInput, SeqOutput
+from spekula.core.drafting.draft_models import DFlashBlock, DFlashOut, DFlashRuntime, choose
+from spekula.core.drafting.drafter import Draft, DrafterContext, DraftRequest
+from spekula.core.errors import ConfigError
+from spekula.drafters.model.hidden_drafter import (
+    HiddenSlot,
+    HiddenStateDrafter,
+    drop_queued_tail,
+    load_head_runtime,
+    model_draft_options,
+    require_draft_path,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class DFlashSlot(HiddenSlot):
+    # Features not yet injected, contiguous from the runtime's length: row k of the concatenation is
+    # position len + k.
+    queue: list[np.ndarray] = field(default_factory=list)
+    queued: int = 0
+
+
+@dataclass(slots=True)
+class _Plan:
+    index: int
+    slot: DFlashSlot
+    pos0: int
+    block: np.ndarray
+    n_spec: int  # block drafts before the request's cap
+    cap: int
+
+
+class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, DFlashSlot]):
+    name: ClassVar[str] = "draft-dflash"
+    kind: ClassVar[str] = "dflash"
+
+    def __init__(self, runtime: DFlashRuntime) -> None:
+        super().__init__(runtime)
+        self.info = runtime.info
+        self._warned: set[str] = set()
+
+    @classmethod
+    def create(cls, ctx: DrafterContext) -> DFlashDrafter:
+        path = require_draft_path(ctx, cls.name)
+        runtime = load_head_runtime(ctx, path, model_draft_options(ctx, extra_ctx=64))
+        if not isinstance(runtime, DFlashRuntime) or runtime.info.kind != cls.kind:
+            raise ConfigError(f"{path} is a {runtime.info.kind} model, not {cls.kind}; "
+                              f"use --spec-type draft-{runtime.info.kind}")
+        if runtime.info.block_size + 1 > 64:
+            raise ConfigError(f"{path}: block_size {runtime.info.block_size} is larger than this runtime supports (63)")
+        drafter = cls(runtime)
+        drafter.check_spec(ctx.spec.n_max, ctx.spec.p_min)
+        return drafter
+
+    def check_spec(self, n_max: int, p_min: float) -> None:
+        limit = self.max_block_draft()
+        if n_max > limit:
+            self._warn(f"--spec-draft-n-max {n_max} clamped to {limit} (block_size {self.info.block_size})")
+
+    def _warn(self, msg: str) -> None:
+        if msg not in self._warned:
+            self._warned.add(msg)
+            log.warning("%s: %s", self.name, msg)
+
+    # --- protocol (capture, begin, end: HiddenStateDrafter) ---------------------------------------
+    def new_slot(self, seq: int) -> DFlashSlot:
+        return DFlashSlot(seq)
+
+    def observe(self, slot: int, inp: SeqInput, out: SeqOutput) -> None:
+        if len(inp.tokens) == 0:
+            return
+        st = self._slots.get(slot)
+        if self.context_length(st) < inp.start:
+            return  # a gap (should not happen): leave it; draft() sees the missing context and skips
+        self._cut(st, inp.start)
+        st.queue.append(self.features(out))
+        st.queued += len(inp.tokens)
+
+    def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
+        # Rejected rows stay queued beyond the committed end; draft() cuts at the context first.
+        return None
+
+    # --- the lazy context --------------------------------------------------------------------------
+    def context_length(self, st: DFlashSlot) -> int:
+        """Positions of target context the slot holds, injected or queued."""
+        return self.runtime.seq_len(st.seq) + st.queued
+
+    def _cut(self, st: DFlashSlot, n_keep: int) -> None:
+        """Keep positions [0, n_keep) of the context, injected and queued together."""
+        base = self.runtime.seq_len(st.seq)
+        if n_keep <= base:
+            self.runtime.truncate(st.seq, n_keep)
+            st.queue, st.queued = [], 0
+            return
+        drop_queued_tail([st.queue], base + st.queued - n_keep)
+        st.queued = min(st.queued, n_keep - base)  # a cut past the end keeps everything
+
+    def sync(self, st: DFlashSlot, pos0: int) -> bool:
+        """Bring the injected context to exactly [0, pos0); False when the slot lacks some of it."""
+        if self.context_length(st) < pos0:
+            return False
+        self._cut(st, pos0)
+        if st.queued:
+            self.runtime.inject(st.seq, np.concatenate(st.queue), self.runtime.seq_len(st.seq))
+            st.queue, st.queued = [], 0
+        return True
+
+    # --- block layout (DSpark overrides) ------------------------------------------------------------
+    def max_block_draft(self) -> int:
+        return self.info.block_size - 1
+
+    def block_for(self, last: int, n: int) -> np.ndarray:
+        """[x, MASK * n] for n drafts: index j (1..n) proposes the token at pos0 + j."""
+        return np.array([last] + [self.info.mask_token_id] * n, dtype=np.int32)
+
+    def read_rows(self, n: int) -> range:
+        """Block indices holding the n drafts, in order."""
+        return range(1, n + 1)
+
+    def select(self, plan: _Plan, out: DFlashOut, req: DraftRequest) -> Draft:
+        rng = plan.slot.rng if req.spec.draft_sampling == "probabilistic" and req.temperature > 0 else None
+        tokens: list[int] = []
+        probs: list[np.ndarray] = []
+        confidence: list[float] = []
+        for j in self.read_rows(plan.n_spec)[: plan.cap]:
+            c = choose(out.logits[j], req.temperature, rng, vocab=out.vocab, n_vocab=self.info.n_vocab)
+            if c.p_top < float(req.spec.p_min):
+                break
+            tokens.append(c.token)
+            confidence.append(c.p_top)
+            if c.q is not None:
+                probs.append(c.q)
+        return Draft(tokens, np.stack(probs) if rng is not None and probs else None, confidence)
+
+    # --- drafting --------------------------------------------------------------------------------
+    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        plans: list[_Plan] = []
+        for i, r in enumerate(requests):
+            st = self._slots.peek(r.slot)
+            n_spec = min(int(r.spec.n_max), self.max_block_draft())
+            pos0 = len(r.history)
+            if st is None or n_spec <= 0 or int(r.n_max) <= 0 or self.context_length(st) < pos0:
+                continue
+            block = self.block_for(int(r.last), n_spec)
+            if pos0 + len(block) > self.runtime.n_ctx or not self.sync(st, pos0):
+                continue
+            self.probabilistic(st, r)
+            plans.append(_Plan(i, st, pos0, block, n_spec, min(n_spec, int(r.n_max))))
+        outs = self.runtime.draft_blocks([DFlashBlock(p.slot.seq, p.block, p.pos0) for p in plans])
+        result = [Draft.empty() for _ in requests]
+        for plan, out in zip(plans, outs, strict=True):
+            self.runtime.truncate(plan.slot.seq, plan.pos0)  # only target context persists
+            req = requests[plan.index]
+            d = self.select(plan, out, req)
+            n_min = min(int(req.spec.n_min), self.max_block_draft())
+            if d.tokens and len(d.tokens) >= n_min:
+                result[plan.index] = d
+        return result

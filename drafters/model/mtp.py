@@ -1,0 +1,149 @@
+"""draft-mtp: a target's own multi-token-prediction heads draft from its final hidden states.
+
+Pairing rule (llama.cpp's): the MTP KV entry at position P is computed from (token x_P, h_{P-1}),
+where h is the target's hidden state after output_norm. After each target forward every row k is
+written at its position paired with the previous row's h (row 0 with the h kept pending from the
+previous forward; zeros before position 0); the forward's rows are kept for verification and the
+last row's h stays pending, since the token after it is not known yet. Drafting decodes
+(x, pending h) at x's position, then each drafted token with the previous step's output hidden
+(hout). On verification, ``accept`` rebases the pending h onto the row of the last accepted token,
+whoever drafted.
+
+Several heads (nextn_predict_layers > 1) are chained: step i runs head i, the draft is at most as
+long as there are heads, and every target forward is written into every head's KV cache. Each head
+has its own cache, so step i decodes the whole draft prefix [x, d_1 .. d_i] under head i with the
+hidden states [pending h, hout_0 .. hout_{i-1}] (its cache holds nothing past x's position).
+Sampling follows the other model drafters: best (or sampled) of the top 10, p_min, n_min, n_max.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from spekula.core.backend import Capture, SeqInput, SeqOutput
+from spekula.core.drafting.drafter import Draft, DrafterContext, DraftRequest
+from spekula.core.drafting.mtp_runtime import MtpRows, MtpRuntime, load_mtp_runtime
+from spekula.core.errors import ConfigError
+from spekula.drafters.model.hidden_drafter import (
+    DraftRun,
+    HiddenSlot,
+    SlotDrafter,
+    finish_drafts,
+    head_runtime_backend,
+    model_draft_options,
+)
+
+
+@dataclass(slots=True)
+class _Slot(HiddenSlot):
+    pending_h: np.ndarray | None = None  # [H] h of the last target row whose successor is unknown
+    pending_pos: int = -1  # its position
+    verify_h: np.ndarray | None = None  # [n, H] every row of the last target forward
+    verify_pos: int = 0
+
+
+@dataclass(slots=True)
+class _Run(DraftRun):
+    """A draft from x at position `start` (step j of a single head decodes at start + j)."""
+
+    chain_h: list[np.ndarray] = field(default_factory=list)  # [pending h, hout_0, ...]
+
+
+class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
+    name: ClassVar[str] = "draft-mtp"
+
+    def __init__(self, runtime: MtpRuntime, backend_name: str) -> None:
+        super().__init__(runtime)
+        self.backend_name = backend_name
+        self.n_heads = runtime.info.n_heads
+        self._zero_h = np.zeros(runtime.info.n_embd, dtype=np.float32)
+
+    def new_slot(self, seq: int) -> _Slot:
+        return _Slot(seq)
+
+    @classmethod
+    def create(cls, ctx: DrafterContext) -> MtpDrafter:
+        options = model_draft_options(ctx)
+        backend = head_runtime_backend(ctx.backend_name, options)
+        runtime = load_mtp_runtime(backend, ctx.target, ctx.draft_model_path, options)
+        return cls(runtime, ctx.backend_name)
+
+    @property
+    def chained(self) -> bool:
+        return self.n_heads > 1
+
+    # --- protocol (begin, end: SlotDrafter) ------------------------------------------------------
+    def capture(self) -> Capture:
+        return Capture(final_norm=True)
+
+    def observe(self, slot: int, inp: SeqInput, out: SeqOutput) -> None:
+        n = len(inp.tokens)
+        if n == 0:
+            return
+        if out.hidden_final is None:
+            raise ConfigError(f"{self.name}: the {self.backend_name} backend did not return the target's "
+                              "hidden states after output_norm, which the MTP heads read")
+        st = self._slots.get(slot)
+        if inp.start == 0:  # a new sequence in this slot
+            self.runtime.truncate(st.seq, 0)
+            st.pending_h, st.pending_pos = self._zero_h, -1
+        h = np.array(out.hidden_final, dtype=np.float32)  # a copy: kept for accept()
+        if st.pending_h is not None and self.runtime.seq_len(st.seq) >= inp.start:
+            tokens = np.asarray(inp.tokens, dtype=np.int32)
+            paired = np.concatenate([st.pending_h[None], h[:-1]])  # row k pairs with h_{k-1}
+            self.runtime.decode([MtpRows(st.seq, head, tokens, paired, inp.start, want_last=False)
+                                 for head in range(self.n_heads)])
+        st.pending_h, st.pending_pos = h[-1], inp.start + n - 1
+        st.verify_h, st.verify_pos = h, inp.start
+
+    def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
+        st = self._slots.peek(slot)
+        if st is None or st.verify_h is None:
+            return
+        i = min(int(n_accepted), len(st.verify_h) - 1)
+        st.pending_h, st.pending_pos = st.verify_h[i], st.verify_pos + i
+        # Entries after the last accepted position pair rejected tokens: drop them.
+        self.runtime.truncate(st.seq, st.pending_pos + 1)
+
+    # --- drafting --------------------------------------------------------------------------------
+    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        runs: list[_Run] = []
+        for i, r in enumerate(requests):
+            st = self._slots.peek(r.slot)
+            pos0 = len(r.history)  # x's position; the pending h is the target's at pos0 - 1
+            if st is None or st.pending_h is None or st.pending_pos != pos0 - 1 or self.runtime.seq_len(st.seq) < pos0:
+                continue  # the heads' caches do not cover the committed history: no draft this round
+            cap = min(int(r.spec.n_max), int(r.n_max), self.runtime.n_ctx - pos0)
+            if self.chained:
+                cap = min(cap, self.n_heads)
+            if cap <= 0:
+                continue
+            self.runtime.truncate(st.seq, pos0)
+            prob = self.probabilistic(st, r)
+            runs.append(_Run(i, st, int(r.last), pos0, cap, float(r.spec.p_min), float(r.temperature), prob,
+                             chain_h=[st.pending_h]))
+        active, step = runs, 0
+        while active:
+            if self.chained:  # head `step` rewrites its own cache over the draft region
+                for run in active:
+                    self.runtime.truncate(run.slot.seq, run.start)
+            outs = self.runtime.decode([self._step_rows(run, step) for run in active])
+            nxt: list[_Run] = []
+            for run, out in zip(active, outs, strict=True):
+                assert out.logits is not None and out.hidden is not None
+                if run.take(out.logits) and not run.full:
+                    run.chain_h.append(out.hidden)
+                    nxt.append(run)
+            active, step = nxt, step + 1
+        return finish_drafts(self.runtime, requests, runs)
+
+    def _step_rows(self, run: _Run, step: int) -> MtpRows:
+        if self.chained:  # head `step` over the whole prefix [x, d_1 .. d_step]
+            tokens = np.array([run.last, *run.tokens], dtype=np.int32)
+            return MtpRows(run.slot.seq, step, tokens, np.stack(run.chain_h), run.start)
+        token = run.last if step == 0 else run.tokens[-1]
+        return MtpRows(run.slot.seq, 0, np.array([token], dtype=np.int32), run.chain_h[-1][None], run.start + step)

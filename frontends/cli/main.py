@@ -1,0 +1,102 @@
+"""`spekula` console script: one subcommand per module `spekula.frontends.cmd_<name>`.
+
+Each command module exposes ``HELP: str``, ``add_arguments(parser)`` and ``run(args) -> int``.
+Modules are imported only when their subcommand runs, so `spekula generate` never imports textual
+and `spekula tui` never imports onnxruntime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import NoReturn
+
+from spekula.core.errors import SpekulaError
+
+COMMANDS: dict[str, str] = {
+    "generate": "Generate text from a prompt (optionally with speculative decoding)",
+    "serve": "Serve a JSON-RPC 2.0 API on a Unix socket",
+    "tui": "Terminal UI with live speculation statistics",
+    "convert": "Convert a Hugging Face checkpoint (target, Qwen3-MoE/GLM-4.5-MoE target, EAGLE-3, DFlash, DSpark) to GGUF",
+    "truncate-model": "Write a layer-truncated copy of a GGUF model (a no-training draft model)",
+    "train-drafter": "Train an EAGLE-3 or DFlash draft head for a target by self-distillation (CPU or CUDA)",
+    "ngram-cache": "Build an ngram-cache static lookup file from a text corpus",
+    "fetch-default": "Download the embedded default model (SmolLM2-135M-Instruct Q4_1) into the cache",
+}
+
+
+def _module_name(command: str) -> str:
+    return "spekula.frontends.cli.cmd_" + command.replace("-", "_")
+
+
+# What a process killed by SIGPIPE reports through the shell (128 + 13): `spekula ... | head -c1`
+# ends the way `yes | head -c1` does, so `set -o pipefail` scripts see that the reader stopped early.
+EXIT_BROKEN_PIPE = 141
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a rejected command line is one `spekula: error:` line like every other error,
+    rather than the whole usage block followed by `spekula generate: error:`."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"spekula: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = _Parser(prog="spekula", description="Speculative-decoding inference engine")
+    # Subparsers are created with the root parser's class, so they share `_Parser.error`.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:  # only the chosen command's module is imported
+            importlib.import_module(_module_name(name)).add_arguments(p)
+    return parser
+
+
+def normalize_option_names(argv: list[str]) -> list[str]:
+    """llama.cpp accepts `--spec_type` for `--spec-type`: normalise `_` to `-` in long option names."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--") and len(arg) > 2:
+            name, sep, value = arg.partition("=")
+            arg = name.replace("_", "-") + sep + value
+        out.append(arg)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = normalize_option_names(list(sys.argv[1:] if argv is None else argv))
+    try:
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return 2
+        return int(importlib.import_module(_module_name(args.command)).run(args) or 0)
+    except SpekulaError as exc:
+        print(f"spekula: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader of our stdout went away (`| head`): nothing more can be said there, and
+        # Python's flush at exit must not print a second error about it.
+        silence_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def silence_stdout() -> None:
+    """Point the stdout file descriptor at /dev/null, so the interpreter's final flush succeeds."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout without a descriptor (captured in tests)
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

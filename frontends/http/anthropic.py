@@ -1,0 +1,216 @@
+"""Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens.
+
+Clients written for Anthropic (its SDKs, coding agents) can talk to spekula as they talk to
+llama-server. A request is translated into an OpenAI chat request and runs through the same
+template, sampling and speculation: `system` becomes a system message, text blocks the message
+text, an assistant's `tool_use` blocks its tool calls, `tool_result` blocks tool messages, and
+`thinking` blocks its reasoning, so a conversation's history reaches the template whole. The reply
+is one text block: spekula does not parse tool calls or reasoning out of the generated text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from spekula.core.events import Event, FinalEvent, PieceEvent, ProgressEvent
+from spekula.frontends.http.errors import HttpError
+from spekula.frontends.http.fields import normalise
+from spekula.frontends.http.generation import typed_sse
+from spekula.frontends.schema.completion import CHAT_FIELDS
+
+if TYPE_CHECKING:
+    from spekula.frontends.http.app import HttpState
+
+FIELDS = frozenset({"model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p",
+                    "top_k", "tools", "tool_choice", "metadata", "thinking", "service_tier"})
+
+
+def to_chat(body: Any) -> dict[str, Any]:
+    """An Anthropic request as the OpenAI chat request spekula runs."""
+    if not isinstance(body, dict):
+        raise HttpError("request body must be a JSON object")
+    unknown = sorted(set(body) - FIELDS)
+    if unknown:
+        raise HttpError(f"unknown field '{unknown[0][:80]}'")
+    if not isinstance(body.get("messages"), list):
+        raise HttpError("'messages' is required: a list of {role, content} objects")
+    messages: list[dict[str, Any]] = []
+    if body.get("system") is not None:
+        system = _text(body["system"], "'system'")
+        messages.append({"role": "system", "content": _BILLING_STAMP.sub(r"\1fffff;", system, count=1)})
+    for i, m in enumerate(body["messages"]):
+        messages += _messages(m, f"'messages[{i}]'")
+    chat: dict[str, Any] = {"messages": messages}
+    for ours, theirs in (("max_tokens", "max_tokens"), ("stop", "stop_sequences"), ("stream", "stream"),
+                         ("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k")):
+        if body.get(theirs) is not None:
+            chat[ours] = body[theirs]
+    if body.get("tools"):
+        chat["tools"] = [_tool(t, f"'tools[{j}]'") for j, t in enumerate(_list(body["tools"], "'tools'"))]
+    thinking = body.get("thinking")
+    if thinking is not None:
+        kind = thinking.get("type") if isinstance(thinking, dict) else None
+        if kind not in ("enabled", "disabled", "adaptive"):
+            raise HttpError("'thinking' must be {\"type\": \"enabled\" | \"disabled\"}")
+        if kind != "adaptive":
+            chat["chat_template_kwargs"] = {"enable_thinking": kind == "enabled"}
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
+        chat["user"] = metadata["user_id"]
+    return chat
+
+
+# Claude Code opens its system prompt with a billing line whose `cch=` stamp changes on every
+# request; left alone it would end every slot's reusable prefix after a few tokens. It means nothing
+# to a local model, so it is pinned to one value.
+_BILLING_STAMP = re.compile(r"^(x-anthropic-billing-header:[^\n]*?cch=)[0-9a-zA-Z]{5};")
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise HttpError(f"{where} must be a list")
+    return value
+
+
+def _text(value: Any, where: str) -> str:
+    """A string, or a list of text blocks (joined by newlines)."""
+    if isinstance(value, str):
+        return value
+    parts = []
+    for block in _list(value, where):
+        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+            _unsupported(block, where)
+        parts.append(block["text"])
+    return "\n".join(parts)
+
+
+def _unsupported(block: Any, where: str) -> None:
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind in ("image", "document"):
+        raise HttpError(f"{where}: image input is not supported by this server (a text-only model)")
+    raise HttpError(f"{where}: unsupported content block {json.dumps(kind)[:40]}")
+
+
+def _messages(m: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+        raise HttpError(f"{where} must be an object with role 'user' or 'assistant'")
+    content = m.get("content", "")
+    if isinstance(content, str):
+        return [{"role": m["role"], "content": content}]
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    reasoning: list[str] = []
+    for j, block in enumerate(_list(content, f"{where}.content")):
+        at = f"{where}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "tool_use" and m["role"] == "assistant" and isinstance(block.get("name"), str):
+            calls.append({"id": str(block.get("id", "")), "type": "function",
+                          "function": {"name": block["name"], "arguments": json.dumps(block.get("input", {}))}})
+        elif kind == "tool_result" and m["role"] == "user":
+            body = block.get("content", "")
+            text = _text(body, at) if body is not None else ""
+            if block.get("is_error"):
+                text = f"Error: {text}"
+            results.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": text})
+        elif kind == "thinking" and m["role"] == "assistant" and isinstance(block.get("thinking"), str):
+            reasoning.append(block["thinking"])
+        elif kind == "redacted_thinking":
+            continue  # encrypted by another provider: nothing a local template can show
+        else:
+            _unsupported(block, at)
+    out = list(results)  # tool results answer the previous turn's calls, before any new text
+    if texts or calls or reasoning or not results:
+        msg: dict[str, Any] = {"role": m["role"], "content": "\n".join(texts)}
+        if calls:
+            msg["tool_calls"] = calls
+        if reasoning:
+            msg["reasoning_content"] = "\n".join(reasoning)
+        out.append(msg)
+    return out
+
+
+def _tool(tool: Any, where: str) -> dict[str, Any]:
+    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+        raise HttpError(f"{where} must be an object with a string 'name'")
+    fn = {"name": tool["name"], "parameters": tool.get("input_schema", {"type": "object"})}
+    if isinstance(tool.get("description"), str):
+        fn["description"] = tool["description"]
+    return {"type": "function", "function": fn}
+
+
+def stop_reason(final: FinalEvent) -> str:
+    return {"limit": "max_tokens", "word": "stop_sequence"}.get(final.stop_type, "end_turn")
+
+
+def _usage(final: FinalEvent) -> dict[str, int]:
+    cached = int(final.timings.get("cache_n", 0))
+    return {"input_tokens": final.tokens_evaluated - cached, "cache_read_input_tokens": cached,
+            "cache_creation_input_tokens": 0, "output_tokens": len(final.tokens)}
+
+
+def _event(kind: str, data: dict[str, Any]) -> bytes:
+    return typed_sse({"type": kind, **data})
+
+
+async def messages(request: Request) -> Response:
+    state: HttpState = request.app.state.http
+    engine = state.ready()
+    params, opts = normalise(to_chat(await state.read_json(request)), allowed=CHAT_FIELDS,
+                             n_slots=engine.config.n_slots)
+    text = state.render_chat(params.pop("messages"), opts, allow_empty=True)
+    prompt = await state.service.encode(text)
+    gen, parsed = state.service.build(params, prompt, opts, text)
+    await state.service.check(parsed)
+    mid = f"msg_{secrets.token_hex(12)}"
+    head = {"id": mid, "type": "message", "role": "assistant", "model": state.model_alias}
+    if not parsed.stream:
+        final = await state.service.run(gen, request)
+        return JSONResponse({**head, "content": [{"type": "text", "text": final.content}],
+                             "stop_reason": stop_reason(final),
+                             "stop_sequence": final.stopping_word if final.stop_type == "word" else None,
+                             "usage": _usage(final)})
+    started = [False]
+
+    def shape(event: Event) -> list[Any]:
+        out: list[Any] = []
+        if not started[0]:
+            started[0] = True
+            usage = {"input_tokens": len(prompt), "cache_read_input_tokens": 0, "output_tokens": 0}
+            out += [_event("message_start", {"message": {**head, "content": [], "stop_reason": None,
+                                                          "stop_sequence": None, "usage": usage}}),
+                    _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})]
+        if isinstance(event, ProgressEvent):
+            return out
+        if isinstance(event, PieceEvent):
+            if event.text:
+                out.append(_event("content_block_delta", {"index": 0, "delta": {"type": "text_delta",
+                                                                                 "text": event.text}}))
+            return out
+        out += [_event("content_block_stop", {"index": 0}),
+                _event("message_delta", {"delta": {"stop_reason": stop_reason(event),
+                                                   "stop_sequence": event.stopping_word or None},
+                                         "usage": {"output_tokens": len(event.tokens)}}),
+                _event("message_stop", {})]
+        return out
+
+    return state.service.stream(gen, shape, done_marker=False)  # type: ignore[return-value]
+
+
+async def count_tokens(request: Request) -> Response:
+    state: HttpState = request.app.state.http
+    engine = state.ready()
+    body = await state.read_json(request)
+    if isinstance(body, dict):
+        body.pop("max_tokens", None)  # optional here
+    params, opts = normalise(to_chat(body), allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
+    text = state.render_chat(params.pop("messages"), opts, allow_empty=True)
+    return JSONResponse({"input_tokens": len(await state.service.encode(text))})

@@ -1,0 +1,300 @@
+"""The HTTP API as one Starlette application over a running Engine.
+
+Requests pass two gates before any route, as in llama-server: the API key (every path but the
+health checks needs `Authorization: Bearer KEY` when keys are set; compared in constant time)
+and readiness (503 `Loading model` until the engine exists). Bodies are read with a size cap (413
+beyond it) and parsed by the same hardened JSON decoder as the socket (depth and number limits).
+Every error leaves as llama-server's `{"error": {"code", "message", "type"}}`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from spekula.core.modelfile.chat_template import ChatTemplateError, chat_prompt
+from spekula.frontends.http import anthropic, native, openai
+from spekula.frontends.http.errors import HttpError
+from spekula.frontends.http.fields import MAX_BODY_DEFAULT, HttpOptions
+from spekula.frontends.http.generation import GenerationService
+from spekula.frontends.http.infill import infill
+from spekula.frontends.http.responses import responses
+from spekula.frontends.rpc.protocol import RpcError, parse_line
+from spekula.frontends.schema.chat_messages import MessagesError, chat_messages
+
+if TYPE_CHECKING:
+    from spekula.frontends.http.serving_engine import ServingEngine
+
+log = logging.getLogger("spekula.http")
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+
+
+@dataclass
+class HttpState:
+    """What the routes share: the engine once it is loaded, and the server's settings."""
+
+    api_keys: tuple[str, ...] = ()
+    metrics: bool = False
+    max_body_bytes: int = MAX_BODY_DEFAULT
+    model_alias: str = "spekula"
+    model_path: str = ""
+    write_timeout: float = 30.0
+    cors_origins: str = "*"
+    slots_endpoint: bool = True
+    verbose: bool = False  # -v: every OpenAI answer carries `__verbose` (the native result), as llama-server's does
+    static_dir: str | None = None  # --path: static files (e.g. a web UI build) served at /, without a key
+    spm_infill: bool = False  # --spm-infill: /infill puts the suffix before the prefix
+    engine: ServingEngine | None = None
+    service: GenerationService = field(init=False)
+    version: str = "0.1.0"
+    created: int = field(default_factory=lambda: int(time.time()))
+    metrics_render: Callable[[], bytes] | None = None
+    # Fetches the engine's live state before /health, /slots and /metrics answer: replicas of a
+    # Ray deployment report over the network; a local engine is read directly (None).
+    refresh: Callable[[], Awaitable[None]] | None = None
+    server_header: bool = True  # off behind Ray Serve, whose HTTP proxy sends its own
+    started: float = field(default_factory=time.time)
+
+    @property
+    def fingerprint(self) -> str:
+        return f"b{self.version}-spekula"  # llama-server's build-string form: "b<build>-<commit>"
+
+    def attach(self, engine: ServingEngine, service: GenerationService) -> None:
+        self.engine, self.service = engine, service
+
+    def ready(self) -> ServingEngine:
+        if self.engine is None:
+            raise HttpError("Loading model", "unavailable_error")
+        return self.engine
+
+    async def live(self) -> ServingEngine:
+        """The engine, with its reported state fresh."""
+        engine = self.ready()
+        if self.refresh is not None:
+            await self.refresh()
+        return engine
+
+    async def read_json(self, request: Request) -> Any:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise HttpError(f"request body of {declared} bytes is over the limit of {self.max_body_bytes}",
+                            "payload_too_large_error")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise HttpError(f"request body is over the limit of {self.max_body_bytes} bytes",
+                                "payload_too_large_error")
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        if not raw.strip():
+            return {}
+        try:
+            return parse_line(raw)
+        except RpcError as exc:
+            raise HttpError(f"invalid JSON body: {exc.message.removeprefix('parse error: ')}") from None
+
+    def render_chat(self, messages: Any, opts: HttpOptions | None = None, *, allow_empty: bool = False) -> str:
+        """The prompt text of a chat. The request's `tools` and `chat_template_kwargs` go to the template,
+        as llama-server's jinja path does (tool calls in the answer come back as text: spekula does not
+        parse them). A final assistant message is continued (a prefill) unless the server runs with
+        --no-prefill-assistant; `continue_final_message` insists on one."""
+        engine = self.ready()
+        opts = opts or HttpOptions()
+        try:
+            msgs = chat_messages(messages, allow_empty=allow_empty)
+        except MessagesError as exc:
+            raise HttpError(str(exc)) from None
+        template = opts.template
+        try:
+            return chat_prompt(engine.tokenizer, msgs, add_generation_prompt=template.add_generation_prompt,
+                               continue_final=template.continue_final, prefill=self.service.defaults.prefill_assistant,
+                               **template.variables())
+        except ChatTemplateError as exc:
+            raise HttpError(f"'messages': {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - a template error is about the caller's messages
+            raise HttpError(f"'messages': chat template failed: {exc}") from None
+
+    def special_text(self, kind: str) -> str:
+        engine = self.ready()
+        tid = getattr(engine.tokenizer, f"{kind}_id", None)
+        return engine.tokenizer.token_text(tid) if tid is not None else ""
+
+
+def _key_ok(header: str, keys: tuple[str, ...]) -> bool:
+    given = header.removeprefix("Bearer ").encode()
+    ok = False
+    for key in keys:  # every key is compared, so the time does not tell which one nearly matched
+        ok |= hmac.compare_digest(given, key.encode())
+    return ok
+
+
+class Gates:
+    """Pure ASGI middleware: CORS headers, API key, then llama-server's JSON errors for whatever the
+    routes raise (HttpError) or fail with (500, logged)."""
+
+    def __init__(self, app: ASGIApp, state: HttpState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        cors = self._cors(headers.get("origin", ""))
+        started = False
+
+        async def send_with_cors(message: dict[str, Any]) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                # Header names in their usual case (Starlette lowercases them): HTTP does not care,
+                # but clients that copy headers into a plain dict look them up as `Content-Type`.
+                headers = [(_title(k), v) for k, v in [*message.get("headers", []), *cors]]
+                if self.state.server_header:
+                    headers.append((b"Server", b"spekula"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            if scope["method"] == "OPTIONS":  # CORS preflight: no key needed, nothing runs
+                await self._respond(send_with_cors, Response(status_code=200, headers={
+                    "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
+                    "Access-Control-Allow-Headers": "*"}), scope, receive)
+                return
+            if self.state.api_keys and scope["path"] not in PUBLIC_PATHS and not self._static(scope["path"]):
+                given = headers.get("authorization") or headers.get("x-api-key") or ""
+                if not _key_ok(given, self.state.api_keys):
+                    raise HttpError("Invalid API Key", "authentication_error")
+            await self.app(scope, receive, send_with_cors)
+        except HttpError as exc:
+            if not started:
+                await self._respond(send_with_cors, exc.response(), scope, receive)
+        except Exception:
+            log.exception("internal error on %s %s", scope.get("method"), scope.get("path"))
+            if not started:
+                err = HttpError("internal server error", "server_error")
+                await self._respond(send_with_cors, err.response(), scope, receive)
+
+    @staticmethod
+    async def _respond(send: Callable[[dict[str, Any]], Awaitable[None]], response: Response, scope: Scope,
+                       receive: Receive) -> None:
+        await response(scope, receive, send)  # type: ignore[arg-type]
+
+    def _static(self, path: str) -> bool:
+        """A static file of --path (llama-server serves its UI assets without a key, too)."""
+        root = self.state.static_dir
+        if root is None or ".." in path.split("/"):
+            return False
+        rel = path.lstrip("/") or "index.html"
+        return os.path.isfile(os.path.join(root, rel))
+
+    def _cors(self, origin: str) -> list[tuple[bytes, bytes]]:
+        """llama-server's rules: `*` reflects any Origin (with credentials), `localhost` only local
+        ones, otherwise the listed origins."""
+        allowed = self.state.cors_origins
+        if allowed == "*":
+            value = origin or "*"
+        elif allowed == "localhost":
+            value = origin if _is_localhost(origin) else ""
+        else:
+            value = origin if origin in {o.strip() for o in allowed.split(",")} else ""
+        if not value:
+            return []
+        out = [(b"access-control-allow-origin", value.encode("latin-1"))]
+        if value != "*":
+            out.append((b"access-control-allow-credentials", b"true"))
+        return out
+
+
+def _title(name: bytes) -> bytes:
+    return b"-".join(part[:1].upper() + part[1:] for part in name.split(b"-"))
+
+
+def _is_localhost(origin: str) -> bool:
+    host = origin.split("://", 1)[-1].split("/", 1)[0]
+    host = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    return host in ("localhost", "127.0.0.1", "[::1]")
+
+
+async def _metrics(request: Request) -> Response:
+    state: HttpState = request.app.state.http
+    await state.live()
+    if not state.metrics or state.metrics_render is None:
+        raise HttpError("This server does not support metrics endpoint. Start it with `--metrics`",
+                        "not_supported_error")
+    return Response(state.metrics_render(), media_type="text/plain; version=0.0.4; charset=utf-8",
+                    headers={"Process-Start-Time-Unix": str(int(state.started))})
+
+
+async def _tools(request: Request) -> Response:
+    """Server-side tools (llama-server's --tools) do not exist here; its answer when they are off."""
+    return JSONResponse({"error": {"message": "this feature is disabled", "type": "feature_disabled"}},
+                        status_code=403)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HttpError)
+    return exc.response()
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return HttpError("File Not Found", "not_found_error").response()
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> Response:
+    return HttpError(f"method {request.method} is not allowed on {request.url.path}", status=405).response()
+
+
+class _GetOnly:
+    """Static files answer GET/HEAD; any other method on a path no route has is a plain 404
+    (StaticFiles would say 405, as if the path existed)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in ("GET", "HEAD"):
+            raise HttpError("File Not Found", "not_found_error")
+        await self.app(scope, receive, send)
+
+
+def build_app(state: HttpState) -> ASGIApp:
+    get, post = ["GET"], ["POST"]
+    routes = [
+        Route("/health", native.health, methods=get), Route("/v1/health", native.health, methods=get),
+        Route("/props", native.props, methods=get), Route("/slots", native.slots, methods=get),
+        Route("/metrics", _metrics, methods=get),
+        Route("/completion", native.completion, methods=post), Route("/completions", native.completion, methods=post),
+        Route("/tokenize", native.tokenize, methods=post), Route("/detokenize", native.detokenize, methods=post),
+        Route("/apply-template", native.apply_template, methods=post), Route("/infill", infill, methods=post),
+        Route("/models", openai.models, methods=get), Route("/v1/models", openai.models, methods=get),
+        Route("/v1/completions", openai.completions, methods=post),
+        Route("/chat/completions", openai.chat_completions, methods=post),
+        Route("/v1/chat/completions", openai.chat_completions, methods=post),
+        Route("/v1/messages", anthropic.messages, methods=post),
+        Route("/v1/responses", responses, methods=post), Route("/responses", responses, methods=post),
+        Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=post),
+        Route("/chat/completions/input_tokens", openai.input_tokens, methods=post),
+        Route("/v1/chat/completions/input_tokens", openai.input_tokens, methods=post),
+        Route("/tools", _tools, methods=["GET", "POST"]),
+    ]
+    if state.static_dir is not None:
+        # After every API route, so a file can never shadow an endpoint.
+        routes.append(Mount("/", app=_GetOnly(StaticFiles(directory=state.static_dir, html=True)), name="static"))
+    app = Starlette(routes=routes, exception_handlers={
+        HttpError: _http_error, 404: _not_found, 405: _method_not_allowed})
+    app.state.http = state
+    return Gates(app, state)

@@ -1,0 +1,302 @@
+"""The spekula JSON-RPC methods, driving the Engine API (docs/CONTRACTS.md §5).
+
+Used by the socket server and, in-process, by the TUI's embedded mode, so both speak exactly the
+same request and result shapes.
+
+Protocol (JSON-RPC 2.0, one JSON value per line, named params only, batches allowed):
+  completion        prompt (string | token ids), n_predict, temperature, top_k, top_p, min_p,
+                    repeat_penalty, repeat_last_n, seed, stop, stream, return_tokens, ignore_eos,
+                    cache_prompt (default true: reuse a slot's cached prefix), id_slot (-1: any),
+                    speculative.{n_max,n_min,p_min,type} (flat keys or a nested "speculative" object),
+                    n_probs (> 0: each token's probability and this many alternatives),
+                    post_sampling_probs (after the sampler chain instead of before)
+                    -> {request_id, content, stop, stop_type, stopping_word, tokens_predicted,
+                        tokens_evaluated, timings, [tokens], [completion_probabilities]}
+                    stream=true first sends `completion.chunk` notifications
+                    {id (the request's JSON-RPC id), request_id, content, tokens, pieces, drafters,
+                     [completion_probabilities] (then absent from the result)}
+  chat.completion   messages [{role, content, tool_calls?, tool_call_id?, reasoning_content?}], tools,
+                    chat_template_kwargs, add_generation_prompt, continue_final_message
+                    (as the HTTP chat endpoints check them) + the same fields except prompt
+                    -> completion's result + message {role: assistant, content} + finish_reason
+  tokenize          content, add_special=false, parse_special=true, with_pieces=false -> {tokens}
+  detokenize        tokens -> {content}
+  cancel            id (a JSON-RPC id of this connection) | request_id (an engine id this connection
+                    started) -> {cancelled}; the cancelled request still answers, with its partial
+                    result and stop_type "cancel". Another client's requests cannot be cancelled.
+  stats · slots · health · props   engine and server state (no params)
+Errors: -32700 parse, -32600 invalid request (also a line over --max-line-bytes: it is discarded and
+the connection stays open), -32601 unknown method, -32602 invalid params (the message names the
+field), -32001 prompt does not fit the context, -32002 shutting down, -32003 duplicate in-flight id,
+-32000 engine error, -32603 internal error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from spekula.core.events import FinalEvent, PieceEvent
+from spekula.core.modelfile.chat_template import ChatTemplateError, chat_prompt
+from spekula.frontends.rpc.dispatch import CallContext, Handler
+from spekula.frontends.rpc.protocol import CONTEXT_OVERFLOW, ENGINE_ERROR, RpcError
+from spekula.frontends.schema import completion as rp
+from spekula.frontends.schema import token_probs_json
+from spekula.frontends.schema.completion import invalid_params
+from spekula.frontends.schema.template_fields import TEMPLATE_FIELDS, TemplateFieldError, read_template_fields
+
+if TYPE_CHECKING:
+    from spekula.core.engine.engine import Engine
+
+CHUNK_METHOD = "completion.chunk"
+# Tokenizing megabytes of text takes long enough to stall other clients; do it off the loop.
+_THREAD_TOKENIZE_CHARS = 16_384
+# Texts are capped before tokenizing: no tokenizer in use packs more characters than this into one
+# token, so a longer text cannot fit the context whatever it holds.
+MAX_CHARS_PER_TOKEN = 64
+
+
+def _template_options(obj: dict[str, Any]) -> dict[str, Any]:
+    """chat_prompt's keyword arguments from the request's template fields (frontends/schema/template_fields.py)."""
+    try:
+        fields = read_template_fields(obj)
+    except TemplateFieldError as exc:
+        raise invalid_params(str(exc), exc.field) from None
+    return {"add_generation_prompt": fields.add_generation_prompt, "continue_final": fields.continue_final,
+            **fields.variables()}
+
+
+class SpekulaMethods:
+    def __init__(
+        self,
+        engine: Engine,
+        defaults: rp.ServerDefaults | None = None,
+        *,
+        server_state: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.defaults = defaults or rp.ServerDefaults()
+        self._server_state = server_state or dict
+        self._clients: dict[str, Any] = {}  # engine request id -> the client's PeerCred (or None)
+
+    def table(self) -> dict[str, Handler]:
+        return {
+            "completion": self.completion,
+            "chat.completion": self.chat_completion,
+            "tokenize": self.tokenize,
+            "detokenize": self.detokenize,
+            "stats": self.stats,
+            "slots": self.slots,
+            "health": self.health,
+            "cancel": self.cancel,
+            "props": self.props,
+        }
+
+    # -- generation -------------------------------------------------------------------------
+
+    async def completion(self, params: Any, ctx: CallContext) -> dict[str, Any]:
+        obj = rp.as_object(params, "completion")
+        rp.reject_unknown(obj, rp.COMPLETION_FIELDS, "completion")
+        raw = rp.prompt_field(obj, self.engine.tokenizer.n_vocab)
+        prompt = raw if isinstance(raw, list) else await self._encode(raw)
+        return await self._generate(self._parse(obj, prompt), ctx)
+
+    async def chat_completion(self, params: Any, ctx: CallContext) -> dict[str, Any]:
+        obj = rp.as_object(params, "chat.completion")
+        rp.reject_unknown(obj, rp.CHAT_FIELDS | TEMPLATE_FIELDS, "chat.completion")
+        messages = rp.messages_field(obj)
+        options = _template_options(obj)  # outside the try below: a bad field is named as itself
+        try:
+            text = chat_prompt(self.engine.tokenizer, messages, prefill=self.defaults.prefill_assistant, **options)
+        except ChatTemplateError as exc:
+            raise invalid_params(f"'messages': {exc}", "messages") from None
+        except Exception as exc:  # noqa: BLE001 - a template error is the caller's message shape
+            raise invalid_params(f"'messages': chat template failed: {exc}") from None
+        result = await self._generate(self._parse(obj, await self._encode(text)), ctx)
+        result["message"] = {"role": "assistant", "content": result["content"]}
+        result["finish_reason"] = "length" if result["stop_type"] == "limit" else "stop"
+        return result
+
+    def _parse(self, obj: dict[str, Any], prompt: list[int]) -> rp.ParsedCompletion:
+        cfg = self.engine.config
+        return rp.parse_completion(obj, prompt, defaults=self.defaults, spec_base=cfg.spec, n_ctx=cfg.n_ctx,
+                                   n_slots=cfg.n_slots, tokenizer=self.engine.tokenizer)
+
+    async def _encode(self, text: str, *, add_special: bool = True, parse_special: bool = True,
+                      prompt: bool = True) -> list[int]:
+        """Token ids of `text`; long texts off the event loop (the tokenizer releases the GIL there). A
+        prompt that could not fit any slot is refused before any tokenizing (at most
+        MAX_CHARS_PER_TOKEN characters per context position); `tokenize` has no such cap."""
+        tok = self.engine.tokenizer
+        limit = MAX_CHARS_PER_TOKEN * self.engine.config.n_ctx
+        if prompt and len(text) > limit:
+            raise RpcError(CONTEXT_OVERFLOW, f"text of {len(text)} characters cannot fit a context of "
+                           f"{self.engine.config.n_ctx} tokens (the limit is {limit} characters)",
+                           {"n_chars": len(text), "n_ctx": self.engine.config.n_ctx})
+        if len(text) > _THREAD_TOKENIZE_CHARS:
+            return await anyio.to_thread.run_sync(
+                lambda: tok.encode(text, add_special=add_special, parse_special=parse_special))
+        return tok.encode(text, add_special=add_special, parse_special=parse_special)
+
+    async def _generate(self, parsed: rp.ParsedCompletion, ctx: CallContext) -> dict[str, Any]:
+        await rp.check_grammar(parsed, self.engine)
+        handle = self.engine.submit(parsed.request)
+        if not parsed.stream:
+            handle.final_only()  # the pieces would be read and dropped below: do not send them
+        ctx.on_cancel = handle.cancel
+        owned = ctx.connection.owned_requests if ctx.connection is not None else None
+        if owned is not None:
+            owned[handle.id] = ctx.id
+            self._clients[handle.id] = ctx.connection.peer if ctx.connection is not None else None
+        final: FinalEvent | None = None
+        try:
+            async for event in handle:
+                if isinstance(event, PieceEvent):
+                    if parsed.stream:
+                        await ctx.notify(CHUNK_METHOD, chunk_params(ctx.id, event, self.engine.tokenizer))
+                else:
+                    final = event
+        finally:
+            if owned is not None:
+                owned.pop(handle.id, None)
+                self._clients.pop(handle.id, None)
+            if final is None:
+                # Disconnect, shutdown or a failed write: give the slot back now, not at n_predict.
+                handle.cancel()
+        if final is None:
+            raise RpcError(ENGINE_ERROR, "engine ended the request without a final result")
+        result = final_result(final, return_tokens=parsed.return_tokens)
+        if final.probs is not None and not parsed.stream:
+            tokenizer = self.engine.tokenizer
+            result["completion_probabilities"] = token_probs_json.native(
+                tokenizer, token_probs_json.answer_probs(tokenizer, final) or [])
+        if final.stop_type == "error":
+            raise self._spec_rejection(parsed, final) or RpcError(ENGINE_ERROR, final.error or "generation failed",
+                                                                  result)
+        return result
+
+    def _spec_rejection(self, parsed: rp.ParsedCompletion, final: FinalEvent) -> RpcError | None:
+        """A request's own `speculative` settings that the engine refused before running (the engine
+        says so with `rejected_spec`): a drafter this server cannot create (draft-simple without
+        -md), or rates that do not fit. That is the caller's parameter, not an engine failure."""
+        spec = parsed.request.spec
+        if spec is None or not final.rejected_spec:
+            return None
+        if spec.types != self.engine.config.spec.types:
+            return invalid_params(f"'speculative.type': {', '.join(spec.types)} cannot run on this server: "
+                                  f"{final.error}")
+        return invalid_params(f"'speculative': these settings cannot run on this server: {final.error}")
+
+    # -- tokenizer ------------------------------------------------------------------------
+
+    async def tokenize(self, params: Any, ctx: CallContext) -> dict[str, Any]:
+        obj = rp.as_object(params, "tokenize")
+        rp.reject_unknown(obj, {"content", "add_special", "parse_special", "with_pieces"}, "tokenize")
+        content = obj.get("content")
+        if not isinstance(content, str):
+            raise invalid_params("'content' must be a string", "content")
+        ids = await self._encode(content, add_special=rp.get_bool(obj, "add_special", False),
+                                 parse_special=rp.get_bool(obj, "parse_special", True), prompt=False)
+        tok = self.engine.tokenizer
+        if rp.get_bool(obj, "with_pieces", False):
+            return {"tokens": [{"id": t, "piece": tok.decode([t])} for t in ids]}
+        return {"tokens": ids}
+
+    async def detokenize(self, params: Any, ctx: CallContext) -> dict[str, Any]:
+        obj = rp.as_object(params, "detokenize")
+        rp.reject_unknown(obj, {"tokens"}, "detokenize")
+        ids = rp.get_token_list(obj.get("tokens"), "tokens", self.engine.tokenizer.n_vocab)
+        return {"content": self.engine.tokenizer.decode(ids)}
+
+    # -- introspection and control ----------------------------------------------------------
+
+    async def stats(self, params: Any, ctx: CallContext) -> dict[str, Any]:
+        rp.reject_unknown(rp.as_object(params, "stats"), set(), "stats")
+        out = dict(self.engine.stats())
+        out["slots"] = self._visible_slots(ctx)
+        out["server"] = self._server_state()
+        return out
+
+    async def slots(self, params: Any, ctx: CallContext) -> list[dict[str, Any]]:
+        """Slot states; a request id is shown only to the connection that started the request."""
+        rp.reject_unknown(rp.as_object(params, "slots"), set(), "slots")
+        return self._visible_slots(ctx)
+
+    def _visible_slots(self, ctx: CallContext) -> list[dict[str, Any]]:
+        owned = ctx.connection.owned_requests if ctx.connection is not None else None
+        out = []
+        for slot in self.engine.slots():
+            slot = dict(slot)
+            rid = slot.get("request_id")
+            if rid is not None and owned is not None:
+                mine = rid in owned
+                peer = self._clients.get(rid)
+                slot["request_id"] = rid if mine else None
+                slot["owner"] = "this connection" if mine else "another client"
+                if peer is not None:
+                    slot["client"] = {"pid": peer.pid, "uid": peer.uid} if mine else {"uid": peer.uid}
+            out.append(slot)
+        return out
+
+    async def health(self, params: Any, ctx: CallContext) -> dict[str, Any]:
+        rp.reject_unknown(rp.as_object(params, "health"), set(), "health")
+        return {**self.engine.health(), **self._server_state()}
+
+    async def props(self, params: Any, ctx: CallContext) -> dict[str, Any]:
+        rp.reject_unknown(rp.as_object(params, "props"), set(), "props")
+        d = self.defaults
+        settings = {"n_predict": d.n_predict, **{f: getattr(d.sampling, f) for f in rp.SAMPLING_FIELDS}}
+        return {**self.engine.props(), "default_generation_settings": settings, "server": self._server_state()}
+
+    async def cancel(self, params: Any, ctx: CallContext) -> dict[str, Any]:
+        """By JSON-RPC `id` or by engine `request_id`, of a request this connection started: another
+        client's request answers {cancelled: false}, exactly as an unknown id does."""
+        obj = rp.as_object(params, "cancel")
+        rp.reject_unknown(obj, {"id", "request_id"}, "cancel")
+        if ("id" in obj) == ("request_id" in obj):
+            raise invalid_params("cancel: give exactly one of 'id' (JSON-RPC id) or 'request_id' (engine id)", "id")
+        if "request_id" in obj:
+            rid = obj["request_id"]
+            if not isinstance(rid, str):
+                raise invalid_params("'request_id' must be a string", "request_id")
+            if ctx.connection is not None and rid not in ctx.connection.owned_requests:
+                return {"cancelled": False}
+            return {"cancelled": self.engine.cancel(rid)}
+        if ctx.connection is None:
+            raise invalid_params("'id' cancels only work over a connection; use 'request_id'", "id")
+        return {"cancelled": ctx.connection.cancel(obj["id"])}
+
+
+def chunk_params(rpc_id: Any, event: PieceEvent, tokenizer: Any) -> dict[str, Any]:
+    """`drafters[i]` proposed `tokens[i]` (null: the target's own token). `pieces[i]` is that token's
+    text on its own; the pieces spell `content` except where the engine held text back (a possible
+    stop-string prefix, a UTF-8 character split across tokens), which is what clients colour by."""
+    return {
+        "id": rpc_id,
+        "request_id": event.request_id,
+        "content": event.text,
+        "tokens": list(event.tokens),
+        "pieces": [tokenizer.decode([t]) for t in event.tokens],
+        "drafters": list(event.drafters),
+        **({} if event.probs is None else {"completion_probabilities": token_probs_json.native(tokenizer, event.probs)}),
+    }
+
+
+def final_result(final: FinalEvent, *, return_tokens: bool) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "request_id": final.request_id,
+        "content": final.content,
+        "stop": True,
+        "stop_type": final.stop_type,
+        "stopping_word": final.stopping_word,
+        "tokens_predicted": len(final.tokens),
+        "tokens_evaluated": final.tokens_evaluated,
+        "timings": dict(final.timings),
+    }
+    if return_tokens:
+        result["tokens"] = list(final.tokens)
+    if final.error:
+        result["error"] = final.error
+    return result
