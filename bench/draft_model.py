@@ -121,7 +121,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def make_drafts(model: str, layers: list[int], out_dir: Path) -> list[tuple[str, str]]:
     """(label, path) for each draft: the target itself, then one truncated copy per K."""
-    from spekula.backends.gguf.truncate import truncate_gguf
+    from spekula.backends.convert.truncate import truncate_gguf
 
     drafts = []
     for k in layers:

@@ -12,7 +12,7 @@ from spekula.training.feature_cache import FeatureCache
 from spekula.training.head_api import DraftHead, TargetFacts
 
 if TYPE_CHECKING:
-    from spekula.training.loop import RunConfig
+    from spekula.training.run_config import RunConfig
 
 HEAD_KINDS = ("eagle3", "dflash")
 

@@ -13,7 +13,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,32 +25,7 @@ from spekula.training.checkpoint import has_checkpoint, load_checkpoint, save_ch
 from spekula.training.feature_cache import FeatureCache
 from spekula.training.head_api import DraftHead, HeadMetrics, TargetFacts
 from spekula.training.head_factory import build_head
-
-
-@dataclass(frozen=True, slots=True)
-class RunConfig:
-    """What defines a training run; a resumed run must ask for the same."""
-
-    kind: str  # eagle3 | dflash
-    steps: int
-    seed: int
-    lr: float = 1e-3
-    warmup: int = 20
-    weight_decay: float = 0.0
-    clip: float = 1.0
-    batch_seqs: int = 8
-    seq_len: int = 512
-    n_eval: int = 16
-    answer_only: bool = False
-    precision: str = "f32"  # f32 | bf16 (matrix products under bfloat16 autocast; weights stay float32)
-    head: dict[str, Any] = field(default_factory=dict)  # the head's own options
-    soft_labels: bool = False  # learn the target's top-K distribution (the cache must keep it)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        if not self.soft_labels:  # checkpoints written before soft labels existed still resume
-            out.pop("soft_labels")
-        return out
+from spekula.training.run_config import RunConfig
 
 
 @dataclass(slots=True)

@@ -27,8 +27,9 @@ from spekula.training.export import export_gguf, write_hf_checkpoint
 from spekula.training.feature_cache import FeatureCache
 from spekula.training.head_api import TargetFacts, read_target_facts
 from spekula.training.head_factory import HEAD_KINDS, default_layers
-from spekula.training.loop import RunConfig, StepReport, TrainResult, train
+from spekula.training.loop import StepReport, TrainResult, train
 from spekula.training.prompts import builtin_prompts, iter_prompt_files
+from spekula.training.run_config import RunConfig
 
 DEFAULT_PROMPTS = 2000
 

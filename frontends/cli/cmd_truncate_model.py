@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spekula.backends.gguf.truncate import truncate_gguf
+from spekula.backends.convert.truncate import truncate_gguf
 
 HELP = "Write a layer-truncated copy of a GGUF model (a no-training draft model)"
 

@@ -115,10 +115,10 @@ _SERVE_OPTIONS: set[str] = set()
 def serve_options() -> set[str]:
     """Every option string `spekula serve` accepts (so options added to it later are used when present)."""
     if not _SERVE_OPTIONS:
-        from spekula.frontends.cli import cmd_serve
+        from spekula.frontends.cli import serve_options as serve_cli
 
         parser = argparse.ArgumentParser(add_help=False)
-        cmd_serve.add_arguments(parser)
+        serve_cli.add_arguments(parser)
         _SERVE_OPTIONS.update(s for action in parser._actions for s in action.option_strings)
     return _SERVE_OPTIONS
 

@@ -25,7 +25,7 @@ from spekula.frontends.http.generation import typed_sse
 from spekula.frontends.schema.completion import CHAT_FIELDS
 
 if TYPE_CHECKING:
-    from spekula.frontends.http.app import HttpState
+    from spekula.frontends.http.state import HttpState
 
 FIELDS = frozenset({"model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p",
                     "top_k", "tools", "tool_choice", "metadata", "thinking", "service_tier"})

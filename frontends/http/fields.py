@@ -21,7 +21,7 @@ from typing import Any
 
 from spekula.core.verify.token_probs import MAX_N_PROBS
 from spekula.frontends.http.errors import HttpError
-from spekula.frontends.schema.sampler_order import sampler_overrides
+from spekula.frontends.http.sampler_order import sampler_overrides
 from spekula.frontends.schema.template_fields import (
     TEMPLATE_FIELDS,
     TemplateFieldError,

@@ -17,12 +17,12 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from spekula.core.events import Event, FinalEvent
+from spekula.frontends.http import prompts as http_prompts
 from spekula.frontends.http.errors import HttpError, from_rpc
 from spekula.frontends.http.fields import HttpOptions
 from spekula.frontends.rpc.methods import MAX_CHARS_PER_TOKEN
 from spekula.frontends.rpc.protocol import RpcError
 from spekula.frontends.schema import completion as rp
-from spekula.frontends.schema import prompts as http_prompts
 
 if TYPE_CHECKING:
     from spekula.core.params import CompletionRequest

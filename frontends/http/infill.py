@@ -23,7 +23,7 @@ from spekula.frontends.http.native import answer, response_fields
 from spekula.frontends.schema.completion import COMPLETION_FIELDS
 
 if TYPE_CHECKING:
-    from spekula.frontends.http.app import HttpState
+    from spekula.frontends.http.state import HttpState
 
 INFILL_FIELDS = ("input_prefix", "input_suffix", "input_extra")
 

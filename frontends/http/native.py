@@ -12,13 +12,13 @@ from starlette.responses import JSONResponse, Response
 from spekula.core.events import Event, FinalEvent, PieceEvent, ProgressEvent
 from spekula.frontends.http.errors import HttpError, from_rpc
 from spekula.frontends.http.fields import normalise
+from spekula.frontends.http.prompts import split_batch
 from spekula.frontends.rpc.protocol import RpcError
 from spekula.frontends.schema import completion as rp
 from spekula.frontends.schema import token_probs_json
-from spekula.frontends.schema.prompts import split_batch
 
 if TYPE_CHECKING:
-    from spekula.frontends.http.app import HttpState
+    from spekula.frontends.http.state import HttpState
 
 COMPLETION_FIELDS = rp.COMPLETION_FIELDS
 # llama-server's stop types; a cancelled request only ends that way when its client is gone.

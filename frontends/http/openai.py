@@ -22,7 +22,7 @@ from spekula.frontends.schema import completion as rp
 from spekula.frontends.schema import token_probs_json as tpj
 
 if TYPE_CHECKING:
-    from spekula.frontends.http.app import HttpState
+    from spekula.frontends.http.state import HttpState
 
 _OPENAI_COMMON = (rp.COMPLETION_FIELDS - {"prompt"})
 COMPLETION_FIELDS = _OPENAI_COMMON | {"prompt"}

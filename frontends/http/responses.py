@@ -27,7 +27,7 @@ from spekula.frontends.http.native import progress_fields
 from spekula.frontends.schema.completion import CHAT_FIELDS
 
 if TYPE_CHECKING:
-    from spekula.frontends.http.app import HttpState
+    from spekula.frontends.http.state import HttpState
 
 # Fields of a Responses request with no chat counterpart that change nothing here.
 _IGNORED = frozenset({"store", "include", "truncation", "parallel_tool_calls", "background", "prompt_cache_key",

@@ -21,9 +21,10 @@ import anyio
 import uvicorn
 
 from spekula.core.errors import ConfigError
-from spekula.frontends.http.app import HttpState, build_app
+from spekula.frontends.http.app import build_app
 from spekula.frontends.http.generation import GenerationService
 from spekula.frontends.http.metrics import render as render_metrics
+from spekula.frontends.http.state import HttpState
 from spekula.frontends.loop_errors import quiet_late_socket_wakeups
 from spekula.frontends.rpc.dispatch import Handler
 from spekula.frontends.rpc.server import RpcServer, ServerConfig

@@ -31,8 +31,8 @@ from ray.serve import Application
 from ray.serve.handle import DeploymentHandle
 
 from spekula.core.errors import ConfigError
-from spekula.frontends.cli.cmd_serve import http_state, serve_parser, server_defaults
 from spekula.frontends.cli.main import normalize_option_names
+from spekula.frontends.cli.serve_options import http_state, serve_parser, server_defaults
 from spekula.frontends.http.server import bind
 from spekula.frontends.ray.replica import EngineReplica
 

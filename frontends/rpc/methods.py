@@ -44,7 +44,7 @@ from spekula.frontends.rpc.dispatch import CallContext, Handler
 from spekula.frontends.rpc.protocol import CONTEXT_OVERFLOW, ENGINE_ERROR, RpcError
 from spekula.frontends.schema import completion as rp
 from spekula.frontends.schema import token_probs_json
-from spekula.frontends.schema.completion import invalid_params
+from spekula.frontends.schema.errors import invalid_params
 from spekula.frontends.schema.template_fields import TEMPLATE_FIELDS, TemplateFieldError, read_template_fields
 
 if TYPE_CHECKING:

@@ -20,8 +20,9 @@ from spekula.core.modelfile.constraint import GrammarSpec
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.verify.sampling import banning_end_of_generation
 from spekula.core.verify.token_probs import MAX_N_PROBS
-from spekula.frontends.rpc.protocol import CONTEXT_OVERFLOW, INVALID_PARAMS, RpcError
+from spekula.frontends.rpc.protocol import CONTEXT_OVERFLOW, RpcError
 from spekula.frontends.schema.chat_messages import MessagesError, chat_messages
+from spekula.frontends.schema.errors import invalid_params
 
 I32_MAX = 2**31 - 1
 # Every numeric request field with its inclusive range. Beyond these a value is refused before it
@@ -48,17 +49,6 @@ MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
 MAX_TOKEN_LIST = 16_777_216
 
-
-class ParamError(RpcError):
-    """A request field the server cannot accept; `field` names it."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(INVALID_PARAMS, message)
-        self.field = field
-
-
-def invalid_params(message: str, field: str = "") -> ParamError:
-    return ParamError(field, message)
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "logit_bias",
                    "presence_penalty", "frequency_penalty", "min_keep")

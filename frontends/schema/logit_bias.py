@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from spekula.frontends.schema.completion import invalid_params
+from spekula.frontends.schema.errors import invalid_params
 
 MAX_LOGIT_BIAS = 65_536  # entries per request
 MAX_LOGIT_BIAS_TEXT = 1024  # characters of a text key

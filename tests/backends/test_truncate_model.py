@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from output_paths import UNWRITABLE, unwritable_output
 
-from spekula.backends.gguf.truncate import truncate_gguf
+from spekula.backends.convert.truncate import truncate_gguf
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.modelfile.tokenizer import Tokenizer

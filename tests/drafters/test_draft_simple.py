@@ -274,7 +274,7 @@ def test_tiny_gguf_draft_is_target_accepts_everything() -> None:
 
 
 def test_tiny_gguf_truncated_draft_is_lossless(tmp_path: Path) -> None:
-    from spekula.backends.gguf.truncate import truncate_gguf
+    from spekula.backends.convert.truncate import truncate_gguf
     from spekula.fixtures.tiny_gguf import tiny_model_path
 
     p = tiny_model_path("qwen3")
@@ -285,8 +285,8 @@ def test_tiny_gguf_truncated_draft_is_lossless(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_smollm2_truncated_draft_greedy_is_lossless(tmp_path: Path) -> None:
+    from spekula.backends.convert.truncate import truncate_gguf
     from spekula.backends.gguf.default_model import DefaultModelError, ensure_default_model
-    from spekula.backends.gguf.truncate import truncate_gguf
 
     try:
         target = ensure_default_model(quiet=True)

@@ -11,13 +11,14 @@ import pytest
 from toy_backend import RepeatDrafter, ToyBackend, ToyTokenizer, make_engine, run_requests
 
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
-from spekula.frontends.http.app import HttpState, build_app
+from spekula.frontends.http.app import build_app
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.http.fields import normalise
 from spekula.frontends.http.generation import GenerationService
 from spekula.frontends.http.metrics import render
+from spekula.frontends.http.prompts import prompt_tokens, split_batch
+from spekula.frontends.http.state import HttpState
 from spekula.frontends.schema import completion as rp
-from spekula.frontends.schema.prompts import prompt_tokens, split_batch
 
 
 async def asgi(app: Any, method: str, path: str, body: bytes = b"",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spekula.frontends.http.errors import HttpError
-from spekula.frontends.schema.sampler_order import sampler_overrides
+from spekula.frontends.http.sampler_order import sampler_overrides
 
 
 def test_the_full_chain_changes_nothing() -> None:

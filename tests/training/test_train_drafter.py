@@ -27,9 +27,10 @@ from spekula.training.export import export_gguf, write_hf_checkpoint
 from spekula.training.feature_cache import CacheError
 from spekula.training.head_api import read_target_facts
 from spekula.training.head_factory import build_head
-from spekula.training.loop import RunConfig, StepReport
+from spekula.training.loop import StepReport
 from spekula.training.prompts import builtin_prompts
 from spekula.training.run import TrainRequest, quick_request, run_training
+from spekula.training.run_config import RunConfig
 
 MAKERS = {"eagle3": Eagle3Drafter.create, "dflash": DFlashDrafter.create}
 

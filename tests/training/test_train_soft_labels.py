@@ -121,7 +121,8 @@ def test_quick_training_on_soft_labels_learns_and_runs_losslessly(kind: str, big
 def test_soft_labels_need_a_cache_that_keeps_them(bigram: Path, tmp_path: Path) -> None:
     from spekula.training.feature_cache import FeatureCache as Cache
     from spekula.training.head_api import read_target_facts
-    from spekula.training.loop import RunConfig, train
+    from spekula.training.loop import train
+    from spekula.training.run_config import RunConfig
 
     req = quick_request("eagle3", str(bigram), tmp_path / "run", cache_dir=tmp_path / "cache", steps=1)
     run_training(req)
