@@ -1,0 +1,1 @@
+"""The PyTorch backend (CPU, CUDA), batch-invariant where it claims exactness, and its draft-head runtimes."""

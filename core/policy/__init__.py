@@ -1,0 +1,1 @@
+"""How long drafts are: the fixed lengths llama.cpp uses and the adaptive policy with its cost model, acceptance and confidence estimates."""

@@ -1,0 +1,1 @@
+"""Drafters that need no model: the n-gram family and suffix decoding."""

@@ -1,0 +1,1 @@
+"""The `spekula` and `spekula-server` command lines: one module per subcommand and the shared options."""

@@ -1,0 +1,1 @@
+"""spekula on Ray Serve: an HTTP ingress over engine replicas, routed by prompt prefix."""
