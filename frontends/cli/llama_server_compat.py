@@ -761,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{PROG}: spekula {_shown(serve)}", file=sys.stderr, flush=True)
     if tr.ignored:
         print(f"{PROG}: no effect in spekula: {' '.join(tr.ignored)}", file=sys.stderr, flush=True)
-    from spekula.frontends.cli import main as spekula_main
+    from spekula.frontends.cli.main import main as spekula_main
 
     return spekula_main(serve)
 

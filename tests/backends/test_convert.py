@@ -18,7 +18,7 @@ from spekula.backends.convert.plain import unpermute_qk
 from spekula.core.errors import ConfigError, ModelFileError, SpekulaError
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.fixtures import tiny_hf
-from spekula.frontends.cli import main as cli_main
+from spekula.frontends.cli.main import main as cli_main
 
 
 @pytest.fixture(scope="module")

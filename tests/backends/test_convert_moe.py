@@ -13,7 +13,7 @@ from spekula.backends.convert.hf import convert
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.fixtures import tiny_hf, tiny_moe
-from spekula.frontends.cli import main as cli_main
+from spekula.frontends.cli.main import main as cli_main
 
 
 def _stacked(hf: dict[str, np.ndarray], layer: int, proj: str) -> np.ndarray:

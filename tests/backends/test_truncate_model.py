@@ -17,7 +17,7 @@ from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.modelfile.tokenizer import Tokenizer
 from spekula.drafters.model.draft_simple import check_vocab_compatible
 from spekula.fixtures.tiny_gguf import tiny_model_path, write_gguf
-from spekula.frontends.cli import main
+from spekula.frontends.cli.main import main
 
 
 def field_types(path: Path) -> dict[str, list[int]]:

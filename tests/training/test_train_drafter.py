@@ -20,7 +20,7 @@ from spekula.core.modelfile.tokenizer import Tokenizer
 from spekula.core.params import SpecParams
 from spekula.drafters.model.dflash import DFlashDrafter
 from spekula.drafters.model.eagle3 import Eagle3Drafter
-from spekula.frontends.cli import main
+from spekula.frontends.cli.main import main
 from spekula.training import checkpoint as ckpt_mod
 from spekula.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from spekula.training.export import export_gguf, write_hf_checkpoint

@@ -17,7 +17,7 @@ from spekula.core.params import SpecParams
 from spekula.drafters.model.dflash import DFlashDrafter
 from spekula.drafters.model.eagle3 import Eagle3Drafter
 from spekula.fixtures.tiny_gguf import tiny_model_path
-from spekula.frontends.cli import main
+from spekula.frontends.cli.main import main
 from spekula.training.distill import Distiller, DistillOptions, distill, recipe_for, top_k_log_probs
 from spekula.training.feature_cache import FeatureCache
 from spekula.training.head_api import soft_cross_entropy
