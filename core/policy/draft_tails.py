@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spekula.core.drafting.drafter import Drafter
-from spekula.core.engine.slot import Slot
+from spekula.core.policy.policy import SlotPosition
 
 
 @dataclass(slots=True)
@@ -35,20 +35,24 @@ class DraftTails:
     def __init__(self) -> None:
         self._tails: dict[int, Tail] = {}
 
-    def keep(self, s: Slot, drafter: Drafter, tokens: list[int], kept: int, start: int = 0) -> None:
+    def keep(self, s: SlotPosition, drafter: Drafter, tokens: list[int], kept: int, start: int = 0,
+             constrained: bool = False) -> None:
         """`tokens[:kept]` of `drafter`'s draft (whose first token is at draft position `start`) go
         into this round's forward; keep the rest if there is any to verify after the target's own
-        next token."""
-        if len(tokens) - kept >= 2 and not getattr(drafter, "model_based", True) \
-                and (s.plan is None or s.plan.constraint is None):
+        next token (`constrained`: a grammar checks the slot's drafts)."""
+        if len(tokens) - kept >= 2 and not getattr(drafter, "model_based", True) and not constrained:
             self._tails[s.id] = Tail(s.request_id, drafter, s.n_hist + kept + 1, list(tokens[kept:]), start + kept + 1)
         else:
             self._tails.pop(s.id, None)
 
-    def take(self, s: Slot) -> Tail | None:
-        """The slot's kept tail if the previous round accepted everything verified before it and the
-        target's next token is the tail's first; None otherwise. Either way it is used up."""
-        tail = self._tails.pop(s.id, None)
-        if tail is None or tail.request_id != s.request_id or tail.position != s.n_hist or tail.tokens[0] != s.last:
+    def take(self, s: SlotPosition, drafter: Drafter | None = None) -> Tail | None:
+        """The slot's kept tail (of `drafter`'s draft, if given: another drafter's stays) if the previous
+        round accepted everything verified before it and the target's next token is the tail's first;
+        None otherwise. Either way it is used up."""
+        tail = self._tails.get(s.id)
+        if tail is None or (drafter is not None and tail.drafter is not drafter):
+            return None
+        del self._tails[s.id]
+        if tail.request_id != s.request_id or tail.position != s.n_hist or tail.tokens[0] != s.last:
             return None
         return tail
