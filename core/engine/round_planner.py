@@ -10,7 +10,6 @@ how much of each draft to verify; the drafters and the statistics then hear what
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -18,12 +17,12 @@ from typing import Protocol
 import numpy as np
 
 from spekula.core.backend import SeqInput
-from spekula.core.drafting.drafter import Draft, Drafter, DraftRequest
+from spekula.core.drafting.drafter import Draft, Drafter
 from spekula.core.drafting.registry import order_drafters
+from spekula.core.engine.draft_call import call_drafter, tell_shortened
 from spekula.core.engine.request_plan import drafter_cap
 from spekula.core.engine.slot import Slot, SlotState
-from spekula.core.modelfile.constraint import trim_draft
-from spekula.core.policy.policy import Answer, DraftCall, DraftPolicy, DraftRound, RoundShape
+from spekula.core.policy.policy import DraftCall, DraftPolicy, DraftRound, RoundShape
 
 Chosen = dict[int, tuple[Draft, Drafter]]  # slot -> the draft it verifies and whose it is, in drafting order
 
@@ -140,59 +139,22 @@ class RoundPlanner:
                         resumed = DraftCall(drafter, 0.0, resumed=True)
                         calls.append(resumed)
                     resumed.lengths[s.id] = len(ask)
-                    _shortened(drafter, s.id, len(ask))  # what it judges its acceptance against
+                    tell_shortened(drafter, s.id, len(ask))  # what it judges its acceptance against
                     chosen[s.id] = (Draft(ask), drafter)
                     del looking[s.id]
                 elif ask > 0:
                     mine.append((s, ask))
-            if mine:
-                self._call(drafter, per_token, mine, looking, chosen, calls)
+            called = call_drafter(drafter, per_token, mine, self.observer) if mine else None
+            if called is not None:
+                calls.append(called[0])
+                for sid, draft in called[1].items():
+                    chosen[sid] = (draft, drafter)
+            for s, _ in mine:  # a slot with a draft, or whose drafter failed (it carries the error), is done
+                if s.id in chosen or s.error is not None:
+                    del looking[s.id]
             if not looking:
                 break
         return chosen, calls
-
-    def _call(self, drafter: Drafter, per_token: bool, mine: list[tuple[Slot, int]],
-              looking: dict[int, tuple[Slot, int]], chosen: Chosen, calls: list[DraftCall]) -> None:
-        """One call of `drafter` for the slots in `mine`; an empty draft falls through to the next drafter."""
-        reqs = [_draft_request(s, n) for s, n in mine]
-        t0 = time.perf_counter()
-        try:
-            drafts = drafter.draft(reqs)
-            if len(drafts) != len(reqs):
-                raise RuntimeError(f"returned {len(drafts)} drafts for {len(reqs)} requests")
-            for d in drafts:
-                _check_confidence(d)
-        except Exception as exc:  # a broken drafter ends the requests it was drafting for, not the engine
-            for s, _ in mine:
-                s.error = f"drafter {drafter.name!r} failed: {type(exc).__name__}: {exc}"
-                del looking[s.id]
-            return
-        call = DraftCall(drafter, time.perf_counter() - t0, per_token=per_token)
-        calls.append(call)
-        for (s, n), d in zip(mine, drafts, strict=True):
-            call.lengths[s.id] = min(len(d.tokens), n)
-            call.answers.append(Answer(s, bool(d.tokens), d.confidence is not None))
-            if not d.tokens:
-                continue
-            if len(d.tokens) > n:  # the round's budget caps every drafter (docs/semantics.md §1.3)
-                d = d.prefix(n)
-            if s.constrained:
-                d = self._grammar_trim(s, drafter, d, call)
-                if not d.tokens:
-                    continue  # the grammar forbids its first token: as if nothing was drafted
-            chosen[s.id] = (d, drafter)
-            del looking[s.id]
-        call.steps = max(call.lengths.values(), default=0)
-
-    def _grammar_trim(self, s: Slot, drafter: Drafter, d: Draft, call: DraftCall) -> Draft:
-        """Drop what the request's grammar forbids before it costs a verification row."""
-        assert s.plan is not None and s.plan.constraint is not None
-        tokens, _probs, rejected = trim_draft(list(d.tokens), d.probs, s.plan.constraint.valid_prefix(d.tokens))
-        if not rejected:
-            return d
-        self.observer.grammar_rejected(s, drafter.name, rejected)
-        call.lengths[s.id] = len(tokens)
-        return d.prefix(len(tokens))  # trim_draft keeps a prefix: the same tokens and probabilities
 
     def _cut(self, round: DraftRound, chosen: Chosen) -> None:
         """Every policy keeps, of its slots' drafts (`chosen`, also in `round`), what it will verify;
@@ -204,34 +166,9 @@ class RoundPlanner:
                     if call.drafter is drafter and sid in call.lengths:
                         call.lengths[sid] = kept
                 if kept < len(draft.tokens):
-                    _shortened(drafter, sid, kept)
+                    tell_shortened(drafter, sid, kept)
                     if kept == 0:
                         del chosen[sid]
                     else:
                         chosen[sid] = (draft.prefix(kept), drafter)
 
-
-def _check_confidence(d: Draft) -> None:
-    """A drafter's confidences, if it gives any, as one float per token (a plugin's mistake here must
-    end its requests with a clear error, not fail later inside the cost model)."""
-    if d.confidence is None:
-        return
-    values = [float(c) for c in d.confidence]
-    if len(values) != len(d.tokens):
-        raise RuntimeError(f"returned {len(values)} confidences for a draft of {len(d.tokens)} tokens")
-    d.confidence = values
-
-
-def _draft_request(s: Slot, n_max: int) -> DraftRequest:
-    """What a drafter is asked on behalf of a generating slot (which always has a request and a plan)."""
-    assert s.plan is not None and s.request is not None
-    return DraftRequest(slot=s.id, history=s.history, last=s.last, n_max=n_max, spec=s.plan.spec,
-                        temperature=s.request.sampling.temperature, seed=s.plan.seed)
-
-
-def _shortened(drafter: Drafter, slot: int, n: int) -> None:
-    """Tell a drafter that keeps state by its draft's length (`shortened`, optional) that n tokens of
-    its draft for `slot` are verified."""
-    trim = getattr(drafter, "shortened", None)
-    if callable(trim):
-        trim(slot, n)
