@@ -1,9 +1,10 @@
 """A request resolved once: everything the scheduler needs to run it, decided before it is queued.
 
 `plan_request` is the one place a CompletionRequest is checked and turned into settings: the
-effective speculation parameters, the drafters in precedence order, their length cap, the policy
-that sizes their drafts, the target's sampler, the verification rule and its random streams. Anything wrong with the request surfaces
-here as a `RequestRejected`, so a queued request can always start and a bad one ends alone.
+effective speculation parameters, the drafters in precedence order, their length cap, the draft
+policy that sizes their drafts (core/policy/policy.py), the target's sampler, the verification rule
+and its random streams. Anything wrong with the request surfaces here as a `RequestRejected`, so a
+queued request can always start and a bad one ends alone.
 """
 
 from __future__ import annotations
