@@ -1,13 +1,14 @@
 """Drafts the cost model cut short, kept so that the next round can verify the rest.
 
-When the planner verifies only the first k tokens of a draft and all k are accepted, the token the
-target emits after them is, more often than not, the draft's next token: the draft was right so
-far and may well go on being right. Asking the drafter again from the new position can give a
+When the adaptive policy's cut verifies only the first k tokens of a draft and all k are accepted, the
+token the target emits after them is, more often than not, the draft's next token: the draft was
+right so far and may well go on being right. Asking the drafter again from the new position can give a
 different draft (an n-gram drafter may now match a more recent, wrong occurrence), so the rest of
 the cut draft is kept and offered in its place, with the acceptance rates of the positions it
 continues rather than those of a fresh draft's first tokens. Only for draftless drafters (a model
 drafter's own state follows its drafts) and only without a grammar (the kept rest was checked
-against the grammar as part of the whole draft; keeping it simple keeps it safe).
+against the grammar as part of the whole draft; keeping it simple keeps it safe). Slots come in as
+`SlotPosition`s: the policy package knows nothing of the engine's Slot.
 """
 
 from __future__ import annotations
