@@ -67,7 +67,7 @@ class RoundPlanner:
         if busy:
             self._rotate = (self._rotate + 1) % len(busy)
             busy = busy[self._rotate:] + busy[: self._rotate]
-        budget = self.n_batch
+        budget = self.n_batch  # generating slots first: one row for x and room for a draft
         reserved: list[tuple[Slot, int]] = []
         for s in busy:
             if s.state is not SlotState.GENERATING or budget < 1:
@@ -78,7 +78,7 @@ class RoundPlanner:
         prompt_pending = sum(len(s.prompt) - s.n_prompt_done for s in busy if s.state is SlotState.PROMPT)
         shape = RoundShape(self.n_batch, len(reserved) + prompt_pending, len(reserved))
         wants = [(s, n) for s, n in reserved if n > 0 and s.drafters]
-        chosen, calls = self._draft(wants, shape) if wants else ({}, [])
+        chosen, calls = self._draft(wants, shape) if wants else ({}, [])  # drafting, then the policies' cut
         plan = RoundPlan([], calls, drafting_seconds=sum(c.seconds for c in calls))
         self._cut(DraftRound(shape, {s.id: s for s, _ in reserved}, chosen, calls, plan.drafting_seconds), chosen)
         for call in calls:
@@ -86,7 +86,7 @@ class RoundPlanner:
         for s, _ in wants:  # every slot that asked, even for nothing (docs/semantics.md §1.1 step 4)
             if any(s.id in c.lengths for c in calls):
                 self.observer.drafted(s, len(chosen[s.id][0].tokens) if s.id in chosen else 0)
-        budget = self.n_batch
+        budget = self.n_batch  # the forward's rows: x and the draft per generating slot, then prompt chunks
         for s, _ in reserved:
             if s.finished:
                 continue
