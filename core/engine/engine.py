@@ -22,7 +22,7 @@ import anyio
 import numpy as np
 from anyio.abc import TaskGroup, TaskStatus
 
-from spekula.core.backend import Backend, BackendOptions, Capture, SeqInput
+from spekula.core.backend import Backend, BackendOptions
 from spekula.core.drafting.drafter import Drafter, DrafterContext
 from spekula.core.drafting.registry import (
     DrafterSource,
@@ -41,7 +41,10 @@ from spekula.core.errors import ConfigError
 from spekula.core.events import FinalEvent, PieceEvent, StopType
 from spekula.core.modelfile.grammar_llg import Grammars
 from spekula.core.params import CompletionRequest, SpecParams
-from spekula.core.policy.cost_model import AdaptiveController, CostModel
+from spekula.core.policy.adaptive import AdaptivePolicy
+from spekula.core.policy.controller import AdaptiveController
+from spekula.core.policy.cost_model import CostModel
+from spekula.core.policy.fixed import FixedPolicy
 from spekula.core.stats.spec_stats import EngineSpecStats
 
 _KEEP_REQUEST_STATS = 256
@@ -111,11 +114,13 @@ class Engine:
         # Server-wide drafters are created now so that a bad type, plugin or draft model fails start-up.
         synthetic_rates(config.spec, self._drafters_for(config.spec))
         self._slots = [Slot(i, backend.new_seq(), config.n_ctx) for i in range(config.n_slots)]
-        # The cost model is measured on the running backend before any request when the server
-        # speculates adaptively by default; otherwise it starts from a guess that every forward refines.
-        measure = config.spec.adaptive and bool(config.spec.types)
-        self.adaptive = AdaptiveController(self._measure_cost() if measure else CostModel())
-        self._scheduler = Scheduler(backend, tokenizer, config.n_batch, self.observer, self.adaptive)
+        # The cost model measures the backend on its first forwards (no timing forwards delay the first
+        # request); a request's plan picks the fixed policy or the adaptive one, and both see every round.
+        max_rows = min(config.n_batch, config.n_ctx - 1, 128 if config.n_slots > 1 else 64)
+        self.adaptive = AdaptiveController(CostModel.prior(max_rows))
+        self._fixed_policy, self._adaptive_policy = FixedPolicy(), AdaptivePolicy(self.adaptive)
+        self._scheduler = Scheduler(backend, tokenizer, config.n_batch, self.observer,
+                                    (self._fixed_policy, self._adaptive_policy))
         self._queue: deque[tuple[CompletionRequest, RequestPlan, Outbox]] = deque()
         self._wake: anyio.Event | None = None
         # Pieces of steps the worker made back to back (Engine._steps), waiting for the loop.
@@ -136,22 +141,6 @@ class Engine:
             out.append(self._drafters[name])
         return order_drafters(out)
 
-    def _measure_cost(self) -> CostModel:
-        """Time forwards of 1, 2, 4, ... rows on slot 0's (still empty) sequence."""
-        seq, n_vocab = self._slots[0].seq_id, self.backend.info.n_vocab
-        max_rows = min(self.config.n_batch, self.config.n_ctx - 1, 128 if self.config.n_slots > 1 else 64)
-
-        def forward_rows(n: int) -> float:
-            tokens = (np.arange(n) % n_vocab).astype(np.int32)
-            t0 = time.perf_counter()
-            self.backend.forward([SeqInput(seq, tokens, 0, np.arange(n))], Capture())
-            seconds = time.perf_counter() - t0
-            self.backend.truncate(seq, 0)
-            return seconds
-
-        forward_rows(1)  # the first forward of a backend pays for warm-up
-        return CostModel.measure(forward_rows, max_rows)
-
     # -- public API ---------------------------------------------------------------------------
     def submit(self, req: CompletionRequest, *, session: str | None = None) -> RequestHandle:
         """Queue a request; its events come through the handle. `session` (a client's affinity key)
@@ -167,7 +156,8 @@ class Engine:
         try:
             plan = plan_request(req, server_spec=self.config.spec, n_ctx=self.config.n_ctx,
                                 n_vocab=self.backend.info.n_vocab, drafters_for=self._drafters_for,
-                                is_eog=self._is_eog, new_constraint=self.grammars.new)
+                                is_eog=self._is_eog, fixed_policy=self._fixed_policy,
+                                adaptive_policy=self._adaptive_policy, new_constraint=self.grammars.new)
         except RequestRejected as exc:
             self._send_final(outbox, FinalEvent(req.id, "", [], "error", error=str(exc), rejected_spec=exc.spec_at_fault))
         except Exception as exc:  # noqa: BLE001 - e.g. a third-party drafter failing to build: this request only

@@ -1,9 +1,10 @@
 """A request resolved once: everything the scheduler needs to run it, decided before it is queued.
 
 `plan_request` is the one place a CompletionRequest is checked and turned into settings: the
-effective speculation parameters, the drafters in precedence order, their length cap, the target's
-sampler, the verification rule and its random streams. Anything wrong with the request surfaces
-here as a `RequestRejected`, so a queued request can always start and a bad one ends alone.
+effective speculation parameters, the drafters in precedence order, their length cap, the draft
+policy that sizes their drafts (core/policy/policy.py), the target's sampler, the verification rule
+and its random streams. Anything wrong with the request surfaces here as a `RequestRejected`, so a
+queued request can always start and a bad one ends alone.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from spekula.core.drafting.drafter import Drafter
 from spekula.core.errors import ContextOverflowError, SpekulaError
 from spekula.core.modelfile.constraint import Constraint, ConstraintError, GrammarSpec
 from spekula.core.params import CompletionRequest, SpecParams
+from spekula.core.policy.policy import DraftPolicy
 from spekula.core.verify.sampling import Sampler, resolve_seed
 from spekula.core.verify.synthetic import conditional_rates, resolve_synthetic_rates
 from spekula.core.verify.verifier import Verifier, choose_verifier
@@ -35,7 +37,7 @@ class RequestPlan:
     n_max_eff: int  # the longest draft any of them may make (sizes per-position statistics)
     sampler: Sampler  # the target's sampler, its penalty history already fed with the prompt
     verifier: Verifier
-    adaptive: bool  # draft lengths chosen by the cost model rather than fixed caps
+    policy: DraftPolicy  # how long the drafts are: fixed caps or the cost model's choice
     constraint: Constraint | None = None  # the request's grammar state (masks every verification row)
 
     @property
@@ -73,7 +75,7 @@ def check_prompt(req: CompletionRequest, n_ctx: int, n_vocab: int) -> None:
 
 def plan_request(req: CompletionRequest, *, server_spec: SpecParams, n_ctx: int, n_vocab: int,
                  drafters_for: Callable[[SpecParams], list[Drafter]],
-                 is_eog: Callable[[int], bool],
+                 is_eog: Callable[[int], bool], fixed_policy: DraftPolicy, adaptive_policy: DraftPolicy,
                  new_constraint: Callable[[GrammarSpec], Constraint] | None = None) -> RequestPlan:
     """Check `req` and resolve it into a RequestPlan, or raise RequestRejected."""
     check_prompt(req, n_ctx, n_vocab)
@@ -92,7 +94,7 @@ def plan_request(req: CompletionRequest, *, server_spec: SpecParams, n_ctx: int,
     verifier = choose_verifier(sampler, is_eog, probabilistic=spec.draft_sampling == "probabilistic",
                                synth_rates=synth, seed=sampler.seed)
     # Synthetic acceptance measures the engine at chosen rates: the lengths stay fixed for it.
-    adaptive = spec.adaptive and synth is None
+    policy = adaptive_policy if spec.adaptive and synth is None else fixed_policy
     constraint = None
     if req.grammar is not None:
         if new_constraint is None:
@@ -102,4 +104,4 @@ def plan_request(req: CompletionRequest, *, server_spec: SpecParams, n_ctx: int,
         except ConstraintError as exc:
             raise RequestRejected(f"invalid {req.grammar.kind}: {exc}") from None
     return RequestPlan(spec=spec, drafters=drafters, n_max_eff=max((drafter_cap(d, spec) for d in drafters), default=0),
-                       sampler=sampler, verifier=verifier, adaptive=adaptive, constraint=constraint)
+                       sampler=sampler, verifier=verifier, policy=policy, constraint=constraint)

@@ -1,7 +1,7 @@
 """What a speculative round reports, and the recorder that turns it into statistics.
 
 The planner and the scheduler only announce what happened (a drafter began, was called, had its
-draft verified, the cost model shortened a draft); `StatsRecorder` keeps llama.cpp's counters from
+draft verified, a draft policy decided a length); `StatsRecorder` keeps llama.cpp's counters from
 those announcements: per drafter and engine-wide (`EngineSpecStats`) and per request (the slot's
 `SlotSpecStats`). Nothing else writes statistics.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from spekula.core.engine.round_planner import Decision
 from spekula.core.engine.slot import Slot
+from spekula.core.policy.policy import Decision
 from spekula.core.stats.spec_stats import EngineSpecStats
 
 
@@ -29,7 +29,7 @@ class RoundObserver(Protocol):
         """A non-empty draft of `drafter` was verified; its accept() took `accept_seconds`."""
 
     def adapted(self, decision: Decision, emitted: int, predicted_cost: float, measured_cost: float) -> None:
-        """The cost model decided a slot's draft length; costs are in units of a plain round."""
+        """A draft policy decided a slot's draft length; costs are in units of a plain round."""
 
     def forwarded(self, n_seqs: int) -> None:
         """One target forward over `n_seqs` slots' rows ran."""

@@ -4,7 +4,8 @@ Every step gathers the work of ALL busy slots into ONE backend forward (planned 
 `RoundPlanner`: verification rows of generating slots first, then prompt chunks). Then, per slot:
 the drafters observe the forward, the request's verifier keeps the accepted prefix, the KV rolls
 back to it, the drafters hear how their draft fared, and the tokens are emitted
-(docs/semantics.md §1.1). Statistics are only announced to the observer.
+(docs/semantics.md §1.1). Last the draft policies learn from the round (core/policy/policy.py).
+Statistics are only announced to the observer.
 
 The engine calls `step` only from one worker thread at a time and touches slots only between steps,
 so nothing here needs a lock. No torch: arrays cross the Backend boundary as numpy.
@@ -13,28 +14,28 @@ so nothing here needs a lock. No torch: arrays cross the Backend boundary as num
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
 from spekula.core.backend import Backend, Capture, SeqOutput
 from spekula.core.engine.round_observer import RoundObserver
-from spekula.core.engine.round_planner import RoundPlan, RoundPlanner, Work
+from spekula.core.engine.round_planner import RoundPlanner, Work
 from spekula.core.engine.slot import Slot, SlotState
 from spekula.core.events import PieceEvent
-from spekula.core.policy.cost_model import AdaptiveController
+from spekula.core.policy.policy import DraftPolicy, RoundOutcome, Verified
 from spekula.core.verify.sampling import Sampler
 from spekula.core.verify.token_probs import TokenProbs, emitted_probs
 
 
 class Scheduler:
     def __init__(self, backend: Backend, tokenizer: object, n_batch: int, observer: RoundObserver,
-                 controller: AdaptiveController | None = None) -> None:
+                 policies: Sequence[DraftPolicy]) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.observer = observer
-        self.controller = controller
-        self.planner = RoundPlanner(n_batch, observer, controller)
-        self._drafted_before = False  # the last round called a drafter or verified a draft
+        self.policies = tuple(policies)  # every policy a request may choose: all learn from every round
+        self.planner = RoundPlanner(n_batch, observer, self.policies)
 
     def step(self, slots: list[Slot]) -> list[tuple[Slot, PieceEvent | None]]:
         """Run one forward for every busy slot; return each touched slot with its piece event."""
@@ -55,43 +56,26 @@ class Scheduler:
             return [(w.slot, None) for w in plan.work]
         forward_seconds = time.perf_counter() - t_forward
         self.observer.forwarded(len(plan.work))
+        # What the policies learn from; the verification below fills in its emitted and verified.
+        outcome = RoundOutcome(plan.rows, len(plan.work), with_prompt=any(w.prompt_chunk for w in plan.work),
+                               drafted=bool(plan.calls) or plan.rows > len(plan.work), forward_seconds=forward_seconds,
+                               drafting_seconds=plan.drafting_seconds, round_seconds=0.0, emitted={}, verified=[])
         results: list[tuple[Slot, PieceEvent | None]] = []
-        emitted: dict[int, int] = {}
         for w, out in zip(plan.work, outs, strict=True):
             s = w.slot
             try:
                 for d in s.drafters:
                     d.observe(s.id, w.inp, out)
-                piece = self._after_prompt(w, out) if w.prompt_chunk else self._after_round(w, out, emitted)
+                piece = self._after_prompt(w, out) if w.prompt_chunk else self._after_round(w, out, outcome)
                 results.append((s, piece))
             except Exception as exc:  # e.g. a failing third-party drafter: end this request clearly
                 s.error = f"{type(exc).__name__}: {exc}"
                 results.append((s, None))
-        if self.controller is not None:
-            self._learn(plan, forward_seconds, time.perf_counter() - t_start, emitted)
+        outcome.round_seconds = time.perf_counter() - t_start
+        for policy in self.policies:
+            for a in policy.learn(outcome):
+                self.observer.adapted(a.decision, a.emitted, a.predicted_cost, a.measured_cost)
         return results
-
-    def _learn(self, plan: RoundPlan, forward_seconds: float, round_seconds: float, emitted: dict[int, int]) -> None:
-        """Refine the cost model with this round and report what the adaptive decisions gave."""
-        assert self.controller is not None
-        cost = self.controller.cost
-        cost.observe_forward(plan.rows, forward_seconds)
-        cost.observe_overhead(max(0.0, round_seconds - forward_seconds - plan.drafting_seconds))
-        drafted = bool(plan.calls) or plan.rows > len(plan.work)
-        if not drafted and not self._drafted_before and not any(w.prompt_chunk for w in plan.work):
-            cost.observe_plain_round(len(plan.work), round_seconds)
-        self._drafted_before = drafted
-        if not any(w.prompt_chunk for w in plan.work):
-            # In the cost model's own seconds (which follow the measured ones), so that the rate
-            # and the round times it is weighed against are in one unit.
-            self.controller.observe_round(sum(emitted.values()), cost.round_time(plan.rows, plan.drafting_seconds))
-        if plan.plain_seconds <= 0:
-            return
-        predicted = plan.predicted_seconds / plan.plain_seconds
-        measured = round_seconds / plan.plain_seconds
-        for w in plan.work:
-            if w.decision is not None and w.slot.id in emitted:
-                self.observer.adapted(w.decision, emitted[w.slot.id], predicted, measured)
 
     def _is_eog(self, token: int) -> bool:
         return bool(self.tokenizer.is_eog(token))  # type: ignore[attr-defined]
@@ -109,8 +93,7 @@ class Scheduler:
             t0 = time.perf_counter()
             d.begin(s.id, s.history)
             self.observer.began(d.name, time.perf_counter() - t0)
-        if self.controller is not None:
-            self.controller.begin_request(s.id)
+        s.plan.policy.begin(s.id)
         logits = out.logits[-1:]
         if s.plan.constraint is not None:
             s.plan.constraint.mask_logits(logits, [])
@@ -121,7 +104,7 @@ class Scheduler:
             s.plan.constraint.advance(result.emitted)
         return self._emit(s, result.emitted, [None], _probs(s, logits, result.emitted, before))
 
-    def _after_round(self, w: Work, out: SeqOutput, emitted: dict[int, int]) -> PieceEvent | None:
+    def _after_round(self, w: Work, out: SeqOutput, outcome: RoundOutcome) -> PieceEvent | None:
         s, draft = w.slot, w.draft
         assert s.plan is not None
         constraint = s.plan.constraint
@@ -137,7 +120,7 @@ class Scheduler:
         # Roll back: keep H, x and the accepted drafts; later writes overwrite the rest (O(1)).
         s.commit(result.emitted)
         self.backend.truncate(s.seq_id, s.n_hist)
-        emitted[s.id] = len(result.emitted)
+        outcome.emitted[s.id] = len(result.emitted)
         if draft.tokens:
             assert w.drafter is not None
             for d in s.drafters:
@@ -145,9 +128,7 @@ class Scheduler:
                 d.accept(s.id, n_acc, d is w.drafter)
                 if d is w.drafter:
                     self.observer.verified(s, d.name, n_acc, time.perf_counter() - t0)
-            if self.controller is not None and w.decision is not None:
-                self.controller.verified(w.drafter.name, s.id, len(draft.tokens), n_acc, w.decision.probe,
-                                         draft.confidence)
+            outcome.verified.append(Verified(s.id, w.drafter.name, len(draft.tokens), n_acc, draft.confidence))
         names: list[str | None] = [w.drafter.name if w.drafter else None] * n_acc + [None]
         return self._emit(s, result.emitted, names, _probs(s, out.logits, result.emitted, before))
 

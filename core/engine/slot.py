@@ -28,6 +28,7 @@ from spekula.core.verify.token_probs import TokenProbs
 if TYPE_CHECKING:
     from spekula.core.engine.request_handle import Outbox
     from spekula.core.engine.request_plan import RequestPlan
+    from spekula.core.policy.policy import DraftPolicy
 
 
 class SlotState(StrEnum):
@@ -175,6 +176,19 @@ class Slot:
     @property
     def drafters(self) -> tuple[Drafter, ...]:
         return self.plan.drafters if self.plan is not None else ()
+
+    @property
+    def policy(self) -> DraftPolicy | None:
+        """What decides the request's draft lengths (core/policy/policy.py)."""
+        return self.plan.policy if self.plan is not None else None
+
+    @property
+    def constrained(self) -> bool:
+        """A grammar checks the request's drafts."""
+        return self.plan is not None and self.plan.constraint is not None
+
+    def may_draft(self) -> bool:
+        return bool(self.drafters) and self.n_draft_max() > 0
 
     @property
     def history(self) -> np.ndarray:

@@ -20,18 +20,15 @@ from toy_backend import (
 
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.policy.acceptance import FIRST_PRIOR, LATER_PRIOR, AcceptanceModel
-from spekula.core.policy.cost_model import (
-    MIN_GAIN,
+from spekula.core.policy.controller import (
     MISS_GAP_MAX,
     MISS_STREAK,
     PROBE_AFTER,
     PROBE_MAX,
     SKIP_STANDS,
     AdaptiveController,
-    CostModel,
-    Offer,
-    choose_lengths,
 )
+from spekula.core.policy.cost_model import MIN_GAIN, CostModel, Offer, choose_lengths
 
 
 def gains_st(max_len: int = 4) -> st.SearchStrategy[list[float]]:

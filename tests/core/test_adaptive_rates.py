@@ -11,17 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from toy_backend import RepeatDrafter, ToyBackend, ToyTokenizer, fix_cost, make_engine, run_requests
 
-from spekula.core.engine.round_planner import RoundPlanner
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.policy.acceptance import FIRST_PRIOR, LATER_PRIOR, PRIOR_WEIGHT, AcceptanceModel
-from spekula.core.policy.cost_model import (
-    MIN_GAIN,
-    MISS_STREAK,
-    AdaptiveController,
-    CostModel,
-    Offer,
-    choose_lengths,
-)
+from spekula.core.policy.adaptive import AdaptivePolicy
+from spekula.core.policy.controller import MISS_STREAK, AdaptiveController
+from spekula.core.policy.cost_model import MIN_GAIN, CostModel, Offer, choose_lengths
 from spekula.core.policy.draft_tails import DraftTails
 
 
@@ -158,13 +152,15 @@ def test_a_cut_draft_continues_only_after_everything_before_it_was_accepted() ->
 def test_cut_drafts_are_continued_in_the_engine_and_output_stays_plain(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Dear rows cut RepeatDrafter's long drafts; the rest of each accepted cut is verified next round."""
     continued: list[int] = []
-    original = RoundPlanner._continue
+    original = AdaptivePolicy.ask
 
-    def spy(self, *args):  # type: ignore[no-untyped-def]
-        original(self, *args)
-        continued.extend(self._continued)
+    def spy(self, slot, *args):  # type: ignore[no-untyped-def]
+        answer = original(self, slot, *args)
+        if isinstance(answer, list):  # the kept rest of a cut draft, verified instead of a call
+            continued.append(slot.id)
+        return answer
 
-    monkeypatch.setattr(RoundPlanner, "_continue", spy)
+    monkeypatch.setattr(AdaptivePolicy, "ask", spy)
     prompt = [7, 8, 9, 10, 11, 12, 13, 14] * 8
     finals = {}
     for adaptive in (False, True):

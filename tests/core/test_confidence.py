@@ -18,7 +18,8 @@ from toy_backend import (
 
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.policy.confidence import BINS, PRIOR_WEIGHT, ConfidenceCalibration
-from spekula.core.policy.cost_model import AdaptiveController, CostModel
+from spekula.core.policy.controller import AdaptiveController
+from spekula.core.policy.cost_model import CostModel
 
 
 def test_a_bins_prior_is_its_midpoint_squared_until_outcomes_arrive() -> None:
