@@ -18,7 +18,8 @@ import onnx
 import structlog
 from onnx import TensorProto, helper, numpy_helper
 
-from spekula.backends.gguf.weights import ModelHParams, load_model_weights, read_hparams
+from spekula.backends.gguf.architecture import ModelHParams, read_hparams
+from spekula.backends.gguf.weights import load_model_weights
 from spekula.backends.onnx import cache as onnx_cache
 from spekula.backends.onnx.builder import LinearFn, linear_f32
 from spekula.backends.onnx.graph import BuiltGraph, build_graph

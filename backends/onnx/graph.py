@@ -43,7 +43,7 @@ from spekula.backends.onnx.builder import MS_DOMAIN, MS_OPSET, GraphBuilder, Lin
 from spekula.backends.onnx.moe import MOE_ROWS, moe_ffn
 
 if TYPE_CHECKING:
-    from spekula.backends.gguf.weights import ModelHParams
+    from spekula.backends.gguf.architecture import ModelHParams
 
 OPSET = 18
 IR_VERSION = 9  # understood by every onnxruntime >= 1.16

@@ -62,7 +62,7 @@ from spekula.backends.gguf.moe import WEIGHT_SUM_MIN
 from spekula.backends.onnx.builder import MS_DOMAIN, GraphBuilder, LinearFn
 
 if TYPE_CHECKING:
-    from spekula.backends.gguf.moe import MoEParams
+    from spekula.backends.gguf.architecture import MoEParams
 
 # Graph input (int64 [n, copies]): the flat rows the experts compute, each repeated `copies` times.
 MOE_ROWS = "moe_rows"

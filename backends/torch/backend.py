@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from spekula.backends.gguf.weights import ModelHParams, load_model_weights, read_hparams
+from spekula.backends.gguf.architecture import ModelHParams, read_hparams
+from spekula.backends.gguf.weights import load_model_weights
 from spekula.backends.seq_inputs import check_inputs
 from spekula.backends.seq_slots import PooledSeqs
 from spekula.backends.torch.exact_probe import choose_exact_gemm, onednn_packing_available, padded_align

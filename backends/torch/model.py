@@ -16,7 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from spekula.backends.gguf.weights import ModelHParams, rope_inv_freq
+from spekula.backends.gguf.architecture import ModelHParams
+from spekula.backends.gguf.weights import rope_inv_freq
 from spekula.backends.torch.kv import SeqCache
 from spekula.backends.torch.linear import GemmPlan, Lin, plain_gemm, planned_lin
 from spekula.backends.torch.moe import DenseFFN, MoEFFN, build_moe_ffn, moe_gemm_shapes

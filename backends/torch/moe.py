@@ -19,7 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from spekula.backends.gguf.moe import WEIGHT_SUM_MIN, MoEParams
+from spekula.backends.gguf.architecture import MoEParams
+from spekula.backends.gguf.moe import WEIGHT_SUM_MIN
 from spekula.backends.torch.linear import Lin
 
 MakeLin = Callable[[torch.Tensor, torch.Tensor | None], Lin]
