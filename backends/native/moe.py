@@ -1,4 +1,4 @@
-"""The native backend's description of a MoE block's FFN (qwen3moe, glm4moe): see backends/native/csrc/sk_moe.h.
+"""The native backend's description of a MoE block's FFN: see backends/native/csrc/sk_moe.h.
 
 Each expert is an ``sk_tensor`` view of its slice of the 3-D expert tensor (expert e's [out, in]
 matrix is contiguous in the file), so nothing is copied here; the C side reads the mapped file.

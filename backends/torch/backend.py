@@ -1,5 +1,5 @@
-"""PyTorch backend: GGUF llama/qwen2/qwen3/qwen3moe/glm4moe models on CPU or CUDA, with a batch-invariant
-exact mode.
+"""PyTorch backend: GGUF decoders (any architecture gguf/architecture.py describes) on CPU or CUDA, with a
+batch-invariant exact mode.
 
 Exact mode (``BackendOptions.exact``, default): a row's logits are bitwise the same whatever else is
 in the forward and however the sequence was chunked. How (CPU fp32):

@@ -1,8 +1,8 @@
 """The feed-forward part of a decoder block: dense SwiGLU, or a routed mixture of SwiGLU experts.
 
-Routing follows ``gguf_moe`` (softmax or sigmoid probabilities, top-k on probabilities plus the optional
-selection bias, weights renormalised and scaled). Each expert runs as two GEMMs over the rows routed to
-it, never per token.
+Routing follows the model's description (gguf/architecture.py): softmax or sigmoid probabilities,
+top-k on probabilities plus the optional selection bias, weights renormalised and scaled. Each expert
+runs as two GEMMs over the rows routed to it, never per token.
 
 Exact mode (see ``torch.py``): a row's output must not depend on the other rows of the tile. The expert
 GEMMs go through the same :class:`Lin` plan as the dense ones, so a GEMM's result for a row is the same
