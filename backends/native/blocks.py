@@ -26,13 +26,15 @@ def build_layer(w: NativeWeights, i: int) -> nl.Layer:
     if hp.has_qk_norm:
         layer.q_norm = nl.ptr(w.vector(b + "attn_q_norm.weight"))
         layer.k_norm = nl.ptr(w.vector(b + "attn_k_norm.weight"))
+    def qkv(name: str, shape: tuple[int, ...] | None = None) -> nl.Tensor:
+        # q/k/v biases are read when the description says the blocks have them, and then required
+        bias = b + name + ".bias" if hp.has_qkv_bias else None
+        return w.matrix(b + name + ".weight", bias, shape, bias_required=True)
+
     if w.f.has_tensor(b + "attn_qkv.weight") and not w.f.has_tensor(b + "attn_q.weight"):
-        qkv_rows = (hp.n_head + 2 * hp.n_head_kv) * hp.head_dim
-        layer.wq = w.matrix(b + "attn_qkv.weight", b + "attn_qkv.bias", shape=(qkv_rows, hp.n_embd))
+        layer.wq = qkv("attn_qkv", ((hp.n_head + 2 * hp.n_head_kv) * hp.head_dim, hp.n_embd))
     else:
-        layer.wq = w.matrix(b + "attn_q.weight", b + "attn_q.bias")
-        layer.wk = w.matrix(b + "attn_k.weight", b + "attn_k.bias")
-        layer.wv = w.matrix(b + "attn_v.weight", b + "attn_v.bias")
+        layer.wq, layer.wk, layer.wv = qkv("attn_q"), qkv("attn_k"), qkv("attn_v")
     layer.wo = w.matrix(b + "attn_output.weight", b + "attn_output.bias")
     if hp.moe is not None and hp.moe.is_moe(i):
         layer.moe = moe_block(w, i)

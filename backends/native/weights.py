@@ -58,8 +58,10 @@ class NativeWeights:
         self.keep.append(data)
         return data
 
-    def matrix(self, name: str, bias: str | None = None, shape: tuple[int, ...] | None = None) -> nl.Tensor:
+    def matrix(self, name: str, bias: str | None = None, shape: tuple[int, ...] | None = None, *,
+               bias_required: bool = False) -> nl.Tensor:
+        """A matmul weight with its bias (when the file has it, or always with ``bias_required``)."""
         e = self.typed_entry(name, shape)
         data = self.keep_data(e)
-        b = self.vector(bias, required=False) if bias else None
+        b = self.vector(bias, required=bias_required) if bias else None
         return nl.tensor(data, e.type_name, e.shape[0], e.shape[1], b)

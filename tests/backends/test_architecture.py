@@ -13,6 +13,8 @@ import pytest
 from spekula.backends.gguf import architecture
 from spekula.backends.gguf.architecture import ARCHITECTURES, BlockRecipe, MoEParams, read_hparams
 from spekula.backends.gguf.weights import dequantize, load_model_weights
+from spekula.backends.native.backend import NativeBackend
+from spekula.core.backend import BackendOptions
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.fixtures.tiny_gguf import tiny_model_path, write_gguf
@@ -103,6 +105,22 @@ def test_required_attention_bias_is_a_missing_tensor(tmp_path: Path) -> None:
     f = GGUFFile(_copy(tmp_path, tiny_model_path("qwen2"), drop=names))
     with pytest.raises(ModelFileError, match=r"missing tensor 'blk\.0\.attn_q\.bias'"):
         load_model_weights(f, hp=read_hparams(f))
+    with pytest.raises(ModelFileError, match=r"missing tensor 'blk\.0\.attn_q\.bias'"):
+        NativeBackend(str(f.path), BackendOptions(n_ctx=64, n_seq_max=1, threads=1))
+
+
+def test_blocks_the_description_gives_no_bias_read_none(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An optional bias is probed on the first block: no backend picks up a later block's bias on its own."""
+    _with_recipe(monkeypatch, "qwen2", attn_bias="optional")
+    path = _copy(tmp_path, tiny_model_path("qwen2"), drop=tuple(f"blk.0.attn_{k}.bias" for k in "qkv"))
+    f = GGUFFile(path)
+    hp = read_hparams(f)
+    assert not hp.has_qkv_bias and "blk.1.attn_q.bias" not in load_model_weights(f, hp=hp)
+    native = NativeBackend(str(path), BackendOptions(n_ctx=64, n_seq_max=1, threads=1))
+    try:
+        assert [native._layers[i].wq.bias for i in range(hp.n_layer)] == [None] * hp.n_layer
+    finally:
+        native.close()
 
 
 @pytest.mark.parametrize(("gating_id", "gating"), [(0, "sigmoid"), (1, "softmax"), (2, "sigmoid")])
