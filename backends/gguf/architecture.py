@@ -88,7 +88,6 @@ ARCHITECTURES: dict[str, BlockRecipe] = {
     "glm4moe": BlockRecipe(rope="neox", qk_norm="optional", ffn_norm="post_attention_norm",
                            moe=MoERecipe("sigmoid", False, True, MOE_FILE_KEYS)),
 }
-SUPPORTED_ARCHS = tuple(ARCHITECTURES)
 
 
 @dataclass(frozen=True)
