@@ -155,7 +155,7 @@ class ModelHParams:
 
 def unsupported_options(hp: ModelHParams) -> list[str]:
     """The parts of `hp`'s recipe that no backend implements yet (empty: every backend runs it)."""
-    r, out = hp.recipe, []
+    r, out = hp.recipe, list[str]()
     if r.norm != "rms":
         out.append(f"{r.norm} norm")
     if r.activation != "swiglu":
@@ -173,7 +173,7 @@ def unsupported_options(hp: ModelHParams) -> list[str]:
     return out
 
 
-def recipe_of(f: GGUFFile) -> BlockRecipe:
+def _recipe_of(f: GGUFFile) -> BlockRecipe:
     """The recipe of `f`'s architecture; an architecture not in the table is a ModelFileError."""
     recipe = ARCHITECTURES.get(f.architecture)
     if recipe is None:
@@ -209,7 +209,7 @@ def _present(f: GGUFFile, presence: Presence, *names: str) -> bool:
     return presence == "always" or (presence == "optional" and any(f.has_tensor(n) for n in names))
 
 
-def read_moe_params(f: GGUFFile, moe: MoERecipe) -> MoEParams:
+def _read_moe_params(f: GGUFFile, moe: MoERecipe) -> MoEParams:
     """The MoE hyper-parameters of `f`: expert counts from its keys, routing from `moe` and the keys it names."""
     arch = f.architecture
 
@@ -250,7 +250,7 @@ def read_moe_params(f: GGUFFile, moe: MoERecipe) -> MoEParams:
 
 def read_hparams(f: GGUFFile) -> ModelHParams:
     """`f`'s decoder description; anything missing, malformed or unsupported is one ModelFileError."""
-    recipe = recipe_of(f)
+    recipe = _recipe_of(f)
     arch = f.architecture
 
     def req(key: str) -> Any:
@@ -301,7 +301,7 @@ def read_hparams(f: GGUFFile) -> ModelHParams:
         has_qk_norm=_present(f, recipe.qk_norm, b + "attn_q_norm.weight"),
         tied_output=not f.has_tensor("output.weight"),
         kq_scale=float(opt("attention.scale", 0.0) or 0.0),
-        moe=read_moe_params(f, recipe.moe) if recipe.moe is not None else None,
+        moe=_read_moe_params(f, recipe.moe) if recipe.moe is not None else None,
         n_nextn=n_nextn,
         sliding_window=_uniform(f, "attention.sliding_window", opt("attention.sliding_window", 0))
         if recipe.sliding_window else 0,
