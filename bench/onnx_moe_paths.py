@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from spekula.backends.gguf.moe import MoEParams
+from spekula.backends.gguf.architecture import MoEParams
 from spekula.backends.onnx.builder import MS_DOMAIN, MS_OPSET, GraphBuilder, linear_f32
 from spekula.backends.onnx.graph import IR_VERSION, OPSET
 from spekula.backends.onnx.moe import MOE_ROWS, fused_gate_up, moe_ffn, moe_rows, route

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from spekula.backends.gguf.weights import read_hparams
+from spekula.backends.gguf.architecture import read_hparams
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 

@@ -22,6 +22,7 @@ from spekula.backends.convert.gguf_writer import GGUFOut, head_dim, write_decode
 from spekula.backends.convert.plain import ATTN_MAP
 from spekula.backends.convert.source import HFCheckpoint, need
 from spekula.backends.convert.vocab import vocab_flavour, write_vocab
+from spekula.backends.gguf.architecture import ARCHITECTURES, MoERecipe
 from spekula.core.errors import ConfigError, ModelFileError
 
 MOE_ARCHS = {"Qwen3MoeForCausalLM": "qwen3moe", "Glm4MoeForCausalLM": "glm4moe"}
@@ -67,8 +68,8 @@ class _Spec:
 
     @property
     def post_norm(self) -> str:
-        # glm4moe's graph names the norm before its MLP the post-attention norm, as HF does
-        return "post_attention_norm.weight" if self.arch == "glm4moe" else "ffn_norm.weight"
+        """The GGUF name of the norm before the MLP, as the architecture's recipe reads it."""
+        return ARCHITECTURES[self.arch].ffn_norm + ".weight"
 
 
 def _spec(ckpt: HFCheckpoint, arch: str) -> _Spec:
@@ -96,6 +97,12 @@ def _spec(ckpt: HFCheckpoint, arch: str) -> _Spec:
     n_ff_exp = int(need(cfg, "moe_intermediate_size", where))
     return _Spec(arch, n_layer, n_mtp, n_dense, n_expert, int(need(cfg, "intermediate_size", where)), n_ff_exp,
                  int(need(cfg, "hidden_size", where)), shared, attn_bias, qk_norm)
+
+
+def _recipe_moe(arch: str) -> MoERecipe:
+    moe = ARCHITECTURES[arch].moe
+    assert moe is not None, f"{arch} is a MoE architecture"
+    return moe
 
 
 def _glm(cfg: dict[str, Any], key: str) -> Any:
@@ -182,7 +189,7 @@ def _write_block(out: GGUFOut, ckpt: HFCheckpoint, spec: _Spec, i: int) -> None:
     else:
         required.append("mlp.gate.weight")
         names.update(_ROUTER)
-        if spec.arch == "glm4moe":
+        if _recipe_moe(spec.arch).selection_bias:
             required.append("mlp.gate.e_score_correction_bias")
         if spec.shared:
             required += list(_SHARED)

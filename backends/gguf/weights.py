@@ -1,142 +1,21 @@
-"""Hyper-parameters and float32 weights of llama / qwen2 / qwen3 / qwen3moe / glm4moe GGUF models (numpy only).
+"""The tensors a decoder described by gguf/architecture.py needs, and their float32 values (numpy only).
 
-Shared by the torch and ONNX backends. Tensors come back in PyTorch order under their GGUF names.
-llama's Q/K rows stay as stored (the converter permuted them for interleaved rope), so a runtime
-uses NORM (interleaved) rope for llama and NEOX (rotate-half) for qwen2/qwen3: see
-``ModelHParams.rope_neox``. Every problem with the file becomes one :class:`ModelFileError`.
+Shared by the torch and ONNX backends (the native one reads the blocks in place but checks the same
+shapes). Tensors come back in PyTorch order under their GGUF names; Q/K rows stay as stored, so a
+runtime applies the rope pairing the description names (``ModelHParams.rope_neox``). Every problem
+with the file becomes one :class:`ModelFileError`.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
-from spekula.backends.gguf.moe import MOE_ARCHS, MoEParams, moe_ffn_shapes, read_moe_params
+from spekula.backends.gguf.architecture import ModelHParams
+from spekula.backends.gguf.moe import moe_ffn_shapes
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile, TensorEntry
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe")
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-# Rope pairing is fixed per architecture in llama.cpp (llama_model_rope_type), not stored in the file.
-_NEOX_ARCHS = frozenset({"qwen2", "qwen3", "qwen3moe", "glm4moe"})
-# Per-head q/k RMS norm: always in qwen3 / qwen3moe; in glm4moe when the file has the tensors.
-_QK_NORM_ARCHS = frozenset({"qwen3", "qwen3moe"})
-
-
-@dataclass(frozen=True)
-class ModelHParams:
-    arch: str
-    n_vocab: int
-    n_embd: int
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff: int
-    rope_base: float
-    rope_neox: bool
-    n_rot: int
-    rms_eps: float
-    n_ctx_train: int
-    rope_scale: float  # 1 / rope.scaling.factor (linear); 1.0 if absent
-    has_qkv_bias: bool
-    has_qk_norm: bool
-    tied_output: bool
-    kq_scale: float = 0.0  # attention score scale; 0.0 means 1/sqrt(head_dim)
-    moe: MoEParams | None = None  # None: every block has the dense FFN
-    n_nextn: int = 0  # MTP blocks stored after the trunk (blk.{n_layer} ..)
-    ffn_norm_name: str = "ffn_norm"  # the norm before the FFN: glm4moe calls it post_attention_norm
-
-    @property
-    def attn_scale(self) -> float:
-        return self.kq_scale if self.kq_scale > 0.0 else 1.0 / math.sqrt(self.head_dim)
-
-
-def _uniform(f: GGUFFile, key: str, value: Any) -> int:
-    """Per-layer arrays are allowed by the format; we support them only when all entries agree."""
-    if isinstance(value, list):
-        if not value or any(v != value[0] for v in value):
-            raise ModelFileError(f.path, f"per-layer varying {key!r} is not supported")
-        value = value[0]
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ModelFileError(f.path, f"metadata {key!r} is not an integer: {value!r}") from None
-
-
-def read_hparams(f: GGUFFile) -> ModelHParams:
-    arch = f.architecture
-    if arch not in SUPPORTED_ARCHS:
-        raise ModelFileError(f.path, f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
-
-    def req(key: str) -> Any:
-        return f.require(f"{arch}.{key}")
-
-    def opt(key: str, default: Any) -> Any:
-        return f.get(f"{arch}.{key}", default)
-
-    n_embd = _uniform(f, "embedding_length", req("embedding_length"))
-    n_head = _uniform(f, "attention.head_count", req("attention.head_count"))
-    n_head_kv = _uniform(f, "attention.head_count_kv", opt("attention.head_count_kv", n_head))
-    n_nextn = _uniform(f, "nextn_predict_layers", opt("nextn_predict_layers", 0))
-    n_layer = _uniform(f, "block_count", req("block_count")) - n_nextn
-    # An all-MoE model needs no dense FFN width (qwen3moe files may still carry one).
-    n_ff = _uniform(f, "feed_forward_length",
-                    opt("feed_forward_length", 0) if arch in MOE_ARCHS else req("feed_forward_length"))
-    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv != 0 or n_layer <= 0:
-        raise ModelFileError(f.path, f"invalid head counts n_head={n_head} n_head_kv={n_head_kv} or n_layer={n_layer}")
-    head_dim = _uniform(f, "attention.key_length", opt("attention.key_length", n_embd // n_head))
-    v_dim = _uniform(f, "attention.value_length", opt("attention.value_length", head_dim))
-    if v_dim != head_dim:
-        raise ModelFileError(f.path, f"key_length {head_dim} != value_length {v_dim} is not supported")
-    n_rot = _uniform(f, "rope.dimension_count", opt("rope.dimension_count", head_dim))
-    if n_rot <= 0 or n_rot > head_dim or n_rot % 2:
-        raise ModelFileError(f.path, f"invalid rope.dimension_count {n_rot} for head_dim {head_dim}")
-
-    rope_scale = 1.0
-    scaling = opt("rope.scaling.type", None)
-    factor = float(opt("rope.scaling.factor", 0.0) or 0.0)
-    if scaling not in (None, "none", "linear"):
-        raise ModelFileError(f.path, f"unsupported rope scaling {scaling!r} (only linear)")
-    if scaling == "linear" and factor > 0.0:
-        rope_scale = 1.0 / factor
-    elif scaling is None and float(opt("rope.scale_linear", 0.0) or 0.0) > 0.0:  # older key
-        rope_scale = 1.0 / float(opt("rope.scale_linear", 1.0))
-
-    if not f.has_tensor("token_embd.weight"):
-        raise ModelFileError(f.path, "missing tensor 'token_embd.weight'")
-    n_vocab = f.tensor("token_embd.weight").shape[0]
-    # An MTP-only file (llama.cpp's --mtp output) has no trunk blocks: probe the first block it has.
-    probe = 0 if f.has_tensor("blk.0.attn_norm.weight") else n_layer
-    has_bias = f.has_tensor(f"blk.{probe}.attn_q.bias") or f.has_tensor(f"blk.{probe}.attn_qkv.bias")
-    qk_norm = arch in _QK_NORM_ARCHS or f.has_tensor(f"blk.{probe}.attn_q_norm.weight")
-    moe = read_moe_params(f, arch, lambda k, v: _uniform(f, k, v)) if arch in MOE_ARCHS else None
-    return ModelHParams(
-        arch=arch,
-        n_vocab=int(n_vocab),
-        n_embd=n_embd,
-        n_layer=n_layer,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        head_dim=head_dim,
-        n_ff=n_ff,
-        rope_base=float(opt("rope.freq_base", 10000.0)),
-        rope_neox=arch in _NEOX_ARCHS,
-        n_rot=n_rot,
-        rms_eps=float(req("attention.layer_norm_rms_epsilon")),
-        n_ctx_train=_uniform(f, "context_length", opt("context_length", 4096)),
-        rope_scale=rope_scale,
-        has_qkv_bias=has_bias,
-        has_qk_norm=qk_norm,
-        tied_output=not f.has_tensor("output.weight"),
-        kq_scale=float(opt("attention.scale", 0.0) or 0.0),
-        moe=moe,
-        n_nextn=n_nextn,
-        ffn_norm_name="post_attention_norm" if arch == "glm4moe" else "ffn_norm",
-    )
 
 
 def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:

@@ -10,7 +10,8 @@ Always exact in the project's sense: every output element is computed by one fix
 sequence whatever the batch, the chunking or the thread count (see backends/native/csrc/sk.h), so a row's
 logits are bitwise the same alone or inside any verification batch. The KV cache is float16.
 
-Mixture-of-experts blocks (qwen3moe, glm4moe) describe each expert as a view of its slice of the 3-D
+The blocks are built from the model's description (gguf/architecture.py; native/blocks.py maps it to
+the C structures). Mixture-of-experts blocks describe each expert as a view of its slice of the 3-D
 expert tensor (native/moe.py); the C side runs them as grouped matmuls (backends/native/csrc/sk_moe.c).
 """
 
@@ -22,21 +23,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spekula.backends.gguf.weights import (
-    ModelHParams,
-    dequantize,
-    expected_shapes,
-    optional_shapes,
-    read_hparams,
-    rope_inv_freq,
-)
+from spekula.backends.gguf.architecture import read_hparams
+from spekula.backends.gguf.weights import rope_inv_freq
 from spekula.backends.native import lib as nl
-from spekula.backends.native.moe import moe_block
+from spekula.backends.native.blocks import build_layer, model_config
+from spekula.backends.native.weights import NativeWeights
 from spekula.backends.seq_inputs import check_inputs
 from spekula.backends.seq_slots import PooledSeqs, SlotPool
 from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
-from spekula.core.errors import ConfigError, ModelFileError
-from spekula.core.modelfile.gguf_file import GGUFFile, TensorEntry
+from spekula.core.errors import ConfigError
+from spekula.core.modelfile.gguf_file import GGUFFile
 
 _NO_CAPTURE = Capture()
 # Bounds of the C structures' 32-bit fields, with room for positions and counts computed from them.
@@ -63,80 +59,6 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-class _Weights:
-    """ctypes descriptions of the model's tensors; keeps every array they point into alive."""
-
-    def __init__(self, f: GGUFFile, hp: ModelHParams | None) -> None:
-        """``hp``: the decoder's hyper-parameters, whose tensors' shapes are checked by name; None for a
-        file of another kind (a draft head), whose callers give each shape."""
-        self.f, self.hp = f, hp
-        self.keep: list[np.ndarray] = []
-        self.structs: list[ctypes.Structure | ctypes.Array[nl.Tensor]] = []  # MoE descriptions the C side reads
-        self.shapes = expected_shapes(hp) | optional_shapes(hp) if hp is not None else {}
-
-    def entry(self, name: str, shape: tuple[int, ...] | None = None) -> TensorEntry:
-        if not self.f.has_tensor(name):
-            raise ModelFileError(self.f.path, f"missing tensor {name!r} (architecture {self.f.architecture})")
-        e = self.f.tensor(name)
-        want = shape or self.shapes.get(name)
-        if want is not None and e.shape != want:
-            raise ModelFileError(self.f.path, f"tensor {name!r} has shape {e.shape}, expected {want}")
-        return e
-
-    def vector(self, name: str, required: bool = True) -> np.ndarray | None:
-        """A small float32 vector (norm weight, bias) as its own array."""
-        if not required and not self.f.has_tensor(name):
-            return None
-        arr = np.ascontiguousarray(dequantize(self.entry(name), self.f.path), dtype=np.float32).reshape(-1)
-        self.keep.append(arr)
-        return arr
-
-    def typed_entry(self, name: str, shape: tuple[int, ...] | None = None) -> TensorEntry:
-        """A matmul weight's entry, checked to be of a block type the kernels read."""
-        e = self.entry(name, shape)
-        if e.type_name not in nl.TYPE_IDS:
-            raise ModelFileError(
-                self.f.path, f"tensor {name!r} has type {e.type_name}, which the native backend does not read "
-                f"(it reads {', '.join(nl.TYPE_IDS)}); use --backend torch")
-        return e
-
-    def keep_data(self, e: TensorEntry) -> np.ndarray:
-        data = np.ascontiguousarray(e.data)  # a view into the mapped file (already contiguous)
-        self.keep.append(data)
-        return data
-
-    def matrix(self, name: str, bias: str | None = None, shape: tuple[int, ...] | None = None) -> nl.Tensor:
-        e = self.typed_entry(name, shape)
-        data = self.keep_data(e)
-        b = self.vector(bias, required=False) if bias else None
-        return nl.tensor(data, e.type_name, e.shape[0], e.shape[1], b)
-
-
-def _build_layer(w: _Weights, i: int) -> nl.Layer:
-    hp, b = w.hp, f"blk.{i}."
-    layer = nl.Layer()
-    layer.attn_norm = nl.ptr(w.vector(b + "attn_norm.weight"))
-    layer.ffn_norm = nl.ptr(w.vector(b + hp.ffn_norm_name + ".weight"))
-    if hp.has_qk_norm:
-        layer.q_norm = nl.ptr(w.vector(b + "attn_q_norm.weight"))
-        layer.k_norm = nl.ptr(w.vector(b + "attn_k_norm.weight"))
-    if w.f.has_tensor(b + "attn_qkv.weight") and not w.f.has_tensor(b + "attn_q.weight"):
-        qkv_rows = (hp.n_head + 2 * hp.n_head_kv) * hp.head_dim
-        layer.wq = w.matrix(b + "attn_qkv.weight", b + "attn_qkv.bias", shape=(qkv_rows, hp.n_embd))
-    else:
-        layer.wq = w.matrix(b + "attn_q.weight", b + "attn_q.bias")
-        layer.wk = w.matrix(b + "attn_k.weight", b + "attn_k.bias")
-        layer.wv = w.matrix(b + "attn_v.weight", b + "attn_v.bias")
-    layer.wo = w.matrix(b + "attn_output.weight", b + "attn_output.bias")
-    if hp.moe is not None and hp.moe.is_moe(i):
-        layer.moe = moe_block(w, i)
-        return layer
-    layer.w_gate = w.matrix(b + "ffn_gate.weight", b + "ffn_gate.bias")
-    layer.w_up = w.matrix(b + "ffn_up.weight", b + "ffn_up.bias")
-    layer.w_down = w.matrix(b + "ffn_down.weight", b + "ffn_down.bias")
-    return layer
-
-
 class NativeBackend(PooledSeqs, Backend):
     def __init__(self, model_path: str, options: BackendOptions) -> None:
         self.options = options
@@ -156,8 +78,8 @@ class NativeBackend(PooledSeqs, Backend):
         self.info = ModelInfo(path=str(model_path), arch=hp.arch, name=str(f.get("general.name", f.path.stem)),
                               n_vocab=hp.n_vocab, n_embd=hp.n_embd, n_layer=hp.n_layer, n_ctx_train=hp.n_ctx_train)
         self._file = f
-        w = self._weights = _Weights(f, hp)
-        self._layers = (nl.Layer * hp.n_layer)(*[_build_layer(w, i) for i in range(hp.n_layer)])
+        w = self._weights = NativeWeights(f, hp)
+        self._layers = (nl.Layer * hp.n_layer)(*[build_layer(w, i) for i in range(hp.n_layer)])
         rope_freqs = w.vector("rope_freqs.weight", required=False)
         inv = np.ascontiguousarray(rope_inv_freq(hp, {} if rope_freqs is None else {"rope_freqs.weight": rope_freqs}),
                                    dtype=np.float64)
@@ -167,11 +89,9 @@ class NativeBackend(PooledSeqs, Backend):
         head = "output.weight" if f.has_tensor("output.weight") else "token_embd.weight"
         output = w.matrix(head, "output.bias")
         self.threads = options.threads if options.threads > 0 else default_threads()
-        cfg = nl.Config(
-            n_vocab=hp.n_vocab, n_embd=hp.n_embd, n_layer=hp.n_layer, n_head=hp.n_head, n_head_kv=hp.n_head_kv,
-            head_dim=hp.head_dim, n_ff=hp.n_ff, n_rot=hp.n_rot, rope_neox=int(hp.rope_neox), n_ctx=options.n_ctx,
-            n_seq_max=options.n_seq_max, n_threads=self.threads, rms_eps=hp.rms_eps, attn_scale=hp.attn_scale,
-            rope_inv_freq=nl.ptr(inv), output_norm=nl.ptr(w.vector("output_norm.weight")),
+        cfg = model_config(
+            hp, n_layer=hp.n_layer, n_ff=hp.n_ff, n_ctx=options.n_ctx, n_seq_max=options.n_seq_max,
+            n_threads=self.threads, rope_inv_freq=nl.ptr(inv), output_norm=nl.ptr(w.vector("output_norm.weight")),
             token_embd=embd, output=output, layers=self._layers)
         self._cfg = cfg
         self._lib = nl.lib()

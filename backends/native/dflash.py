@@ -24,9 +24,10 @@ import numpy as np
 
 from spekula.backends.gguf.dflash_format import check_supported
 from spekula.backends.native import lib as nl
-from spekula.backends.native.backend import NativeBackend, _Weights, check_head_options, default_threads
+from spekula.backends.native.backend import NativeBackend, check_head_options, default_threads
 from spekula.backends.native.eagle3 import rope_inverse_frequencies
 from spekula.backends.native.head import NativeHeadContext
+from spekula.backends.native.weights import NativeWeights
 from spekula.core.backend import Backend, BackendOptions, ModelInfo
 from spekula.core.drafting.draft_models import (
     DFlashBlock,
@@ -57,7 +58,7 @@ class NativeDFlashRuntime(NativeHeadContext, DFlashRuntime):
         n_ff = int(f.require(f"{a}.feed_forward_length"))
         q_out, kv_out, hd = att.n_head * att.head_dim, att.n_head_kv * att.head_dim, att.head_dim
         self.causal = bool(f.get(f"{a}.attention.causal", False))
-        w = self._weights = _Weights(f, None)
+        w = self._weights = NativeWeights(f, None)
 
         def norm(name: str, n: int) -> int | None:
             v = w.vector(name)

@@ -23,8 +23,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from spekula.backends.native import lib as nl
-from spekula.backends.native.backend import NativeBackend, _Weights, check_head_options, default_threads
+from spekula.backends.native.backend import NativeBackend, check_head_options, default_threads
 from spekula.backends.native.head import NativeHeadContext
+from spekula.backends.native.weights import NativeWeights
 from spekula.core.backend import Backend, BackendOptions, ModelInfo
 from spekula.core.drafting.draft_models import (
     DraftAttention,
@@ -63,7 +64,7 @@ class NativeEagle3Runtime(NativeHeadContext, Eagle3Runtime):
         n_head, n_head_kv, head_dim, n_rot = att.n_head, att.n_head_kv, att.head_dim, att.n_rot
         n_ff = int(f.require(f"{a}.feed_forward_length"))
         q_out, kv_out = n_head * head_dim, n_head_kv * head_dim
-        w = self._weights = _Weights(f, None)
+        w = self._weights = NativeWeights(f, None)
         self._enc_norm = w.vector("enc.output_norm.weight") if f.get(f"{a}.norm_before_fc", False) else None
         layer = nl.Layer()
         layer.ffn_norm = nl.ptr(w.vector("blk.0.ffn_norm.weight"))

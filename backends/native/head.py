@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from spekula.backends.native import lib as nl
-from spekula.backends.native.backend import _Weights
+from spekula.backends.native.weights import NativeWeights
 from spekula.backends.seq_slots import PooledSeqs, SlotPool
 from spekula.core.backend import BackendOptions, ModelInfo
 from spekula.core.drafting.draft_models import DraftModelInfo
@@ -89,7 +89,7 @@ class NativeHeadContext(PooledSeqs):
             raise ModelFileError(f.path, f"d2t must map draft ids to distinct target ids in [0, {n_vocab})")
         return d2t
 
-    def embedding_and_head(self, w: _Weights, target: ModelInfo, base: int | None, *,
+    def embedding_and_head(self, w: NativeWeights, target: ModelInfo, base: int | None, *,
                            tied: bool) -> tuple[nl.Tensor, nl.Tensor, bool]:
         """(token embedding, output head, whether the head is the draft's own ``output``): the draft's own
         tensors, else the target's, as the native target prepared them when this context runs over it
@@ -106,7 +106,7 @@ class NativeHeadContext(PooledSeqs):
             t_embd, t_head = tcfg.token_embd, tcfg.output
         else:
             tf = GGUFFile.shared(target.path)
-            self._target_weights = tw = _Weights(tf, None)  # keeps the target's mapped arrays alive
+            self._target_weights = tw = NativeWeights(tf, None)  # keeps the target's mapped arrays alive
             t_embd = tw.matrix("token_embd.weight")
             t_head = tw.matrix("output.weight" if tf.has_tensor("output.weight") else "token_embd.weight")
         embd = own_embd if own_embd is not None else t_embd

@@ -1,4 +1,4 @@
-"""The native backend's description of a MoE block's FFN (qwen3moe, glm4moe): see backends/native/csrc/sk_moe.h.
+"""The native backend's description of a MoE block's FFN: see backends/native/csrc/sk_moe.h.
 
 Each expert is an ``sk_tensor`` view of its slice of the 3-D expert tensor (expert e's [out, in]
 matrix is contiguous in the file), so nothing is copied here; the C side reads the mapped file.
@@ -7,15 +7,12 @@ matrix is contiguous in the file), so nothing is copied here; the C side reads t
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING
 
 from spekula.backends.native import lib as nl
-
-if TYPE_CHECKING:
-    from spekula.backends.native.backend import _Weights
+from spekula.backends.native.weights import NativeWeights
 
 
-def _experts(w: _Weights, name: str) -> ctypes.Array[nl.Tensor]:
+def _experts(w: NativeWeights, name: str) -> ctypes.Array[nl.Tensor]:
     """One Tensor per expert of a 3-D [n_expert, out, in] tensor, each pointing into the mapped data."""
     e = w.typed_entry(name)
     data = w.keep_data(e)
@@ -25,7 +22,7 @@ def _experts(w: _Weights, name: str) -> ctypes.Array[nl.Tensor]:
     return views
 
 
-def moe_block(w: _Weights, i: int) -> ctypes._Pointer[nl.MoE]:
+def moe_block(w: NativeWeights, i: int) -> ctypes._Pointer[nl.MoE]:
     """blk.i's router, experts and shared expert (the layer's moe field)."""
     moe, b = w.hp.moe, f"blk.{i}."
     assert moe is not None and moe.is_moe(i)

@@ -26,16 +26,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from spekula.backends.gguf.architecture import read_hparams
 from spekula.backends.gguf.moe import head_sources, nextn_shapes
-from spekula.backends.gguf.weights import block_shapes, read_hparams, rope_inv_freq
+from spekula.backends.gguf.weights import block_shapes, rope_inv_freq
 from spekula.backends.native import lib as nl
-from spekula.backends.native.backend import (
-    NativeBackend,
-    _build_layer,
-    _Weights,
-    check_head_options,
-    default_threads,
-)
+from spekula.backends.native.backend import NativeBackend, check_head_options, default_threads
+from spekula.backends.native.blocks import build_layer, model_config
+from spekula.backends.native.weights import NativeWeights
 from spekula.backends.seq_slots import PooledSeqs, SlotPool
 from spekula.core.backend import Backend, BackendOptions
 from spekula.core.drafting.mtp_runtime import MtpInfo, MtpOut, MtpRows, MtpRuntime, decode_by_head
@@ -54,7 +51,7 @@ class NativeMtpRuntime(PooledSeqs, MtpRuntime):
         self._file = f  # the mapped file every unpacked descriptor points into
         self._ctxs: list[int] = []
         blocks = [info.first_block + k for k in range(info.n_heads)]
-        w = self._weights = _Weights(f, hp)
+        w = self._weights = NativeWeights(f, hp)
         for block in blocks:
             required, optional = nextn_shapes(f"blk.{block}.", hp.n_embd, hp.n_vocab)
             w.shapes |= block_shapes(hp, block) | required | optional
@@ -79,7 +76,7 @@ class NativeMtpRuntime(PooledSeqs, MtpRuntime):
             raise
         self._seqs = SlotPool(options.n_seq_max, self._reserve_kv, self._release_kv, what="MTP sequence")
 
-    def _new_head(self, w: _Weights, block: int, prepared: dict[tuple[str, str], nl.Tensor], base: int | None) -> int:
+    def _new_head(self, w: NativeWeights, block: int, prepared: dict[tuple[str, str], nl.Tensor], base: int | None) -> int:
         """Head `block`'s context, made over `base` (None: its own threads); what it prepared goes to `prepared`."""
         hp, H, V = self.hp, self.hp.n_embd, self.hp.n_vocab
         src, b = head_sources(w.f, hp.tied_output, block), f"blk.{block}.nextn."
@@ -89,13 +86,12 @@ class NativeMtpRuntime(PooledSeqs, MtpRuntime):
             embd = w.matrix(src.embd, shape=(V, H))
         if head is None:
             head = w.matrix(src.head, shape=(V, H))
-        layers = (nl.Layer * 1)(_build_layer(w, block))
+        layers = (nl.Layer * 1)(build_layer(w, block))
         w.structs.append(layers)
-        cfg = nl.Config(
-            n_vocab=V, n_embd=H, n_layer=1, n_head=hp.n_head, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim,
-            n_ff=0 if hp.moe is not None and hp.moe.is_moe(block) else hp.n_ff, n_rot=hp.n_rot,
-            rope_neox=int(hp.rope_neox), n_ctx=self.options.n_ctx, n_seq_max=self.options.n_seq_max,
-            n_threads=self.threads, rms_eps=hp.rms_eps, attn_scale=hp.attn_scale, rope_inv_freq=nl.ptr(self._inv),
+        cfg = model_config(
+            hp, n_layer=1, n_ff=0 if hp.moe is not None and hp.moe.is_moe(block) else hp.n_ff,
+            n_ctx=self.options.n_ctx, n_seq_max=self.options.n_seq_max, n_threads=self.threads,
+            rope_inv_freq=nl.ptr(self._inv),
             output_norm=nl.ptr(w.vector(src.norm)), token_embd=embd, output=head, layers=layers,
             in_proj=w.matrix(b + "eh_proj.weight"), in_embd_norm=nl.ptr(w.vector(b + "enorm.weight")),
             in_hidden_norm=nl.ptr(w.vector(b + "hnorm.weight")))

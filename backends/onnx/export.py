@@ -1,4 +1,4 @@
-"""Export a GGUF model (llama, qwen2, qwen3, qwen3moe, glm4moe) to a cached ONNX graph; reuse the cache when
+"""Export a GGUF decoder (as gguf/architecture.py describes it) to a cached ONNX graph; reuse the cache when
 it is intact.
 
 One export per (GGUF content, exporter version, weight format); the graph outputs every capturable
@@ -18,7 +18,8 @@ import onnx
 import structlog
 from onnx import TensorProto, helper, numpy_helper
 
-from spekula.backends.gguf.weights import ModelHParams, load_model_weights, read_hparams
+from spekula.backends.gguf.architecture import ModelHParams, read_hparams
+from spekula.backends.gguf.weights import load_model_weights
 from spekula.backends.onnx import cache as onnx_cache
 from spekula.backends.onnx.builder import LinearFn, linear_f32
 from spekula.backends.onnx.graph import BuiltGraph, build_graph
@@ -28,7 +29,7 @@ from spekula.core.modelfile.gguf_file import GGUFFile
 log = structlog.get_logger("spekula.onnx")
 
 # Bump whenever the graph or the weight layout changes: old cache entries then stop matching.
-# 3: MoE blocks (qwen3moe / glm4moe) and their moe_rows input.
+# 3: MoE blocks and their moe_rows input.
 EXPORTER_VERSION = 3
 WEIGHT_FORMATS = ("f32", "q4")
 _PAGE = 4096  # external tensors start on page boundaries so ORT can memory-map them

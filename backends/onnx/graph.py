@@ -1,4 +1,4 @@
-"""Build the ONNX graph of a llama / qwen2 / qwen3 / qwen3moe / glm4moe decoder from dequantized numpy weights.
+"""Build the ONNX graph of a GGUF decoder (as gguf/architecture.py describes it) from dequantized numpy weights.
 
 The graph is written with ``onnx.helper`` so every op is visible here and no exporter tracing is
 involved. It computes one forward over ``T`` new tokens for ``B`` sequences at once:
@@ -22,7 +22,7 @@ new keys straight into the buffer at their positions (see backends/onnx/backend.
 that any cache length, padding and batch layout is the caller's business, not the graph's.
 
 Standard ONNX ops only, plus MatMulNBits for the opt-in q4 weights (onnx/quant.py) and MoE for the
-experts of qwen3moe / glm4moe blocks (onnx/moe.py). ORT's GroupQueryAttention / RotaryEmbedding
+experts of MoE blocks (onnx/moe.py). ORT's GroupQueryAttention / RotaryEmbedding
 contrib ops are not used: their CUDA kernels want a shared past/present buffer layout that could not
 be checked here without a GPU, and on CPU ORT already fuses the RMSNorm pattern; GQA is done by
 broadcasting K/V over each group in MatMul instead of repeating it.
@@ -43,7 +43,7 @@ from spekula.backends.onnx.builder import MS_DOMAIN, MS_OPSET, GraphBuilder, Lin
 from spekula.backends.onnx.moe import MOE_ROWS, moe_ffn
 
 if TYPE_CHECKING:
-    from spekula.backends.gguf.weights import ModelHParams
+    from spekula.backends.gguf.architecture import ModelHParams
 
 OPSET = 18
 IR_VERSION = 9  # understood by every onnxruntime >= 1.16
@@ -147,7 +147,7 @@ def build_graph(hp: ModelHParams, weights: dict[str, np.ndarray], linear: Linear
         q = g.op("Reshape", [q, g.const([0, 0, hp.n_head, hp.head_dim])])
         k = g.op("Reshape", [k, g.const([0, 0, hp.n_head_kv, hp.head_dim])])
         v = g.op("Reshape", [v, g.const([0, 0, hp.n_head_kv, hp.head_dim])])
-        if hp.has_qk_norm:  # qwen3: per-head RMSNorm before RoPE
+        if hp.has_qk_norm:  # per-head RMSNorm before RoPE
             q = _rms_norm(g, q, w(p + "attn_q_norm.weight"), hp.rms_eps)
             k = _rms_norm(g, k, w(p + "attn_k_norm.weight"), hp.rms_eps)
         q = rope.apply(g, q)

@@ -1,6 +1,6 @@
-"""The mixture-of-experts FFN of ``qwen3moe`` / ``glm4moe`` blocks in the ONNX graph.
+"""The mixture-of-experts FFN of MoE blocks in the ONNX graph.
 
-Routing follows backends/gguf/moe.py exactly and is computed with standard ops: the router's
+Routing follows the description (backends/gguf/architecture.py) exactly and is computed with standard ops: the router's
 softmax or sigmoid probabilities, ``TopK`` over probabilities + selection bias (ONNX's TopK puts the
 lower index first on ties, as the routing rule wants), the chosen experts' unbiased probabilities as
 weights, normalised with the sum clamped below at 2^-14, times the routed scale.
@@ -62,7 +62,7 @@ from spekula.backends.gguf.moe import WEIGHT_SUM_MIN
 from spekula.backends.onnx.builder import MS_DOMAIN, GraphBuilder, LinearFn
 
 if TYPE_CHECKING:
-    from spekula.backends.gguf.moe import MoEParams
+    from spekula.backends.gguf.architecture import MoEParams
 
 # Graph input (int64 [n, copies]): the flat rows the experts compute, each repeated `copies` times.
 MOE_ROWS = "moe_rows"

@@ -1,5 +1,5 @@
-"""PyTorch backend: GGUF llama/qwen2/qwen3/qwen3moe/glm4moe models on CPU or CUDA, with a batch-invariant
-exact mode.
+"""PyTorch backend: GGUF decoders (any architecture gguf/architecture.py describes) on CPU or CUDA, with a
+batch-invariant exact mode.
 
 Exact mode (``BackendOptions.exact``, default): a row's logits are bitwise the same whatever else is
 in the forward and however the sequence was chunked. How (CPU fp32):
@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from spekula.backends.gguf.weights import ModelHParams, load_model_weights, read_hparams
+from spekula.backends.gguf.architecture import ModelHParams, read_hparams
+from spekula.backends.gguf.weights import load_model_weights
 from spekula.backends.seq_inputs import check_inputs
 from spekula.backends.seq_slots import PooledSeqs
 from spekula.backends.torch.exact_probe import choose_exact_gemm, onednn_packing_available, padded_align

@@ -1,4 +1,4 @@
-"""The llama / qwen2 / qwen3 / qwen3moe / glm4moe decoder in plain PyTorch, run one row tile at a time.
+"""A GGUF decoder (as gguf/architecture.py describes it) in plain PyTorch, run one row tile at a time.
 
 The backend (``torch.py``) cuts a forward pass into :class:`Tile` s and this module runs a tile through
 every block. What makes the exact mode exact is decided by the planner; here the rule is only that
@@ -16,7 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from spekula.backends.gguf.weights import ModelHParams, rope_inv_freq
+from spekula.backends.gguf.architecture import ModelHParams
+from spekula.backends.gguf.weights import rope_inv_freq
 from spekula.backends.torch.kv import SeqCache
 from spekula.backends.torch.linear import GemmPlan, Lin, plain_gemm, planned_lin
 from spekula.backends.torch.moe import DenseFFN, MoEFFN, build_moe_ffn, moe_gemm_shapes
@@ -107,8 +108,8 @@ class TorchModel:
         self.hp, self.dtype, self.device = hp, dtype, device
         self.gemm = gemm
         block_ids = list(range(hp.n_layer)) if blocks is None else list(blocks)
-        # llama's rows were permuted for interleaved rope; un-permuting Q and K alike leaves every
-        # q.k score unchanged and lets all archs share the cheaper rotate-half rope.
+        # NORM-rope rows (llama's) were permuted for interleaved rope; un-permuting Q and K alike leaves
+        # every q.k score unchanged and lets all archs share the cheaper rotate-half rope.
         self.unpermuted = not hp.rope_neox and hp.n_rot == hp.head_dim and not hp.has_qk_norm
         weights = dict(weights)
         if self.unpermuted:

@@ -1,8 +1,8 @@
 """The feed-forward part of a decoder block: dense SwiGLU, or a routed mixture of SwiGLU experts.
 
-Routing follows ``gguf_moe`` (softmax or sigmoid probabilities, top-k on probabilities plus the optional
-selection bias, weights renormalised and scaled). Each expert runs as two GEMMs over the rows routed to
-it, never per token.
+Routing follows the model's description (gguf/architecture.py): softmax or sigmoid probabilities,
+top-k on probabilities plus the optional selection bias, weights renormalised and scaled. Each expert
+runs as two GEMMs over the rows routed to it, never per token.
 
 Exact mode (see ``torch.py``): a row's output must not depend on the other rows of the tile. The expert
 GEMMs go through the same :class:`Lin` plan as the dense ones, so a GEMM's result for a row is the same
@@ -19,7 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from spekula.backends.gguf.moe import WEIGHT_SUM_MIN, MoEParams
+from spekula.backends.gguf.architecture import MoEParams
+from spekula.backends.gguf.moe import WEIGHT_SUM_MIN
 from spekula.backends.torch.linear import Lin
 
 MakeLin = Callable[[torch.Tensor, torch.Tensor | None], Lin]

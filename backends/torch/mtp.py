@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from spekula.backends.gguf.architecture import ModelHParams, read_hparams
 from spekula.backends.gguf.moe import HeadSources, head_sources, nextn_shapes
-from spekula.backends.gguf.weights import ModelHParams, block_shapes, dequantize, read_hparams
+from spekula.backends.gguf.weights import block_shapes, dequantize
 from spekula.backends.seq_slots import PooledSeqs
 from spekula.backends.torch.draft_common import device_dtype, rms_norm
 from spekula.backends.torch.kv import KVPool, SeqCache

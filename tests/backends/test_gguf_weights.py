@@ -9,7 +9,8 @@ import gguf
 import numpy as np
 import pytest
 
-from spekula.backends.gguf.weights import dequantize, load_model_weights, read_hparams, rope_inv_freq
+from spekula.backends.gguf.architecture import read_hparams
+from spekula.backends.gguf.weights import dequantize, load_model_weights, rope_inv_freq
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile, TensorEntry
 from spekula.fixtures.tiny_gguf import tiny_model_path, write_gguf

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from spekula.backends.gguf.moe import MoEParams
+from spekula.backends.gguf.architecture import MoEParams
 from spekula.backends.gguf.weights import dequantize
 from spekula.backends.torch.backend import TorchBackend
 from spekula.backends.torch.exact_probe import choose_exact_gemm

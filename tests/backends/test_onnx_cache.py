@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spekula.backends.gguf.weights import ModelHParams
+from spekula.backends.gguf.architecture import ModelHParams
 from spekula.core.backend import BackendOptions, SeqInput
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.fixtures.tiny_gguf import tiny_model_path

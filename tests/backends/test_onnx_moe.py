@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from spekula.backends.gguf.moe import MoEParams
+from spekula.backends.gguf.architecture import MoEParams
 from spekula.backends.gguf.weights import dequantize
 from spekula.core.backend import BackendOptions, SeqInput
 from spekula.core.errors import ModelFileError

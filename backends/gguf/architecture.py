@@ -1,0 +1,314 @@
+"""What a GGUF model's decoder is: one recipe per architecture, read once into one description.
+
+:data:`ARCHITECTURES` maps a file's ``general.architecture`` to its :class:`BlockRecipe`: the norm,
+the activation, the rope pairing, which optional tensors (q/k norm, attention biases) a block has,
+the options later architectures need (post-sublayer norms, sliding windows, attention sinks, logit
+soft-capping) and, for mixture-of-experts models, how tokens are routed (:class:`MoERecipe`).
+:func:`read_hparams` reads a file's hyper-parameters and resolves its recipe against the file into
+one :class:`ModelHParams`. Every backend (native, torch, onnx) builds its forward from that
+description and never looks at the architecture's name; an architecture missing from the table, or
+a recipe option no backend implements yet, is one :class:`ModelFileError` naming what is unsupported.
+
+Rope pairing is fixed per architecture in llama.cpp (``llama_model_rope_type``), not stored in the
+file: llama's Q/K rows stay as its converter permuted them for interleaved (NORM) rope, the qwen
+and GLM families rotate halves (NEOX).
+
+MoE routing, as llama.cpp computes it: ``probs = softmax(logits)`` or ``sigmoid(logits)``; the
+``n_expert_used`` experts with the largest ``probs + exp_probs_b`` are chosen (the bias only steers
+the choice: GLM's "expert score correction"); their weights are the unbiased ``probs``, divided by
+their sum when ``norm_weights`` (clamped below, see gguf/moe.py), then multiplied by
+``weights_scale`` when != 1; the block's output is ``sum_e weight_e * expert_e(x)`` plus the shared
+expert's output. Blocks ``[0, n_dense_lead)`` keep the dense FFN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from spekula.core.errors import ModelFileError
+from spekula.core.modelfile.gguf_file import GGUFFile
+
+NormKind = Literal["rms", "layer"]
+Activation = Literal["swiglu", "geglu"]
+RopeKind = Literal["norm", "neox"]  # NORM: pairs (2i, 2i+1); NEOX: pairs (i, i + n_rot/2)
+Gating = Literal["softmax", "sigmoid"]
+# Whether a block has an optional group of tensors: never (ignored if the file has them), when the
+# file has them (probed on the first block), or always (a missing one is a missing-tensor error).
+Presence = Literal["never", "optional", "always"]
+
+# Routing keys an architecture's graph may take from the file (prefixed with the architecture).
+MOE_FILE_KEYS = frozenset({"expert_gating_func", "expert_weights_norm", "expert_weights_scale",
+                           "expert_shared_count", "leading_dense_block_count"})
+# llama.cpp's expert_gating_func enum as stored in GGUF (0, "none", means the architecture's default).
+_GATING_IDS: dict[int, Gating] = {1: "softmax", 2: "sigmoid"}
+
+
+@dataclass(frozen=True)
+class MoERecipe:
+    """How an architecture's MoE blocks route tokens. The routing keys named in ``file_keys`` are read
+    from the file (absent ones keep these defaults); the rest are fixed by the architecture's graph."""
+
+    gating: Gating
+    norm_weights: bool
+    selection_bias: bool  # every MoE block has exp_probs_b, the bias that steers the choice
+    file_keys: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class BlockRecipe:
+    """How one architecture builds its decoder blocks (the row of :data:`ARCHITECTURES`)."""
+
+    rope: RopeKind
+    qk_norm: Presence = "never"  # per-head RMSNorm of q and k before rope (attn_{q,k}_norm)
+    attn_bias: Presence = "optional"  # attn_{q,k,v}.bias
+    ffn_norm: str = "ffn_norm"  # name of the norm before the FFN (GLM-4.5: post_attention_norm)
+    norm: NormKind = "rms"  # pre-attention and pre-FFN norm kind
+    activation: Activation = "swiglu"  # act(gate) * up
+    post_norms: bool = False  # norms of the attention and FFN outputs before the residual add (Gemma 2/3)
+    sliding_window: bool = False  # the file's attention.sliding_window limits what a query sees
+    attn_sinks: bool = False  # a learned per-head sink logit in every softmax (gpt-oss: attn_sinks)
+    logit_softcap: bool = False  # the file's attn_logit_softcapping / final_logit_softcapping apply
+    moe: MoERecipe | None = None  # None: every block has the dense FFN
+
+    @property
+    def rope_neox(self) -> bool:
+        return self.rope == "neox"
+
+
+ARCHITECTURES: dict[str, BlockRecipe] = {
+    "llama": BlockRecipe(rope="norm"),
+    "qwen2": BlockRecipe(rope="neox", attn_bias="always"),
+    "qwen3": BlockRecipe(rope="neox", qk_norm="always"),
+    # qwen3moe's graph always softmax-gates and normalises the top-k weights; no shared expert or bias.
+    "qwen3moe": BlockRecipe(rope="neox", qk_norm="always", moe=MoERecipe("softmax", True, False)),
+    # glm4moe: q/k norm when the file has it (use_qk_norm); llama.cpp requires exp_probs_b in every MoE block.
+    "glm4moe": BlockRecipe(rope="neox", qk_norm="optional", ffn_norm="post_attention_norm",
+                           moe=MoERecipe("sigmoid", False, True, MOE_FILE_KEYS)),
+}
+
+
+@dataclass(frozen=True)
+class MoEParams:
+    """One file's MoE routing and expert sizes (its recipe resolved against its keys)."""
+
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int  # rows of one expert's gate/up matrices
+    n_expert_shared: int  # 0: no shared expert
+    n_dense_lead: int  # blocks [0, n_dense_lead) use the dense FFN
+    gating: Gating
+    norm_weights: bool
+    weights_scale: float  # 1.0: none
+    selection_bias: bool  # blk.N.exp_probs_b.bias present
+
+    @property
+    def n_ff_shexp(self) -> int:
+        return self.n_ff_exp * self.n_expert_shared
+
+    def is_moe(self, layer: int) -> bool:
+        return layer >= self.n_dense_lead
+
+
+@dataclass(frozen=True)
+class ModelHParams:
+    """One file's decoder: its hyper-parameters and its architecture's recipe resolved against it."""
+
+    arch: str
+    recipe: BlockRecipe
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    rope_base: float
+    n_rot: int
+    rms_eps: float
+    n_ctx_train: int
+    rope_scale: float  # 1 / rope.scaling.factor (linear); 1.0 if absent
+    has_qkv_bias: bool
+    has_qk_norm: bool
+    tied_output: bool  # no output.weight: the head is token_embd
+    kq_scale: float = 0.0  # attention score scale; 0.0 means 1/sqrt(head_dim)
+    moe: MoEParams | None = None  # None: every block has the dense FFN
+    n_nextn: int = 0  # MTP blocks stored after the trunk (blk.{n_layer} ..)
+    sliding_window: int = 0  # 0: every query sees all earlier keys
+    attn_softcap: float = 0.0  # 0.0: attention scores are not soft-capped
+    final_softcap: float = 0.0  # 0.0: logits are not soft-capped
+
+    @property
+    def attn_scale(self) -> float:
+        return self.kq_scale if self.kq_scale > 0.0 else 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def rope_neox(self) -> bool:
+        return self.recipe.rope_neox
+
+    @property
+    def ffn_norm_name(self) -> str:
+        return self.recipe.ffn_norm
+
+
+def unsupported_options(hp: ModelHParams) -> list[str]:
+    """The parts of `hp`'s recipe that no backend implements yet (empty: every backend runs it)."""
+    r, out = hp.recipe, list[str]()
+    if r.norm != "rms":
+        out.append(f"{r.norm} norm")
+    if r.activation != "swiglu":
+        out.append(f"{r.activation} activation")
+    if r.post_norms:
+        out.append("norms after the attention and FFN outputs")
+    if hp.sliding_window:
+        out.append(f"sliding-window attention ({hp.sliding_window} tokens)")
+    if r.attn_sinks:
+        out.append("attention sinks")
+    if hp.attn_softcap:
+        out.append(f"attention logit soft-capping ({hp.attn_softcap})")
+    if hp.final_softcap:
+        out.append(f"final logit soft-capping ({hp.final_softcap})")
+    return out
+
+
+def _recipe_of(f: GGUFFile) -> BlockRecipe:
+    """The recipe of `f`'s architecture; an architecture not in the table is a ModelFileError."""
+    recipe = ARCHITECTURES.get(f.architecture)
+    if recipe is None:
+        raise ModelFileError(f.path, f"unsupported architecture {f.architecture!r} (supported: {', '.join(ARCHITECTURES)})")
+    return recipe
+
+
+def _uniform(f: GGUFFile, key: str, value: Any) -> int:
+    """Per-layer arrays are allowed by the format; we support them only when all entries agree."""
+    if isinstance(value, list):
+        if not value or any(v != value[0] for v in value):
+            raise ModelFileError(f.path, f"per-layer varying {key!r} is not supported")
+        value = value[0]
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ModelFileError(f.path, f"metadata {key!r} is not an integer: {value!r}") from None
+
+
+def _rope_scale(f: GGUFFile, opt: Callable[[str, Any], Any]) -> float:
+    scaling = opt("rope.scaling.type", None)
+    factor = float(opt("rope.scaling.factor", 0.0) or 0.0)
+    if scaling not in (None, "none", "linear"):
+        raise ModelFileError(f.path, f"unsupported rope scaling {scaling!r} (only linear)")
+    if scaling == "linear" and factor > 0.0:
+        return 1.0 / factor
+    if scaling is None and float(opt("rope.scale_linear", 0.0) or 0.0) > 0.0:  # older key
+        return 1.0 / float(opt("rope.scale_linear", 1.0))
+    return 1.0
+
+
+def _present(f: GGUFFile, presence: Presence, *names: str) -> bool:
+    return presence == "always" or (presence == "optional" and any(f.has_tensor(n) for n in names))
+
+
+def _read_moe_params(f: GGUFFile, moe: MoERecipe) -> MoEParams:
+    """The MoE hyper-parameters of `f`: expert counts from its keys, routing from `moe` and the keys it names."""
+    arch = f.architecture
+
+    def opt(key: str, default: Any) -> Any:
+        return f.get(f"{arch}.{key}", default) if key in moe.file_keys else default
+
+    def count(key: str, default: Any) -> int:
+        return _uniform(f, key, opt(key, default))
+
+    n_expert = _uniform(f, "expert_count", f.require(f"{arch}.expert_count"))
+    n_used = _uniform(f, "expert_used_count", f.require(f"{arch}.expert_used_count"))
+    if n_expert <= 0 or not 0 < n_used <= n_expert:
+        raise ModelFileError(f.path, f"invalid expert counts: expert_count={n_expert} expert_used_count={n_used}")
+    n_ff_exp = _uniform(f, "expert_feed_forward_length", f.get(f"{arch}.expert_feed_forward_length", 0))
+    if n_ff_exp <= 0:
+        n_ff_exp = _uniform(f, "feed_forward_length", f.require(f"{arch}.feed_forward_length")) // n_used
+    gating = moe.gating
+    if "expert_gating_func" in moe.file_keys:
+        gating_id = _uniform(f, "expert_gating_func", f.get(f"{arch}.expert_gating_func", 0))
+        if gating_id != 0:  # 0 ("none") keeps the architecture's gating, as llama.cpp does
+            if gating_id not in _GATING_IDS:
+                raise ModelFileError(f.path, f"unsupported expert_gating_func {gating_id} "
+                                             "(supported: 1 softmax, 2 sigmoid)")
+            gating = _GATING_IDS[gating_id]
+    scale = float(opt("expert_weights_scale", 0.0) or 0.0)
+    return MoEParams(
+        n_expert=n_expert,
+        n_expert_used=n_used,
+        n_ff_exp=n_ff_exp,
+        n_expert_shared=count("expert_shared_count", 0),
+        n_dense_lead=count("leading_dense_block_count", 0),
+        gating=gating,
+        norm_weights=bool(opt("expert_weights_norm", moe.norm_weights)),
+        weights_scale=scale if scale not in (0.0, 1.0) else 1.0,
+        selection_bias=moe.selection_bias,
+    )
+
+
+def read_hparams(f: GGUFFile) -> ModelHParams:
+    """`f`'s decoder description; anything missing, malformed or unsupported is one ModelFileError."""
+    recipe = _recipe_of(f)
+    arch = f.architecture
+
+    def req(key: str) -> Any:
+        return f.require(f"{arch}.{key}")
+
+    def opt(key: str, default: Any) -> Any:
+        return f.get(f"{arch}.{key}", default)
+
+    n_embd = _uniform(f, "embedding_length", req("embedding_length"))
+    n_head = _uniform(f, "attention.head_count", req("attention.head_count"))
+    n_head_kv = _uniform(f, "attention.head_count_kv", opt("attention.head_count_kv", n_head))
+    n_nextn = _uniform(f, "nextn_predict_layers", opt("nextn_predict_layers", 0))
+    n_layer = _uniform(f, "block_count", req("block_count")) - n_nextn
+    # An all-MoE model needs no dense FFN width (qwen3moe files may still carry one).
+    n_ff = _uniform(f, "feed_forward_length",
+                    opt("feed_forward_length", 0) if recipe.moe is not None else req("feed_forward_length"))
+    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv != 0 or n_layer <= 0:
+        raise ModelFileError(f.path, f"invalid head counts n_head={n_head} n_head_kv={n_head_kv} or n_layer={n_layer}")
+    head_dim = _uniform(f, "attention.key_length", opt("attention.key_length", n_embd // n_head))
+    v_dim = _uniform(f, "attention.value_length", opt("attention.value_length", head_dim))
+    if v_dim != head_dim:
+        raise ModelFileError(f.path, f"key_length {head_dim} != value_length {v_dim} is not supported")
+    n_rot = _uniform(f, "rope.dimension_count", opt("rope.dimension_count", head_dim))
+    if n_rot <= 0 or n_rot > head_dim or n_rot % 2:
+        raise ModelFileError(f.path, f"invalid rope.dimension_count {n_rot} for head_dim {head_dim}")
+
+    if not f.has_tensor("token_embd.weight"):
+        raise ModelFileError(f.path, "missing tensor 'token_embd.weight'")
+    n_vocab = f.tensor("token_embd.weight").shape[0]
+    # An MTP-only file (llama.cpp's --mtp output) has no trunk blocks: probe the first block it has.
+    b = f"blk.{0 if f.has_tensor('blk.0.attn_norm.weight') else n_layer}."
+    hp = ModelHParams(
+        arch=arch,
+        recipe=recipe,
+        n_vocab=int(n_vocab),
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim=head_dim,
+        n_ff=n_ff,
+        rope_base=float(opt("rope.freq_base", 10000.0)),
+        n_rot=n_rot,
+        rms_eps=float(req("attention.layer_norm_rms_epsilon")),
+        n_ctx_train=_uniform(f, "context_length", opt("context_length", 4096)),
+        rope_scale=_rope_scale(f, opt),
+        has_qkv_bias=_present(f, recipe.attn_bias, b + "attn_q.bias", b + "attn_qkv.bias"),
+        has_qk_norm=_present(f, recipe.qk_norm, b + "attn_q_norm.weight"),
+        tied_output=not f.has_tensor("output.weight"),
+        kq_scale=float(opt("attention.scale", 0.0) or 0.0),
+        moe=_read_moe_params(f, recipe.moe) if recipe.moe is not None else None,
+        n_nextn=n_nextn,
+        sliding_window=_uniform(f, "attention.sliding_window", opt("attention.sliding_window", 0))
+        if recipe.sliding_window else 0,
+        attn_softcap=float(opt("attn_logit_softcapping", 0.0) or 0.0) if recipe.logit_softcap else 0.0,
+        final_softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if recipe.logit_softcap else 0.0,
+    )
+    missing = unsupported_options(hp)
+    if missing:
+        raise ModelFileError(f.path, f"architecture {arch!r} needs what no backend implements yet: {', '.join(missing)}")
+    return hp

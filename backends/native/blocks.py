@@ -1,0 +1,53 @@
+"""The model description (gguf/architecture.py) as the native kernels' C structures.
+
+The kernels run one block shape: RMSNorm before attention and FFN, optional per-head q/k norm (a
+layer's q_norm / k_norm pointers, NULL when absent), optional q/k/v biases (each matrix's bias), rope
+pairing as ``rope_neox``, and a SwiGLU FFN that is dense or a MoE block (native/moe.py). Anything else
+a recipe can name is refused when the description is read, so only this module maps it to C.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spekula.backends.gguf.architecture import ModelHParams
+from spekula.backends.native import lib as nl
+from spekula.backends.native.moe import moe_block
+from spekula.backends.native.weights import NativeWeights
+
+
+def build_layer(w: NativeWeights, i: int) -> nl.Layer:
+    """Block ``blk.i`` (trunk or MTP block) of the model ``w.hp`` describes."""
+    hp, b = w.hp, f"blk.{i}."
+    assert hp is not None, "a decoder block needs the model's description"
+    layer = nl.Layer()
+    layer.attn_norm = nl.ptr(w.vector(b + "attn_norm.weight"))
+    layer.ffn_norm = nl.ptr(w.vector(b + hp.ffn_norm_name + ".weight"))
+    if hp.has_qk_norm:
+        layer.q_norm = nl.ptr(w.vector(b + "attn_q_norm.weight"))
+        layer.k_norm = nl.ptr(w.vector(b + "attn_k_norm.weight"))
+    def qkv(name: str, shape: tuple[int, ...] | None = None) -> nl.Tensor:
+        # q/k/v biases are read when the description says the blocks have them, and then required
+        bias = b + name + ".bias" if hp.has_qkv_bias else None
+        return w.matrix(b + name + ".weight", bias, shape, bias_required=True)
+
+    if w.f.has_tensor(b + "attn_qkv.weight") and not w.f.has_tensor(b + "attn_q.weight"):
+        layer.wq = qkv("attn_qkv", ((hp.n_head + 2 * hp.n_head_kv) * hp.head_dim, hp.n_embd))
+    else:
+        layer.wq, layer.wk, layer.wv = qkv("attn_q"), qkv("attn_k"), qkv("attn_v")
+    layer.wo = w.matrix(b + "attn_output.weight", b + "attn_output.bias")
+    if hp.moe is not None and hp.moe.is_moe(i):
+        layer.moe = moe_block(w, i)
+        return layer
+    layer.w_gate = w.matrix(b + "ffn_gate.weight", b + "ffn_gate.bias")
+    layer.w_up = w.matrix(b + "ffn_up.weight", b + "ffn_up.bias")
+    layer.w_down = w.matrix(b + "ffn_down.weight", b + "ffn_down.bias")
+    return layer
+
+
+def model_config(hp: ModelHParams, **fields: Any) -> nl.Config:
+    """A context's config: what the description decides (sizes, rope pairing, norm epsilon, attention
+    scale) plus `fields`, the runtime's own (n_layer, n_ff, n_ctx, threads, tensors, ...)."""
+    return nl.Config(n_vocab=hp.n_vocab, n_embd=hp.n_embd, n_head=hp.n_head, n_head_kv=hp.n_head_kv,
+                     head_dim=hp.head_dim, n_rot=hp.n_rot, rope_neox=int(hp.rope_neox), rms_eps=hp.rms_eps,
+                     attn_scale=hp.attn_scale, **fields)
