@@ -25,8 +25,8 @@ from typing import Any
 
 from spekula.core.errors import SpekulaError
 
-# Where the build recipe in bench/ngram.py's docs puts the binary (a venv of its own, never .venv).
-FALLBACK_BINARY = Path("/work/llama-venv/bin/llama-server")
+# The binary when neither --llama-server nor PATH names one (e.g. the venv bench/ngram.py's recipe builds).
+ENV_BINARY = "SPEKULA_LLAMA_SERVER"
 HOST = "127.0.0.1"
 MAX_REQUESTS = 64  # per server: the benchmarks need a handful; a runaway loop must not hammer it
 _LIVE: set[subprocess.Popen[bytes]] = set()
@@ -37,18 +37,17 @@ class LlamaServerError(SpekulaError):
 
 
 def find_llama_server(explicit: str | None = None) -> tuple[str | None, str]:
-    """(path, "") when found, else (None, why not). --llama-server PATH, then PATH, then FALLBACK_BINARY."""
-    if explicit:
-        path = Path(explicit)
-        if path.is_file() and os.access(path, os.X_OK):
-            return str(path), ""
-        return None, f"--llama-server {explicit} is not an executable file"
+    """(path, "") when found, else (None, why not): --llama-server PATH, then $SPEKULA_LLAMA_SERVER, then PATH."""
+    for origin, named in (("--llama-server", explicit), (f"${ENV_BINARY}", os.environ.get(ENV_BINARY))):
+        if named:
+            path = Path(named)
+            if path.is_file() and os.access(path, os.X_OK):
+                return str(path), ""
+            return None, f"{origin} {named} is not an executable file"
     found = shutil.which("llama-server")
     if found:
         return found, ""
-    if FALLBACK_BINARY.is_file() and os.access(FALLBACK_BINARY, os.X_OK):
-        return str(FALLBACK_BINARY), ""
-    return None, f"llama-server is not on PATH and {FALLBACK_BINARY} does not exist"
+    return None, f"llama-server is not on PATH; name it with --llama-server PATH or ${ENV_BINARY}"
 
 
 def supported_spec_types(binary: str, wanted: list[str], timeout: float = 30.0) -> list[str]:

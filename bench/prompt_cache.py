@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-predict", type=int, default=96, help="turn 1's answer length")
-    ap.add_argument("--llama-server", default=None, help="llama-server binary (default: PATH, then the bench build)")
+    ap.add_argument("--llama-server", default=None, help="llama-server binary (default: $SPEKULA_LLAMA_SERVER, then PATH)")
     args = ap.parse_args(argv)
     from spekula.backends.gguf.default_model import ensure_default_model
 

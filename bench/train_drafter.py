@@ -27,7 +27,7 @@ The heads default to the ones shipped for the target (drafters/model/shipped_hea
 skips its rows and says why. With `--also-shipped`, heads given by --eagle3/--dflash run beside the
 shipped ones (rows `<kind>/shipped`), so a new training run is compared with the heads it would
 replace on the same prompts in one run. When a llama-server binary is found (bench/llama_server.py: --llama-
-server PATH, else PATH, else /work/llama-venv/bin/llama-server), the same prompt ids also go to
+server PATH, else $SPEKULA_LLAMA_SERVER, else PATH), the same prompt ids also go to
 llama-server with the same head files (`--spec-type draft-eagle3|draft-dflash -md FILE
 --spec-draft-n-max 6`, greedy), one server per configuration, requests interleaved with its own
 plain server's, and its acceptance and speed-up are printed next to spekula's fixed-n_max rows.
@@ -114,7 +114,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--backend", default="auto", help="target backend (default auto: native on the CPU)")
     p.add_argument("--eagle3", metavar="FILE", help="EAGLE-3 head GGUF (default: the one shipped for the target)")
     p.add_argument("--dflash", metavar="FILE", help="DFlash head GGUF (default: the one shipped for the target)")
-    p.add_argument("--llama-server", metavar="PATH", help="llama-server binary (default: search)")
+    p.add_argument("--llama-server", metavar="PATH", help="llama-server binary (default: $SPEKULA_LLAMA_SERVER, then PATH)")
     p.add_argument("--no-llama-server", action="store_true", help="skip the llama-server comparison")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts (1 held-out, 1 hand-written), -n 24")
     p.add_argument("--training-prompts", action="store_true",

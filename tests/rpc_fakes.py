@@ -1,4 +1,4 @@
-"""A small in-process engine with the Engine API's shape (docs/CONTRACTS.md §5), for the frontend tests.
+"""A small in-process engine with the Engine API's shape (docs/architecture.md, "The interfaces between layers"), for the frontend tests.
 
 Shared by tests/test_rpc.py, test_server.py, test_client.py and test_tui.py (tests/conftest.py puts tests/ on sys.path).
 

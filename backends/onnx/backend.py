@@ -45,7 +45,7 @@ log = structlog.get_logger("spekula.onnx")
 # all chunkings agree bitwise, whatever the cache length. Cost: ~10% on a one-token decode step.
 EXACT_ROW_MULTIPLE = 4
 
-# BackendOptions.dtype -> weight format of the export. f16/bf16 graphs are not built (see README notes).
+# BackendOptions.dtype -> weight format of the export. f16/bf16 graphs are not built (docs/backends.md, "ONNX Runtime").
 _DTYPES = {"auto": "f32", "f32": "f32", "q4": "q4"}
 
 

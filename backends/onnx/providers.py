@@ -16,7 +16,7 @@ named explicitly:
                             never degrades to CPU in silence: the torch backend refuses too, and a run
                             100x slower than asked for is worse than an error.
   ort_provider=auto, device=cpu (the default)
-                            CUDA device 0 when usable (as README documents: the ONNX backend takes a
+                            CUDA device 0 when usable (as docs/backends.md documents: the ONNX backend takes a
                             GPU when there is one), otherwise CPU without a word. Never an error.
 """
 

@@ -1,4 +1,4 @@
-"""The Engine: request queue, slots and the anyio scheduler loop (docs/CONTRACTS.md §5).
+"""The Engine: request queue, slots and the anyio scheduler loop (docs/architecture.md, "The interfaces between layers").
 
 Structured concurrency: `run` owns one task group (stream drainers live in it) and loops
 admit -> step (in a worker thread, `anyio.to_thread.run_sync`; while every busy slot generates, a run

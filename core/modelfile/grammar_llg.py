@@ -1,6 +1,6 @@
 """Grammars through llguidance: compiled once per (model, grammar), one matcher per request.
 
-llguidance was chosen by measurement on SmolLM2's 49152-token vocabulary (bench/RESULTS.md):
+llguidance was chosen by measurement on SmolLM2's 49152-token vocabulary (docs/notes/negative-results.md):
 its worst mask took 0.4 ms on every grammar tried (the other candidate took 20-56 ms per token on
 llama.cpp's own JSON GBNF), JSON schemas compile in about a millisecond, unsupported schema
 keywords are named in its errors, and it checks a whole draft without computing masks.

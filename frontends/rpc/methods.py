@@ -1,4 +1,4 @@
-"""The spekula JSON-RPC methods, driving the Engine API (docs/CONTRACTS.md §5).
+"""The spekula JSON-RPC methods, driving the Engine API (docs/architecture.md, "The interfaces between layers").
 
 Used by the socket server and, in-process, by the TUI's embedded mode, so both speak exactly the
 same request and result shapes.
