@@ -22,13 +22,15 @@ from toy_backend import (
 
 from spekula.core.drafting.registry import (
     available_drafters,
+    builtin_ranks,
+    builtin_spec_types,
     create_drafters,
     load_drafter_class,
     parse_spec_types,
     priority_key,
 )
 from spekula.core.errors import ConfigError
-from spekula.core.params import SPEC_TYPE_PRIORITY, CompletionRequest, SamplingParams, SpecParams
+from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 
 PLUGIN_DIR = Path(__file__).parents[1] / "plugin_dist"
 
@@ -49,8 +51,8 @@ def test_parse_spec_types_accumulates_and_orders() -> None:
 
 
 def test_third_party_priority() -> None:
-    draftless_builtin = [priority_key(n, False) for n in SPEC_TYPE_PRIORITY[:5]]
-    model_builtin = [priority_key(n, True) for n in SPEC_TYPE_PRIORITY[5:]]
+    draftless_builtin = [priority_key(n, False) for n in builtin_spec_types() if not builtin_ranks()[n][0]]
+    model_builtin = [priority_key(n, True) for n in builtin_spec_types() if builtin_ranks()[n][0]]
     third_draftless, third_model = priority_key("zz-plugin", False), priority_key("aa-plugin", True)
     assert max(draftless_builtin) < third_draftless < min(model_builtin)
     assert max(model_builtin) < third_model
