@@ -14,7 +14,7 @@ from spekula.core.params import SpecParams
 from spekula.drafters.draftless.ngram_cache import NgramCacheDrafter
 from spekula.drafters.draftless.ngram_cache_file import NgramCache, load_cache
 from spekula.fixtures.tiny_gguf import tiny_model_path
-from spekula.frontends.cli import main
+from spekula.frontends.cli.main import main
 
 TEXT_A = "the cat sat on the mat. the cat sat on the hat. the cat ran."
 TEXT_B = "a dog sat on the mat and the cat sat on the dog."
