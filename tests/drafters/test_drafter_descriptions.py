@@ -110,3 +110,19 @@ def test_a_backend_without_a_runtime_is_a_clear_error() -> None:
         runtime_class(DRAFT_RUNTIMES, "onnx", "eagle3", "no runtime for onnx")
     cls, entry = runtime_class(DRAFT_RUNTIMES, "native", "dspark", "unused")
     assert cls.__name__ == "TorchDFlashRuntime" and not entry.shares_target  # DSpark: torch beside native
+
+
+def test_a_plugin_option_that_is_already_spelled_is_left_out() -> None:
+    """Another drafter's (or a core option's) spelling must not break every command."""
+    from spekula.core.drafting.description import DrafterDescription
+    from spekula.core.drafting.registry import DrafterEntry
+    from spekula.frontends.cli.options import _add_drafter_options
+
+    parser = _parser()
+    group = parser.add_argument_group("plugin")
+    clash = DrafterOption("temp", float, 1.0, "clashes with the sampling option")
+    fresh = DrafterOption("demo-fresh", int, 2, "a new one")
+    entry = DrafterEntry("demo", object, DrafterDescription("demo", options=(clash, fresh)), False, False)
+    _add_drafter_options(group, entry)
+    args = parser.parse_args(["--demo-fresh", "5"])
+    assert args.demo_fresh == 5 and args.temp == 0.8  # --temp is still the sampling option
