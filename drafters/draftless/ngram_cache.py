@@ -143,10 +143,10 @@ class NgramCacheDrafter(DraftlessDrafter, Drafter):
     description: ClassVar[DrafterDescription] = DrafterDescription(
         summary="n-gram count caches of this slot's context, earlier generations (-lcd) and a corpus (-lcs)",
         options=(
-            DrafterOption("lookup-cache-static", str, None, "ngram-cache static file (e.g. from `spekula ngram-cache "
-                          "build`)", aliases=("-lcs",), llama_cpp=True, metavar="FILE"),
-            DrafterOption("lookup-cache-dynamic", str, None, "ngram-cache dynamic file, read at start and rewritten "
-                          "after requests", aliases=("-lcd",), llama_cpp=True, metavar="FILE"),
+            DrafterOption("lookup-cache-static", str, None, "static cache file (e.g. from `spekula ngram-cache build`)",
+                          aliases=("-lcs",), llama_cpp=True, metavar="FILE"),
+            DrafterOption("lookup-cache-dynamic", str, None, "dynamic cache file, read at start and rewritten after "
+                          "requests", aliases=("-lcd",), llama_cpp=True, metavar="FILE"),
         ),
         builtin_order=4,
     )

@@ -334,7 +334,8 @@ def _checked_spec(args: argparse.Namespace) -> tuple[SpecParams, str | None]:
     if draft_path and not spec.types:
         # llama.cpp loads nothing for a plain -md either; say so instead of silently drafting nothing.
         log.warning("draft_model_unused", draft_model=draft_path,
-                    hint="draft-simple must be enabled with --spec-type draft-simple")
+                    hint="; ".join(f"{e.name} must be enabled with --spec-type {e.name}" for e in drafter_entries()
+                                   if e.description.draft_model == "required"))
     return spec, draft_path
 
 
