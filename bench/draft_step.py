@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from spekula.backends.gguf.default_model import ensure_default_model
     from spekula.core.backend import BackendOptions, load_backend
-    from spekula.core.drafting.draft_models import Eagle3Rows, Eagle3Runtime, load_draft_runtime
+    from spekula.core.drafting.draft_models import Eagle3Rows, Eagle3Runtime
+    from spekula.drafters.model.runtimes import load_draft_runtime
     from spekula.drafters.model.shipped_heads import find_shipped_head
 
     model = args.model or str(ensure_default_model())

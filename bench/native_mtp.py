@@ -81,7 +81,8 @@ def rss_mib() -> tuple[float, float]:
 def measure(runtime: str, threads: int) -> dict[str, float]:
     """Run in a child process: one runtime's numbers."""
     from spekula.core.backend import BackendOptions, SeqInput, load_backend
-    from spekula.core.drafting.mtp_runtime import MtpRows, load_mtp_runtime
+    from spekula.core.drafting.mtp_runtime import MtpRows
+    from spekula.drafters.model.runtimes import load_mtp_runtime
 
     opts = BackendOptions(n_ctx=512, n_seq_max=1, threads=threads)
     target = load_backend("native", str(PATH), opts)

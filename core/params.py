@@ -7,20 +7,6 @@ from typing import Any, Literal
 
 from spekula.core.modelfile.constraint import GrammarSpec
 
-# Fixed priority (docs/semantics.md §3): every draftless type before every model type.
-SPEC_TYPE_PRIORITY: tuple[str, ...] = (
-    "ngram-simple",
-    "ngram-map-k",
-    "ngram-map-k4v",
-    "ngram-mod",
-    "ngram-cache",
-    "draft-simple",
-    "draft-eagle3",
-    "draft-mtp",
-    "draft-dflash",
-    "draft-dspark",
-)
-
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:

@@ -71,7 +71,7 @@ def head_runtime(backend: str, head: Path, target_path: Path, n_ctx: int, *, tar
     """A draft head's runtime for tests of the native runtimes: ``native`` over ``target`` (a native
     backend) when given, else over a fresh one's info alone; ``torch`` in float32. Three sequences."""
     from spekula.backends.native.backend import NativeBackend
-    from spekula.core.drafting.draft_models import load_draft_runtime
+    from spekula.drafters.model.runtimes import load_draft_runtime
 
     t = target or NativeBackend(str(target_path), BackendOptions(n_ctx=n_ctx, n_seq_max=3, threads=threads))
     opts = (BackendOptions(n_ctx=n_ctx, n_seq_max=3, threads=threads) if backend == "native"

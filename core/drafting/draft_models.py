@@ -2,18 +2,17 @@
 
 No torch here: arrays cross as numpy. A runtime owns a draft GGUF's weights (plus the target's token
 embeddings / output head when the draft borrows them) and one KV cache per sequence, written by
-position like the target's (``truncate`` is O(1)). Implementations live in
-``spekula.backends.<backend>.<arch>`` and export ``runtime_class``; :func:`load_draft_runtime` imports
-them by name, so a drafter never imports torch itself.
+position like the target's (``truncate`` is O(1)). Which class runs which draft kind on which
+backend is a table the model drafters keep (drafters/model/runtimes.py); :func:`open_draft_runtime`
+imports the class that table names, so a drafter never imports torch itself.
 """
 
 from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import ModuleType
 
 import numpy as np
 
@@ -209,37 +208,42 @@ def check_target(info: DraftModelInfo, target: ModelInfo) -> None:
         raise ConfigError(f"draft model reads target layers {bad} but the target has {target.n_layer} layers")
 
 
-def runtime_module(module_name: str, missing: str) -> ModuleType:
-    """Import a draft runtime's module; ConfigError(`missing`) when there is no such module (an import
-    error inside an existing one propagates)."""
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        raise ConfigError(missing) from None
+@dataclass(frozen=True, slots=True)
+class RuntimeEntry:
+    """The class that runs one draft kind on one backend, as ``"module:Class"``."""
+
+    class_path: str
+    # Its constructor takes the target Backend as well (a native runtime runs over the target's
+    # threads and prepared weights).
+    shares_target: bool = False
 
 
-# Draft kinds the native kernels run (backends/native/<arch>.py); the others (DSpark, whose Markov head
-# chains through the block token by token) run on torch's CPU path beside a native target.
-NATIVE_DRAFT_KINDS = ("eagle3", "dflash")
+# (backend name, draft kind or "mtp") -> the runtime class for it
+RuntimeTable = Mapping[tuple[str, str], RuntimeEntry]
 
 
-def load_draft_runtime(backend_name: str, gguf_path: str, target: ModelInfo, options: BackendOptions | None = None,
+def runtime_class(runtimes: RuntimeTable, backend_name: str, kind: str, missing: str) -> tuple[type, RuntimeEntry]:
+    """The class ``runtimes`` names for (backend, kind), imported; ConfigError(`missing`) when the table
+    has none (an import error inside an existing module propagates)."""
+    entry = runtimes.get((backend_name, kind))
+    if entry is None:
+        raise ConfigError(missing)
+    module_name, _, attr = entry.class_path.partition(":")
+    return getattr(importlib.import_module(module_name), attr), entry
+
+
+def open_draft_runtime(runtimes: RuntimeTable, backend_name: str, gguf_path: str, target: ModelInfo,
+                       options: BackendOptions | None = None,
                        target_backend: Backend | None = None) -> Eagle3Runtime | DFlashRuntime:
-    """Open a draft GGUF and build its runtime on ``backend_name`` (``spekula.backends.<backend>.<arch>``).
-    A native runtime runs over ``target_backend``'s threads and prepared weights when that is native."""
+    """Open a draft GGUF and build the runtime ``runtimes`` names for its kind on ``backend_name``."""
     f = GGUFFile(gguf_path)
     info = read_draft_info(f)
     check_target(info, target)
-    runtime_backend = "torch" if backend_name == "native" and info.kind not in NATIVE_DRAFT_KINDS else backend_name
-    module = runtime_module(f"spekula.backends.{runtime_backend}.{info.arch}",
-                            f"draft architecture {info.arch!r} has no runtime for backend {backend_name!r}")
+    cls, entry = runtime_class(runtimes, backend_name, info.kind,
+                               f"draft architecture {info.kind!r} has no runtime for backend {backend_name!r}")
     opts = options or BackendOptions()
-    if runtime_backend == "native":
-        native: Eagle3Runtime | DFlashRuntime = module.runtime_class(f, info, target, opts, target_backend)
-        return native
-    runtime: Eagle3Runtime | DFlashRuntime = module.runtime_class(f, info, target, opts)
+    runtime: Eagle3Runtime | DFlashRuntime = (cls(f, info, target, opts, target_backend) if entry.shares_target
+                                              else cls(f, info, target, opts))
     return runtime
 
 

@@ -18,7 +18,9 @@ A drafter instance is shared by all slots of an engine (ngram-mod's pool is glob
 Drafters are found through the ``spekula.drafters`` entry-point group; the entry point names a class
 with ``create(ctx) -> Drafter``. A drafter with a length cap of its own (docs/semantics.md §1.3: size_m,
 ngram-mod's n_max, ngram-cache's 8) declares it as an int attribute ``draft_cap``; without one the
-engine takes --spec-draft-n-max, the model drafters' cap.
+engine takes --spec-draft-n-max, the model drafters' cap. A drafter declares its options, its place
+in the built-in order and what it needs as ``description: ClassVar[DrafterDescription]``
+(core/drafting/description.py); one without a description has no options of its own.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from spekula.core.backend import Backend, BackendOptions, Capture, SeqInput, SeqOutput
+from spekula.core.drafting.description import DrafterOption, OptionValue
 from spekula.core.params import SpecParams
 
 if TYPE_CHECKING:
@@ -84,6 +87,20 @@ class DrafterContext:
         """A per-drafter option by llama.cpp name without dashes, e.g. 'spec-ngram-simple-size-n'."""
         value = self.spec.drafter_options.get(name)
         return default if value is None else type(default)(value)
+
+    def value(self, option: DrafterOption, *, maximum: int | float | None = None) -> OptionValue | None:
+        """A declared option's value (its default when not given), converted and range-checked."""
+        return option.convert(self.spec.drafter_options.get(option.name), maximum=maximum)
+
+    def int_value(self, option: DrafterOption, *, maximum: int | None = None) -> int:
+        return int(self.value(option, maximum=maximum) or 0)
+
+    def float_value(self, option: DrafterOption) -> float:
+        return float(self.value(option) or 0.0)
+
+    def text_value(self, option: DrafterOption) -> str:
+        """A str option's value, "" when unset."""
+        return str(self.value(option) or "")
 
 
 @runtime_checkable

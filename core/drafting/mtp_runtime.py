@@ -13,7 +13,8 @@ step's output) at position P, and predicts x_{P+1}:
 A runtime owns the heads' weights and one KV cache per sequence and head, written by position like
 the target's (``truncate`` is O(1)). The heads come either from the target GGUF itself or from an
 MTP-only GGUF (llama.cpp's converter ``--mtp`` output: the MTP blocks plus token_embd, output_norm,
-output). Implementations live in ``spekula.backends.<backend>_mtp`` and export ``runtime_class``.
+output). Which class runs the heads on which backend is the model drafters' table
+(drafters/model/runtimes.py, kind "mtp").
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from spekula.core.drafting.draft_models import runtime_module
+from spekula.core.drafting.draft_models import RuntimeTable, runtime_class
 from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 
@@ -165,7 +166,7 @@ def check_mtp_fits(info: MtpInfo, target_path: str, n_embd: int, n_vocab: int) -
 
 
 def check_mtp_files(target_path: str, draft_path: str | None) -> MtpInfo:
-    """Everything :func:`load_mtp_runtime` checks, from the files' headers alone (no weights loaded)."""
+    """Everything :func:`open_mtp_runtime` checks, from the files' headers alone (no weights loaded)."""
     target = GGUFFile.shared(target_path)
     info = read_mtp_info(GGUFFile.shared(draft_path) if draft_path else target)
     if draft_path:
@@ -174,12 +175,12 @@ def check_mtp_files(target_path: str, draft_path: str | None) -> MtpInfo:
     return info
 
 
-def load_mtp_runtime(backend_name: str, target: Backend, draft_path: str | None,
+def open_mtp_runtime(runtimes: RuntimeTable, backend_name: str, target: Backend, draft_path: str | None,
                      options: BackendOptions) -> MtpRuntime:
     """The MTP heads of ``draft_path`` (an MTP GGUF given with -md) or, without one, of the target's own GGUF."""
     f = GGUFFile.shared(draft_path) if draft_path else GGUFFile.shared(target.info.path)
     info = read_mtp_info(f)
     check_mtp_fits(info, target.info.path, target.info.n_embd, target.info.n_vocab)
-    module = runtime_module(f"spekula.backends.{backend_name}.mtp", f"draft-mtp has no runtime for backend {backend_name!r}")
-    runtime: MtpRuntime = module.runtime_class(f, info, target, options)
+    cls, _ = runtime_class(runtimes, backend_name, "mtp", f"MTP heads have no runtime for backend {backend_name!r}")
+    runtime: MtpRuntime = cls(f, info, target, options)
     return runtime

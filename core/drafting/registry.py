@@ -7,22 +7,25 @@ points of the same name.
 
 Priority (docs/semantics.md §3): the user's order never matters. Built-in draftless types
 come first in their fixed order, then third-party draftless types (by name), then the built-in
-model types, then third-party model-based types (by name).
+model types, then third-party model-based types (by name). Both the fixed order and the precedence
+class come from the drafters themselves: ``description.builtin_order`` of spekula's own drafters
+and every drafter's ``model_based`` flag.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from spekula.core.drafting.description import UNDESCRIBED, DrafterDescription
 from spekula.core.drafting.drafter import Drafter, DrafterContext
 from spekula.core.errors import ConfigError, SpekulaError
-from spekula.core.params import SPEC_TYPE_PRIORITY
 
 ENTRY_POINT_GROUP = "spekula.drafters"
-# The first five built-in names are the draftless (n-gram) ones.
-_N_BUILTIN_DRAFTLESS = 5
+_OWN_PACKAGE = "spekula."  # entry points into spekula's own package are its built-in drafters
 
 DrafterSource = type | Drafter  # a class with create(ctx), or a ready instance
 
@@ -47,7 +50,7 @@ def parse_spec_types(values: Iterable[str], extra: Mapping[str, Any] | None = No
     Third-party names are ordered as draftless here; `order_drafters` refines that once the
     classes are loaded and their `model_based` flag is known.
     """
-    known = set(available_drafters()) | set(extra or ()) | set(SPEC_TYPE_PRIORITY)
+    known = set(available_drafters()) | set(extra or ())
     chosen: dict[str, None] = {}
     for value in values:
         names = [n.strip() for n in str(value).split(",") if n.strip()]
@@ -60,11 +63,79 @@ def parse_spec_types(values: Iterable[str], extra: Mapping[str, Any] | None = No
     return tuple(sorted(chosen, key=lambda n: priority_key(n, False)))
 
 
+@cache
+def _entry_point_class(name: str, value: str) -> Any:
+    """The object an entry point names, imported once (exceptions are not cached: each try reports)."""
+    return EntryPoint(name=name, value=value, group=ENTRY_POINT_GROUP).load()
+
+
+def describe(source: Any) -> DrafterDescription:
+    """What a drafter class (or instance) declares about itself; third-party drafters may declare nothing."""
+    description = getattr(source, "description", None)
+    return description if isinstance(description, DrafterDescription) else UNDESCRIBED
+
+
+@dataclass(frozen=True, slots=True)
+class DrafterEntry:
+    """One installed drafter, loaded: what the CLI, the docs and the priority order read."""
+
+    name: str
+    source: Any  # the class (or a directly registered instance)
+    description: DrafterDescription
+    model_based: bool
+    builtin: bool  # spekula's own, ranked by its description's builtin_order
+
+
+def _entry(name: str, source: Any, builtin: bool) -> DrafterEntry:
+    description = describe(source)
+    return DrafterEntry(name, source, description, bool(getattr(source, "model_based", True)),
+                        builtin and description.builtin_order is not None)
+
+
+@cache
+def _builtin_ranks(own: tuple[tuple[str, str], ...]) -> dict[str, tuple[bool, int]]:
+    ranks: dict[str, tuple[bool, int]] = {}
+    for name, value in own:
+        entry = _entry(name, _entry_point_class(name, value), True)
+        if entry.builtin and entry.description.builtin_order is not None:
+            ranks[name] = (entry.model_based, entry.description.builtin_order)
+    return ranks
+
+
+def builtin_ranks() -> dict[str, tuple[bool, int]]:
+    """spekula's own drafters: name -> (model_based, builtin_order)."""
+    own = tuple(sorted((n, ep.value) for n, ep in available_drafters().items() if ep.value.startswith(_OWN_PACKAGE)))
+    return _builtin_ranks(own)
+
+
+def builtin_spec_types() -> tuple[str, ...]:
+    """spekula's own drafter names in their fixed priority order (docs/semantics.md §3)."""
+    ranks = builtin_ranks()
+    return tuple(sorted(ranks, key=lambda n: priority_key(n, ranks[n][0])))
+
+
+def drafter_entries(extra: Mapping[str, DrafterSource] | None = None) -> list[DrafterEntry]:
+    """Every drafter that loads (entry points, and `extra` shadowing them), in priority order. A plugin
+    that fails to import is left out here: it is reported, as a ConfigError, when it is asked for."""
+    out: dict[str, DrafterEntry] = {}
+    for name, ep in available_drafters().items():
+        try:
+            source = _entry_point_class(name, ep.value)
+        except Exception:
+            continue
+        out[name] = _entry(name, source, ep.value.startswith(_OWN_PACKAGE))
+    for name, source in (extra or {}).items():
+        out[name] = _entry(name, source, False)
+    return sorted(out.values(), key=lambda e: priority_key(e.name, e.model_based))
+
+
 def priority_key(name: str, model_based: bool) -> tuple[int, int, str]:
-    """Sort key placing `name` per docs/semantics.md §3, third-party names by their `model_based` flag."""
-    if name in SPEC_TYPE_PRIORITY:
-        index = SPEC_TYPE_PRIORITY.index(name)
-        return (0 if index < _N_BUILTIN_DRAFTLESS else 2, index, name)
+    """Sort key placing `name` per docs/semantics.md §3: spekula's own drafters by their fixed order and
+    their own precedence class, third-party names by `model_based`, then by name."""
+    rank = builtin_ranks().get(name)
+    if rank is not None:
+        own_model_based, order = rank
+        return (2 if own_model_based else 0, order, name)
     return (3 if model_based else 1, 0, name)
 
 
@@ -81,7 +152,7 @@ def load_drafter_class(name: str, extra: Mapping[str, DrafterSource] | None = No
     if ep is None:
         raise ConfigError(f"unknown spec type {name!r}; available: {_available_text(extra)}")
     try:
-        cls = ep.load()
+        cls = _entry_point_class(name, ep.value)
     except Exception as exc:  # a broken plugin must not take the whole engine down with a traceback
         raise ConfigError(
             f"drafter {name!r} ({ep.value}) failed to load: {type(exc).__name__}: {exc}; "

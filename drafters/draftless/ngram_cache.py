@@ -16,6 +16,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from spekula.core.drafting.description import DrafterDescription, DrafterOption
 from spekula.core.drafting.drafter import Draft, Drafter, DrafterContext, DraftlessDrafter, DraftRequest
 from spekula.core.drafting.slot_states import SlotStates
 from spekula.core.errors import ConfigError, SpekulaError
@@ -117,9 +118,7 @@ class _SlotCache:
 class NgramCacheDrafter(DraftlessDrafter, Drafter):
     """ngram-cache: n-gram count caches of sizes 1..4, drafting up to 8 tokens.
 
-    Options (llama.cpp names; paths, empty = none):
-      lookup-cache-static   -lcs: a static cache file (e.g. from `spekula ngram-cache build`)
-      lookup-cache-dynamic  -lcd: a dynamic cache file, read at start and rewritten after requests
+    Options (llama.cpp names): ``description`` below.
     The draft length is fixed at 8 (llama.cpp has no option), then cut to the round's n_max.
 
     Differences from llama.cpp:
@@ -141,6 +140,16 @@ class NgramCacheDrafter(DraftlessDrafter, Drafter):
     """
 
     name: ClassVar[str] = "ngram-cache"
+    description: ClassVar[DrafterDescription] = DrafterDescription(
+        summary="n-gram count caches of this slot's context, earlier generations (-lcd) and a corpus (-lcs)",
+        options=(
+            DrafterOption("lookup-cache-static", str, None, "static cache file (e.g. from `spekula ngram-cache build`)",
+                          aliases=("-lcs",), llama_cpp=True, metavar="FILE"),
+            DrafterOption("lookup-cache-dynamic", str, None, "dynamic cache file, read at start and rewritten after "
+                          "requests", aliases=("-lcd",), llama_cpp=True, metavar="FILE"),
+        ),
+        builtin_order=4,
+    )
     draft_cap: ClassVar[int] = N_DRAFT
 
     def __init__(
@@ -159,8 +168,7 @@ class NgramCacheDrafter(DraftlessDrafter, Drafter):
 
     @classmethod
     def create(cls, ctx: DrafterContext) -> NgramCacheDrafter:
-        static_path = str(ctx.option("lookup-cache-static", "") or "")
-        dynamic_path = str(ctx.option("lookup-cache-dynamic", "") or "")
+        static_path, dynamic_path = (ctx.text_value(o) for o in cls.description.options)
         static = load_cache(static_path) if static_path else {}
         dynamic = load_cache(dynamic_path) if dynamic_path and Path(dynamic_path).exists() else {}
         if dynamic_path:

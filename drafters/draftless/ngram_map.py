@@ -14,11 +14,17 @@ from typing import ClassVar, Self
 
 import numpy as np
 
+from spekula.core.drafting.description import DrafterDescription
 from spekula.core.drafting.drafter import Drafter, DrafterContext
 from spekula.core.drafting.slot_states import SlotStates
 from spekula.drafters.draftless import ngram_lookup
 from spekula.drafters.draftless.ngram_lookup import last_match
-from spekula.drafters.draftless.ngram_match import SlotDraftless, int_option, match_positions, same_tokens
+from spekula.drafters.draftless.ngram_match import (
+    SlotDraftless,
+    match_positions,
+    ngram_size_options,
+    same_tokens,
+)
 
 KEY_MAP_SIZE = 262144  # buckets in the hash -> history-index map
 LCG32 = 2654435761  # near (sqrt(5)-1)/2 * 2**32
@@ -90,7 +96,7 @@ class _NgramMapDrafter(SlotDraftless):
     """
 
     key_only: ClassVar[bool]
-    option_prefix: ClassVar[str]
+    description: ClassVar[DrafterDescription]
 
     def __init__(self, size_n: int = 12, size_m: int = 48, min_hits: int = 1) -> None:
         self.n = size_n
@@ -101,12 +107,8 @@ class _NgramMapDrafter(SlotDraftless):
     @classmethod
     def create(cls, ctx: DrafterContext) -> Self:
         ngram_lookup.require()
-        p = cls.option_prefix
-        return cls(
-            int_option(ctx, f"{p}-size-n", 12, 1, 1024),
-            int_option(ctx, f"{p}-size-m", 48, 1, 1024),
-            int_option(ctx, f"{p}-min-hits", 1, 1),
-        )
+        size_n, size_m, min_hits = (ctx.int_value(o) for o in cls.description.options)
+        return cls(size_n, size_m, min_hits)
 
     @property
     def draft_cap(self) -> int:
@@ -277,10 +279,7 @@ class _NgramMapDrafter(SlotDraftless):
 class NgramMapKDrafter(_NgramMapDrafter, Drafter):
     """ngram-map-k: draft the continuation after an earlier occurrence of the key n-gram.
 
-    Options (llama.cpp names):
-      spec-ngram-map-k-size-n    n, key length, default 12, range [1, 1024]
-      spec-ngram-map-k-size-m    m, longest draft, default 48, range [1, 1024]
-      spec-ngram-map-k-min-hits  successful lookups of the key before it drafts, default 1, >= 1
+    Options (llama.cpp names): ``description`` below.
 
     A draft is at most the key's last accepted length: after an accept of 0 the key never drafts
     again until a begin() cleanup removes it.
@@ -292,16 +291,18 @@ class NgramMapKDrafter(_NgramMapDrafter, Drafter):
 
     name: ClassVar[str] = "ngram-map-k"
     key_only: ClassVar[bool] = True
-    option_prefix: ClassVar[str] = "spec-ngram-map-k"
+    description: ClassVar[DrafterDescription] = DrafterDescription(
+        summary="draft what followed an earlier occurrence of the key n-gram, capped by its last accepted length",
+        options=ngram_size_options("spec-ngram-map-k", "n, key length", "m, longest draft",
+                                   "successful lookups of the key before it drafts"),
+        builtin_order=1,
+    )
 
 
 class NgramMapK4vDrafter(_NgramMapDrafter, Drafter):
     """ngram-map-k4v: like ngram-map-k, but counts up to four distinct m-token values per key.
 
-    Options (llama.cpp names):
-      spec-ngram-map-k4v-size-n    n, key length, default 12, range [1, 1024]
-      spec-ngram-map-k4v-size-m    m, value length and longest draft, default 48, range [1, 1024]
-      spec-ngram-map-k4v-min-hits  successful lookups of the key before it drafts, default 1, >= 1
+    Options (llama.cpp names): ``description`` below.
 
     It drafts only when the most frequent value is "significantly more frequent": the other
     slots sum to 0, or the best count is at least twice their sum. As in llama.cpp, the draft is
@@ -313,4 +314,9 @@ class NgramMapK4vDrafter(_NgramMapDrafter, Drafter):
 
     name: ClassVar[str] = "ngram-map-k4v"
     key_only: ClassVar[bool] = False
-    option_prefix: ClassVar[str] = "spec-ngram-map-k4v"
+    description: ClassVar[DrafterDescription] = DrafterDescription(
+        summary="as ngram-map-k, drafting only when one of up to four values per key is clearly the most frequent",
+        options=ngram_size_options("spec-ngram-map-k4v", "n, key length", "m, value length and longest draft",
+                                   "successful lookups of the key before it drafts"),
+        builtin_order=2,
+    )

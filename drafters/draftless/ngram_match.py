@@ -2,7 +2,7 @@
 
 A Python loop over 4096 positions costs milliseconds; these numpy passes cost tens of
 microseconds (the per-round latest-occurrence searches are in C: drafters/draftless/ngram_lookup.py). Also
-here: the option reader and the slot-by-slot `draft` those drafters share.
+here: the options they share and the slot-by-slot `draft` those drafters share.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spekula.core.drafting.drafter import Draft, DrafterContext, DraftlessDrafter, DraftRequest
-from spekula.core.errors import ConfigError
+from spekula.core.drafting.description import DrafterOption
+from spekula.core.drafting.drafter import Draft, DraftlessDrafter, DraftRequest
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -47,18 +47,14 @@ def same_tokens(hist: np.ndarray, start: int, pattern: Sequence[int]) -> bool:
     return bool(np.array_equal(hist[start : start + n], np.asarray(pattern, dtype=hist.dtype)))
 
 
-def int_option(ctx: DrafterContext, name: str, default: int, lo: int, hi: int | None = None) -> int:
-    """Read an integer drafter option and check its range (llama.cpp's limits) with a clear error."""
-    try:
-        value = int(ctx.option(name, default))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(
-            f"--{name}: expected an integer, got {ctx.spec.drafter_options.get(name)!r}"
-        ) from exc
-    if value < lo or (hi is not None and value > hi):
-        bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ConfigError(f"--{name} must be in {bound}, got {value}")
-    return value
+def ngram_size_options(prefix: str, size_n: str, size_m: str, min_hits: str) -> tuple[DrafterOption, ...]:
+    """The size-n / size-m / min-hits options that ngram-simple, ngram-map-k and ngram-map-k4v share
+    (llama.cpp's names under `prefix`, defaults 12/48/1, ranges [1, 1024] and >= 1)."""
+    return (
+        DrafterOption(f"{prefix}-size-n", int, 12, size_n, llama_cpp=True, minimum=1, maximum=1024),
+        DrafterOption(f"{prefix}-size-m", int, 48, size_m, llama_cpp=True, minimum=1, maximum=1024),
+        DrafterOption(f"{prefix}-min-hits", int, 1, min_hits, llama_cpp=True, minimum=1),
+    )
 
 
 class SlotDraftless(DraftlessDrafter):

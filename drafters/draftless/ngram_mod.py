@@ -12,11 +12,12 @@ from typing import ClassVar
 
 import numpy as np
 
+from spekula.core.drafting.description import DrafterDescription, DrafterOption
 from spekula.core.drafting.drafter import Drafter, DrafterContext
 from spekula.core.drafting.slot_states import SlotStates
 from spekula.drafters.draftless import ngram_lookup
 from spekula.drafters.draftless.ngram_lookup import mod_add_range, mod_walk, mod_walk_after
-from spekula.drafters.draftless.ngram_match import SlotDraftless, int_option
+from spekula.drafters.draftless.ngram_match import SlotDraftless
 
 POOL_SIZE = 4 * 1024 * 1024
 EMPTY = -1
@@ -71,10 +72,7 @@ class _SeqInfo:
 class NgramModDrafter(SlotDraftless, Drafter):
     """ngram-mod: follow the shared successor table from the last n tokens of (H, x).
 
-    Options (llama.cpp names):
-      spec-ngram-mod-n-match  n, n-gram length, default 24, range [1, 1024]
-      spec-ngram-mod-n-min    shortest draft, default 48, range [0, 1024]
-      spec-ngram-mod-n-max    longest draft, default 64, range [0, 1024]
+    Options (llama.cpp names): ``description`` below.
 
     One pool (16 MiB) serves every slot, so one request's text helps the others. begin() adds
     every prompt n-gram; draft() adds new history in chunks of more than 32 tokens; a draft is
@@ -93,6 +91,18 @@ class NgramModDrafter(SlotDraftless, Drafter):
     """
 
     name: ClassVar[str] = "ngram-mod"
+    description: ClassVar[DrafterDescription] = DrafterDescription(
+        summary="one hash table of n-gram successors shared by every slot, walked from the last n tokens",
+        options=(
+            DrafterOption("spec-ngram-mod-n-match", int, 24, "n-gram length hashed into the table", llama_cpp=True,
+                          minimum=1, maximum=1024),
+            DrafterOption("spec-ngram-mod-n-min", int, 48, "shortest draft worth making", llama_cpp=True,
+                          minimum=0, maximum=1024),
+            DrafterOption("spec-ngram-mod-n-max", int, 64, "longest draft", llama_cpp=True, minimum=0, maximum=1024),
+        ),
+        builtin_order=3,
+        spec_default=True,  # llama.cpp's --spec-default: ngram-mod with 24/48/64
+    )
 
     def __init__(self, n_match: int = 24, n_min: int = 48, n_max: int = 64) -> None:
         self.n_match = n_match
@@ -108,11 +118,8 @@ class NgramModDrafter(SlotDraftless, Drafter):
     @classmethod
     def create(cls, ctx: DrafterContext) -> NgramModDrafter:
         ngram_lookup.require()
-        return cls(
-            n_match=int_option(ctx, "spec-ngram-mod-n-match", 24, 1, 1024),
-            n_min=int_option(ctx, "spec-ngram-mod-n-min", 48, 0, 1024),
-            n_max=int_option(ctx, "spec-ngram-mod-n-max", 64, 0, 1024),
-        )
+        n_match, n_min, n_max = (ctx.int_value(o) for o in cls.description.options)
+        return cls(n_match=n_match, n_min=n_min, n_max=n_max)
 
     def _wipe(self) -> None:
         self.pool.reset()

@@ -7,10 +7,11 @@ from typing import ClassVar
 
 import numpy as np
 
+from spekula.core.drafting.description import DrafterDescription
 from spekula.core.drafting.drafter import Draft, Drafter, DrafterContext, DraftlessDrafter, DraftRequest
 from spekula.drafters.draftless import ngram_lookup
 from spekula.drafters.draftless.ngram_lookup import simple_draft
-from spekula.drafters.draftless.ngram_match import int_option
+from spekula.drafters.draftless.ngram_match import ngram_size_options
 
 
 def ngram_simple_draft(hist: np.ndarray, last: int, size_n: int, size_m: int, min_hits: int = 1) -> list[int]:
@@ -27,10 +28,8 @@ def ngram_simple_draft(hist: np.ndarray, last: int, size_n: int, size_m: int, mi
 class NgramSimpleDrafter(DraftlessDrafter, Drafter):
     """Self-speculation from the request's own history (llama.cpp `common_ngram_simple_draft`).
 
-    Options (llama.cpp names, read through ``DrafterContext.option``):
-      spec-ngram-simple-size-n   N, pattern length, default 12, range [1, 1024]
-      spec-ngram-simple-size-m   M, longest draft, default 48, range [1, 1024]
-      spec-ngram-simple-min-hits occurrences needed before drafting, default 1, range >= 1
+    Options (llama.cpp names): ``description`` below; size-n is the pattern length N, size-m the
+    longest draft M, min-hits the occurrences needed before drafting.
 
     Stateless: every call searches (H, x) afresh, backwards from the end (in C).
 
@@ -41,6 +40,12 @@ class NgramSimpleDrafter(DraftlessDrafter, Drafter):
     """
 
     name: ClassVar[str] = "ngram-simple"
+    description: ClassVar[DrafterDescription] = DrafterDescription(
+        summary="copy what followed the latest earlier occurrence of the last N tokens",
+        options=ngram_size_options("spec-ngram-simple", "N, pattern length", "M, longest draft",
+                                   "occurrences of the pattern needed before drafting"),
+        builtin_order=0,
+    )
 
     def __init__(self, size_n: int = 12, size_m: int = 48, min_hits: int = 1) -> None:
         self.size_n = size_n
@@ -54,11 +59,8 @@ class NgramSimpleDrafter(DraftlessDrafter, Drafter):
     @classmethod
     def create(cls, ctx: DrafterContext) -> NgramSimpleDrafter:
         ngram_lookup.require()
-        return cls(
-            size_n=int_option(ctx, "spec-ngram-simple-size-n", 12, 1, 1024),
-            size_m=int_option(ctx, "spec-ngram-simple-size-m", 48, 1, 1024),
-            min_hits=int_option(ctx, "spec-ngram-simple-min-hits", 1, 1),
-        )
+        size_n, size_m, min_hits = (ctx.int_value(o) for o in cls.description.options)
+        return cls(size_n=size_n, size_m=size_m, min_hits=min_hits)
 
     def begin(self, slot: int, prompt: np.ndarray) -> None:
         return None

@@ -15,13 +15,7 @@ capped by `factor` times the match length and by `n-max`, and frequency stops it
 diverged before. Unlike the n-gram types it needs no fixed key length, so it picks a copied text
 back up two tokens after an edit.
 
-Options (drafter options, also on the command line):
-  spec-suffix-max-depth   longest substring counted (match + continuation), default 64, [2, 256]
-  spec-suffix-n-max       longest draft, default 32, [1, 1024]
-  spec-suffix-factor      draft at most factor x match-length tokens, default 1.0, (0, 64]
-  spec-suffix-min-prob    stop where the continuation's probability drops below, default 0.1, [0, 1]
-  spec-suffix-min-match   shortest match a draft may follow, default 2, [1, max-depth - 1]
-  spec-suffix-max-nodes   node budget of the shared tree (0: no shared tree), default 262144
+Options: ``SuffixDrafter.description`` (spekula's own, not llama.cpp names).
 
 Why a match of one token is not enough by default: what follows a single token is a guess worth
 about what its verification row costs. On open-ended chat (SmolLM2, greedy) about 15 % of
@@ -33,7 +27,6 @@ which drafts further anyway.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,26 +34,23 @@ from typing import ClassVar
 
 import numpy as np
 
+from spekula.core.drafting.description import DrafterDescription, DrafterOption
 from spekula.core.drafting.drafter import Draft, Drafter, DrafterContext, DraftlessDrafter, DraftRequest
 from spekula.core.drafting.slot_states import SlotStates
-from spekula.core.errors import ConfigError
-from spekula.drafters.draftless.ngram_match import int_option
 from spekula.drafters.draftless.suffix_tree import SuffixTree
 
-DEFAULTS: dict[str, int | float] = {
-    "spec-suffix-max-depth": 64, "spec-suffix-n-max": 32, "spec-suffix-factor": 1.0,
-    "spec-suffix-min-prob": 0.1, "spec-suffix-min-match": 2, "spec-suffix-max-nodes": 262144,
-}
-
-
-def _float_option(ctx: DrafterContext, name: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
-    try:
-        value = float(ctx.option(name, float(DEFAULTS[name])))
-    except (TypeError, ValueError):
-        raise ConfigError(f"--{name}: expected a number, got {ctx.spec.drafter_options.get(name)!r}") from None
-    if not math.isfinite(value) or value > hi or value < lo or (lo_open and value == lo):
-        raise ConfigError(f"--{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {value}")
-    return value
+MAX_DEPTH = DrafterOption("spec-suffix-max-depth", int, 64, "longest substring counted (match + continuation)",
+                          minimum=2, maximum=256)
+N_MAX = DrafterOption("spec-suffix-n-max", int, 32, "longest draft", minimum=1, maximum=1024)
+FACTOR = DrafterOption("spec-suffix-factor", float, 1.0, "draft at most factor x match-length tokens",
+                       minimum=0.0, maximum=64.0, minimum_open=True, metavar="X")
+MIN_PROB = DrafterOption("spec-suffix-min-prob", float, 0.1, "stop where the continuation's probability drops below",
+                         minimum=0.0, maximum=1.0, metavar="P")
+# a match is at most max-depth - 1 tokens (the continuation needs one more): create() narrows the maximum
+MIN_MATCH = DrafterOption("spec-suffix-min-match", int, 2, "shortest match a draft may follow (< max-depth)",
+                          minimum=1, maximum=255)
+MAX_NODES = DrafterOption("spec-suffix-max-nodes", int, 262144, "node budget of the shared tree (0: no shared tree)",
+                          minimum=0, maximum=1 << 30)
 
 
 @dataclass
@@ -75,6 +65,12 @@ class _Request:
 
 class SuffixDrafter(DraftlessDrafter, Drafter):
     name: ClassVar[str] = "suffix"
+    description: ClassVar[DrafterDescription] = DrafterDescription(
+        summary="the most frequent continuation in suffix trees of this request and earlier outputs "
+                "(suffix decoding; not a llama.cpp type)",
+        options=(MAX_DEPTH, N_MAX, FACTOR, MIN_PROB, MIN_MATCH, MAX_NODES),
+        builtin_order=5,  # after the llama.cpp draftless types (docs/semantics.md §10)
+    )
 
     def __init__(self, *, max_depth: int = 64, n_max: int = 32, factor: float = 1.0, min_prob: float = 0.1,
                  min_match: int = 2, max_nodes: int = 262144) -> None:
@@ -87,15 +83,11 @@ class SuffixDrafter(DraftlessDrafter, Drafter):
 
     @classmethod
     def create(cls, ctx: DrafterContext) -> SuffixDrafter:
-        max_depth = int_option(ctx, "spec-suffix-max-depth", int(DEFAULTS["spec-suffix-max-depth"]), 2, 256)
+        max_depth = ctx.int_value(MAX_DEPTH)
         return cls(
-            max_depth=max_depth,
-            n_max=int_option(ctx, "spec-suffix-n-max", int(DEFAULTS["spec-suffix-n-max"]), 1, 1024),
-            factor=_float_option(ctx, "spec-suffix-factor", 0.0, 64.0, lo_open=True),
-            min_prob=_float_option(ctx, "spec-suffix-min-prob", 0.0, 1.0),
-            # a match is at most max-depth - 1 tokens (the continuation needs one more)
-            min_match=int_option(ctx, "spec-suffix-min-match", int(DEFAULTS["spec-suffix-min-match"]), 1, max_depth - 1),
-            max_nodes=int_option(ctx, "spec-suffix-max-nodes", int(DEFAULTS["spec-suffix-max-nodes"]), 0, 1 << 30),
+            max_depth=max_depth, n_max=ctx.int_value(N_MAX), factor=ctx.float_value(FACTOR),
+            min_prob=ctx.float_value(MIN_PROB), min_match=ctx.int_value(MIN_MATCH, maximum=max_depth - 1),
+            max_nodes=ctx.int_value(MAX_NODES),
         )
 
     @property

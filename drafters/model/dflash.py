@@ -15,16 +15,18 @@ the cost model does not ask the drafter costs it nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
 from spekula.core.backend import SeqInput, SeqOutput
-from spekula.core.drafting.draft_models import DFlashBlock, DFlashOut, DFlashRuntime, choose
+from spekula.core.drafting.description import DrafterDescription
+from spekula.core.drafting.draft_models import DFlashBlock, DFlashOut, DFlashRuntime, choose, read_draft_info
 from spekula.core.drafting.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
+from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.drafters.model.hidden_drafter import (
     HiddenSlot,
     HiddenStateDrafter,
@@ -55,9 +57,22 @@ class _Plan:
     cap: int
 
 
+def is_draft_kind(kind: str) -> Callable[[GGUFFile], bool]:
+    """Whether a draft GGUF is a DFlash file of `kind` (dflash or dspark): such a file given alone
+    implies its type, as in llama.cpp."""
+    def test(f: GGUFFile) -> bool:
+        return f.get("general.architecture") == "dflash" and read_draft_info(f).kind == kind
+    return test
+
+
 class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, DFlashSlot]):
     name: ClassVar[str] = "draft-dflash"
     kind: ClassVar[str] = "dflash"
+    description: ClassVar[DrafterDescription] = DrafterDescription(
+        summary="a DFlash head drafts a whole block in one forward from the target's layer inputs "
+                "(-md, else a shipped head)",
+        builtin_order=9, hidden_states=True, draft_model="optional", implied_by=is_draft_kind("dflash"),
+    )
 
     def __init__(self, runtime: DFlashRuntime) -> None:
         super().__init__(runtime)

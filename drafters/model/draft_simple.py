@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from spekula.core.backend import Backend, Capture, SeqInput, SeqOutput, load_backend
+from spekula.core.drafting.description import DrafterDescription
 from spekula.core.drafting.draft_models import choose
 from spekula.core.drafting.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.drafting.slot_states import SlotStates
@@ -92,6 +93,10 @@ class _Run:
 class DraftSimpleDrafter:
     name: ClassVar[str] = "draft-simple"
     model_based: ClassVar[bool] = True
+    description: ClassVar[DrafterDescription] = DrafterDescription(
+        summary="a smaller model with the target's vocabulary drafts (-md), greedily or by sampling",
+        builtin_order=6, draft_model="required",
+    )
 
     def __init__(self, backend: Backend, *, target_n_vocab: int) -> None:
         self.backend = backend

@@ -13,15 +13,20 @@ from typing import ClassVar
 
 import numpy as np
 
+from spekula.core.drafting.description import DrafterDescription
 from spekula.core.drafting.draft_models import DFlashOut
 from spekula.core.drafting.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
-from spekula.drafters.model.dflash import DFlashDrafter, _Plan
+from spekula.drafters.model.dflash import DFlashDrafter, _Plan, is_draft_kind
 
 
 class DSparkDrafter(DFlashDrafter):
     name: ClassVar[str] = "draft-dspark"
     kind: ClassVar[str] = "dspark"
+    description: ClassVar[DrafterDescription] = DrafterDescription(
+        summary="DFlash with a Markov head (and an optional confidence head that --spec-draft-p-min gates on)",
+        builtin_order=10, hidden_states=True, draft_model="optional", implied_by=is_draft_kind("dspark"),
+    )
 
     @classmethod
     def create(cls, ctx: DrafterContext) -> DSparkDrafter:

@@ -22,6 +22,7 @@ from typing import ClassVar
 import numpy as np
 
 from spekula.core.backend import SeqInput, SeqOutput
+from spekula.core.drafting.description import DrafterDescription
 from spekula.core.drafting.draft_models import Eagle3Rows, Eagle3Runtime
 from spekula.core.drafting.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.errors import ConfigError
@@ -52,6 +53,10 @@ class _Slot(HiddenSlot):
 
 class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
     name: ClassVar[str] = "draft-eagle3"
+    description: ClassVar[DrafterDescription] = DrafterDescription(
+        summary="an EAGLE-3 head drafts from three of the target's layer inputs (-md, else a shipped head)",
+        builtin_order=7, hidden_states=True, draft_model="optional",
+    )
 
     @classmethod
     def create(cls, ctx: DrafterContext) -> Eagle3Drafter:

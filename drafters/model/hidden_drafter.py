@@ -23,11 +23,11 @@ from spekula.core.drafting.draft_models import (
     Eagle3Runtime,
     choose,
     draft_rng,
-    load_draft_runtime,
 )
 from spekula.core.drafting.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.drafting.slot_states import SlotStates
 from spekula.core.errors import ConfigError
+from spekula.drafters.model.runtimes import load_draft_runtime
 from spekula.drafters.model.shipped_heads import shipped_draft_path
 
 # Draft runtimes compute in a float type; a target's other dtypes (onnx's q4 graphs) mean "the device's".

@@ -25,9 +25,11 @@ from typing import ClassVar
 import numpy as np
 
 from spekula.core.backend import Capture, SeqInput, SeqOutput
+from spekula.core.drafting.description import DrafterDescription
 from spekula.core.drafting.drafter import Draft, DrafterContext, DraftRequest
-from spekula.core.drafting.mtp_runtime import MtpRows, MtpRuntime, load_mtp_runtime
+from spekula.core.drafting.mtp_runtime import MtpRows, MtpRuntime, check_mtp_files
 from spekula.core.errors import ConfigError
+from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.drafters.model.hidden_drafter import (
     DraftRun,
     HiddenSlot,
@@ -36,6 +38,7 @@ from spekula.drafters.model.hidden_drafter import (
     head_runtime_backend,
     model_draft_options,
 )
+from spekula.drafters.model.runtimes import load_mtp_runtime
 
 
 @dataclass(slots=True)
@@ -53,8 +56,25 @@ class _Run(DraftRun):
     chain_h: list[np.ndarray] = field(default_factory=list)  # [pending h, hout_0, ...]
 
 
+def is_mtp_file(f: GGUFFile) -> bool:
+    """llama.cpp's test of a draft GGUF for MTP heads: its last block has a ``nextn.eh_proj`` tensor."""
+    arch = f.get("general.architecture")
+    blocks = f.get(f"{arch}.block_count")
+    return arch != "dflash" and isinstance(blocks, int) and f.has_tensor(f"blk.{blocks - 1}.nextn.eh_proj.weight")
+
+
+def check_heads(target_path: str, draft_path: str | None) -> None:
+    """The heads exist and fit the target: from the files' headers alone."""
+    check_mtp_files(target_path, draft_path)
+
+
 class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
     name: ClassVar[str] = "draft-mtp"
+    description: ClassVar[DrafterDescription] = DrafterDescription(
+        summary="the target's own multi-token-prediction heads draft from its final hidden states "
+                "(or an MTP GGUF given with -md)",
+        builtin_order=8, hidden_states=True, draft_model="optional", implied_by=is_mtp_file, check_files=check_heads,
+    )
 
     def __init__(self, runtime: MtpRuntime, backend_name: str) -> None:
         super().__init__(runtime)

@@ -35,6 +35,8 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from spekula.core.drafting.registry import drafter_entries
+
 PROG = "spekula-server"
 LLAMA_BUILD = 11434
 DEFAULT_PORT = 8080
@@ -383,17 +385,14 @@ translated("--spec-draft-threads -td --threads-draft", "--spec-draft-threads")
 translated("--spec-draft-n-max", "--spec-draft-n-max", env="LLAMA_ARG_SPEC_DRAFT_N_MAX")
 translated("--spec-draft-n-min", "--spec-draft-n-min", env="LLAMA_ARG_SPEC_DRAFT_N_MIN")
 translated("--spec-draft-p-min --draft-p-min", "--spec-draft-p-min", env="LLAMA_ARG_SPEC_DRAFT_P_MIN")
-translated("--spec-draft-p-split --draft-p-split", "--spec-draft-p-split", env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT")
 translated("--spec-draft-sampling", "--spec-draft-sampling", env="LLAMA_ARG_SPEC_DRAFT_SAMPLING")
 translated("--spec-synth-len", "--spec-synth-len", env="LLAMA_ARG_SPEC_SYNTH_LEN")
 translated("--spec-synth-rates", "--spec-synth-rates", env="LLAMA_ARG_SPEC_SYNTH_RATES")
-for _kind in ("simple", "map-k", "map-k4v"):
-    for _what in ("size-n", "size-m", "min-hits"):
-        translated(f"--spec-ngram-{_kind}-{_what}", f"--spec-ngram-{_kind}-{_what}")
-for _what in ("n-min", "n-max", "n-match"):
-    translated(f"--spec-ngram-mod-{_what}", f"--spec-ngram-mod-{_what}")
-translated("-lcs --lookup-cache-static", "-lcs")
-translated("-lcd --lookup-cache-dynamic", "-lcd")
+# Per-drafter options: those the installed drafters declare under llama-server's own spellings.
+for _entry in drafter_entries():
+    for _option in _entry.description.options:
+        if _option.llama_cpp:
+            translated(" ".join(_option.spellings), _option.flag, env=_option.env)
 special("--draft --draft-n --draft-max", "removed in llama-server too", _removed, env="LLAMA_ARG_DRAFT_MAX")
 special("--draft-min --draft-n-min", "removed in llama-server too", _removed, env="LLAMA_ARG_DRAFT_MIN")
 special("--spec-ngram-size-n --spec-ngram-size-m --spec-ngram-min-hits", "removed in llama-server too", _removed)
@@ -560,6 +559,8 @@ rejected("--grammar --grammar-file", "server-wide grammar", nargs=1)
 rejected("-j --json-schema -jf --json-schema-file", "server-wide JSON schema", nargs=1)
 rejected("--samplers --sampler-seq --sampling-seq", "a custom sampler chain", nargs=1)
 rejected("--ignore-eos", "server-wide ignore_eos")
+rejected("--spec-draft-p-split --draft-p-split", "the draft-tree split probability: spekula drafts one sequence",
+         nargs=1, env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT")
 # Sampling stages spekula does not have: fine at llama.cpp's value that disables them.
 for _names, _noop, _env_name in (
         ("--top-nsigma --top-n-sigma", "-1", None), ("--xtc-probability", "0", None),

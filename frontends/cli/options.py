@@ -3,7 +3,8 @@ and `build_engine(args)`, which turns parsed options into a ready Engine.
 
 Speculation options follow docs/semantics.md §6: `--spec-type` accumulates, every per-drafter
 option lands in `SpecParams.drafter_options` under its name without the leading dashes, and the
-options llama.cpp removed fail with its "argument has been removed" message.
+options llama.cpp removed fail with its "argument has been removed" message. The per-drafter options
+are the ones the installed drafters declare (core/drafting/description.py), plugins' included.
 """
 
 from __future__ import annotations
@@ -11,37 +12,50 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Iterable
 from typing import Any
 
 import structlog
 
 from spekula.core.backend import BACKEND_NAMES, BackendOptions, load_backend, resolve_backend_name
-from spekula.core.drafting.registry import available_drafters, parse_spec_types, priority_key
+from spekula.core.drafting.registry import (
+    DrafterEntry,
+    available_drafters,
+    drafter_entries,
+    parse_spec_types,
+    priority_key,
+)
 from spekula.core.engine.engine import Engine, EngineConfig
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
-from spekula.core.params import SPEC_TYPE_PRIORITY, CompletionRequest, SamplingParams, SpecParams
+from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.verify.sampling import check_bias_tokens
-from spekula.drafters.draftless.suffix import DEFAULTS as SUFFIX_DEFAULTS
 
 log = structlog.get_logger("spekula.options")
 
-# name without dashes -> (default, type); llama.cpp's defaults (docs/semantics.md §6).
-NGRAM_INT_OPTIONS: dict[str, int] = {
-    "spec-ngram-simple-size-n": 12, "spec-ngram-simple-size-m": 48, "spec-ngram-simple-min-hits": 1,
-    "spec-ngram-map-k-size-n": 12, "spec-ngram-map-k-size-m": 48, "spec-ngram-map-k-min-hits": 1,
-    "spec-ngram-map-k4v-size-n": 12, "spec-ngram-map-k4v-size-m": 48, "spec-ngram-map-k4v-min-hits": 1,
-    "spec-ngram-mod-n-match": 24, "spec-ngram-mod-n-min": 48, "spec-ngram-mod-n-max": 64,
-}
 REMOVED_OPTIONS = ("--draft", "--draft-n", "--draft-max", "--draft-min", "--draft-n-min",
                    "--spec-ngram-size-n", "--spec-ngram-size-m", "--spec-ngram-min-hits")
+# llama.cpp options that spekula reads but does not implement: refused by name, never silently dropped.
+UNSUPPORTED_OPTIONS: dict[tuple[str, ...], str] = {
+    ("--spec-draft-p-split", "--draft-p-split"): "llama.cpp's draft-tree split probability; spekula drafts one "
+                                                 "sequence per round, so it has nothing to split",
+}
 
 
 class _Removed(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         raise argparse.ArgumentError(self, "argument has been removed")
+
+
+def _unsupported(why: str) -> type[argparse.Action]:
+    """An option llama.cpp has and spekula does not implement: an error that names it and says why."""
+
+    class Unsupported(argparse.Action):
+        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                     option_string: str | None = None) -> None:
+            raise argparse.ArgumentError(self, f"not implemented by spekula ({why})")
+
+    return Unsupported
 
 
 def _dest(option: str) -> str:
@@ -94,10 +108,9 @@ def _n_slots(text: str) -> int:
     return value
 
 
-def installed_spec_types(extra: Iterable[str] = ()) -> list[str]:
-    """Drafter names that can actually run (entry points plus directly registered ones), by priority."""
-    names = set(available_drafters()) | set(extra)
-    return sorted(names, key=lambda n: priority_key(n, False))
+def installed_spec_types() -> list[str]:
+    """Drafter names declared through entry points, by priority."""
+    return sorted(available_drafters(), key=lambda n: priority_key(n, False))
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -183,8 +196,6 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
                         "nothing pays); off: draft to the caps, as llama.cpp does (default: on)")
     g.add_argument("--spec-draft-p-min", "--draft-p-min", type=_probability, default=0.0,
                    help="stop drafting when top-1 p < P (default: 0.0)")
-    g.add_argument("--spec-draft-p-split", "--draft-p-split", type=float, default=0.10,
-                   help="parsed for compatibility; unused (as in llama-server)")
     g.add_argument("--spec-draft-sampling", choices=("greedy", "probabilistic"), default="greedy",
                    help="probabilistic: sample drafts and verify by rejection sampling when temp > 0")
     g.add_argument("--spec-synth-rates", type=_rates, default=None, metavar="P0,...",
@@ -201,15 +212,26 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
                    help="draft dtype (default: follows --dtype)")
     g.add_argument("-td", "--spec-draft-threads", "--threads-draft", dest="spec_draft_threads", type=int,
                    default=None, help="draft threads (default: follows --threads)")
-    for name, default in NGRAM_INT_OPTIONS.items():
-        g.add_argument(f"--{name}", type=int, default=default, metavar="N", help=f"(default: {default})")
-    for name, value in SUFFIX_DEFAULTS.items():
-        g.add_argument(f"--{name}", type=type(value), default=value, metavar="X",
-                       help=f"suffix drafter (default: {value})")
-    g.add_argument("-lcs", "--lookup-cache-static", default=None, metavar="FILE", help="ngram-cache static file")
-    g.add_argument("-lcd", "--lookup-cache-dynamic", default=None, metavar="FILE", help="ngram-cache dynamic file")
+    for entry in drafter_entries():
+        _add_drafter_options(g, entry)
     for option in REMOVED_OPTIONS:
         g.add_argument(option, action=_Removed, nargs="?", help=argparse.SUPPRESS)
+    for spellings, why in UNSUPPORTED_OPTIONS.items():
+        g.add_argument(*spellings, action=_unsupported(why), nargs="?", help=argparse.SUPPRESS)
+
+
+def _add_drafter_options(g: argparse._ArgumentGroup, entry: DrafterEntry) -> None:
+    """The options a drafter declares. A plugin's option that another one already spells is left out,
+    with a warning, rather than breaking every command."""
+    for opt in entry.description.options:
+        bounds = opt.range_text()
+        default = "none" if opt.default is None else opt.default
+        text = f"{entry.name}: {opt.help} (default: {default}{'; ' + bounds if bounds else ''})"
+        try:
+            g.add_argument(*opt.spellings, dest=_dest(opt.name), type=opt.type, default=opt.default,
+                           metavar=opt.metavar, help=text.replace("%", "%%"))
+        except argparse.ArgumentError as exc:
+            log.warning("drafter_option_skipped", drafter=entry.name, option=opt.flag, reason=str(exc))
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -221,13 +243,18 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
 
 def spec_params_from_args(args: argparse.Namespace) -> SpecParams:
     values = list(args.spec_type)
-    options: dict[str, Any] = {name: getattr(args, _dest(name)) for name in (*NGRAM_INT_OPTIONS, *SUFFIX_DEFAULTS)}
-    if args.spec_default:
-        values.append("ngram-mod")
-        options.update({"spec-ngram-mod-n-match": 24, "spec-ngram-mod-n-min": 48, "spec-ngram-mod-n-max": 64})
-    for name in ("lookup-cache-static", "lookup-cache-dynamic"):
-        if getattr(args, _dest(name)):
-            options[name] = getattr(args, _dest(name))
+    entries = drafter_entries()
+    options: dict[str, Any] = {}
+    for entry in entries:
+        for opt in entry.description.options:
+            value = getattr(args, _dest(opt.name), None)
+            if value is not None:
+                options[opt.name] = value
+    if args.spec_default:  # llama.cpp's preset: the drafter(s) that declare it, their options at their defaults
+        for entry in entries:
+            if entry.description.spec_default:
+                values.append(entry.name)
+                options.update({o.name: o.default for o in entry.description.options if o.default is not None})
     return SpecParams(types=parse_spec_types(values), n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min,
                       p_min=args.spec_draft_p_min, draft_sampling=args.spec_draft_sampling,
                       synth_rates=args.spec_synth_rates, synth_len=args.spec_synth_len, drafter_options=options,
@@ -254,29 +281,10 @@ def logit_bias_arg(value: str) -> tuple[int, float]:
 
 
 def _infer_draft_type(path: str) -> tuple[str, ...]:
-    """llama.cpp infers a type from the draft GGUF only for DFlash/DSpark and MTP files; else none (docs/semantics.md §3).
-
-    An MTP file is one whose last block has a ``nextn.eh_proj`` tensor (llama.cpp's test)."""
+    """llama.cpp infers a type from the draft GGUF only for some files (DFlash/DSpark, MTP: docs/semantics.md
+    §3); the drafters that claim such files say so in their description. None claims it: no type."""
     f = GGUFFile(path)
-    arch = f.get("general.architecture")
-    if arch != "dflash":
-        blocks = f.get(f"{arch}.block_count")
-        mtp = isinstance(blocks, int) and f.has_tensor(f"blk.{blocks - 1}.nextn.eh_proj.weight")
-        return ("draft-mtp",) if mtp else ()
-    from spekula.core.drafting.draft_models import read_draft_info
-
-    return ("draft-dspark",) if read_draft_info(f).kind == "dspark" else ("draft-dflash",)
-
-
-def _check_implemented(types: Iterable[str], drafters: list[Any] | None) -> None:
-    """llama.cpp names that spekula has no drafter for (one whose plugin is not installed) get their
-    own message: calling them "unknown" would suggest a typo."""
-    extra = [n for n in (getattr(d, "name", None) for d in drafters or ()) if isinstance(n, str)]
-    installed = installed_spec_types(extra)
-    for name in types:
-        if name in SPEC_TYPE_PRIORITY and name not in installed:
-            raise ConfigError(f"--spec-type {name} is a llama.cpp type that spekula does not implement; "
-                              f"available: {', '.join(['none', *installed])}")
+    return tuple(e.name for e in drafter_entries() if e.description.implied_by and e.description.implied_by(f))
 
 
 def _check_model_sources(args: argparse.Namespace) -> None:
@@ -314,20 +322,20 @@ def resolve_draft_path(args: argparse.Namespace) -> str | None:
     return str(args.spec_draft_model) if args.spec_draft_model else None
 
 
-def _checked_spec(args: argparse.Namespace, drafters: list[Any] | None) -> tuple[SpecParams, str | None]:
+def _checked_spec(args: argparse.Namespace) -> tuple[SpecParams, str | None]:
     """The options' speculation settings and the draft model's path, checked (no weights loaded)."""
     _check_model_sources(args)
     if args.parallel < 1:
         raise ConfigError(f"--parallel must be >= 1; got {args.parallel}")
     spec = spec_params_from_args(args)
-    _check_implemented(spec.types, drafters)
     draft_path = resolve_draft_path(args)  # -hfd: from the hub cache or downloaded, then exactly like -md
     if draft_path and not spec.types and not args.spec_type:
         spec = spec.with_(types=_infer_draft_type(draft_path))
     if draft_path and not spec.types:
         # llama.cpp loads nothing for a plain -md either; say so instead of silently drafting nothing.
         log.warning("draft_model_unused", draft_model=draft_path,
-                    hint="draft-simple must be enabled with --spec-type draft-simple")
+                    hint="; ".join(f"{e.name} must be enabled with --spec-type {e.name}" for e in drafter_entries()
+                                   if e.description.draft_model == "required"))
     return spec, draft_path
 
 
@@ -397,19 +405,18 @@ def preflight(args: argparse.Namespace) -> None:
     """The checks `build_engine` starts with, without loading weights: the options, the drafters,
     and that the model (and draft model) files are readable GGUFs with a tokenizer. For a process
     that hands the loading to others (Ray replicas), so a bad file is one clear error up front."""
-    spec, draft_path = _checked_spec(args, None)
+    spec, draft_path = _checked_spec(args)
     target_path, _ = _open_target(args)
     if draft_path:
         GGUFFile.shared(draft_path)
-    if "draft-mtp" in spec.types:  # the heads must exist and fit: read from the headers alone
-        from spekula.core.drafting.mtp_runtime import check_mtp_files
-
-        check_mtp_files(target_path, draft_path)
+    for entry in drafter_entries():  # e.g. MTP heads must exist and fit: read from the headers alone
+        if entry.name in spec.types and entry.description.check_files is not None:
+            entry.description.check_files(target_path, draft_path)
 
 
 def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None) -> Engine:
     """Load the target backend and tokenizer and create the drafters; any problem is a SpekulaError."""
-    spec, draft_path = _checked_spec(args, drafters)
+    spec, draft_path = _checked_spec(args)
     path, tokenizer = _open_target(args)
     check_bias_tokens(tuple(getattr(args, "logit_bias", ())), tokenizer.n_vocab)  # --logit-bias, at start
     opts = BackendOptions(device=args.device, dtype=args.dtype, n_ctx=args.ctx_size, n_seq_max=args.parallel,

@@ -21,7 +21,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Footer, Header, Input, Label, Select
 
-from spekula.core.params import SPEC_TYPE_PRIORITY
+from spekula.core.drafting.registry import builtin_spec_types
 from spekula.frontends.rpc.client import AsyncCompletionStream, AsyncSpekulaClient
 from spekula.frontends.rpc.dispatch import CallContext, Handler
 from spekula.frontends.rpc.methods import SpekulaMethods
@@ -279,8 +279,9 @@ class SpekulaApp(App[None]):
     def on_source_ready(self, message: SourceReady) -> None:
         self.ready = True
         props = message.props
-        types = props.get("available_drafters") or list(SPEC_TYPE_PRIORITY)
-        spec_types = [t for t in SPEC_TYPE_PRIORITY if t in types] + sorted(set(types) - set(SPEC_TYPE_PRIORITY))
+        builtin = builtin_spec_types()
+        types = props.get("available_drafters") or list(builtin)
+        spec_types = [t for t in builtin if t in types] + sorted(set(types) - set(builtin))
         self.query_one("#spec-type", Select).set_options(
             [("server default", DEFAULT_SPEC), ("none", "none"), *((t, t) for t in spec_types)])
         self.query_one("#spec-type", Select).value = DEFAULT_SPEC

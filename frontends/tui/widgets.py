@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import DataTable, Sparkline, Static
 
-from spekula.core.params import SPEC_TYPE_PRIORITY
+from spekula.core.drafting.registry import builtin_spec_types
 
 TARGET_STYLE = "bold white"
 # One colour per drafter type, fixed by the priority order so a drafter keeps its colour across runs.
@@ -19,8 +19,9 @@ _PALETTE = ("green", "cyan", "magenta", "yellow", "bright_blue", "bright_red", "
 def drafter_style(name: str | None) -> str:
     if name is None:
         return TARGET_STYLE
-    if name in SPEC_TYPE_PRIORITY:
-        return _PALETTE[SPEC_TYPE_PRIORITY.index(name) % len(_PALETTE)]
+    builtin = builtin_spec_types()
+    if name in builtin:
+        return _PALETTE[builtin.index(name) % len(_PALETTE)]
     return _PALETTE[sum(map(ord, name)) % len(_PALETTE)]  # a plugin drafter: stable, if not unique
 
 

@@ -16,10 +16,11 @@ from model_drafter_helpers import build_target, engine_vs_plain, target_backend
 
 from spekula.backends.convert.hf import convert
 from spekula.core.backend import BackendOptions, Capture, SeqInput, load_backend
-from spekula.core.drafting.draft_models import Eagle3Rows, Eagle3Runtime, load_draft_runtime
+from spekula.core.drafting.draft_models import Eagle3Rows, Eagle3Runtime
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.params import SpecParams
 from spekula.drafters.model.dspark import DSparkDrafter
+from spekula.drafters.model.runtimes import load_draft_runtime
 from spekula.fixtures import tiny_hf
 
 PROMPT = np.array([5, 17, 200, 33, 99, 120, 7, 8], dtype=np.int32)

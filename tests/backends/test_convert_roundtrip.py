@@ -16,7 +16,8 @@ import torch
 
 from spekula.backends.convert.hf import convert
 from spekula.core.backend import ModelInfo
-from spekula.core.drafting.draft_models import DFlashBlock, Eagle3Rows, load_draft_runtime
+from spekula.core.drafting.draft_models import DFlashBlock, Eagle3Rows
+from spekula.drafters.model.runtimes import load_draft_runtime
 from spekula.fixtures import tiny_hf
 
 TOKENS = [5, 17, 200, 33, 99, 120, 7, 8, 250, 11, 64, 3]

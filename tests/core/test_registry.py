@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_helpers import error_line, run_cli
 from toy_backend import (
     GarbageDrafter,
     ObservingDrafter,
@@ -22,13 +24,19 @@ from toy_backend import (
 
 from spekula.core.drafting.registry import (
     available_drafters,
+    builtin_ranks,
+    builtin_spec_types,
     create_drafters,
     load_drafter_class,
     parse_spec_types,
     priority_key,
 )
 from spekula.core.errors import ConfigError
-from spekula.core.params import SPEC_TYPE_PRIORITY, CompletionRequest, SamplingParams, SpecParams
+from spekula.core.modelfile.gguf_file import GGUFFile
+from spekula.core.modelfile.tokenizer import Tokenizer
+from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
+from spekula.fixtures.tiny_gguf import tiny_model_path
+from spekula.frontends.cli.options import add_engine_options, build_engine
 
 PLUGIN_DIR = Path(__file__).parents[1] / "plugin_dist"
 
@@ -49,8 +57,8 @@ def test_parse_spec_types_accumulates_and_orders() -> None:
 
 
 def test_third_party_priority() -> None:
-    draftless_builtin = [priority_key(n, False) for n in SPEC_TYPE_PRIORITY[:5]]
-    model_builtin = [priority_key(n, True) for n in SPEC_TYPE_PRIORITY[5:]]
+    draftless_builtin = [priority_key(n, False) for n in builtin_spec_types() if not builtin_ranks()[n][0]]
+    model_builtin = [priority_key(n, True) for n in builtin_spec_types() if builtin_ranks()[n][0]]
     third_draftless, third_model = priority_key("zz-plugin", False), priority_key("aa-plugin", True)
     assert max(draftless_builtin) < third_draftless < min(model_builtin)
     assert max(model_builtin) < third_model
@@ -116,3 +124,46 @@ def test_broken_plugin_is_a_clear_config_error(installed_plugin: None) -> None:
     msg = str(info.value)
     assert "demo-broken" in msg and "failed to load" in msg and "ImportError" in msg
     assert "available:" in msg and "demo-lookback" in msg
+
+
+def test_plugin_option_is_in_the_cli_help(installed_plugin: None) -> None:
+    proc = run_cli("generate", "--help")
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "--demo-lookback-n-max N" in text and "demo-lookback: longest draft (default: 4; [1, 64])" in text
+
+
+def test_plugin_option_out_of_range_is_refused_by_name(installed_plugin: None) -> None:
+    line = error_line(run_cli("generate", "-m", tiny_model_path("llama"), "-p", "hi", "-n", "2",
+                              "--spec-type", "demo-lookback", "--demo-lookback-n-max", "0"))
+    assert "--demo-lookback-n-max must be in [1, 64], got 0" in line
+
+
+def _cli_engine(*argv: str):  # noqa: ANN202 - an Engine
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_engine_options(parser)
+    return build_engine(parser.parse_args(["-m", str(tiny_model_path("llama")), "-c", "256", *argv]))
+
+
+@pytest.mark.anyio
+async def test_plugin_takes_its_option_and_drafts_losslessly(installed_plugin: None) -> None:
+    """Registered through the entry point alone: its option reaches it from the command line, and its
+    drafts leave the output exactly that of plain decoding on a real (tiny) model."""
+    from spekula_plugin_demo import LookbackDrafter
+
+    tok = Tokenizer.from_gguf(GGUFFile(tiny_model_path("llama")))
+    prompt = tok.encode("one two three one two three one two three one two", add_special=True, parse_special=True)
+    greedy = SamplingParams(temperature=0.0)
+    spec = _cli_engine("--spec-type", "demo-lookback", "--demo-lookback-n-max", "3", "--spec-adaptive", "off")
+    plain = _cli_engine()
+    try:
+        [drafted] = await run_requests(spec, [CompletionRequest(list(prompt), n_predict=48, sampling=greedy, ignore_eos=True)],
+                                       timeout=120)
+        [ref] = await run_requests(plain, [CompletionRequest(list(prompt), n_predict=48, sampling=greedy, ignore_eos=True)],
+                                   timeout=120)
+        assert LookbackDrafter.created and LookbackDrafter.created[-1].n_max == 3
+        assert drafted.tokens == ref.tokens
+        assert spec.stats()["drafters"]["demo-lookback"]["gen_tokens"] > 0
+    finally:
+        spec.close()
+        plain.close()

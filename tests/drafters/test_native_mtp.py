@@ -22,11 +22,12 @@ from spekula.backends.native.backend import NativeBackend
 from spekula.backends.native.mtp import NativeMtpRuntime
 from spekula.backends.torch.mtp import TorchMtpRuntime
 from spekula.core.backend import BackendOptions, load_backend
-from spekula.core.drafting.mtp_runtime import MtpOut, MtpRows, MtpRuntime, load_mtp_runtime, read_mtp_info
+from spekula.core.drafting.mtp_runtime import MtpOut, MtpRows, MtpRuntime, read_mtp_info
 from spekula.core.errors import ConfigError, ContextOverflowError, ModelFileError, SpekulaError
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.params import SamplingParams, SpecParams
 from spekula.drafters.model.mtp import MtpDrafter
+from spekula.drafters.model.runtimes import load_mtp_runtime
 from spekula.fixtures import tiny_moe_quant, tiny_mtp
 from spekula.fixtures.tiny_gguf import OUT_DIR
 from spekula.fixtures.tiny_moe import tiny_moe_gguf_path

@@ -7,13 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from spekula.core.drafting.registry import drafter_entries
 from spekula.core.errors import ConfigError, ModelFileError, SpekulaError
 from spekula.frontends.cli.options import (
-    NGRAM_INT_OPTIONS,
     add_engine_options,
     build_engine,
     spec_params_from_args,
 )
+
+# The llama.cpp n-gram options, as the drafters declare them.
+NGRAM_INT_OPTIONS = [o.name for e in drafter_entries() for o in e.description.options if o.name.startswith("spec-ngram-")]
 
 
 def _parse(*argv: str) -> argparse.Namespace:

@@ -11,8 +11,9 @@ import torch
 from spekula.backends.convert.hf import convert
 from spekula.backends.torch.draft_common import target_embeddings
 from spekula.core.backend import BackendOptions, ModelInfo
-from spekula.core.drafting.draft_models import DFlashBlock, DFlashRuntime, load_draft_runtime
+from spekula.core.drafting.draft_models import DFlashBlock, DFlashRuntime
 from spekula.core.errors import ConfigError
+from spekula.drafters.model.runtimes import load_draft_runtime
 from spekula.fixtures import tiny_hf
 from spekula.training.dflash_head import (
     DFlashHead,

@@ -11,7 +11,8 @@ import torch
 from spekula.backends.convert.hf import convert
 from spekula.backends.torch.draft_common import target_embeddings
 from spekula.core.backend import BackendOptions, ModelInfo
-from spekula.core.drafting.draft_models import Eagle3Rows, load_draft_runtime
+from spekula.core.drafting.draft_models import Eagle3Rows
+from spekula.drafters.model.runtimes import load_draft_runtime
 from spekula.fixtures import tiny_hf
 from spekula.training.eagle3_head import (
     Eagle3Head,

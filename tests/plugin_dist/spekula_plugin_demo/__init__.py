@@ -1,4 +1,7 @@
-"""A minimal third-party drafter: propose what followed the previous occurrence of the last token."""
+"""A minimal third-party drafter: propose what followed the previous occurrence of the last token.
+
+It declares one option of its own, which spekula's CLI offers without knowing this package.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +10,17 @@ from typing import ClassVar
 
 import numpy as np
 
+from spekula.core.drafting.description import DrafterDescription, DrafterOption
 from spekula.core.drafting.drafter import Draft, DrafterContext, DraftlessDrafter, DraftRequest
 
 
 class LookbackDrafter(DraftlessDrafter):
     name: ClassVar[str] = "demo-lookback"
+    description: ClassVar[DrafterDescription] = DrafterDescription(
+        summary="what followed the previous occurrence of the last token",
+        options=(DrafterOption("demo-lookback-n-max", int, 4, "longest draft", minimum=1, maximum=64),),
+    )
+    created: ClassVar[list[LookbackDrafter]] = []  # every instance, so a test can see what reached it
 
     def __init__(self, n_max: int) -> None:
         self.n_max = n_max
@@ -20,7 +29,9 @@ class LookbackDrafter(DraftlessDrafter):
 
     @classmethod
     def create(cls, ctx: DrafterContext) -> LookbackDrafter:
-        return cls(int(ctx.option("demo-lookback-n-max", 4)))
+        drafter = cls(ctx.int_value(cls.description.options[0]))
+        cls.created.append(drafter)
+        return drafter
 
     def begin(self, slot: int, prompt: np.ndarray) -> None:
         return None
