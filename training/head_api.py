@@ -15,12 +15,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from spekula.backends.gguf.architecture import read_hparams
+from spekula.backends.gguf.architecture import ARCHITECTURES, read_hparams
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 
-# Target architectures whose forward the drafter runtimes pair with (dense decoders spekula loads).
-TRAINABLE_TARGET_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe")
+# Heads train against any target the backends load: its hidden states are all the head reads.
+TRAINABLE_TARGET_ARCHS = tuple(ARCHITECTURES)
 
 
 @dataclass(frozen=True, slots=True)
