@@ -15,6 +15,9 @@ from typing import NoReturn
 
 from spekula.core.errors import SpekulaError
 
+# Before any command module: the process's first import of structlog, without rich (see logging_setup).
+from spekula.frontends import logging_setup  # noqa: F401
+
 COMMANDS: dict[str, str] = {
     "generate": "Generate text from a prompt (optionally with speculative decoding)",
     "serve": "Serve a JSON-RPC 2.0 API on a Unix socket",
