@@ -133,7 +133,7 @@ def test_real_default_model() -> None:
 
 
 def test_cli_dispatch(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from spekula.frontends.cli import main
+    from spekula.frontends.cli.main import main
 
     assert main(["fetch-default", "--print-path"]) == 0
     assert capsys.readouterr().out.strip() == str(cache / FILENAME)
