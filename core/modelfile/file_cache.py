@@ -5,12 +5,13 @@ start-up; both depend only on the file's bytes and on the code that reads them. 
 written once, with `marshal` (plain values only: str, bytes, int, float, bool, None, tuples, lists,
 dicts), under ``<cache dir>/headers/``, and read back by the next process that opens the same file.
 
-An entry is found by the file's resolved path, size and modification time, and holds them again,
+An entry is found by the file's resolved path, size, inode and change times, and holds them again,
 with a digest of the source of the code that made it: an edited model file or an edited reader
 misses and is rebuilt. Entries are written to a temporary name and renamed, so concurrent processes
 never read half of one; an unreadable entry is a miss. The directory keeps the `MAX_ENTRIES` most
 recently written entries. Cache dir: $SPEKULA_CACHE_DIR, else $XDG_CACHE_HOME/spekula, else
-~/.cache/spekula (as for the default model); when it cannot be written, nothing is cached.
+~/.cache/spekula (as for the default model); when it cannot be written, nothing is cached. Entries
+are trusted as the user's own files, like the models beside them (marshal checks no more than that).
 """
 
 from __future__ import annotations
@@ -47,22 +48,26 @@ def source_digest(module_file: str) -> str:
     return h.hexdigest()[:16]
 
 
-def file_identity(path: str | os.PathLike[str]) -> tuple[str, int, int] | None:
-    """(resolved path, size, mtime in ns) of a file, or None when it cannot be stat'ed."""
+Identity = tuple[str, int, int, int, int]
+
+
+def file_identity(path: str | os.PathLike[str]) -> Identity | None:
+    """(resolved path, size, inode, mtime and ctime in ns) of a file, or None when it cannot be stat'ed.
+    The inode tells a file replaced by a rename; ctime, one rewritten and then given its old mtime."""
     try:
         p = Path(path).resolve()
         st = p.stat()
     except OSError:
         return None
-    return str(p), st.st_size, st.st_mtime_ns
+    return str(p), st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
 
 
-def _entry_path(kind: str, identity: tuple[str, int, int]) -> Path:
+def _entry_path(kind: str, identity: Identity) -> Path:
     name = hashlib.sha256(repr(identity).encode()).hexdigest()[:24]
     return cache_root() / f"{kind}-{name}{_SUFFIX}"
 
 
-def load(kind: str, identity: tuple[str, int, int] | None, code: str) -> Any:
+def load(kind: str, identity: Identity | None, code: str) -> Any:
     """The value stored for (kind, identity, code), or None on a miss."""
     if identity is None:
         return None
@@ -76,7 +81,7 @@ def load(kind: str, identity: tuple[str, int, int] | None, code: str) -> Any:
     return stored[2]
 
 
-def store(kind: str, identity: tuple[str, int, int] | None, code: str, value: Any) -> None:
+def store(kind: str, identity: Identity | None, code: str, value: Any) -> None:
     """Keep `value` for (kind, identity, code); best effort: a full or read-only disk caches nothing."""
     if identity is None:
         return

@@ -161,7 +161,7 @@ class Tokenizer:
     chat_template_kwargs: dict[str, Any]  # extra template variables every render gets (--chat-template-kwargs)
 
     def __init__(self, meta: dict[str, Any], *, source: object = "<metadata>",
-                 cache_identity: tuple[str, int, int] | None = None) -> None:
+                 cache_identity: file_cache.Identity | None = None) -> None:
         """`cache_identity`: the identity (file_cache.file_identity) of the file `meta` was read from, to
         take what is derived from the vocabulary from the header cache, or leave it there."""
         self._source = source
