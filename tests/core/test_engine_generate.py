@@ -10,7 +10,7 @@ import pytest
 import structlog
 
 from spekula.core.stats.stats import DrafterStats
-from spekula.frontends.cli import main
+from spekula.frontends.cli.main import main
 
 
 @pytest.fixture(scope="module")
