@@ -8,7 +8,9 @@ same prompt, greedy, one generated token, the same thread count and context size
 every round (the order flips from round to round) so that a busy machine slows both alike. With
 `-n 1` a process ends right after its first token, so its wall time from spawn to exit is its time to
 first token (plus its teardown, which both pay). Reported: the median and min wall time of each, the
-spekula / llama-completion ratio of both, and each one's peak RSS (the child's ru_maxrss from wait4).
+spekula / llama-completion ratio of both, each one's median CPU time (user + system: less disturbed
+than wall time by other work on a shared machine, though spinning worker threads count in it) and
+peak RSS (the child's ru_utime, ru_stime and ru_maxrss from wait4).
 
 One untimed round comes first: it warms the page cache for both, and lets Python write the bytecode
 cache of spekula's modules as an installed package has it (PYTHONDONTWRITEBYTECODE is dropped from
@@ -37,14 +39,15 @@ N_CTX = 2048
 
 @dataclass
 class Samples:
-    """One command's wall times (s) and peak RSS (KiB) over the rounds."""
+    """One command's wall and CPU times (s) and peak RSS (KiB) over the rounds."""
 
     seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
     rss_kib: list[int] = field(default_factory=list)
 
     def summary(self) -> str:
         return (f"median {statistics.median(self.seconds):.3f} s  min {min(self.seconds):.3f} s  "
-                f"peak RSS {max(self.rss_kib) / 1024:.0f} MiB")
+                f"CPU median {statistics.median(self.cpu_seconds):.3f} s  peak RSS {max(self.rss_kib) / 1024:.0f} MiB")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -80,8 +83,8 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_once(cmd: list[str], env: dict[str, str]) -> tuple[float, int]:
-    """(wall seconds from spawn to exit, peak RSS in KiB) of one run; stderr kept for a failure."""
+def run_once(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int]:
+    """(wall seconds from spawn to exit, CPU seconds, peak RSS in KiB) of one run; stderr kept for a failure."""
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env)
@@ -92,7 +95,7 @@ def run_once(cmd: list[str], env: dict[str, str]) -> tuple[float, int]:
             err.seek(0)
             tail = err.read()[-3000:].decode(errors="replace")
             raise SystemExit(f"{cmd[0]} exited with {proc.returncode}:\n{tail}")
-    return seconds, int(usage.ru_maxrss)  # Linux: KiB
+    return seconds, usage.ru_utime + usage.ru_stime, int(usage.ru_maxrss)  # Linux: KiB
 
 
 def commands(args: argparse.Namespace, model: str, llama: str | None) -> dict[str, list[str]]:
@@ -116,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     names = list(cmds)
     for r in range(args.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            seconds, rss = run_once(cmds[name], env)
+            seconds, cpu, rss = run_once(cmds[name], env)
             samples[name].seconds.append(seconds)
+            samples[name].cpu_seconds.append(cpu)
             samples[name].rss_kib.append(rss)
     print(f"model {model}, {args.threads} threads, {args.rounds} rounds, prompt {args.prompt!r}")
     for name, s in samples.items():
@@ -125,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     if llama:
         sp, ll = samples["spekula"], samples["llama-completion"]
         print(f"{'spekula / llama':>17}: median {statistics.median(sp.seconds) / statistics.median(ll.seconds):.2f}x"
-              f"  min {min(sp.seconds) / min(ll.seconds):.2f}x  peak RSS {max(sp.rss_kib) / max(ll.rss_kib):.2f}x")
+              f"  min {min(sp.seconds) / min(ll.seconds):.2f}x"
+              f"  CPU median {statistics.median(sp.cpu_seconds) / statistics.median(ll.cpu_seconds):.2f}x"
+              f"  peak RSS {max(sp.rss_kib) / max(ll.rss_kib):.2f}x")
     else:
         print("llama-completion not given (--llama-completion, $SPEKULA_LLAMA_COMPLETION or PATH): no ratio")
     return 0
