@@ -8,7 +8,7 @@ closed file".
 
 The first import of structlog in a CLI process goes through `_structlog_without_rich` (main.py
 imports this module before any command): structlog imports rich, when it is installed, for its
-fancy tracebacks, a quarter of `spekula generate`'s imports for a renderer the CLI does not use.
+fancy tracebacks: ~70 ms, a tenth of `spekula generate`'s imports, for a renderer the CLI does not use.
 """
 
 from __future__ import annotations
