@@ -21,7 +21,7 @@ from tokenizers import Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from spekula.core.errors import ModelFileError
-from spekula.core.modelfile import file_cache
+from spekula.core.modelfile import file_cache, gguf_file
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.modelfile.stream_decode import StreamDecoder
 
@@ -137,7 +137,8 @@ def supported_pre_tokenizers() -> list[str]:
 
 
 def _code_digest() -> str:
-    return file_cache.source_digest(__file__)
+    """What a tokenizer cache entry depends on besides the file: this module and the header reader."""
+    return file_cache.source_digest(__file__) + file_cache.source_digest(gguf_file.__file__)
 
 
 @dataclass(frozen=True, slots=True)
