@@ -1,27 +1,23 @@
 """Render a model's Jinja chat template the way Hugging Face transformers does.
 
-Same environment as ``transformers``' ``apply_chat_template``: an immutable sandbox, ``trim_blocks`` and
-``lstrip_blocks``, loop controls, a ``tojson`` filter that keeps non-ASCII text, ``raise_exception`` and
-``strftime_now`` globals, and the ``{% generation %}`` block tag (rendered as its plain body). Models
+Same environment as ``transformers``' ``apply_chat_template`` (modelfile/jinja_sandbox.py, imported by
+the first template checked or rendered, so naming these helpers costs no jinja2 import). Models
 without a template get ChatML, with a warning, because that is what the tiny fixtures and most small
 instruct models use.
 """
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
-from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jinja2
 import structlog
-from jinja2 import nodes
-from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from spekula.core.errors import SpekulaError
 from spekula.core.modelfile.named_templates import NAMED_TEMPLATES as _BUILT_IN
+
+if TYPE_CHECKING:
+    import jinja2
 
 log = structlog.get_logger(__name__)
 
@@ -37,29 +33,6 @@ class ChatTemplateError(SpekulaError):
     """The chat template is invalid, or refuses the given messages."""
 
 
-class _TemplateRaised(Exception):
-    """Raised by the template's own raise_exception(); carries the template author's message."""
-
-
-def _raise_exception(message: str) -> None:
-    raise _TemplateRaised(message)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-class _Undefined(jinja2.Undefined):
-    """An undefined variable added to a string is the empty string, as in llama-server's template
-    engine (Firefunction's template adds an optional `functions` that way); anything else done with
-    one is still an error."""
-
-    def __add__(self, other: Any) -> Any:
-        return other if isinstance(other, str) else self._fail_with_undefined_error()
-
-    __radd__ = __add__
-
-
 def _default_variables() -> dict[str, Any]:
     """Variables every render gets unless the caller sets them, as llama-server sets them: thinking
     on (templates such as Qwen3's switch it off with enable_thinking=false) and today's date in the
@@ -69,43 +42,14 @@ def _default_variables() -> dict[str, Any]:
             "date_string": today.strftime("%d %b %Y"), "datetime": today.strftime("%b %d %Y")}
 
 
-def _tojson(
-    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-    sort_keys: bool = False,
-) -> str:  # fmt: skip
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-class _GenerationTag(Extension):
-    """``{% generation %}...{% endgeneration %}`` marks assistant text for training masks; here a no-op."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: jinja2.parser.Parser) -> nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return nodes.Scope(body, lineno=lineno)
-
-
 def _checked(source: str) -> jinja2.Template:
     """The compiled template, or ChatTemplateError saying where it does not parse."""
+    from spekula.core.modelfile.jinja_sandbox import TemplateParseError, compile_template
+
     try:
-        return _compile(source)
-    except jinja2.TemplateSyntaxError as exc:
+        return compile_template(source)
+    except TemplateParseError as exc:
         raise ChatTemplateError(f"chat template does not parse (line {exc.lineno}): {exc.message}") from None
-
-
-@lru_cache(maxsize=16)
-def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols], undefined=_Undefined
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
 
 
 def render_chat(
@@ -123,6 +67,8 @@ def render_chat(
     if not template:
         log.warning("model has no chat template; using ChatML")
         template = CHATML_TEMPLATE
+    from spekula.core.modelfile.jinja_sandbox import TemplateRaised
+
     compiled = _checked(template)
     context = {**_default_variables(), **extra}
     try:
@@ -133,7 +79,7 @@ def render_chat(
             eos_token=eos_token,
             **context,
         )
-    except _TemplateRaised as exc:
+    except TemplateRaised as exc:
         raise ChatTemplateError(f"chat template rejected the messages: {exc}") from None
     except Exception as exc:  # any failure inside someone else's template is a bad-input error, not a crash
         raise ChatTemplateError(f"chat template failed to render ({type(exc).__name__}: {exc})") from None

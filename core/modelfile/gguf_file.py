@@ -3,6 +3,10 @@
 This is the only place that opens GGUF files for reading; model loaders (weights) and the tokenizer
 (vocabulary, chat template) both take a :class:`GGUFFile`.
 
+A large header (a vocabulary) is parsed once per file and version of this module: the parsed metadata
+and tensor directory go to the header cache (modelfile/file_cache.py), and the next process that opens
+the same file reads them from there, several times faster than parsing; the tensor data is mapped either way.
+
 The header is parsed here rather than with ``gguf.GGUFReader`` because that reader builds numpy
 views for every element of every array: SmolLM2's 49k-token vocabulary took 4-14 s per open. This
 parser reads string arrays in one pass and memory-maps tensor data (same views as GGUFReader).
@@ -23,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from spekula.core.errors import ModelFileError
+from spekula.core.modelfile import file_cache
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -46,6 +51,8 @@ _SHARED: dict[tuple[str, int, int], GGUFFile] = {}
 _SHARED_LOCK = threading.Lock()
 _SHARED_MAX = 4
 _U64 = struct.Struct("<Q")
+# Headers at least this large (vocabularies) go to the header cache; smaller ones parse in a few ms.
+CACHE_MIN_HEADER_BYTES = 256 * 1024
 
 # ggml types stored as plain typed arrays (everything else is exposed as raw bytes per row)
 _PLAIN_TENSOR_DTYPES: dict[str, str] = {
@@ -152,14 +159,34 @@ class GGUFFile:
             self._mmap = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         if self._mmap[:4] != GGUF_MAGIC:
             raise ModelFileError(self.path, f"not a GGUF file (magic {bytes(self._mmap[:4])!r}, expected b'GGUF')")
+        identity = file_cache.file_identity(self.path)
+        code = file_cache.source_digest(__file__)
+        if self._restore(file_cache.load("gguf-header", identity, code)):
+            return
         try:
-            self._parse_header()
+            header_bytes = self._parse_header()
         except ModelFileError:
             raise
         except Exception as exc:  # struct/unicode/overflow errors on damaged headers
             raise ModelFileError(self.path, f"corrupt GGUF header ({type(exc).__name__}: {exc})") from None
+        if header_bytes >= CACHE_MIN_HEADER_BYTES:
+            infos = [(i.name, i.type_id, i.ne, i.offset) for i in self._infos.values()]
+            file_cache.store("gguf-header", identity, code, (self.metadata_dict, self._value_types, infos))
 
-    def _parse_header(self) -> None:
+    def _restore(self, cached: Any) -> bool:
+        """Take the header from a cache entry of this very file (see file_cache); False if it is not one."""
+        try:
+            meta, types, infos = cached
+            tensors = {name: _TensorInfo(name, type_id, tuple(ne), offset) for name, type_id, ne, offset in infos}
+        except (TypeError, ValueError):
+            return False
+        if not (isinstance(meta, dict) and isinstance(types, dict)):
+            return False
+        self.metadata_dict, self._value_types, self._infos = meta, types, tensors
+        return True
+
+    def _parse_header(self) -> int:
+        """Parse metadata and tensor directory; returns the header's size in bytes."""
         cur = _Cursor(self._mmap, self.path)
         cur.take(4)
         version = cur.scalar("<I")
@@ -201,6 +228,7 @@ class GGUFFile:
                     self.path, f"truncated: tensor {name!r} ends at byte {end} but the file has {file_size}"
                 )
             self._infos[name] = info
+        return cur.pos
 
     @classmethod
     def shared(cls, path: str | os.PathLike[str]) -> GGUFFile:

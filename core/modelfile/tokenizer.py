@@ -21,12 +21,15 @@ from tokenizers import Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from spekula.core.errors import ModelFileError
+from spekula.core.modelfile import file_cache, gguf_file
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.modelfile.stream_decode import StreamDecoder
 
 # tokenizer.ggml.token_type values
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _GIL_FREE_CHARS = 4096
+# Vocabularies at least this large keep what is derived from them in the header cache (file_cache.py).
+CACHE_MIN_VOCAB = 4096
 
 _QWEN2_SPLIT = (
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
@@ -133,6 +136,11 @@ def supported_pre_tokenizers() -> list[str]:
     return sorted(_PRE_TYPES)
 
 
+def _code_digest() -> str:
+    """What a tokenizer cache entry depends on besides the file: this module and the header reader."""
+    return file_cache.source_digest(__file__) + file_cache.source_digest(gguf_file.__file__)
+
+
 @dataclass(frozen=True, slots=True)
 class _Special:
     token: int
@@ -153,19 +161,22 @@ class Tokenizer:
     chat_template: str | None
     chat_template_kwargs: dict[str, Any]  # extra template variables every render gets (--chat-template-kwargs)
 
-    def __init__(self, meta: dict[str, Any], *, source: object = "<metadata>") -> None:
+    def __init__(self, meta: dict[str, Any], *, source: object = "<metadata>",
+                 cache_identity: file_cache.Identity | None = None) -> None:
+        """`cache_identity`: the identity (file_cache.file_identity) of the file `meta` was read from, to
+        take what is derived from the vocabulary from the header cache, or leave it there."""
         self._source = source
         model = meta.get("tokenizer.ggml.model")
         tokens = meta.get("tokenizer.ggml.tokens")
         if model is None or tokens is None:
             missing = "tokenizer.ggml.model" if model is None else "tokenizer.ggml.tokens"
             raise ModelFileError(source, f"no tokenizer in this file (missing metadata key {missing!r})")
-        self._tokens: list[str] = [str(t) for t in tokens]
+        self._tokens: list[str] = list(map(str, tokens))
         self.n_vocab = len(self._tokens)
         if self.n_vocab == 0:
             raise ModelFileError(source, "tokenizer.ggml.tokens is empty")
         types = meta.get("tokenizer.ggml.token_type")
-        self._types: list[int] = [int(t) for t in types] if types is not None else [NORMAL] * self.n_vocab
+        self._types: list[int] = list(map(int, types)) if types is not None else [NORMAL] * self.n_vocab
         if len(self._types) != self.n_vocab:
             raise ModelFileError(
                 source, f"token_type has {len(self._types)} entries for {self.n_vocab} tokens"
@@ -173,11 +184,9 @@ class Tokenizer:
         self.model_kind = str(model)
         self.pre = str(meta.get("tokenizer.ggml.pre") or "")
         if self.model_kind == "gpt2":
-            self._init_bpe(meta)
             default_bos = default_eos = 11
             default_add_bos = self.pre in _PRE_ADD_BOS
         elif self.model_kind == "llama":
-            self._init_spm(meta)
             default_bos, default_eos = 1, 2
             default_add_bos = True
         else:
@@ -190,34 +199,59 @@ class Tokenizer:
         self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
         self.chat_template = meta.get("tokenizer.chat_template")
         self.chat_template_kwargs = {}
-        by_text = {t: i for i, t in enumerate(self._tokens)}
-        self.fim = self._find_fim(meta, by_text)
-        self.eog_ids = self._build_eog(meta, by_text)
-        self._specials = self._build_specials()
-        self._pieces = [self._piece(i) for i in range(self.n_vocab)]
+        has_bytes = BYTE in self._types  # as declared, before the type fixes below
+        vocab = {t: i for i, t in enumerate(self._tokens)}  # later duplicates win, as in llama.cpp
+        merges = self._restore(file_cache.load("tokenizer", cache_identity, _code_digest()))
+        if merges is None:
+            merges = self._derive(meta, vocab)
+            if self.n_vocab >= CACHE_MIN_VOCAB:
+                file_cache.store("tokenizer", cache_identity, _code_digest(), self._derived(merges))
         self._skip = [t in (CONTROL, UNKNOWN) for t in self._types]
+        if self.model_kind == "gpt2":
+            self._init_bpe(vocab, merges)
+        else:
+            self._init_spm(meta, vocab, merges, has_bytes)
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> Tokenizer:
-        return cls(f.metadata, source=f.path)
+        return cls(f.metadata, source=f.path, cache_identity=file_cache.file_identity(f.path))
 
     # ---- construction helpers -------------------------------------------------------------------
 
-    def _init_bpe(self, meta: dict[str, Any]) -> None:
-        pre = self.pre or "gpt2"  # llama.cpp falls back to its default regex (with a warning) when absent
+    def _derive(self, meta: dict[str, Any], vocab: dict[str, int]) -> list[tuple[str, str]]:
+        """Everything built by walking the vocabulary (the header cache keeps it, see `_derived`): the
+        BPE merges, the special-token fixes to the types, fim, eog, the specials and the pieces."""
+        merges = self._bpe_merges(meta, vocab) if self.model_kind == "gpt2" else self._spm_merges(meta, vocab)
+        self.fim = self._find_fim(meta, vocab)
+        self.eog_ids = self._build_eog(meta, vocab)
+        self._specials = self._build_specials()
+        self._pieces = [self._piece(i) for i in range(self.n_vocab)]
+        return merges
+
+    def _derived(self, merges: list[tuple[str, str]]) -> tuple[Any, ...]:
+        specials = [(s.token, s.text, s.always) for s in self._specials]
+        return merges, self._types, self.fim, sorted(self.eog_ids), specials, self._pieces
+
+    def _restore(self, cached: Any) -> list[tuple[str, str]] | None:
+        """The merges of a header-cache entry (`_derived`), its other parts set on self; None if it is not one."""
         try:
-            pre_tok, ignore_merges = byte_level_pre_tokenizer(pre)
-        except KeyError:
-            raise ModelFileError(
-                self._source,
-                f"unsupported pre-tokenizer {pre!r} (supported: {', '.join(supported_pre_tokenizers())})",
-            ) from None
+            merges, types, fim, eog, specials, pieces = cached
+            if len(types) != self.n_vocab or len(pieces) != self.n_vocab:
+                return None
+            restored = [_Special(token, text, always) for token, text, always in specials]
+        except (TypeError, ValueError):
+            return None
+        self._types, self.fim, self.eog_ids = list(types), dict(fim), frozenset(eog)
+        self._specials, self._pieces = restored, list(pieces)
+        return list(merges)
+
+    def _bpe_merges(self, meta: dict[str, Any], vocab: dict[str, int]) -> list[tuple[str, str]]:
+        self._checked_pre()  # an unsupported pre-tokenizer fails before any work
         raw_merges = meta.get("tokenizer.ggml.merges")
         if raw_merges is None:
             raise ModelFileError(
                 self._source, "missing metadata key 'tokenizer.ggml.merges' (needed by gpt2 BPE)"
             )
-        vocab = {t: i for i, t in enumerate(self._tokens)}  # later duplicates win, as in llama.cpp
         merges: list[tuple[str, str]] = []
         for m in raw_merges:
             cut = str(m).find(" ", 1)  # a part may itself start with a space: split at the first one after it
@@ -226,19 +260,31 @@ class Tokenizer:
             a, b = m[:cut], m[cut + 1 :]
             if a in vocab and b in vocab and a + b in vocab:
                 merges.append((a, b))
+        return merges
+
+    def _checked_pre(self) -> str:
+        pre = self.pre or "gpt2"  # llama.cpp falls back to its default regex (with a warning) when absent
+        if pre not in _PRE_TYPES:
+            raise ModelFileError(
+                self._source,
+                f"unsupported pre-tokenizer {pre!r} (supported: {', '.join(supported_pre_tokenizers())})",
+            )
+        return pre
+
+    def _init_bpe(self, vocab: dict[str, int], merges: list[tuple[str, str]]) -> None:
+        pre_tok, ignore_merges = byte_level_pre_tokenizer(self._checked_pre())
         bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges, fuse_unk=False)
         self._core = HFTokenizer(bpe)
         self._core.pre_tokenizer = pre_tok
         self._core.decoder = decoders.ByteLevel()
         self._add_space_prefix = False
 
-    def _init_spm(self, meta: dict[str, Any]) -> None:
+    def _spm_merges(self, meta: dict[str, Any], vocab: dict[str, int]) -> list[tuple[str, str]]:
         scores = meta.get("tokenizer.ggml.scores")
         if scores is None or len(scores) != self.n_vocab:
             raise ModelFileError(
                 self._source, "SentencePiece vocabulary needs tokenizer.ggml.scores (one per token)"
             )
-        vocab = {t: i for i, t in enumerate(self._tokens)}
         # llama.cpp merges the adjacent pair whose joined text is the best-scored token; a BPE merge list
         # ranked by that score gives the same result.
         ranked: list[tuple[float, int, str, str]] = []
@@ -250,11 +296,14 @@ class Tokenizer:
                 if a in vocab and b in vocab:
                     ranked.append((-float(scores[tid]), tid, a, b))
         ranked.sort()
+        return [(a, b) for _, _, a, b in ranked]
+
+    def _init_spm(self, meta: dict[str, Any], vocab: dict[str, int], merges: list[tuple[str, str]],
+                  has_bytes: bool) -> None:
         unk = self._special_id(meta, "unknown", 0)
-        has_bytes = any(t == BYTE for t in self._types)
         bpe = models.BPE(
             vocab=vocab,
-            merges=[(a, b) for _, _, a, b in ranked],
+            merges=merges,
             unk_token=self._tokens[unk] if unk is not None else None,
             fuse_unk=True,
             byte_fallback=has_bytes,

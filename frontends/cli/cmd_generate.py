@@ -23,7 +23,7 @@ from spekula.core.errors import ConfigError
 from spekula.core.events import FinalEvent, PieceEvent
 from spekula.core.modelfile.constraint import ConstraintError, GrammarSpec
 from spekula.core.verify.sampling import banning_end_of_generation
-from spekula.frontends.cli.main import EXIT_BROKEN_PIPE, silence_stdout
+from spekula.frontends.cli.main import EXIT_BROKEN_PIPE, collector_paused, silence_stdout
 from spekula.frontends.cli.options import add_engine_options, build_engine, completion_request
 from spekula.frontends.logging_setup import configure_logging
 
@@ -165,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.verbose, log_format=args.log_format)
     text = _prompt_text(args)
     grammar = grammar_from_args(args)  # a bad option fails before the model loads
-    engine = build_engine(args)
+    with collector_paused():
+        engine = build_engine(args)
     try:
         tok = engine.tokenizer
         if grammar is not None:
