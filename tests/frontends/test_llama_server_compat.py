@@ -196,7 +196,7 @@ def test_every_error_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_main_runs_spekula_serve_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from spekula.frontends.cli.main import main as cli
+    from spekula.frontends.cli import main as cli
 
     seen: list[list[str]] = []
     monkeypatch.setattr(cli, "main", lambda argv: seen.append(argv) or 0)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from spekula.frontends.schema import completion as rp
+from spekula.frontends.schema.errors import ParamError
 
 
 class Words:
@@ -39,6 +40,6 @@ def test_every_form_gives_the_same_pairs() -> None:
                                    [["x" * 1025, 1]], [[i % 200, 1] for i in range(65_537)],
                                    [["y" * 1000, 1]] * 70])
 def test_anything_else_is_an_error_naming_the_field(value: Any) -> None:
-    with pytest.raises(rp.ParamError) as err:
+    with pytest.raises(ParamError) as err:
         parse(value)
     assert err.value.field == "logit_bias" and "logit_bias" in str(err.value)
