@@ -26,7 +26,6 @@ from spekula.core.backend import (
     load_backend,
 )
 
-SMOLLM2_FALLBACK = Path("/work/dl/SmolLM2-135M-Instruct.Q4_1.gguf")
 REF_TOL = 1e-3  # |logits - torch reference| in fp32
 # Hidden states grow to ~100 in deep residual streams; compare them relative to their scale.
 HIDDEN_REL_TOL = 1e-3
@@ -62,9 +61,7 @@ def smollm2_path() -> Path:
         return ensure_default_model(quiet=True)
     except Exception as exc:  # any failure to fetch: fall back, then skip with the reason
         reason = f"{type(exc).__name__}: {exc}"
-    if SMOLLM2_FALLBACK.is_file():
-        return SMOLLM2_FALLBACK
-    pytest.skip(f"SmolLM2 unavailable: ensure_default_model failed ({reason}) and {SMOLLM2_FALLBACK} is missing")
+    pytest.skip(f"SmolLM2 unavailable: ensure_default_model failed ({reason})")
 
 
 def model_path(model: str) -> str:
