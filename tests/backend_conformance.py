@@ -53,7 +53,7 @@ def base_backend(name: str) -> str:
 
 
 def smollm2_path() -> Path:
-    """The default model through the product's own fetcher, else the local copy, else skip saying why."""
+    """The default model through the product's own fetcher (it honours $SPEKULA_CACHE_DIR), else skip saying why."""
     reason = ""
     try:
         from spekula.backends.gguf.default_model import ensure_default_model
