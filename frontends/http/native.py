@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -16,6 +19,7 @@ from spekula.frontends.http.prompts import split_batch
 from spekula.frontends.rpc.protocol import RpcError
 from spekula.frontends.schema import completion as rp
 from spekula.frontends.schema import token_probs_json
+from spekula.frontends.schema.tokenize_limits import TokenizeTooLarge, check_content, check_pieces
 
 if TYPE_CHECKING:
     from spekula.frontends.http.state import HttpState
@@ -179,21 +183,53 @@ async def tokenize(request: Request) -> Response:
         add_special = rp.get_bool(body, "add_special", False)
         parse_special = rp.get_bool(body, "parse_special", True)
         with_pieces = rp.get_bool(body, "with_pieces", False)
+        check_content(content)
+    except TokenizeTooLarge as exc:
+        raise HttpError(exc.message, "payload_too_large_error") from None
     except RpcError as exc:
         raise from_rpc(exc) from None
+    del body
     ids = await state.service.encode(content, add_special=add_special, parse_special=parse_special, limit=False)
+    del content
     if not with_pieces:
-        return JSONResponse({"tokens": ids})
+        return await _json_reply({"tokens": ids})
+    try:
+        check_pieces(len(ids))
+    except TokenizeTooLarge as exc:
+        raise HttpError(exc.message, "payload_too_large_error") from None
     tok = engine.tokenizer
-    out = []
-    for t in ids:
-        raw = tok.token_bytes(t) if hasattr(tok, "token_bytes") else tok.decode([t]).encode()
-        try:
-            piece: Any = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            piece = list(raw)  # llama-server sends the bytes of a piece that is not valid UTF-8 alone
-        out.append({"id": t, "piece": piece})
-    return JSONResponse({"tokens": out})
+
+    def pieces() -> list[dict[str, Any]]:
+        out = []
+        for t in ids:
+            raw = tok.token_bytes(t) if hasattr(tok, "token_bytes") else tok.decode([t]).encode()
+            try:
+                piece: Any = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(raw)  # llama-server sends the bytes of a piece that is not valid UTF-8 alone
+            out.append({"id": t, "piece": piece})
+        return out
+
+    tokens = pieces() if len(ids) <= _REPLY_IN_THREAD_TOKENS else await anyio.to_thread.run_sync(pieces)
+    return await _json_reply({"tokens": tokens})
+
+
+# A reply of more tokens than this is built and rendered in a worker thread, off the event loop.
+_REPLY_IN_THREAD_TOKENS = 16_384
+
+
+def _render(content: Any) -> bytes:
+    """As Starlette's JSONResponse renders."""
+    return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode("utf-8")
+
+
+async def _json_reply(content: dict[str, Any]) -> Response:
+    """A JSON reply; a long token list is rendered off the event loop (its JSON takes a while)."""
+    tokens = content.get("tokens")
+    if isinstance(tokens, list) and len(tokens) > _REPLY_IN_THREAD_TOKENS:
+        body = await anyio.to_thread.run_sync(_render, content)
+        return Response(body, media_type="application/json")
+    return JSONResponse(content)
 
 
 async def detokenize(request: Request) -> Response:

@@ -75,14 +75,22 @@ class LineWriter:
         self._stream = stream
         self._lock = anyio.Lock()
         self.write_timeout = write_timeout
+        self.queued_bytes = 0  # encoded frames waiting for their turn or being written
 
     async def send(self, message: Any) -> None:
-        data = encode(message)
-        async with self._lock:
-            if self.write_timeout is None:
-                await self._stream.send(data)
-                return
-            with anyio.move_on_after(self.write_timeout) as scope:
-                await self._stream.send(data)
-            if scope.cancelled_caught:
-                raise WriteTimeout(f"client read nothing for {self.write_timeout:g} s")
+        await self.send_frame(encode(message))
+
+    async def send_frame(self, data: bytes) -> None:
+        """One frame already encoded (the caller may then drop the message it came from)."""
+        self.queued_bytes += len(data)
+        try:
+            async with self._lock:
+                if self.write_timeout is None:
+                    await self._stream.send(data)
+                    return
+                with anyio.move_on_after(self.write_timeout) as scope:
+                    await self._stream.send(data)
+                if scope.cancelled_caught:
+                    raise WriteTimeout(f"client read nothing for {self.write_timeout:g} s")
+        finally:
+            self.queued_bytes -= len(data)

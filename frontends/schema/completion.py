@@ -124,10 +124,11 @@ def get_bool(params: dict[str, Any], name: str, default: bool) -> bool:
 
 
 def get_token_list(value: Any, name: str, n_vocab: int) -> list[int]:
+    # the length first: a list of millions is refused without a pass over it
+    if isinstance(value, list) and len(value) > MAX_TOKEN_LIST:
+        raise invalid_params(f"'{name}' holds {len(value)} tokens (at most {MAX_TOKEN_LIST})", name)
     if not isinstance(value, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in value):
         raise invalid_params(f"'{name}' must be a list of token ids", name)
-    if len(value) > MAX_TOKEN_LIST:
-        raise invalid_params(f"'{name}' holds {len(value)} tokens (at most {MAX_TOKEN_LIST})", name)
     bad = next((t for t in value if not 0 <= t < n_vocab), None)
     if bad is not None:
         raise invalid_params(f"'{name}' holds token id {bad} outside the vocabulary [0, {n_vocab})", name)
