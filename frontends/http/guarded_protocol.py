@@ -22,6 +22,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("spekula.http")
 DEFAULT_HEADER_TIMEOUT = 10.0
+_REFUSED_LINGER_S = 0.5
 
 
 def _busy_reply(limit: int) -> bytes:
@@ -41,18 +42,26 @@ class GuardedH11Protocol(H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_timer: asyncio.TimerHandle | None = None
+        self._refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         limit = self.max_connections
         if limit is not None and len(self.connections) > limit:
             log.warning("refused a connection: %d open (limit %d)", len(self.connections) - 1, limit)
+            self._refused = True
             transport.write(_busy_reply(limit))
-            transport.close()
+            # Half-close, then close a moment later: closing a socket with the client's request still
+            # unread sends a reset, which can destroy the 503 before the client reads it.
+            if transport.can_write_eof():
+                transport.write_eof()
+            self.loop.call_later(_REFUSED_LINGER_S, transport.close)
             return
         self._watch_headers()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # answered already; its request is read and dropped
         super().data_received(data)
         self._watch_headers()
 

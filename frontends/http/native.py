@@ -15,11 +15,16 @@ from starlette.responses import JSONResponse, Response
 from spekula.core.events import Event, FinalEvent, PieceEvent, ProgressEvent
 from spekula.frontends.http.errors import HttpError, from_rpc
 from spekula.frontends.http.fields import normalise
-from spekula.frontends.http.prompts import split_batch
+from spekula.frontends.http.prompts import element_kinds, split_batch
 from spekula.frontends.rpc.protocol import RpcError
 from spekula.frontends.schema import completion as rp
 from spekula.frontends.schema import token_probs_json
-from spekula.frontends.schema.tokenize_limits import TokenizeTooLarge, check_content, check_pieces
+from spekula.frontends.schema.tokenize_limits import (
+    TokenizeTooLarge,
+    check_content,
+    check_pieces,
+    tokenize_limiter,
+)
 
 if TYPE_CHECKING:
     from spekula.frontends.http.state import HttpState
@@ -120,7 +125,9 @@ async def completion(request: Request) -> Response:
     params, opts = normalise(body, allowed=COMPLETION_FIELDS, n_slots=engine.config.n_slots)
     if "prompt" not in params:
         raise HttpError("'prompt' is required")
-    raw_prompts = split_batch(params.pop("prompt"))
+    prompt = params.pop("prompt")
+    raw_prompts = split_batch(prompt, await element_kinds(prompt) if isinstance(prompt, list) else None)
+    del prompt
     prompts = [(await state.service.prompt_tokens(p))[0] for p in raw_prompts]
     return await answer(state, request, params, opts, prompts, fields)
 
@@ -210,7 +217,8 @@ async def tokenize(request: Request) -> Response:
             out.append({"id": t, "piece": piece})
         return out
 
-    tokens = pieces() if len(ids) <= _REPLY_IN_THREAD_TOKENS else await anyio.to_thread.run_sync(pieces)
+    tokens = (pieces() if len(ids) <= _REPLY_IN_THREAD_TOKENS
+              else await anyio.to_thread.run_sync(pieces, limiter=tokenize_limiter(len(ids))))
     return await _json_reply({"tokens": tokens})
 
 
@@ -227,7 +235,7 @@ async def _json_reply(content: dict[str, Any]) -> Response:
     """A JSON reply; a long token list is rendered off the event loop (its JSON takes a while)."""
     tokens = content.get("tokens")
     if isinstance(tokens, list) and len(tokens) > _REPLY_IN_THREAD_TOKENS:
-        body = await anyio.to_thread.run_sync(_render, content)
+        body = await anyio.to_thread.run_sync(_render, content, limiter=tokenize_limiter(len(tokens)))
         return Response(body, media_type="application/json")
     return JSONResponse(content)
 

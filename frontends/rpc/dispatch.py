@@ -191,7 +191,7 @@ class RpcConnection:
             self.cancel_all()
 
     async def _handle_line(self, line: bytes | OversizedLine) -> None:
-        size = line.limit if isinstance(line, OversizedLine) else len(line)
+        size = line_size = line.limit if isinstance(line, OversizedLine) else len(line)
         try:
             if isinstance(line, OversizedLine):
                 err = p.RpcError(p.INVALID_REQUEST, f"request line exceeds {line.limit} bytes; discarded")
@@ -205,6 +205,8 @@ class RpcConnection:
             del line
             obj, bad_text = decoded.value, decoded.not_unicode_at is not None
             del decoded
+            # Replies this client has not read yet hold their bytes: no new work until they shrink.
+            await self.writer.wait_below(self.max_pending_bytes)
             if isinstance(obj, list):
                 await self._handle_batch(obj, bad_text)
                 return
@@ -212,11 +214,12 @@ class RpcConnection:
             del obj
             if reply is not None:
                 frame = self._frame(reply)
-                del reply  # a large result (a tokenize with pieces) is freed while its frame waits
+                del reply  # a large result is freed while its frame waits
+                size = max(size, len(frame))
                 await self._send_frame(frame)
         finally:
             self._busy -= 1
-            self._busy_bytes -= size
+            self._busy_bytes -= line_size
             self.tracker.exit()
             if self._room is not None:
                 self._room.set()

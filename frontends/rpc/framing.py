@@ -76,6 +76,14 @@ class LineWriter:
         self._lock = anyio.Lock()
         self.write_timeout = write_timeout
         self.queued_bytes = 0  # encoded frames waiting for their turn or being written
+        self._sent_one: anyio.Event | None = None  # set each time a frame leaves the queue
+
+    async def wait_below(self, limit: int) -> None:
+        """Until fewer than `limit` bytes wait to be written (the client reads, or the stream breaks)."""
+        while self.queued_bytes >= limit:
+            if self._sent_one is None:
+                self._sent_one = anyio.Event()
+            await self._sent_one.wait()
 
     async def send(self, message: Any) -> None:
         await self.send_frame(encode(message))
@@ -94,3 +102,6 @@ class LineWriter:
                     raise WriteTimeout(f"client read nothing for {self.write_timeout:g} s")
         finally:
             self.queued_bytes -= len(data)
+            if self._sent_one is not None:
+                self._sent_one.set()
+                self._sent_one = None

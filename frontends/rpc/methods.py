@@ -42,7 +42,7 @@ import anyio.to_thread
 from spekula.core.events import FinalEvent, PieceEvent
 from spekula.core.modelfile.chat_template import ChatTemplateError, chat_prompt
 from spekula.frontends.rpc.dispatch import CallContext, Handler
-from spekula.frontends.rpc.protocol import CONTEXT_OVERFLOW, ENGINE_ERROR, RpcError
+from spekula.frontends.rpc.protocol import CONTEXT_OVERFLOW, ENGINE_ERROR, EncodedResult, RpcError, dumps
 from spekula.frontends.schema import completion as rp
 from spekula.frontends.schema import token_probs_json
 from spekula.frontends.schema.errors import invalid_params
@@ -209,11 +209,19 @@ class SpekulaMethods:
         check_pieces(len(ids))
         tok = self.engine.tokenizer
 
-        def pieces() -> list[dict[str, Any]]:
-            return [{"id": t, "piece": tok.decode([t])} for t in ids]
+        if len(ids) <= _THREAD_TOKENIZE_CHARS:
+            return {"tokens": [{"id": t, "piece": tok.decode([t])} for t in ids]}
 
-        # many pieces are built in a worker thread: a decode per token is seconds of CPU for a long text
-        return {"tokens": pieces() if len(ids) <= _THREAD_TOKENIZE_CHARS else await anyio.to_thread.run_sync(pieces)}
+        def encoded() -> EncodedResult:
+            # piece by piece into JSON: a dict per token would hold ~10x the reply's bytes until sent
+            parts = [b'{"tokens":[']
+            for i, t in enumerate(ids):
+                parts.append(b'%s{"id":%d,"piece":%s}' % (b"," if i else b"", t, dumps(tok.decode([t]))))
+            parts.append(b"]}")
+            return EncodedResult(b"".join(parts))
+
+        # in a worker thread: a decode per token is seconds of CPU for a long text
+        return await anyio.to_thread.run_sync(encoded, limiter=tokenize_limiter(len(ids)))
 
     async def detokenize(self, params: Any, ctx: CallContext) -> dict[str, Any]:
         obj = rp.as_object(params, "detokenize")
