@@ -77,19 +77,32 @@ def _malloc_trim() -> Any:
 
 
 _last_trim = [0.0]
+_trailing: list[threading.Timer | None] = [None]
 _trim_lock = threading.Lock()
 
 
 def release_free_memory() -> bool:
     """Give the heap's free pages back to the system (glibc's malloc_trim); False where this is not
-    glibc or a trim ran less than TRIM_INTERVAL_S ago (a client sending large requests back to back
-    must not make the server spend its time trimming)."""
+    glibc, or where a trim ran less than TRIM_INTERVAL_S ago: a client sending large requests back to
+    back must not make the server spend its time trimming. A call that is skipped leaves one trim due
+    at the end of the interval, so the last of a burst of large requests is trimmed after too."""
     trim = _malloc_trim()
     if trim is None:
         return False
     with _trim_lock:
-        now = time.monotonic()
-        if now - _last_trim[0] < TRIM_INTERVAL_S:
+        wait = _last_trim[0] + TRIM_INTERVAL_S - time.monotonic()
+        if wait > 0:
+            if _trailing[0] is None:
+                timer = threading.Timer(wait, _trailing_trim)
+                timer.daemon = True
+                _trailing[0] = timer
+                timer.start()
             return False
-        _last_trim[0] = now
+        _last_trim[0] = time.monotonic()
     return bool(trim(0))
+
+
+def _trailing_trim() -> None:
+    with _trim_lock:
+        _trailing[0] = None
+    release_free_memory()

@@ -1,4 +1,5 @@
-"""uvicorn's h11 protocol with the two guards it lacks against slow or numerous clients.
+"""uvicorn's h11 protocol with the two guards it lacks against slow or numerous clients, and a JSON answer
+to a request it cannot parse (uvicorn's is plain text).
 
 - Headers must arrive within `header_timeout` seconds of the connection opening, or of the previous
   response on a kept-alive connection. h11 has no such timeout, and uvicorn's keep-alive timer is reset
@@ -18,6 +19,7 @@ import json
 import logging
 from typing import Any
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("spekula.http")
@@ -72,6 +74,19 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_header_timer()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """A request h11 cannot parse: uvicorn answers plain text; the API's clients expect its JSON error."""
+        body = json.dumps({"error": {"code": 400, "type": "invalid_request_error", "message": msg}}).encode()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+                   (b"content-length", str(len(body)).encode())]
+        try:
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                          h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event) or b"")
+        except h11.LocalProtocolError:
+            pass  # a response had begun already: nothing more can be said
+        self.transport.close()
 
     def _waiting_for_headers(self) -> bool:
         return self.cycle is None or self.cycle.response_complete

@@ -166,6 +166,13 @@ def test_tokenize_over_its_limits_is_413_and_memory_returns(served: Served) -> N
     assert grown < 100, f"the server stayed {grown:.0f} MB above its floor after large tokenizes"
 
 
+@pytest.mark.parametrize("raw", [b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+                                 b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n"])
+def test_requests_http_cannot_parse_are_a_json_400(served: Served, raw: bytes) -> None:
+    status, err = status_and_json(raw_http(served.http.port, raw))
+    assert status == 400 and err["error"]["type"] == "invalid_request_error"
+
+
 def test_a_body_over_the_limit_is_413(served: Served) -> None:
     head = (b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: 99999999999\r\n\r\n")
@@ -383,6 +390,33 @@ async def test_a_failure_inside_a_stream_ends_it_with_an_error_event(path: str, 
     status, body = await _asgi(stream, "POST", path, b"")
     assert status == 200 and body.startswith(b'data: {"content":"a"}\n\n') and body.endswith(last), body
     assert b"[DONE]" not in body
+
+
+def test_running_out_of_descriptors_while_accepting_is_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """asyncio pauses accepting for a second on EMFILE (as the socket server does); it is one line."""
+    import asyncio
+    import errno
+    import logging
+
+    from spekula.frontends.loop_errors import quiet_late_socket_wakeups
+
+    async def main() -> None:
+        quiet_late_socket_wakeups()
+        asyncio.get_running_loop().call_exception_handler({
+            "message": "socket.accept() out of system resource",
+            "exception": OSError(errno.EMFILE, "Too many open files")})
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(main())
+    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING] == [
+        (logging.WARNING, "accept paused 1 s: Too many open files")]
+
+
+def test_a_pre_encoded_result_frames_as_the_same_json() -> None:
+    result = {"tokens": [{"id": 1, "piece": "a\u00e9"}]}
+    pre = p.EncodedResult(p.dumps(result))
+    assert json.loads(p.encode(p.response(7, pre))) == p.response(7, result)
+    assert json.loads(p.encode([p.response(1, pre), p.response(2, 3)])) == [p.response(1, result), p.response(2, 3)]
 
 
 # -- last: nothing above changed what the server computes ------------------------------------------
