@@ -1,18 +1,26 @@
-"""Soak: valid and hostile clients at full slot load against one `spekula serve`, for a fixed time.
+"""Soak: valid and hostile clients at full slot load against one `spekula serve`, on its Unix socket
+and its HTTP port together, for a fixed time.
 
     .venv/bin/python bench/soak.py [--minutes 30] [-m MODEL.gguf] [-np 4] [--valid 6] [--hostile 3]
+                                   [--http-valid 3] [--http-hostile 2]
 
 Valid clients send greedy completions (streamed or not, with and without speculation) of a fixed
 prompt set and check every answer against the reference computed first, one request at a time.
-Hostile clients, between them, send malformed JSON, deep nesting, huge numbers, NaN, out-of-range
+Hostile socket clients, between them, send malformed JSON, deep nesting, huge numbers, NaN, out-of-range
 fields, oversized lines, unknown methods, guesses at other clients' request ids, pipelined requests
-they never read, and disconnect in the middle of streams. At the end it prints requests served,
-errors by code, crashes (the server process died: goal 0), lost requests (a valid request that got no
-correct answer: goal 0), the server's RSS floor (its lowest sample, taken every 2 s) in the first and
-the last third of the run after a warm-up under the full mix (a fifth of the run, at most a minute;
-goal: growth under 10 %), and whether every greedy answer equalled its reference. Exit status 0 only
-when every goal is met.
-Everything stays on a Unix socket in a temporary directory; every loop is bounded by the deadline.
+they never read, and disconnect in the middle of streams. The HTTP clients (bench/soak_http.py) do the
+same over HTTP, plus issue #45's cases: lone surrogates, over-limit tokenizes, bodies of a million
+entries, slowloris headers, stalled bodies, idle-connection bursts, uploads abandoned half way, and on
+the socket surrogates, list ids and unread pipelined tokenizes; a prober times GET /health throughout.
+At the end it prints requests served, errors by code, crashes (the server process died: goal 0), lost
+requests (a valid request that got no correct answer: goal 0), wrong answers to hostile requests (a
+reply that is not JSON, or not the expected error: goal 0), /health's p99 latency (goal < 100 ms) and
+failures (goal 0), the server's RSS floor (its lowest sample, taken every 2 s) in the first and the
+last third of the run after a warm-up under the full mix (a fifth of the run, at most a minute; goal:
+growth under 10 %), and whether every greedy answer equalled its reference. Exit status 0 only when
+every goal is met.
+Everything stays on a Unix socket in a temporary directory and on 127.0.0.1; every loop is bounded by
+the deadline.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import collections
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -31,8 +40,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import soak_http
+
 from spekula.frontends.rpc import protocol as p
 from spekula.frontends.rpc.client import RpcCallError, ServerGoneError, SpekulaClient
+
+HEADER_TIMEOUT = 3.0
+_LISTENING = re.compile(r"HTTP server listening on http://[\d.]+:(\d+)")
 
 PROMPTS = [
     "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
@@ -71,6 +85,7 @@ class Tally:
         self.hostile = 0
         self.lost: list[str] = []
         self.mismatch = 0
+        self.bad_errors: list[str] = []
         self.errors: collections.Counter[int] = collections.Counter()
 
     def add(self, **kw: Any) -> None:
@@ -160,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-np", "--parallel", type=int, default=4)
     ap.add_argument("--valid", type=int, default=6, help="valid client threads")
     ap.add_argument("--hostile", type=int, default=3, help="hostile client threads")
+    ap.add_argument("--http-valid", type=int, default=3, help="valid HTTP client threads")
+    ap.add_argument("--http-hostile", type=int, default=2, help="hostile HTTP client threads")
     ap.add_argument("-n", "--n-predict", type=int, default=48)
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args(argv)
@@ -173,14 +190,18 @@ def main(argv: list[str] | None = None) -> int:
         sock, log = os.path.join(d, "soak.sock"), Path(d) / "server.log"
         cmd = [sys.executable, "-m", "spekula.frontends.cli.main", "serve", "-m", model, "--socket", sock,
                "-np", str(args.parallel), "-c", "1024", "--temp", "0", "--spec-type", "ngram-mod",
-               "--write-timeout", "10", "-t", str(args.threads)]
+               "--write-timeout", "10", "-t", str(args.threads), "--port", "0",
+               "--header-timeout", str(HEADER_TIMEOUT), "--body-timeout", "5"]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
         try:
             t0 = time.monotonic()
-            while not os.path.exists(sock):
+            port = None
+            while not os.path.exists(sock) or port is None:
                 if proc.poll() is not None or time.monotonic() - t0 > 300:
                     print(log.read_text(), file=sys.stderr)
                     return 2
+                found = _LISTENING.search(log.read_text(errors="replace"))
+                port = int(found.group(1)) if found else None
                 time.sleep(0.2)
             with SpekulaClient(sock, timeout=300) as c:
                 refs = {pr: c.completion(pr, n_predict=args.n_predict, return_tokens=True, temperature=0,
@@ -198,6 +219,12 @@ def main(argv: list[str] | None = None) -> int:
                         for i in range(args.hostile)]
             for t in threads:
                 t.start()
+            latencies: list[float] = []
+            health_failures: list[str] = []
+            threads += soak_http.start_threads(port, sock, refs, PROMPTS, deadline, tally, valid=args.http_valid,
+                                               hostile=args.http_hostile, n=args.n_predict,
+                                               header_timeout=HEADER_TIMEOUT, latencies=latencies,
+                                               failures=health_failures)
             samples: list[float] = []  # RSS after the warm-up, every 2 s
             while any(t.is_alive() for t in threads) and proc.poll() is None:
                 if time.monotonic() >= warm_until:
@@ -219,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         floor_first = min(samples[:third], default=float("nan"))
         floor_last = min(samples[-third:], default=float("nan"))
         growth = (floor_last - floor_first) / floor_first
-        print(f"soak: {args.minutes:g} min, {args.valid} valid + {args.hostile} hostile clients, -np {args.parallel}, "
-              f"{Path(model).name}")
+        print(f"soak: {args.minutes:g} min, socket {args.valid} valid + {args.hostile} hostile clients, HTTP "
+              f"{args.http_valid} valid + {args.http_hostile} hostile, -np {args.parallel}, {Path(model).name}")
         print(f"  requests served        {tally.served} (hostile actions {tally.hostile})")
         print(f"  error replies by code  {dict(sorted(tally.errors.items()))}")
         print(f"  crashes                {int(crashed)}")
@@ -229,7 +256,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  RSS floor first / last third {floor_first:.0f} MB / {floor_last:.0f} MB ({100 * growth:+.1f} %), "
               f"range {min(samples, default=float('nan')):.0f}-{max(samples, default=float('nan')):.0f} MB "
               f"over {len(samples)} samples")
-        ok = not crashed and not tally.lost and not tally.mismatch and growth < 0.10 and tally.served > 0
+        p99 = soak_http.percentile(latencies, 0.99)
+        print(f"  wrong hostile replies  {len(tally.bad_errors)}"
+              + (f"  e.g. {tally.bad_errors[0]}" if tally.bad_errors else ""))
+        print(f"  /health latency        p50 {1000 * soak_http.percentile(latencies, 0.5):.0f} ms, "
+              f"p99 {1000 * p99:.0f} ms, max {1000 * max(latencies, default=float('nan')):.0f} ms "
+              f"over {len(latencies)} probes; failures {len(health_failures)}"
+              + (f"  e.g. {health_failures[0]}" if health_failures else ""))
+        ok = (not crashed and not tally.lost and not tally.mismatch and growth < 0.10 and tally.served > 0
+              and not tally.bad_errors and not health_failures and p99 < 0.100)
         print("  goals met" if ok else "  GOALS NOT MET")
         return 0 if ok else 1
 

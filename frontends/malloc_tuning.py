@@ -12,6 +12,12 @@ torch backend allocates for a small model (a few verification rows of logits), s
 keep coming from the heap.
 
 A user's own MALLOC_MMAP_THRESHOLD_ in the environment wins (glibc has already applied it).
+
+Below that threshold, a large request still leaves its many small objects (a parsed list of millions
+of token ids, a tokenize reply's pieces) spread over the heap's arenas; once they are freed,
+`release_free_memory` hands the free pages back (malloc_trim), so the floor returns near where it was.
+The servers call it after a request that moved more than TRIM_AFTER_BYTES, at most once per
+TRIM_INTERVAL_S, in a worker thread (a trim walks every arena).
 """
 
 from __future__ import annotations
@@ -20,10 +26,16 @@ import ctypes
 import ctypes.util
 import os
 import sys
+import threading
+import time
+from functools import cache
+from typing import Any
 
 import structlog
 
 THRESHOLD_BYTES = 4 * 1024 * 1024
+TRIM_AFTER_BYTES = 1024 * 1024
+TRIM_INTERVAL_S = 1.0
 _M_MMAP_THRESHOLD = -3  # mallopt parameter number in glibc's malloc.h
 
 log = structlog.get_logger("spekula.malloc")
@@ -46,3 +58,51 @@ def pin_mmap_threshold(nbytes: int = THRESHOLD_BYTES) -> bool:
     applied = mallopt(_M_MMAP_THRESHOLD, nbytes) == 1
     log.debug("malloc_mmap_threshold", bytes=nbytes, applied=applied)
     return applied
+
+
+@cache
+def _malloc_trim() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        trim = ctypes.CDLL(name).malloc_trim  # glibc only
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = (ctypes.c_size_t,)
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_last_trim = [0.0]
+_trailing: list[threading.Timer | None] = [None]
+_trim_lock = threading.Lock()
+
+
+def release_free_memory() -> bool:
+    """Give the heap's free pages back to the system (glibc's malloc_trim); False where this is not
+    glibc, or where a trim ran less than TRIM_INTERVAL_S ago: a client sending large requests back to
+    back must not make the server spend its time trimming. A call that is skipped leaves one trim due
+    at the end of the interval, so the last of a burst of large requests is trimmed after too."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    with _trim_lock:
+        wait = _last_trim[0] + TRIM_INTERVAL_S - time.monotonic()
+        if wait > 0:
+            if _trailing[0] is None:
+                timer = threading.Timer(wait, _trailing_trim)
+                timer.daemon = True
+                _trailing[0] = timer
+                timer.start()
+            return False
+        _last_trim[0] = time.monotonic()
+    return bool(trim(0))
+
+
+def _trailing_trim() -> None:
+    with _trim_lock:
+        _trailing[0] = None
+    release_free_memory()

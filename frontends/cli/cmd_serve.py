@@ -71,7 +71,8 @@ def _serve_http(args: argparse.Namespace, defaults: ServerDefaults, rpc_config: 
         return loaded[-1]
 
     http = HttpConfig(host=args.host, port=args.port, drain_timeout=args.drain_timeout,
-                      timeout_keep_alive=args.keep_alive_timeout)
+                      timeout_keep_alive=args.keep_alive_timeout, max_connections=args.max_connections,
+                      header_timeout=args.header_timeout)
     try:
         anyio.run(partial(serve, load, state, http, defaults=defaults, rpc_config=rpc_config,
                           rpc_methods=lambda engine, srv: SpekulaMethods(engine, defaults, server_state=srv.state).table()))

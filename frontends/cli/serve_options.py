@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from spekula.core.errors import ConfigError
 from spekula.frontends.cli.options import add_engine_options, sampling_from_args
 from spekula.frontends.http.fields import MAX_BODY_DEFAULT
+from spekula.frontends.http.guarded_protocol import DEFAULT_HEADER_TIMEOUT
 from spekula.frontends.rpc.framing import DEFAULT_MAX_LINE_BYTES, DEFAULT_WRITE_TIMEOUT
 from spekula.frontends.rpc.server import DEFAULT_MAX_CONNECTIONS
 from spekula.frontends.rpc.socket_identity import default_socket_path
@@ -18,6 +19,7 @@ from spekula.frontends.schema.completion import ServerDefaults
 if TYPE_CHECKING:
     from spekula.frontends.http.state import HttpState
 
+DEFAULT_BODY_TIMEOUT = 60.0
 # The smallest useful request line: a completion call with a short prompt and a few fields takes a
 # few hundred bytes, so a lower limit would reject every real request (a negative one all of them).
 MIN_LINE_BYTES = 1024
@@ -30,6 +32,16 @@ def _line_bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a number of bytes, got {text!r}") from None
     if value < MIN_LINE_BYTES:
         raise argparse.ArgumentTypeError(f"must be at least {MIN_LINE_BYTES} bytes, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
 
 
@@ -58,7 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="on SIGTERM/SIGINT, seconds to let in-flight requests finish (default: 30)")
     g.add_argument("--max-connections", type=_positive, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
-                   help="open connections at most; more are told so and closed (default: %(default)s)")
+                   help="open connections at most, on the socket and over HTTP each; more are told so and closed "
+                        "(default: %(default)s)")
     g.add_argument("--write-timeout", type=float, default=DEFAULT_WRITE_TIMEOUT, metavar="S",
                    help="disconnect a client that reads nothing for S seconds while replies wait (default: %(default)s)")
     h = p.add_argument_group("HTTP (llama-server / OpenAI API)")
@@ -85,6 +98,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "is needed for them, as with llama-server's UI")
     h.add_argument("--timeout", dest="keep_alive_timeout", type=_positive, default=5, metavar="S",
                    help="seconds an idle keep-alive connection stays open (default: %(default)s)")
+    h.add_argument("--header-timeout", type=_seconds, default=DEFAULT_HEADER_TIMEOUT, metavar="S",
+                   help="a request's head must arrive within S seconds of the connection (or of the previous "
+                        "response); slower connections are closed (default: %(default)g)")
+    h.add_argument("--body-timeout", type=_seconds, default=DEFAULT_BODY_TIMEOUT, metavar="S",
+                   help="a request's body must arrive within S seconds of its head; slower ones get 408 "
+                        "(default: %(default)g)")
     r = p.add_argument_group("Ray Serve (several engine replicas behind one HTTP endpoint)")
     r.add_argument("--ray", action="store_true",
                    help="serve the HTTP API from Ray Serve: an ingress routing by prompt prefix to --replicas "
@@ -147,7 +166,8 @@ def http_state(args: argparse.Namespace) -> HttpState:
         model_name = "SmolLM2-135M-Instruct.Q4_1.gguf"
     return HttpState(api_keys=api_keys(args), metrics=args.metrics, max_body_bytes=args.max_body_bytes,
                      model_alias=args.alias or model_name, model_path=args.model or args.hf_repo or "",
-                     write_timeout=args.write_timeout, cors_origins=args.cors_origins,
+                     write_timeout=args.write_timeout, body_timeout=args.body_timeout,
+                     cors_origins=args.cors_origins,
                      slots_endpoint=args.slots_endpoint, static_dir=_static_dir(args.static_path),
                      verbose=bool(getattr(args, "verbose", False)), spm_infill=args.spm_infill)
 

@@ -4,7 +4,11 @@ Requests pass two gates before any route, as in llama-server: the API key (every
 health checks needs `Authorization: Bearer KEY` when keys are set; compared in constant time)
 and readiness (503 `Loading model` until the engine exists). Bodies are read with a size cap (413
 beyond it) and parsed by the same hardened JSON decoder as the socket (depth and number limits).
-Every error leaves as llama-server's `{"error": {"code", "message", "type"}}`.
+Every error leaves as JSON in the API's own shape: llama-server's `{"error": {"code", "message", "type"}}`,
+Anthropic's `{"type": "error", "error": {...}}` on its Messages paths, an internal failure included (500).
+A body must arrive within the state's `body_timeout` of its headers (408); a client that leaves
+mid-upload is one INFO line. After a request that moved more than a megabyte either way, the heap's
+free pages go back to the system (frontends/malloc_tuning.py).
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.to_thread
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -27,9 +33,10 @@ from spekula.frontends.http.errors import HttpError
 from spekula.frontends.http.infill import infill
 from spekula.frontends.http.responses import responses
 from spekula.frontends.http.state import HttpState
+from spekula.frontends.malloc_tuning import TRIM_AFTER_BYTES, release_free_memory
 
 if TYPE_CHECKING:
-    pass
+    from starlette.types import Message
 
 log = logging.getLogger("spekula.http")
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
@@ -56,7 +63,11 @@ class Gates:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         cors = self._cors(headers.get("origin", ""))
+        path = scope.get("path", "")
         started = False
+        moved = [0]  # body bytes received and sent
+        body_done = False
+        deadline = anyio.current_time() + self.state.body_timeout
 
         async def send_with_cors(message: dict[str, Any]) -> None:
             nonlocal started
@@ -68,7 +79,26 @@ class Gates:
                 if self.state.server_header:
                     headers.append((b"Server", b"spekula"))
                 message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body":
+                moved[0] += len(message.get("body", b""))
             await send(message)
+
+        async def timed_receive() -> Message:
+            """The body within its deadline; after it, receive waits as long as the request runs
+            (a stream listens for the client's disconnect that way)."""
+            nonlocal body_done
+            if body_done:
+                return await receive()
+            with anyio.move_on_after(max(deadline - anyio.current_time(), 0.0)) as waited:
+                message = await receive()
+            if waited.cancelled_caught:
+                log.info("%s %s: the body did not arrive within %g s", scope.get("method"), path,
+                         self.state.body_timeout)
+                raise HttpError(f"request body not received within {self.state.body_timeout:g} s", "timeout_error")
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            moved[0] += len(message.get("body", b""))
+            return message
 
         try:
             if scope["method"] == "OPTIONS":  # CORS preflight: no key needed, nothing runs
@@ -76,19 +106,25 @@ class Gates:
                     "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
                     "Access-Control-Allow-Headers": "*"}), scope, receive)
                 return
-            if self.state.api_keys and scope["path"] not in PUBLIC_PATHS and not self._static(scope["path"]):
+            if self.state.api_keys and path not in PUBLIC_PATHS and not self._static(path):
                 given = headers.get("authorization") or headers.get("x-api-key") or ""
                 if not _key_ok(given, self.state.api_keys):
                     raise HttpError("Invalid API Key", "authentication_error")
-            await self.app(scope, receive, send_with_cors)
+            await self.app(scope, timed_receive, send_with_cors)
         except HttpError as exc:
             if not started:
-                await self._respond(send_with_cors, exc.response(), scope, receive)
+                await self._respond(send_with_cors, exc.response(path), scope, receive)
+        except ClientDisconnect:
+            log.info("%s %s: the client went away before its request was read", scope.get("method"), path)
         except Exception:
-            log.exception("internal error on %s %s", scope.get("method"), scope.get("path"))
+            log.exception("internal error on %s %s", scope.get("method"), path)
             if not started:
                 err = HttpError("internal server error", "server_error")
-                await self._respond(send_with_cors, err.response(), scope, receive)
+                await self._respond(send_with_cors, err.response(path), scope, receive)
+        finally:
+            if moved[0] > TRIM_AFTER_BYTES:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(release_free_memory)
 
     @staticmethod
     async def _respond(send: Callable[[dict[str, Any]], Awaitable[None]], response: Response, scope: Scope,
@@ -149,15 +185,22 @@ async def _tools(request: Request) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HttpError)
-    return exc.response()
+    return exc.response(request.url.path)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """What Starlette's last-resort handler sends for an unexpected exception (a plain-text 500 without
+    this); the exception still reaches Gates, which logs it."""
+    return HttpError("internal server error", "server_error").response(request.url.path)
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
-    return HttpError("File Not Found", "not_found_error").response()
+    return HttpError("File Not Found", "not_found_error").response(request.url.path)
 
 
 async def _method_not_allowed(request: Request, exc: Exception) -> Response:
-    return HttpError(f"method {request.method} is not allowed on {request.url.path}", status=405).response()
+    return HttpError(f"method {request.method} is not allowed on {request.url.path}",
+                     status=405).response(request.url.path)
 
 
 class _GetOnly:
@@ -197,6 +240,6 @@ def build_app(state: HttpState) -> ASGIApp:
         # After every API route, so a file can never shadow an endpoint.
         routes.append(Mount("/", app=_GetOnly(StaticFiles(directory=state.static_dir, html=True)), name="static"))
     app = Starlette(routes=routes, exception_handlers={
-        HttpError: _http_error, 404: _not_found, 405: _method_not_allowed})
+        HttpError: _http_error, 404: _not_found, 405: _method_not_allowed, Exception: _internal_error})
     app.state.http = state
     return Gates(app, state)

@@ -8,6 +8,7 @@ has its request cancelled at once, so its slot is free for the next request.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,17 +19,19 @@ from starlette.types import Receive, Scope, Send
 
 from spekula.core.events import Event, FinalEvent
 from spekula.frontends.http import prompts as http_prompts
-from spekula.frontends.http.errors import HttpError, from_rpc
+from spekula.frontends.http.errors import HttpError, anthropic_path, from_rpc
 from spekula.frontends.http.fields import HttpOptions
 from spekula.frontends.rpc.methods import MAX_CHARS_PER_TOKEN
 from spekula.frontends.rpc.protocol import RpcError
 from spekula.frontends.schema import completion as rp
+from spekula.frontends.schema.tokenize_limits import tokenize_limiter
 
 if TYPE_CHECKING:
     from spekula.core.params import CompletionRequest
     from spekula.frontends.http.serving_engine import RequestStream, ServingEngine
 
 _THREAD_TOKENIZE_CHARS = 16_384
+log = logging.getLogger("spekula.http")
 
 
 @dataclass(slots=True)
@@ -54,7 +57,8 @@ class GenerationService:
                             "exceed_context_size_error", extra={"n_ctx": n_ctx})
         if len(text) > _THREAD_TOKENIZE_CHARS:
             return await anyio.to_thread.run_sync(
-                lambda: tok.encode(text, add_special=add_special, parse_special=parse_special))
+                lambda: tok.encode(text, add_special=add_special, parse_special=parse_special),
+                limiter=tokenize_limiter(len(text)))
         return tok.encode(text, add_special=add_special, parse_special=parse_special)
 
     async def prompt_tokens(self, value: Any) -> tuple[list[int], str | None]:
@@ -179,7 +183,7 @@ class EventStream:
                 await self._send(send, {"type": "http.response.start", "status": 200, "headers": [
                     (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                     (b"x-accel-buffering", b"no")]})
-                async for event in self._events(handle):
+                async for event in self._events(handle, scope.get("path", "")):
                     await self._send(send, {"type": "http.response.body", "body": event, "more_body": True})
                 await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
                 finished = True
@@ -209,15 +213,28 @@ class EventStream:
             else:
                 await anyio.sleep(since + timeout - now)
 
-    async def _events(self, handle: RequestStream) -> AsyncIterator[bytes]:
+    async def _events(self, handle: RequestStream, path: str) -> AsyncIterator[bytes]:
+        """The stream's events; a failure once the stream has begun ends it with an error event in the
+        API's shape (the status line has gone out already), not with a broken connection."""
         async for event in handle:
-            if isinstance(event, FinalEvent) and event.stop_type == "error":
-                try:
+            try:
+                if isinstance(event, FinalEvent) and event.stop_type == "error":
                     self.service.checked(self.gen, event)
-                except HttpError as exc:
-                    yield sse(exc.body())
-                    return
-            for obj in self.shape(event):
-                yield obj if isinstance(obj, bytes) else sse(obj)  # bytes: an event already framed
+                framed = [obj if isinstance(obj, bytes) else sse(obj) for obj in self.shape(event)]
+            except HttpError as exc:
+                yield error_event(exc, path)
+                return
+            except Exception:  # noqa: BLE001 - the stream's error boundary: logged, and told to the client
+                log.exception("internal error in the stream of %s", path)
+                yield error_event(HttpError("internal server error", "server_error"), path)
+                return
+            for data in framed:  # bytes: an event already framed
+                yield data
         if self.done_marker:
             yield b"data: [DONE]\n\n"
+
+
+def error_event(exc: HttpError, path: str) -> bytes:
+    """An error as a stream event: Anthropic's streams name it (`event: error`), the others send the
+    error object as data, as llama-server does."""
+    return typed_sse(exc.body(path)) if anthropic_path(path) else sse(exc.body(path))

@@ -3,19 +3,28 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from spekula.core.events import Event, FinalEvent, PieceEvent, ProgressEvent
 from spekula.frontends.http.errors import HttpError, from_rpc
 from spekula.frontends.http.fields import normalise
-from spekula.frontends.http.prompts import split_batch
+from spekula.frontends.http.prompts import element_kinds, split_batch
 from spekula.frontends.rpc.protocol import RpcError
 from spekula.frontends.schema import completion as rp
 from spekula.frontends.schema import token_probs_json
+from spekula.frontends.schema.tokenize_limits import (
+    TokenizeTooLarge,
+    check_content,
+    check_pieces,
+    tokenize_limiter,
+)
 
 if TYPE_CHECKING:
     from spekula.frontends.http.state import HttpState
@@ -116,7 +125,9 @@ async def completion(request: Request) -> Response:
     params, opts = normalise(body, allowed=COMPLETION_FIELDS, n_slots=engine.config.n_slots)
     if "prompt" not in params:
         raise HttpError("'prompt' is required")
-    raw_prompts = split_batch(params.pop("prompt"))
+    prompt = params.pop("prompt")
+    raw_prompts = split_batch(prompt, await element_kinds(prompt) if isinstance(prompt, list) else None)
+    del prompt
     prompts = [(await state.service.prompt_tokens(p))[0] for p in raw_prompts]
     return await answer(state, request, params, opts, prompts, fields)
 
@@ -179,21 +190,54 @@ async def tokenize(request: Request) -> Response:
         add_special = rp.get_bool(body, "add_special", False)
         parse_special = rp.get_bool(body, "parse_special", True)
         with_pieces = rp.get_bool(body, "with_pieces", False)
+        check_content(content)
+    except TokenizeTooLarge as exc:
+        raise HttpError(exc.message, "payload_too_large_error") from None
     except RpcError as exc:
         raise from_rpc(exc) from None
+    del body
     ids = await state.service.encode(content, add_special=add_special, parse_special=parse_special, limit=False)
+    del content
     if not with_pieces:
-        return JSONResponse({"tokens": ids})
+        return await _json_reply({"tokens": ids})
+    try:
+        check_pieces(len(ids))
+    except TokenizeTooLarge as exc:
+        raise HttpError(exc.message, "payload_too_large_error") from None
     tok = engine.tokenizer
-    out = []
-    for t in ids:
-        raw = tok.token_bytes(t) if hasattr(tok, "token_bytes") else tok.decode([t]).encode()
-        try:
-            piece: Any = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            piece = list(raw)  # llama-server sends the bytes of a piece that is not valid UTF-8 alone
-        out.append({"id": t, "piece": piece})
-    return JSONResponse({"tokens": out})
+
+    def pieces() -> list[dict[str, Any]]:
+        out = []
+        for t in ids:
+            raw = tok.token_bytes(t) if hasattr(tok, "token_bytes") else tok.decode([t]).encode()
+            try:
+                piece: Any = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(raw)  # llama-server sends the bytes of a piece that is not valid UTF-8 alone
+            out.append({"id": t, "piece": piece})
+        return out
+
+    tokens = (pieces() if len(ids) <= _REPLY_IN_THREAD_TOKENS
+              else await anyio.to_thread.run_sync(pieces, limiter=tokenize_limiter(len(ids))))
+    return await _json_reply({"tokens": tokens})
+
+
+# A reply of more tokens than this is built and rendered in a worker thread, off the event loop.
+_REPLY_IN_THREAD_TOKENS = 16_384
+
+
+def _render(content: Any) -> bytes:
+    """As Starlette's JSONResponse renders."""
+    return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode("utf-8")
+
+
+async def _json_reply(content: dict[str, Any]) -> Response:
+    """A JSON reply; a long token list is rendered off the event loop (its JSON takes a while)."""
+    tokens = content.get("tokens")
+    if isinstance(tokens, list) and len(tokens) > _REPLY_IN_THREAD_TOKENS:
+        body = await anyio.to_thread.run_sync(_render, content, limiter=tokenize_limiter(len(tokens)))
+        return Response(body, media_type="application/json")
+    return JSONResponse(content)
 
 
 async def detokenize(request: Request) -> Response:

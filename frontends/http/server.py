@@ -23,11 +23,12 @@ import uvicorn
 from spekula.core.errors import ConfigError
 from spekula.frontends.http.app import build_app
 from spekula.frontends.http.generation import GenerationService
+from spekula.frontends.http.guarded_protocol import DEFAULT_HEADER_TIMEOUT, guarded_protocol
 from spekula.frontends.http.metrics import render as render_metrics
 from spekula.frontends.http.state import HttpState
 from spekula.frontends.loop_errors import quiet_late_socket_wakeups
 from spekula.frontends.rpc.dispatch import Handler
-from spekula.frontends.rpc.server import RpcServer, ServerConfig
+from spekula.frontends.rpc.server import DEFAULT_MAX_CONNECTIONS, RpcServer, ServerConfig
 from spekula.frontends.schema import completion as rp
 
 if TYPE_CHECKING:
@@ -42,7 +43,10 @@ class HttpConfig:
     port: int = 8080
     drain_timeout: float = 30.0
     timeout_keep_alive: int = 5
-    max_connections: int | None = None  # None: uvicorn's default (no limit)
+    # Connections held at once; more are answered 503 and closed (None: no limit). The same default as
+    # the socket's, so idle clients cannot take every file descriptor.
+    max_connections: int | None = DEFAULT_MAX_CONNECTIONS
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT  # a request head must arrive within this (slowloris)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -76,14 +80,16 @@ async def serve(load: Callable[[], Engine], state: HttpState, http: HttpConfig, 
     quiet_late_socket_wakeups()
     sock = bind(http.host, http.port)
     host, port = sock.getsockname()[:2]
+    protocol = guarded_protocol(header_timeout=http.header_timeout, max_connections=http.max_connections)
     config = uvicorn.Config(build_app(state), log_level="warning", access_log=False, lifespan="off",
-                            timeout_keep_alive=http.timeout_keep_alive, limit_concurrency=http.max_connections,
+                            timeout_keep_alive=http.timeout_keep_alive,
                             timeout_graceful_shutdown=max(1, int(http.drain_timeout)), ws="none",
                             server_header=False,
-                            # Pinned, not "auto": with uvicorn[standard] installed (the Ray extra brings it)
+                            # h11 pinned, not "auto": with uvicorn[standard] installed (the Ray extra brings it)
                             # auto picks httptools, which sends header names lower-cased where llama-server's
                             # clients and tests expect its Title-Case, and uvloop, which no measurement here used.
-                            http="h11", loop="asyncio")
+                            # Guarded: a header timeout and a connection cap (guarded_protocol.py).
+                            http=protocol, loop="asyncio")
     server = _Uvicorn(config)
     url = f"http://{host}:{port}"
     http_done = anyio.Event()

@@ -14,8 +14,10 @@ from spekula.core.modelfile.chat_template import ChatTemplateError, chat_prompt
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.http.fields import MAX_BODY_DEFAULT, HttpOptions
 from spekula.frontends.http.generation import GenerationService
-from spekula.frontends.rpc.protocol import RpcError, parse_line
+from spekula.frontends.rpc.parse_off_loop import decode_json
+from spekula.frontends.rpc.protocol import RpcError
 from spekula.frontends.schema.chat_messages import MessagesError, chat_messages
+from spekula.frontends.schema.unicode_check import not_unicode_message
 
 if TYPE_CHECKING:
     from spekula.frontends.http.serving_engine import ServingEngine
@@ -31,6 +33,9 @@ class HttpState:
     model_alias: str = "spekula"
     model_path: str = ""
     write_timeout: float = 30.0
+    # A request's whole body must arrive within this many seconds of its headers (408 beyond), so a
+    # client that stalls mid-body cannot hold a connection and its buffers.
+    body_timeout: float = 60.0
     cors_origins: str = "*"
     slots_endpoint: bool = True
     verbose: bool = False  # -v: every OpenAI answer carries `__verbose` (the native result), as llama-server's does
@@ -79,12 +84,16 @@ class HttpState:
                                 "payload_too_large_error")
             chunks.append(chunk)
         raw = b"".join(chunks)
+        del chunks
         if not raw.strip():
             return {}
         try:
-            return parse_line(raw)
+            decoded = await decode_json(raw)
         except RpcError as exc:
             raise HttpError(f"invalid JSON body: {exc.message.removeprefix('parse error: ')}") from None
+        if decoded.not_unicode_at is not None:
+            raise HttpError(not_unicode_message(decoded.not_unicode_at))
+        return decoded.value
 
     def render_chat(self, messages: Any, opts: HttpOptions | None = None, *, allow_empty: bool = False) -> str:
         """The prompt text of a chat. The request's `tools` and `chat_template_kwargs` go to the template,

@@ -13,16 +13,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from spekula.core.errors import ConfigError, ContextOverflowError, SpekulaError
+from spekula.frontends.malloc_tuning import TRIM_AFTER_BYTES, release_free_memory
 from spekula.frontends.rpc import protocol as p
 from spekula.frontends.rpc.framing import LineReader, LineWriter, OversizedLine
+from spekula.frontends.rpc.parse_off_loop import decode_json
+from spekula.frontends.schema.unicode_check import lone_surrogate_at, not_unicode_message
 
 log = logging.getLogger("spekula.server")
 
 REQUEST_CANCELLED = -32800  # the code LSP uses for a request cancelled before it produced a result
 DEFAULT_MAX_PENDING = 64
+# Bytes one connection may have in flight: its unanswered request lines, and its encoded replies that
+# wait for the client to read. Past either, the connection is not read from until replies go out, so
+# a client that pipelines large calls (a tokenize with pieces answers ~10x its request) and never
+# reads holds at most about this much of the server's memory, not DEFAULT_MAX_PENDING replies' worth.
+DEFAULT_MAX_PENDING_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -96,6 +105,7 @@ class RpcConnection:
     # Unanswered request lines allowed at once: at the limit the connection is not read from until
     # replies go out, so a client that pipelines without reading cannot grow the server.
     max_pending: int = DEFAULT_MAX_PENDING
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
     peer: Any = None  # PeerCred of the client, when known
     dropped_reason: str = ""
     # Engine request ids this connection started -> their JSON-RPC ids: only these can be cancelled
@@ -104,7 +114,8 @@ class RpcConnection:
     _table: dict[p.RequestId, _InFlight] = field(default_factory=dict)
     _tg: TaskGroup | None = None
     _busy: int = 0  # lines of this connection not yet answered
-    _room: anyio.Event | None = None  # set when _busy drops below max_pending
+    _busy_bytes: int = 0  # their length
+    _room: anyio.Event | None = None  # set whenever a line is answered
 
     async def serve(self) -> None:
         """Serve until the peer closes; then cancel whatever it still had running.
@@ -114,7 +125,7 @@ class RpcConnection:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             while True:
-                while self._busy >= self.max_pending:
+                while self._full():
                     self._room = anyio.Event()
                     await self._room.wait()
                 try:
@@ -128,12 +139,20 @@ class RpcConnection:
                     # closes the connection between a result and its delivery.
                     self.tracker.enter()
                     self._busy += 1
+                    self._busy_bytes += line.limit if isinstance(line, OversizedLine) else len(line)
                     tg.start_soon(self._handle_line, line)
             if self.peer_closed is not None:
                 while self._busy and not self.peer_closed():
                     await anyio.sleep(self.half_close_poll)
             # The peer is gone (or has everything it asked for): free its slots now.
             tg.cancel_scope.cancel()
+
+    def _full(self) -> bool:
+        """Whether to stop reading: too many lines unanswered, or too many bytes of them or of replies
+        waiting (always one line at least, or a connection could never be read again)."""
+        if self._busy >= self.max_pending:
+            return True
+        return self._busy > 0 and max(self._busy_bytes, self.writer.queued_bytes) >= self.max_pending_bytes
 
     def cancel(self, rid: p.RequestId) -> bool:
         """Cancel an in-flight request of this connection by its JSON-RPC id."""
@@ -151,50 +170,71 @@ class RpcConnection:
             self._tg.cancel_scope.cancel()
 
     async def _send(self, message: Any) -> None:
+        await self._send_frame(self._frame(message))
+
+    @staticmethod
+    def _frame(message: Any) -> bytes:
         try:
-            try:
-                await self.writer.send(message)
-            except (TypeError, ValueError) as exc:  # a handler returned something JSON cannot hold
-                if not isinstance(message, dict) or "id" not in message:
-                    raise
-                err = p.RpcError(p.INTERNAL_ERROR, f"internal error: result is not JSON-serialisable: {exc}")
-                await self.writer.send(p.error_response(message["id"], err))
+            return p.encode(message)
+        except (TypeError, ValueError) as exc:  # a handler returned something JSON cannot hold
+            if not isinstance(message, dict) or "id" not in message:
+                raise
+            err = p.RpcError(p.INTERNAL_ERROR, f"internal error: result is not JSON-serialisable: {exc}")
+            return p.encode(p.error_response(message["id"], err))
+
+    async def _send_frame(self, frame: bytes) -> None:
+        try:
+            await self.writer.send_frame(frame)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             # A vanished or non-reading peer: stop its requests at once rather than compute unread text.
             self.dropped_reason = self.dropped_reason or (str(exc) or "write failed: the client went away")
             self.cancel_all()
 
     async def _handle_line(self, line: bytes | OversizedLine) -> None:
+        size = line_size = line.limit if isinstance(line, OversizedLine) else len(line)
         try:
             if isinstance(line, OversizedLine):
                 err = p.RpcError(p.INVALID_REQUEST, f"request line exceeds {line.limit} bytes; discarded")
                 await self._send(p.error_response(None, err))
                 return
             try:
-                obj = p.parse_line(line)
+                decoded = await decode_json(line)
             except p.RpcError as err:
                 await self._send(p.error_response(None, err))
                 return
+            del line
+            obj, bad_text = decoded.value, decoded.not_unicode_at is not None
+            del decoded
+            # Replies this client has not read yet hold their bytes: no new work until they shrink.
+            await self.writer.wait_below(self.max_pending_bytes)
             if isinstance(obj, list):
-                await self._handle_batch(obj)
+                await self._handle_batch(obj, bad_text)
                 return
-            reply = await self._handle_one(obj)
+            reply = await self._handle_one(obj, bad_text)
+            del obj
             if reply is not None:
-                await self._send(reply)
+                frame = self._frame(reply)
+                del reply  # a large result is freed while its frame waits
+                size = max(size, len(frame))
+                await self._send_frame(frame)
         finally:
             self._busy -= 1
+            self._busy_bytes -= line_size
             self.tracker.exit()
-            if self._room is not None and self._busy < self.max_pending:
+            if self._room is not None:
                 self._room.set()
+            if size > TRIM_AFTER_BYTES:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(release_free_memory)
 
-    async def _handle_batch(self, items: list[Any]) -> None:
+    async def _handle_batch(self, items: list[Any], bad_text: bool) -> None:
         if not items:
             await self._send(p.error_response(None, p.RpcError(p.INVALID_REQUEST, "invalid request: empty batch")))
             return
         replies: list[dict[str, Any] | None] = [None] * len(items)
 
         async def run(i: int, item: Any) -> None:
-            replies[i] = await self._handle_one(item)
+            replies[i] = await self._handle_one(item, bad_text)
 
         async with anyio.create_task_group() as tg:
             for i, item in enumerate(items):
@@ -203,12 +243,19 @@ class RpcConnection:
         if out:  # a batch of notifications only gets no reply at all (JSON-RPC 2.0 batches)
             await self._send(out)
 
-    async def _handle_one(self, obj: Any) -> dict[str, Any] | None:
+    async def _handle_one(self, obj: Any, bad_text: bool = False) -> dict[str, Any] | None:
+        """`bad_text`: the line may hold text that is not Unicode (a lone surrogate); such params are
+        refused (-32602, naming the field) before any handler sees them."""
         try:
             req = p.validate_request(obj)
         except p.RpcError as err:
             return p.error_response(p.error_id(err), err)
-        reply = await self._call(req)
+        where = lone_surrogate_at(req.params, "params") if bad_text and req.params is not None else None
+        if where is not None:
+            reply: dict[str, Any] | None = p.error_response(req.id, p.RpcError(p.INVALID_PARAMS,
+                                                                               not_unicode_message(where)))
+        else:
+            reply = await self._call(req)
         return None if req.is_notification else reply
 
     async def _call(self, req: p.Request) -> dict[str, Any]:

@@ -75,14 +75,33 @@ class LineWriter:
         self._stream = stream
         self._lock = anyio.Lock()
         self.write_timeout = write_timeout
+        self.queued_bytes = 0  # encoded frames waiting for their turn or being written
+        self._sent_one: anyio.Event | None = None  # set each time a frame leaves the queue
+
+    async def wait_below(self, limit: int) -> None:
+        """Until fewer than `limit` bytes wait to be written (the client reads, or the stream breaks)."""
+        while self.queued_bytes >= limit:
+            if self._sent_one is None:
+                self._sent_one = anyio.Event()
+            await self._sent_one.wait()
 
     async def send(self, message: Any) -> None:
-        data = encode(message)
-        async with self._lock:
-            if self.write_timeout is None:
-                await self._stream.send(data)
-                return
-            with anyio.move_on_after(self.write_timeout) as scope:
-                await self._stream.send(data)
-            if scope.cancelled_caught:
-                raise WriteTimeout(f"client read nothing for {self.write_timeout:g} s")
+        await self.send_frame(encode(message))
+
+    async def send_frame(self, data: bytes) -> None:
+        """One frame already encoded (the caller may then drop the message it came from)."""
+        self.queued_bytes += len(data)
+        try:
+            async with self._lock:
+                if self.write_timeout is None:
+                    await self._stream.send(data)
+                    return
+                with anyio.move_on_after(self.write_timeout) as scope:
+                    await self._stream.send(data)
+                if scope.cancelled_caught:
+                    raise WriteTimeout(f"client read nothing for {self.write_timeout:g} s")
+        finally:
+            self.queued_bytes -= len(data)
+            if self._sent_one is not None:
+                self._sent_one.set()
+                self._sent_one = None

@@ -37,15 +37,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.to_thread
 
 from spekula.core.events import FinalEvent, PieceEvent
 from spekula.core.modelfile.chat_template import ChatTemplateError, chat_prompt
 from spekula.frontends.rpc.dispatch import CallContext, Handler
-from spekula.frontends.rpc.protocol import CONTEXT_OVERFLOW, ENGINE_ERROR, RpcError
+from spekula.frontends.rpc.protocol import CONTEXT_OVERFLOW, ENGINE_ERROR, EncodedResult, RpcError, dumps
 from spekula.frontends.schema import completion as rp
 from spekula.frontends.schema import token_probs_json
 from spekula.frontends.schema.errors import invalid_params
 from spekula.frontends.schema.template_fields import TEMPLATE_FIELDS, TemplateFieldError, read_template_fields
+from spekula.frontends.schema.tokenize_limits import check_content, check_pieces, tokenize_limiter
 
 if TYPE_CHECKING:
     from spekula.core.engine.engine import Engine
@@ -137,7 +139,8 @@ class SpekulaMethods:
                            {"n_chars": len(text), "n_ctx": self.engine.config.n_ctx})
         if len(text) > _THREAD_TOKENIZE_CHARS:
             return await anyio.to_thread.run_sync(
-                lambda: tok.encode(text, add_special=add_special, parse_special=parse_special))
+                lambda: tok.encode(text, add_special=add_special, parse_special=parse_special),
+                limiter=tokenize_limiter(len(text)))
         return tok.encode(text, add_special=add_special, parse_special=parse_special)
 
     async def _generate(self, parsed: rp.ParsedCompletion, ctx: CallContext) -> dict[str, Any]:
@@ -197,12 +200,28 @@ class SpekulaMethods:
         content = obj.get("content")
         if not isinstance(content, str):
             raise invalid_params("'content' must be a string", "content")
+        check_content(content)
+        with_pieces = rp.get_bool(obj, "with_pieces", False)
         ids = await self._encode(content, add_special=rp.get_bool(obj, "add_special", False),
                                  parse_special=rp.get_bool(obj, "parse_special", True), prompt=False)
+        if not with_pieces:
+            return {"tokens": ids}
+        check_pieces(len(ids))
         tok = self.engine.tokenizer
-        if rp.get_bool(obj, "with_pieces", False):
+
+        if len(ids) <= _THREAD_TOKENIZE_CHARS:
             return {"tokens": [{"id": t, "piece": tok.decode([t])} for t in ids]}
-        return {"tokens": ids}
+
+        def encoded() -> EncodedResult:
+            # piece by piece into JSON: a dict per token would hold ~10x the reply's bytes until sent
+            parts = [b'{"tokens":[']
+            for i, t in enumerate(ids):
+                parts.append(b'%s{"id":%d,"piece":%s}' % (b"," if i else b"", t, dumps(tok.decode([t]))))
+            parts.append(b"]}")
+            return EncodedResult(b"".join(parts))
+
+        # in a worker thread: a decode per token is seconds of CPU for a long text
+        return await anyio.to_thread.run_sync(encoded, limiter=tokenize_limiter(len(ids)))
 
     async def detokenize(self, params: Any, ctx: CallContext) -> dict[str, Any]:
         obj = rp.as_object(params, "detokenize")
@@ -266,7 +285,10 @@ class SpekulaMethods:
             return {"cancelled": self.engine.cancel(rid)}
         if ctx.connection is None:
             raise invalid_params("'id' cancels only work over a connection; use 'request_id'", "id")
-        return {"cancelled": ctx.connection.cancel(obj["id"])}
+        rid = obj["id"]
+        if isinstance(rid, bool) or not isinstance(rid, str | int | float):  # what a JSON-RPC id can be
+            raise invalid_params("'id' must be a string or a number (the JSON-RPC id of your request)", "id")
+        return {"cancelled": ctx.connection.cancel(rid)}
 
 
 def chunk_params(rpc_id: Any, event: PieceEvent, tokenizer: Any) -> dict[str, Any]:

@@ -175,7 +175,29 @@ def request(method: str, params: dict[str, Any] | None, rid: RequestId) -> dict[
     return msg
 
 
+@dataclass(frozen=True, slots=True)
+class EncodedResult:
+    """A handler's result already encoded as JSON by `dumps` (a large reply built in a worker thread,
+    so that its millions of small objects never exist at once on the event loop or in a queue)."""
+
+    json: bytes
+
+
+def dumps(value: Any) -> bytes:
+    """JSON as it goes on the wire. ensure_ascii keeps every frame free of raw newlines and odd
+    encodings; allow_nan=False makes a NaN or infinity a ValueError here rather than invalid JSON."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
+
+
+def _dumps_message(message: Any) -> bytes:
+    if isinstance(message, list):
+        return b"[" + b",".join(_dumps_message(m) for m in message) + b"]"
+    if isinstance(message, dict) and isinstance(message.get("result"), EncodedResult):
+        head = dumps({k: v for k, v in message.items() if k != "result"})
+        return head[:-1] + b',"result":' + message["result"].json + b"}"
+    return dumps(message)
+
+
 def encode(message: Any) -> bytes:
-    """One framed line. ensure_ascii keeps every frame free of raw newlines and odd encodings;
-    allow_nan=False makes a NaN or infinity a ValueError here rather than invalid JSON on the wire."""
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii") + b"\n"
+    """One framed line (see `dumps`)."""
+    return _dumps_message(message) + b"\n"
