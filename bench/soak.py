@@ -179,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--http-hostile", type=int, default=2, help="hostile HTTP client threads")
     ap.add_argument("-n", "--n-predict", type=int, default=48)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--no-latency-goal", action="store_true",
+                    help="report /health's latency without judging it (a timing depends on the machine's load; "
+                         "the test suite uses this, the 30-minute benchmark does not)")
     args = ap.parse_args(argv)
     if args.model:
         model = args.model
@@ -264,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
               f"over {len(latencies)} probes; failures {len(health_failures)}"
               + (f"  e.g. {health_failures[0]}" if health_failures else ""))
         ok = (not crashed and not tally.lost and not tally.mismatch and growth < 0.10 and tally.served > 0
-              and not tally.bad_errors and not health_failures and p99 < 0.100)
+              and not tally.bad_errors and not health_failures and (args.no_latency_goal or p99 < 0.100))
         print("  goals met" if ok else "  GOALS NOT MET")
         return 0 if ok else 1
 

@@ -368,14 +368,16 @@ def test_fuzzed_messages_never_stop_the_server(server: Server, msg: Any, as_batc
 @pytest.mark.slow
 def test_one_minute_soak_on_smollm2() -> None:
     """bench/soak.py for one minute at full slot load (the benchmark runs it for 30): no crash, no lost
-    request, every greedy answer equal to its reference, the RSS floor flat after warm-up."""
+    request, every greedy answer equal to its reference, the RSS floor flat after warm-up. /health's
+    latency is a timing and is judged by the benchmark, not here."""
     import subprocess
 
     from backend_conformance import smollm2_path
 
     model = str(smollm2_path())
     proc = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "bench" / "soak.py"), "--minutes", "1",
-                           "-m", model, "-np", "4", "--valid", "5", "--hostile", "2", "-n", "32"],
+                           "-m", model, "-np", "4", "--valid", "5", "--hostile", "2", "-n", "32",
+                           "--no-latency-goal"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "goals met" in proc.stdout
