@@ -14,6 +14,8 @@ and every drafter's ``model_based`` flag.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -30,10 +32,28 @@ _OWN_PACKAGE = "spekula."  # entry points into spekula's own package are its bui
 DrafterSource = type | Drafter  # a class with create(ctx), or a ready instance
 
 
+def _search_path_state() -> tuple[tuple[str, int], ...]:
+    """sys.path with each folder's mtime: installing or removing a distribution changes its folder's."""
+    state = []
+    for folder in sys.path:
+        try:
+            state.append((folder, os.stat(folder or ".").st_mtime_ns))
+        except OSError:
+            state.append((folder, -1))
+    return tuple(state)
+
+
+@cache
+def _declared(state: tuple[tuple[str, int], ...]) -> tuple[EntryPoint, ...]:
+    # Reading the group opens every installed distribution's metadata (thousands of files in a venv
+    # with torch and ray); the CLI asks dozens of times while it builds its options.
+    return tuple(entry_points(group=ENTRY_POINT_GROUP))
+
+
 def available_drafters() -> dict[str, EntryPoint]:
     """Every drafter name declared in the entry-point group (first declaration of a name wins)."""
     found: dict[str, EntryPoint] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for ep in _declared(_search_path_state()):
         found.setdefault(ep.name, ep)
     return found
 
