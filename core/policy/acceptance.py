@@ -2,7 +2,7 @@
 to be accepted, given that all before it were.
 
 Decayed counts per drafter (global) and per (drafter, slot); a slot's counts lean on the drafter's
-global ones, which lean on the priors below. No torch here: the scheduler imports this.
+global ones, which lean on the priors below. No torch here (the core never imports it).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ drafter, decayed counts of tested and accepted tokens in confidence bins, each b
 own midpoint as prior. The planner values a draft token at the calibrated rate of its confidence,
 instead of the drafter's average rate at that draft position (docs/semantics.md, adaptive lengths).
 
-No torch here: the scheduler imports this.
+No torch here (the core never imports it).
 """
 
 from __future__ import annotations
