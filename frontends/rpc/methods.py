@@ -34,7 +34,7 @@ field), -32001 prompt does not fit the context, -32002 shutting down, -32003 dup
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -55,6 +55,10 @@ if TYPE_CHECKING:
 CHUNK_METHOD = "completion.chunk"
 # Tokenizing megabytes of text takes long enough to stall other clients; do it off the loop.
 _THREAD_TOKENIZE_CHARS = 16_384
+# Token lists longer than this are checked in a worker thread: a line of 8 MiB holds about 4 million
+# ids, whose check would hold the event loop (and every other client, /health included) for 0.1-0.3 s.
+_THREAD_TOKEN_LIST = 65_536
+T = TypeVar("T")
 # Texts are capped before tokenizing: no tokenizer in use packs more characters than this into one
 # token, so a longer text cannot fit the context whatever it holds.
 MAX_CHARS_PER_TOKEN = 64
@@ -101,7 +105,7 @@ class SpekulaMethods:
     async def completion(self, params: Any, ctx: CallContext) -> dict[str, Any]:
         obj = rp.as_object(params, "completion")
         rp.reject_unknown(obj, rp.COMPLETION_FIELDS, "completion")
-        raw = rp.prompt_field(obj, self.engine.tokenizer.n_vocab)
+        raw = await self._off_loop_if_long(obj.get("prompt"), rp.prompt_field, obj, self.engine.tokenizer.n_vocab)
         prompt = raw if isinstance(raw, list) else await self._encode(raw)
         return await self._generate(self._parse(obj, prompt), ctx)
 
@@ -125,6 +129,13 @@ class SpekulaMethods:
         cfg = self.engine.config
         return rp.parse_completion(obj, prompt, defaults=self.defaults, spec_base=cfg.spec, n_ctx=cfg.n_ctx,
                                    n_slots=cfg.n_slots, tokenizer=self.engine.tokenizer)
+
+    @staticmethod
+    async def _off_loop_if_long(value: Any, check: Callable[..., T], *args: Any) -> T:
+        """`check(*args)`, in a worker thread when `value` is a long list."""
+        if isinstance(value, list) and len(value) > _THREAD_TOKEN_LIST:
+            return await anyio.to_thread.run_sync(lambda: check(*args))
+        return check(*args)
 
     async def _encode(self, text: str, *, add_special: bool = True, parse_special: bool = True,
                       prompt: bool = True) -> list[int]:
@@ -226,7 +237,8 @@ class SpekulaMethods:
     async def detokenize(self, params: Any, ctx: CallContext) -> dict[str, Any]:
         obj = rp.as_object(params, "detokenize")
         rp.reject_unknown(obj, {"tokens"}, "detokenize")
-        ids = rp.get_token_list(obj.get("tokens"), "tokens", self.engine.tokenizer.n_vocab)
+        tokens = obj.get("tokens")
+        ids = await self._off_loop_if_long(tokens, rp.get_token_list, tokens, "tokens", self.engine.tokenizer.n_vocab)
         return {"content": self.engine.tokenizer.decode(ids)}
 
     # -- introspection and control ----------------------------------------------------------

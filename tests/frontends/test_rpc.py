@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
+import pytest
 import rpc_fakes as fakes
 from rpc_peer import connected, run
 
@@ -251,3 +254,34 @@ def test_chat_and_tokenizer_methods() -> None:
             assert msg["error"]["code"] == p.INVALID_PARAMS
 
     run(body)
+
+
+def test_long_token_lists_are_checked_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A list of a few million ids takes a noticeable time to check: never on the loop that serves
+    every other client. Short lists stay on the loop (a thread hop would cost more than the check)."""
+    import threading
+
+    from spekula.frontends.schema import completion as schema
+
+    checked_on: list[int] = []
+    real = schema.get_token_list
+
+    def recording(value: Any, name: str, n_vocab: int) -> list[int]:
+        checked_on.append(threading.get_ident())
+        return real(value, name, n_vocab)
+
+    monkeypatch.setattr(schema, "get_token_list", recording)
+
+    async def body() -> None:
+        loop_thread = threading.get_ident()
+        async with connected(fakes.FakeEngine()) as peer:
+            long_ids = [7] * 70_000
+            await peer.call("detokenize", {"tokens": long_ids})
+            await peer.call("completion", {"prompt": long_ids, "n_predict": 1})
+            assert checked_on and all(t != loop_thread for t in checked_on)
+            checked_on.clear()
+            reply = await peer.call("detokenize", {"tokens": [7, 7]})
+            assert reply["result"]["content"] == "\x07\x07"
+            assert checked_on == [loop_thread]
+
+    run(body, timeout=60)
