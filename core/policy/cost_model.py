@@ -103,18 +103,6 @@ class CostModel:
         self.plain_rounds: dict[int, float] = {}
 
     @classmethod
-    def measure(cls, forward_rows: Callable[[int], float], max_rows: int, repeats: int = 2) -> CostModel:
-        """Time `forward_rows(n)` (one forward of n rows, in seconds) at 1, 2, 4, ... up to max_rows;
-        the fastest of `repeats` runs per point up to 8 rows."""
-        points = {}
-        for n in _ROW_POINTS:
-            if n > max_rows:
-                break
-            # Small forwards are the noisy ones and cost little to repeat; large ones are timed once.
-            points[n] = min(forward_rows(n) for _ in range(repeats if n <= 8 else 1))
-        return cls(points)
-
-    @classmethod
     def prior(cls, max_rows: int) -> CostModel:
         """Points at 1, 2, 4, ... up to max_rows on the default guess, each measured by the engine's
         first forwards of about its size (observe_forward)."""
