@@ -42,6 +42,7 @@ import anyio.to_thread
 from spekula.core.events import FinalEvent, PieceEvent
 from spekula.core.modelfile.chat_template import ChatTemplateError, chat_prompt
 from spekula.frontends.rpc.dispatch import CallContext, Handler
+from spekula.frontends.rpc.parse_off_loop import parse_limiter
 from spekula.frontends.rpc.protocol import CONTEXT_OVERFLOW, ENGINE_ERROR, EncodedResult, RpcError, dumps
 from spekula.frontends.schema import completion as rp
 from spekula.frontends.schema import token_probs_json
@@ -134,7 +135,7 @@ class SpekulaMethods:
     async def _off_loop_if_long(value: Any, check: Callable[..., T], *args: Any) -> T:
         """`check(*args)`, in a worker thread when `value` is a long list."""
         if isinstance(value, list) and len(value) > _THREAD_TOKEN_LIST:
-            return await anyio.to_thread.run_sync(lambda: check(*args))
+            return await anyio.to_thread.run_sync(lambda: check(*args), limiter=parse_limiter())
         return check(*args)
 
     async def _encode(self, text: str, *, add_special: bool = True, parse_special: bool = True,

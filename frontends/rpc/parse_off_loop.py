@@ -36,7 +36,8 @@ def _decode(raw: bytes) -> Decoded:
     return Decoded(value, lone_surrogate_at(value) if may_hold_surrogate(raw) else None)
 
 
-def _limiter() -> anyio.CapacityLimiter:
+def parse_limiter() -> anyio.CapacityLimiter:
+    """The worker threads that parse and check large requests: PARSE_THREADS per server."""
     try:
         return _LIMITER.get()
     except LookupError:
@@ -49,4 +50,4 @@ async def decode_json(raw: bytes) -> Decoded:
     """`parse_line(raw)` (its RpcError -32700 on bad JSON), plus where text is not Unicode."""
     if len(raw) <= PARSE_IN_THREAD_BYTES:
         return _decode(raw)
-    return await anyio.to_thread.run_sync(_decode, raw, limiter=_limiter())
+    return await anyio.to_thread.run_sync(_decode, raw, limiter=parse_limiter())
