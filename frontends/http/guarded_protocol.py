@@ -22,14 +22,16 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from spekula.frontends.http.errors import HttpError
+
 log = logging.getLogger("spekula.http")
 DEFAULT_HEADER_TIMEOUT = 10.0
 _REFUSED_LINGER_S = 0.5
 
 
 def _busy_reply(limit: int) -> bytes:
-    body = json.dumps({"error": {"code": 503, "type": "unavailable_error",
-                                 "message": f"too many connections (limit {limit}); try again later"}}).encode()
+    body = json.dumps(HttpError(f"too many connections (limit {limit}); try again later", "unavailable_error")
+                      .body()).encode()
     head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
             "Connection: close\r\nRetry-After: 1\r\n\r\n").encode()
     return head + body
@@ -77,7 +79,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def send_400_response(self, msg: str) -> None:
         """A request h11 cannot parse: uvicorn answers plain text; the API's clients expect its JSON error."""
-        body = json.dumps({"error": {"code": 400, "type": "invalid_request_error", "message": msg}}).encode()
+        body = json.dumps(HttpError(msg).body()).encode()
         headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
                    (b"content-length", str(len(body)).encode())]
         try:
