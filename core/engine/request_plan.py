@@ -44,10 +44,6 @@ class RequestPlan:
     def seed(self) -> int:
         return self.sampler.seed
 
-    @property
-    def speculates(self) -> bool:
-        return bool(self.drafters)
-
 
 def drafter_cap(drafter: Drafter, spec: SpecParams) -> int:
     """A drafter's own length cap (docs/semantics.md §1.3): its declared `draft_cap`, else
