@@ -17,6 +17,14 @@ N_SLOTS = 3
 N_CTX = 256
 
 
+def rss_mb(pid: int) -> float:
+    """A process's resident memory, in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
 def start_server(sock: str, *extra: str, log: Path, preexec_fn: Callable[[], None] | None = None) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "spekula.frontends.cli.main", "serve", "-m", str(tiny_model_path("llama")),
            "--socket", sock, "-np", str(N_SLOTS), "-c", str(N_CTX), "--temp", "0",

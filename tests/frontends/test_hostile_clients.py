@@ -25,20 +25,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_helpers import start_server, stop, wait_ready
+from server_helpers import rss_mb, start_server, stop, wait_ready
 
 from spekula.frontends.rpc import protocol as p
 from spekula.frontends.rpc.client import RpcCallError, SpekulaClient
 from spekula.frontends.rpc.socket_identity import SocketIdentityError, check_private_dir
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 class Server:

@@ -17,12 +17,12 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from http_helpers import HttpServer, start
+from server_helpers import rss_mb
 
 from spekula.core.events import FinalEvent, PieceEvent
 from spekula.fixtures.tiny_gguf import tiny_model_path
@@ -37,13 +37,6 @@ from spekula.frontends.schema.tokenize_limits import MAX_TOKENIZE_CHARS, MAX_TOK
 pytestmark = pytest.mark.timeout(300)
 GREEDY = {"prompt": "The quick brown fox", "n_predict": 12, "temperature": 0}
 LONE = "\ud800"
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 class Served:
