@@ -19,6 +19,7 @@ from anyio.lowlevel import RunVar
 
 from spekula.frontends.rpc.protocol import parse_line
 from spekula.frontends.schema.unicode_check import lone_surrogate_at, may_hold_surrogate
+from spekula.frontends.thread_limits import per_loop_limiter
 
 PARSE_IN_THREAD_BYTES = 64 * 1024
 PARSE_THREADS = 2
@@ -38,12 +39,7 @@ def _decode(raw: bytes) -> Decoded:
 
 def parse_limiter() -> anyio.CapacityLimiter:
     """The worker threads that parse and check large requests: PARSE_THREADS per server."""
-    try:
-        return _LIMITER.get()
-    except LookupError:
-        limiter = anyio.CapacityLimiter(PARSE_THREADS)
-        _LIMITER.set(limiter)
-        return limiter
+    return per_loop_limiter(_LIMITER, PARSE_THREADS)
 
 
 async def decode_json(raw: bytes) -> Decoded:

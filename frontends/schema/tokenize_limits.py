@@ -16,6 +16,7 @@ import anyio
 from anyio.lowlevel import RunVar
 
 from spekula.frontends.schema.errors import ParamError
+from spekula.frontends.thread_limits import per_loop_limiter
 
 MAX_TOKENIZE_CHARS = 8 * 1024 * 1024
 MAX_TOKENIZE_PIECES = 262_144
@@ -44,9 +45,4 @@ def tokenize_limiter(n_chars: int) -> anyio.CapacityLimiter:
     """The worker-thread limiter for tokenizing `n_chars` characters (or building a reply of as many
     tokens): one at a time for big texts, TOKENIZE_THREADS for the others."""
     var, tokens = (_BIG, 1) if n_chars > BIG_TOKENIZE_CHARS else (_SMALL, TOKENIZE_THREADS)
-    try:
-        return var.get()
-    except LookupError:
-        limiter = anyio.CapacityLimiter(tokens)
-        var.set(limiter)
-        return limiter
+    return per_loop_limiter(var, tokens)
