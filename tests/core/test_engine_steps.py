@@ -31,7 +31,10 @@ def _plain(n_predict: int, prompt: list[int]) -> list[int]:
 
 @pytest.mark.anyio
 async def test_a_request_arriving_mid_generation_takes_the_idle_slot_at_once() -> None:
-    engine = make_engine(ToyBackend(n_ctx=2048), ToyTokenizer(), n_slots=2, n_ctx=2048)
+    # Forwards after the 40th wait for the gate, which opens once the short request is queued: the toy
+    # model is fast enough that a stalled loop could otherwise see the long request finish first.
+    backend = GatedBackend(40, n_ctx=2048)
+    engine = make_engine(backend, ToyTokenizer(), n_slots=2, n_ctx=2048)
     order: list[str] = []
     started = anyio.Event()
     with anyio.fail_after(60):
@@ -48,7 +51,9 @@ async def test_a_request_arriving_mid_generation_takes_the_idle_slot_at_once() -
             async with anyio.create_task_group() as inner:
                 inner.start_soon(read_long)
                 await started.wait()
-                short = await engine.submit(CompletionRequest([5, 6, 7], n_predict=5, sampling=GREEDY)).result()
+                queued = engine.submit(CompletionRequest([5, 6, 7], n_predict=5, sampling=GREEDY))
+                backend.gate.set()
+                short = await queued.result()
                 # Without the hand-back for a waiting request the short one would have waited for all
                 # LONG tokens of the other.
                 still = [s for s in engine.slots() if s["request_id"] == long.id]
