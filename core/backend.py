@@ -4,6 +4,15 @@ No torch here: arrays cross this boundary as numpy. A backend owns one model's w
 caches of its sequences. KV entries are written *by position*, so rolling back a rejected draft is
 ``truncate(seq, n_keep)`` and costs O(1): later writes simply overwrite the stale entries.
 
+A recurrent (hybrid) model's sequence also carries a state that summarises every position so far and
+cannot be cut back by position. Its backend (``ModelInfo.recurrent``) can rebuild only some lengths:
+0, the current length, any length from its last :meth:`Backend.checkpoint` on (it keeps the state
+there and what it needs to replay the rows after it) and the lengths it took a :meth:`Backend.snapshot`
+at. Callers speculating take a checkpoint before the rows they may take back (the verification rows,
+a draft model's draft steps) and ask :meth:`Backend.restorable` before reusing a cached prefix;
+truncating to a length the backend cannot rebuild is a ConfigError. On KV-only models every length
+up to the current one is restorable and both calls cost nothing.
+
 Implementations live in ``spekula.backends.<name>`` and export ``backend_class``; they are loaded
 by name through :func:`load_backend` so that onnxruntime is imported only when used.
 """
@@ -33,6 +42,7 @@ class ModelInfo:
     n_embd: int
     n_layer: int
     n_ctx_train: int
+    recurrent: bool = False  # some blocks keep a recurrent state: truncate reaches only restorable lengths
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +120,21 @@ class Backend(ABC):
 
     @abstractmethod
     def truncate(self, seq_id: int, n_keep: int) -> None:
-        """Keep positions [0, n_keep); O(1)."""
+        """Keep positions [0, n_keep); O(1) on KV-only models. On recurrent ones `n_keep` must be
+        restorable (see :meth:`restorable`), else ConfigError."""
+
+    def checkpoint(self, seq_id: int) -> None:  # noqa: B027 - KV-only models keep nothing
+        """From now until the next checkpoint the sequence may be truncated back to any length from its
+        current one on. Nothing to keep on KV-only models."""
+
+    def snapshot(self, seq_id: int) -> None:  # noqa: B027 - KV-only models keep nothing
+        """Keep the sequence's state at its current length so a later truncate to exactly that length
+        works (a prompt cache's reuse point). A recurrent backend keeps a few per sequence, dropping the
+        oldest; nothing to keep on KV-only models."""
+
+    def restorable(self, seq_id: int, n_keep: int) -> int:
+        """The longest length <= `n_keep` that truncate can bring the sequence back to."""
+        return max(0, min(int(n_keep), self.seq_len(seq_id)))
 
     @abstractmethod
     def forward(self, inputs: Sequence[SeqInput], capture: Capture = Capture()) -> list[SeqOutput]:

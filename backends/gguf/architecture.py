@@ -18,7 +18,21 @@ MoE routing, as llama.cpp computes it: ``probs = softmax(logits)`` or ``sigmoid(
 the choice: GLM's "expert score correction"); their weights are the unbiased ``probs``, divided by
 their sum when ``norm_weights`` (clamped below, see gguf/moe.py), then multiplied by
 ``weights_scale`` when != 1; the block's output is ``sum_e weight_e * expert_e(x)`` plus the shared
-expert's output. Blocks ``[0, n_dense_lead)`` keep the dense FFN.
+expert's output (times ``sigmoid(x @ ffn_gate_inp_shexp)`` where the recipe gates it: Qwen3.5-MoE).
+Blocks ``[0, n_dense_lead)`` keep the dense FFN.
+
+Hybrid models (Qwen3.5) interleave gated delta-net blocks with full-attention blocks: the file marks
+which blocks are recurrent (``attention.recurrent_layers``, else every ``full_attention_interval``-th
+block is attention). A delta-net block projects ``qkv`` (one fused matrix, conv channels
+``[q | k | v]``) and the gate ``z``, runs a depthwise causal conv1d of width ``ssm.conv_kernel`` over
+the qkv channels (its state: the last ``conv_kernel - 1`` rows), SiLU, L2-normalises q and k per head,
+and advances a per-head state ``S [head_v_dim x head_k_dim]`` by the gated delta rule with
+``g = softplus(alpha + dt_bias) * ssm_a`` (``ssm_a = -exp(A_log)``) and ``beta = sigmoid(b)``;
+its output is RMS-normed per head, multiplied by ``silu(z)`` and projected by ``ssm_out``.
+:class:`DeltaNetParams` holds the sizes. Qwen3.5's attention blocks are gated: ``attn_q`` yields a
+query and a gate per head (``[q | gate]`` per head), the attention output is multiplied by
+``sigmoid(gate)`` before ``attn_output``. Backends declare which of these operations they run
+(:data:`FEATURES`); :func:`read_hparams` refuses a file whose blocks need one the caller lacks.
 """
 
 from __future__ import annotations
@@ -55,6 +69,10 @@ class MoERecipe:
     norm_weights: bool
     selection_bias: bool  # every MoE block has exp_probs_b, the bias that steers the choice
     file_keys: frozenset[str] = frozenset()
+    # The shared expert: "count" (expert_shared_count experts of expert_feed_forward_length rows) or
+    # "tensors" (one shared expert when the blocks have ffn_up_shexp, expert_shared_feed_forward_length
+    # rows, its output gated by sigmoid(x @ ffn_gate_inp_shexp)).
+    shared: Literal["count", "tensors"] = "count"
 
 
 @dataclass(frozen=True)
@@ -71,6 +89,8 @@ class BlockRecipe:
     sliding_window: bool = False  # the file's attention.sliding_window limits what a query sees
     attn_sinks: bool = False  # a learned per-head sink logit in every softmax (gpt-oss: attn_sinks)
     logit_softcap: bool = False  # the file's attn_logit_softcapping / final_logit_softcapping apply
+    attn_output_gate: bool = False  # attn_q yields [q | gate] per head; output *= sigmoid(gate) (Qwen3.5)
+    delta_net: bool = False  # hybrid: the file's recurrent blocks are gated delta-net (Qwen3.5)
     moe: MoERecipe | None = None  # None: every block has the dense FFN
 
     @property
@@ -87,7 +107,52 @@ ARCHITECTURES: dict[str, BlockRecipe] = {
     # glm4moe: q/k norm when the file has it (use_qk_norm); llama.cpp requires exp_probs_b in every MoE block.
     "glm4moe": BlockRecipe(rope="neox", qk_norm="optional", ffn_norm="post_attention_norm",
                            moe=MoERecipe("sigmoid", False, True, MOE_FILE_KEYS)),
+    # qwen35: interleaved M-RoPE over rope.dimension_sections, which for text (every section at the
+    # token's position) is NEOX rope over the first rope.dimension_count dims.
+    "qwen35": BlockRecipe(rope="neox", qk_norm="always", attn_bias="never", ffn_norm="post_attention_norm",
+                          attn_output_gate=True, delta_net=True),
+    "qwen35moe": BlockRecipe(rope="neox", qk_norm="always", attn_bias="never", ffn_norm="post_attention_norm",
+                             attn_output_gate=True, delta_net=True,
+                             moe=MoERecipe("softmax", True, False, frozenset({"expert_weights_scale"}), "tensors")),
 }
+
+# Operations beyond the llama-style block that a backend runs only if it says so (read_hparams' `implements`).
+FEATURE_DELTA_NET = "gated delta-net blocks"
+FEATURE_ATTN_GATE = "gated attention output"
+FEATURE_SHARED_GATE = "gated shared expert"
+FEATURES = frozenset({FEATURE_DELTA_NET, FEATURE_ATTN_GATE, FEATURE_SHARED_GATE})
+
+
+@dataclass(frozen=True)
+class DeltaNetParams:
+    """One hybrid file's gated delta-net sizes and which trunk blocks are recurrent."""
+
+    conv_kernel: int  # ssm.conv_kernel: width of the causal conv1d over the qkv channels
+    n_k_heads: int  # ssm.group_count: heads of q and k
+    n_v_heads: int  # ssm.time_step_rank: heads of v, the state and the output (a multiple of n_k_heads)
+    head_k_dim: int  # ssm.state_size
+    head_v_dim: int  # ssm.inner_size / n_v_heads
+    recurrent: tuple[bool, ...]  # per trunk block: gated delta-net (True) or full attention
+
+    @property
+    def key_dim(self) -> int:
+        return self.n_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.n_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:  # qkv channels: [q (key_dim) | k (key_dim) | v (value_dim)]
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def state_floats(self) -> int:
+        """Floats of one block's recurrent state of one sequence: the delta-rule state and the conv rows."""
+        return self.n_v_heads * self.head_v_dim * self.head_k_dim + (self.conv_kernel - 1) * self.conv_dim
+
+    def is_recurrent(self, layer: int) -> bool:
+        return layer < len(self.recurrent) and self.recurrent[layer]
 
 
 @dataclass(frozen=True)
@@ -103,10 +168,12 @@ class MoEParams:
     norm_weights: bool
     weights_scale: float  # 1.0: none
     selection_bias: bool  # blk.N.exp_probs_b.bias present
+    shared_ff: int = 0  # rows of the shared expert when the file gives them (0: n_ff_exp * n_expert_shared)
+    shared_gate: bool = False  # the shared expert's output is gated by sigmoid(x @ ffn_gate_inp_shexp)
 
     @property
     def n_ff_shexp(self) -> int:
-        return self.n_ff_exp * self.n_expert_shared
+        return self.shared_ff or self.n_ff_exp * self.n_expert_shared
 
     def is_moe(self, layer: int) -> bool:
         return layer >= self.n_dense_lead
@@ -139,6 +206,15 @@ class ModelHParams:
     sliding_window: int = 0  # 0: every query sees all earlier keys
     attn_softcap: float = 0.0  # 0.0: attention scores are not soft-capped
     final_softcap: float = 0.0  # 0.0: logits are not soft-capped
+    delta_net: DeltaNetParams | None = None  # hybrid files: the recurrent blocks' sizes
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.delta_net is not None
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether trunk block `layer` is a gated delta-net block (False for attention and MTP blocks)."""
+        return self.delta_net is not None and self.delta_net.is_recurrent(layer)
 
     @property
     def attn_scale(self) -> float:
@@ -151,6 +227,18 @@ class ModelHParams:
     @property
     def ffn_norm_name(self) -> str:
         return self.recipe.ffn_norm
+
+
+def required_features(hp: ModelHParams) -> frozenset[str]:
+    """The operations of :data:`FEATURES` that `hp`'s blocks need."""
+    out = set[str]()
+    if hp.delta_net is not None:
+        out.add(FEATURE_DELTA_NET)
+    if hp.recipe.attn_output_gate:
+        out.add(FEATURE_ATTN_GATE)
+    if hp.moe is not None and hp.moe.shared_gate and hp.moe.n_expert_shared:
+        out.add(FEATURE_SHARED_GATE)
+    return frozenset(out)
 
 
 def unsupported_options(hp: ModelHParams) -> list[str]:
@@ -235,21 +323,66 @@ def _read_moe_params(f: GGUFFile, moe: MoERecipe) -> MoEParams:
                                              "(supported: 1 softmax, 2 sigmoid)")
             gating = _GATING_IDS[gating_id]
     scale = float(opt("expert_weights_scale", 0.0) or 0.0)
+    shared_ff, n_shared = 0, count("expert_shared_count", 0)
+    if moe.shared == "tensors":
+        first = next((i for i in range(_uniform(f, "block_count", f.require(f"{arch}.block_count")))
+                      if f.has_tensor(f"blk.{i}.ffn_gate_inp.weight")), 0)
+        n_shared = int(f.has_tensor(f"blk.{first}.ffn_up_shexp.weight"))
+        shared_ff = _uniform(f, "expert_shared_feed_forward_length",
+                             f.get(f"{arch}.expert_shared_feed_forward_length", n_ff_exp)) if n_shared else 0
     return MoEParams(
         n_expert=n_expert,
         n_expert_used=n_used,
         n_ff_exp=n_ff_exp,
-        n_expert_shared=count("expert_shared_count", 0),
+        n_expert_shared=n_shared,
         n_dense_lead=count("leading_dense_block_count", 0),
         gating=gating,
         norm_weights=bool(opt("expert_weights_norm", moe.norm_weights)),
         weights_scale=scale if scale not in (0.0, 1.0) else 1.0,
         selection_bias=moe.selection_bias,
+        shared_ff=shared_ff,
+        shared_gate=moe.shared == "tensors",
     )
 
 
-def read_hparams(f: GGUFFile) -> ModelHParams:
-    """`f`'s decoder description; anything missing, malformed or unsupported is one ModelFileError."""
+def _read_delta_net(f: GGUFFile, n_layer: int, n_nextn: int) -> DeltaNetParams:
+    """The gated delta-net sizes and the recurrent-block pattern of hybrid file `f`."""
+    arch = f.architecture
+
+    def size(key: str) -> int:
+        v = _uniform(f, key, f.require(f"{arch}.{key}"))
+        if v <= 0:
+            raise ModelFileError(f.path, f"invalid {arch}.{key} = {v}")
+        return v
+
+    conv, n_k, n_v, d_k, inner = (size("ssm.conv_kernel"), size("ssm.group_count"), size("ssm.time_step_rank"),
+                                  size("ssm.state_size"), size("ssm.inner_size"))
+    if n_v % n_k or inner % n_v:
+        raise ModelFileError(f.path, f"inconsistent gated delta-net sizes: ssm.time_step_rank {n_v} must be a multiple "
+                                     f"of ssm.group_count {n_k} and divide ssm.inner_size {inner}")
+    if conv < 2:
+        raise ModelFileError(f.path, f"invalid {arch}.ssm.conv_kernel = {conv} (at least 2)")
+    flags = f.get(f"{arch}.attention.recurrent_layers", None)
+    if flags is not None:
+        if not isinstance(flags, list) or len(flags) not in (n_layer, n_layer + n_nextn):
+            raise ModelFileError(f.path, f"{arch}.attention.recurrent_layers must list one flag per block "
+                                         f"({n_layer} or {n_layer + n_nextn}), got {flags!r}")
+        recurrent = tuple(bool(x) for x in flags[:n_layer])
+        if any(bool(x) for x in flags[n_layer:]):
+            raise ModelFileError(f.path, f"{arch}.attention.recurrent_layers marks an MTP block recurrent")
+    else:
+        interval = _uniform(f, "full_attention_interval", f.get(f"{arch}.full_attention_interval", 4))
+        if interval <= 0:
+            raise ModelFileError(f.path, f"invalid {arch}.full_attention_interval = {interval}")
+        recurrent = tuple((i + 1) % interval != 0 for i in range(n_layer))
+    return DeltaNetParams(conv_kernel=conv, n_k_heads=n_k, n_v_heads=n_v, head_k_dim=d_k, head_v_dim=inner // n_v,
+                          recurrent=recurrent)
+
+
+def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime: str = "this backend") -> ModelHParams:
+    """`f`'s decoder description; anything missing, malformed or unsupported is one ModelFileError.
+
+    `implements` lists the :data:`FEATURES` the caller (`runtime`) runs: a file that needs another is refused."""
     recipe = _recipe_of(f)
     arch = f.architecture
 
