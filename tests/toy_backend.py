@@ -114,6 +114,95 @@ class GatedBackend(ToyBackend):
         return super().forward(inputs, capture)
 
 
+class RecurrentToyBackend(ToyBackend):
+    """The toy model with a recurrent state, holding callers to the recurrent-state contract.
+
+    Each row's logits also depend on a state folded over every token of the sequence so far (as a
+    gated delta-net layer's does), so a state restored wrongly changes what follows. Truncation
+    reaches only what a recurrent backend can rebuild: 0, the current length, lengths from the last
+    checkpoint on (for at most `max_logged` rows after it) and the last two snapshots; anything else
+    raises, so an engine that forgets a checkpoint or reuses an unrestorable prefix fails loudly.
+    """
+
+    STATES = 5
+    N_SNAPSHOTS = 2
+
+    def __init__(self, *, max_logged: int = 64, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.info = ModelInfo(path="<toy-recurrent>", arch="toy-recurrent", name="toy-recurrent",
+                              n_vocab=self.info.n_vocab, n_embd=self.info.n_embd, n_layer=self.info.n_layer,
+                              n_ctx_train=self.info.n_ctx_train, recurrent=True)
+        self.max_logged = max_logged
+        self._checkpoint: dict[int, int | None] = {}
+        self._snapshots: dict[int, list[int]] = {}
+        self.n_checkpoints = self.n_snapshots = 0
+
+    def new_seq(self) -> int:
+        seq_id = super().new_seq()
+        self._checkpoint[seq_id], self._snapshots[seq_id] = None, []
+        return seq_id
+
+    def free_seq(self, seq_id: int) -> None:
+        super().free_seq(seq_id)
+        del self._checkpoint[seq_id], self._snapshots[seq_id]
+
+    def checkpoint(self, seq_id: int) -> None:
+        self._checkpoint[seq_id] = self._lens[seq_id]
+        self.n_checkpoints += 1
+
+    def snapshot(self, seq_id: int) -> None:
+        snaps = self._snapshots[seq_id]
+        n = self._lens[seq_id]
+        if n not in snaps:
+            snaps.append(n)
+            del snaps[: -self.N_SNAPSHOTS]
+        self.n_snapshots += 1
+
+    def restorable(self, seq_id: int, n_keep: int) -> int:
+        length = self._lens[seq_id]
+        n = max(0, min(int(n_keep), length))
+        ck = self._checkpoint[seq_id]
+        if n == length or (ck is not None and ck <= n):
+            return n
+        return max([0, *(p for p in self._snapshots[seq_id] if p <= n)])
+
+    def truncate(self, seq_id: int, n_keep: int) -> None:
+        n = max(0, min(int(n_keep), self._lens[seq_id]))
+        if self.restorable(seq_id, n) != n:
+            raise ConfigError(f"toy recurrent backend: length {n} of seq {seq_id} cannot be restored "
+                              f"(length {self._lens[seq_id]}, checkpoint {self._checkpoint[seq_id]}, "
+                              f"snapshots {self._snapshots[seq_id]})")
+        self._lens[seq_id] = n
+        ck = self._checkpoint[seq_id]
+        if ck is not None and ck > n:
+            self._checkpoint[seq_id] = None
+        self._snapshots[seq_id] = [p for p in self._snapshots[seq_id] if p <= n]
+
+    def _states(self, tokens: np.ndarray) -> np.ndarray:
+        """state[i]: the state after tokens[: i + 1]."""
+        out, state = np.zeros(len(tokens), np.int32), 0
+        for i, t in enumerate(tokens):
+            state = (state * 3 + int(t)) % self.STATES
+            out[i] = state
+        return out
+
+    def forward(self, inputs: Sequence[SeqInput], capture: Capture = Capture()) -> list[SeqOutput]:  # noqa: B008
+        for inp in inputs:
+            if inp.start < self._lens[inp.seq_id]:
+                self.truncate(inp.seq_id, inp.start)  # writing at start truncates: the same rule applies
+            ck = self._checkpoint[inp.seq_id]
+            if ck is not None and inp.start + len(inp.tokens) - ck > self.max_logged:
+                self._checkpoint[inp.seq_id] = None  # too many rows after it to replay
+        outs = super().forward(inputs, capture)
+        for inp, out in zip(inputs, outs, strict=True):
+            n = len(inp.tokens)
+            rows = np.array([n - 1]) if inp.logit_rows is None else np.asarray(inp.logit_rows, dtype=np.int64)
+            states = self._states(self._seqs[inp.seq_id][: inp.start + n])
+            for j, r in enumerate(rows):
+                out.logits[j] = np.roll(out.logits[j], int(states[inp.start + int(r)]))
+        return outs
+
+
 class _StreamDecoder:
     def __init__(self, tok: ToyTokenizer, skip_special: bool) -> None:
         self._tok = tok

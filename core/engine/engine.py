@@ -252,6 +252,8 @@ class Engine:
             slot_id, n_reused = choose_slot(caches, np.asarray(req.prompt, np.int32),
                                             self.config.slot_prompt_similarity, use_cache)
             s = self._slots[slot_id]
+            # A recurrent target rebuilds only some prefix lengths (its snapshots): reuse the longest.
+            n_reused = self.backend.restorable(s.seq_id, n_reused)
             self.backend.truncate(s.seq_id, n_reused)
             s.start(req, outbox, plan, self.tokenizer.stream_decoder(skip_special=True), n_reused)
             if req.return_progress:

@@ -3,7 +3,7 @@
 Every step gathers the work of ALL busy slots into ONE backend forward (planned by
 `RoundPlanner`: verification rows of generating slots first, then prompt chunks). Then, per slot:
 the drafters observe the forward, the request's verifier keeps the accepted prefix, the KV rolls
-back to it, the drafters hear how their draft fared, and the tokens are emitted
+back to it (a recurrent target from the checkpoint taken before the forward), the drafters hear how their draft fared, and the tokens are emitted
 (docs/semantics.md §1.1). Last the draft policies learn from the round (core/policy/policy.py).
 Statistics are only announced to the observer.
 
@@ -47,6 +47,9 @@ class Scheduler:
         for w in plan.work:
             for d in w.slot.drafters:
                 capture = capture.union(d.capture())
+        for w in plan.work:
+            if w.draft.tokens:  # a recurrent target can take back the rows it is about to verify
+                self.backend.checkpoint(w.inp.seq_id)
         t_forward = time.perf_counter()
         try:
             outs = self.backend.forward([w.inp for w in plan.work], capture)
@@ -87,6 +90,7 @@ class Scheduler:
             return None
         assert s.plan is not None and s.request is not None
         s.n_hist = len(s.prompt)  # Slot.start put the prompt into the history buffer
+        self.backend.snapshot(s.seq_id)  # a recurrent target's next request can reuse this prompt
         s.t_prompt_done = time.perf_counter()
         s.state = SlotState.GENERATING
         for d in s.drafters:  # begin(H) once the prompt is processed (docs/semantics.md §7.6)

@@ -154,7 +154,8 @@ class DraftSimpleDrafter:
                 continue
             st = self._slots.get(r.slot)
             history = np.asarray(r.history)
-            keep = _common_prefix(st.kv, history)
+            # A recurrent draft model rebuilds only some lengths: from its last checkpoint on, and 0.
+            keep = self.backend.restorable(st.seq, _common_prefix(st.kv, history))
             pending.append((st, [int(t) for t in history[keep:]] + [int(r.last)], keep))
             prob = r.spec.draft_sampling == "probabilistic" and r.temperature > 0.0
             if prob:
@@ -163,6 +164,8 @@ class DraftSimpleDrafter:
 
         if runs:
             rows = self._catch_up(pending)
+            for st, _, _ in pending:  # the draft steps after x are what a recurrent draft model takes back
+                self.backend.checkpoint(st.seq)
             self._draft_steps(runs, rows)
 
         out = [Draft.empty() for _ in requests]
