@@ -440,8 +440,12 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
         if recipe.sliding_window else 0,
         attn_softcap=float(opt("attn_logit_softcapping", 0.0) or 0.0) if recipe.logit_softcap else 0.0,
         final_softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if recipe.logit_softcap else 0.0,
+        delta_net=_read_delta_net(f, n_layer, n_nextn) if recipe.delta_net else None,
     )
     missing = unsupported_options(hp)
     if missing:
         raise ModelFileError(f.path, f"architecture {arch!r} needs what no backend implements yet: {', '.join(missing)}")
+    lacking = sorted(required_features(hp) - implements)
+    if lacking:
+        raise ModelFileError(f.path, f"architecture {arch!r} needs what {runtime} does not implement: {', '.join(lacking)}")
     return hp

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from spekula.backends.gguf import architecture
@@ -158,3 +160,48 @@ def test_no_backend_dispatches_on_an_architecture_name(backend: str) -> None:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in ARCHITECTURES:
                 found.append(f"{path.name}:{node.lineno}: {node.value!r}")
     assert not found, found
+
+
+def _hybrid(tmp: Path, **keys: Any) -> Path:
+    """A header-only qwen35 file: the keys a hybrid description reads, `keys` overriding or (None) removing them."""
+    base: dict[str, Any] = {
+        "qwen35.embedding_length": 64, "qwen35.block_count": 5, "qwen35.nextn_predict_layers": 1,
+        "qwen35.feed_forward_length": 128, "qwen35.attention.head_count": 4, "qwen35.attention.head_count_kv": 2,
+        "qwen35.attention.key_length": 16, "qwen35.attention.value_length": 16, "qwen35.rope.dimension_count": 4,
+        "qwen35.attention.layer_norm_rms_epsilon": 1e-6, "qwen35.ssm.conv_kernel": 4, "qwen35.ssm.inner_size": 64,
+        "qwen35.ssm.state_size": 16, "qwen35.ssm.time_step_rank": 4, "qwen35.ssm.group_count": 2,
+        "qwen35.full_attention_interval": 2}
+    meta = {k: v for k, v in (base | {f"qwen35.{k.replace('__', '.')}": v for k, v in keys.items()}).items()
+            if v is not None}
+    tensors = {"token_embd.weight": np.zeros((32, 64), np.float32), "blk.0.attn_norm.weight": np.ones(64, np.float32)}
+    return write_gguf(tmp / "h.gguf", "qwen35", {}, tensors, meta)
+
+
+def test_hybrid_description_reads_sizes_and_the_recurrent_pattern(tmp_path: Path) -> None:
+    hp = read_hparams(GGUFFile(_hybrid(tmp_path)), implements=architecture.FEATURES)
+    dn = hp.delta_net
+    assert dn is not None and hp.n_layer == 4 and hp.n_nextn == 1
+    assert (dn.conv_kernel, dn.n_k_heads, dn.n_v_heads, dn.head_k_dim, dn.head_v_dim) == (4, 2, 4, 16, 16)
+    assert dn.recurrent == (True, False, True, False) and hp.is_recurrent(0) and not hp.is_recurrent(4)
+    assert dn.conv_dim == 2 * 32 + 64 and hp.recipe.attn_output_gate
+    flags = read_hparams(GGUFFile(_hybrid(tmp_path, attention__recurrent_layers=[False, True, True, False, False])),
+                         implements=architecture.FEATURES).delta_net
+    assert flags is not None and flags.recurrent == (False, True, True, False)
+
+
+@pytest.mark.parametrize(("keys", "needle"), [
+    ({"ssm__state_size": None}, "qwen35.ssm.state_size"),
+    ({"ssm__time_step_rank": 3}, "must be a multiple of ssm.group_count"),
+    ({"attention__recurrent_layers": [True, False]}, "one flag per block"),
+    ({"attention__recurrent_layers": [True, False, True, False, True]}, "marks an MTP block recurrent"),
+    ({"ssm__conv_kernel": 1}, "conv_kernel"),
+])
+def test_bad_hybrid_files_are_named(tmp_path: Path, keys: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ModelFileError, match=re.escape(needle)):
+        read_hparams(GGUFFile(_hybrid(tmp_path, **keys)), implements=architecture.FEATURES)
+
+
+def test_a_runtime_without_the_hybrid_operations_refuses_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ModelFileError, match="needs what the onnx backend does not implement: gated attention output, "
+                                             "gated delta-net blocks"):
+        read_hparams(GGUFFile(_hybrid(tmp_path)), runtime="the onnx backend")
