@@ -9,7 +9,11 @@ has a real model's size. The F16 file is written with the fixture writer and qua
 llama.cpp's own `llama-quantize`, so the block mix is what llama.cpp users run. Cached under
 ~/.cache/spekula/bench/.
 
-    .venv/bin/python bench/synthetic_qwen35.py [--size 0.8b|4b] [--llama-server PATH]   # prints the path
+`--dense-twin` writes the hybrid's dense twin instead: a qwen3 file of the same hidden size, depth,
+feed-forward and attention heads with every block full attention (no gate, no MTP block), about the
+same bytes, to set what speculation gives on a hybrid model against what it gives on a dense one.
+
+    .venv/bin/python bench/synthetic_qwen35.py [--size 0.8b|4b] [--dense-twin] [--llama-server PATH]   # prints the path
 """
 
 from __future__ import annotations
@@ -33,11 +37,11 @@ INTERVAL = 4  # every 4th block is full attention
 N_ROT = 64  # partial rotary: a quarter of the 256-dim heads
 
 
-def name(size: str) -> str:
-    return f"synthetic-qwen35-{size}"
+def name(size: str, dense_twin: bool = False) -> str:
+    return f"synthetic-{'qwen3-twin' if dense_twin else 'qwen35'}-{size}"
 
 
-def write_f16(path: Path, size: str, seed: int = 0) -> Path:
+def write_f16(path: Path, size: str, seed: int = 0, dense_twin: bool = False) -> Path:
     from spekula.fixtures.tiny_gguf import write_gguf
 
     s = SHAPES[size]
@@ -57,15 +61,25 @@ def write_f16(path: Path, size: str, seed: int = 0) -> Path:
         return np.ones(n, np.float32)
 
     def attention(b: str) -> dict[str, object]:
-        return {b + "attn_q.weight": mat(2 * nh * hd, E), b + "attn_k.weight": mat(nkv * hd, E),
+        return {b + "attn_q.weight": mat((1 if dense_twin else 2) * nh * hd, E), b + "attn_k.weight": mat(nkv * hd, E),
                 b + "attn_v.weight": mat(nkv * hd, E), b + "attn_output.weight": mat(E, nh * hd),
                 b + "attn_q_norm.weight": ones(hd), b + "attn_k_norm.weight": ones(hd)}
 
     def dense_block(b: str) -> dict[str, object]:
-        return {b + "attn_norm.weight": ones(E), b + "post_attention_norm.weight": ones(E),
+        return {b + "attn_norm.weight": ones(E), b + ("ffn_norm" if dense_twin else "post_attention_norm") + ".weight": ones(E),
                 b + "ffn_gate.weight": mat(ff, E), b + "ffn_up.weight": mat(ff, E), b + "ffn_down.weight": mat(E, ff)}
 
     tensors: dict[str, object] = {"token_embd.weight": mat(VOCAB, E), "output_norm.weight": ones(E)}
+    if dense_twin:
+        for i in range(s["n_layer"]):
+            tensors |= dense_block(f"blk.{i}.") | attention(f"blk.{i}.")
+        hparams = {"context_length": 262144, "embedding_length": E, "block_count": s["n_layer"],
+                   "feed_forward_length": ff, "attention.head_count": nh, "attention.head_count_kv": nkv,
+                   "attention.key_length": hd, "attention.value_length": hd, "rope.freq_base": 10000000.0,
+                   "attention.layer_norm_rms_epsilon": 1e-6, "vocab_size": VOCAB}
+        meta = {"general.name": f"spekula synthetic dense twin of Qwen3.5-{size.upper()} (random weights)",
+                "general.file_type": 1, **_tokenizer_meta(VOCAB)}
+        return write_gguf(path, "qwen3", hparams, tensors, meta)  # type: ignore[arg-type]
     for i in range(s["n_layer"]):
         b = f"blk.{i}."
         tensors |= dense_block(b)
@@ -96,14 +110,15 @@ def write_f16(path: Path, size: str, seed: int = 0) -> Path:
     return write_gguf(path, "qwen35", hparams, tensors, meta)  # type: ignore[arg-type]
 
 
-def synthetic_qwen35(size: str, llama_server: str | None) -> Path:
+def synthetic_qwen35(size: str, llama_server: str | None, dense_twin: bool = False) -> Path:
     """The cached Q4_K_M file of `size`, built on first use with the llama-quantize next to `llama_server`."""
-    return quantized_q4_k_m(name(size), lambda p: write_f16(p, size), llama_server)
+    return quantized_q4_k_m(name(size, dense_twin), lambda p: write_f16(p, size, dense_twin=dense_twin), llama_server)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", choices=sorted(SHAPES), default="0.8b")
+    p.add_argument("--dense-twin", action="store_true", help="the dense qwen3 twin of that size instead")
     p.add_argument("--llama-server", metavar="PATH")
     args = p.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -112,7 +127,7 @@ def main() -> int:
     binary, why = find_llama_server(args.llama_server)
     if binary is None:
         raise SystemExit(why)
-    print(synthetic_qwen35(args.size, binary))
+    print(synthetic_qwen35(args.size, binary, args.dense_twin))
     return 0
 
 

@@ -3,6 +3,7 @@
     .venv/bin/python bench/vs_llama_server.py [-m MODEL.gguf] [--threads 1,2] [--reps 2] [-n 128]
         [--paths native,torch,onnx,onnx-q4] [--specs ngram-simple,ngram-mod,...]
         [--llama-server PATH] [--ortgenai-python PATH --ortgenai-model DIR] [--synthetic-1b] [--synthetic-moe]
+        [--synthetic-qwen35 0.8b,4b]
 
 For each thread count and repetition, in an order that rotates between repetitions, every engine runs
 in a fresh process on the same GGUF and the same prompt token ids (the workloads rendered through
@@ -14,7 +15,9 @@ the model's chat template by spekula's tokenizer), greedily unless said otherwis
   * the best speculation tok/s per workload over --specs (the same drafter set on both engines;
     llama-server needs one server per spec type, spekula one engine);
   * process start to first token from the command line (`spekula generate -n 1` against
-    llama.cpp's `llama-completion -n 1`), and the peak RSS of the serving process (VmHWM).
+    llama.cpp's `llama-completion -n 1`), and the peak RSS of the serving process (VmHWM);
+  * the share of this machine's read bandwidth (bench/bandwidth.py, measured before each thread
+    count) plain decoding reaches: file bytes x tok/s, since decoding streams the file once a token.
 Medians over repetitions; every ratio is spekula / llama-server measured in this run. It also
 reports how often each engine's greedy tokens equal llama-server's. --synthetic-1b adds a 1B-parameter
 llama of realistic shape with random weights, quantized to Q4_K_M by llama.cpp's own llama-quantize
@@ -41,6 +44,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from bandwidth import read_bandwidth  # noqa: E402
 from llama_server import LlamaServer, LlamaServerError, find_llama_server  # noqa: E402
 from ngram import WORKLOADS  # noqa: E402
 
@@ -65,6 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ortgenai-model", metavar="DIR", help="its model builder's output for this model")
     p.add_argument("--synthetic-1b", action="store_true", help="also the synthetic 1B Q4_K_M model")
     p.add_argument("--synthetic-moe", action="store_true", help="also the synthetic Qwen3-30B-A3B-shaped MoE")
+    p.add_argument("--synthetic-qwen35", metavar="SIZES", default="",
+                   help="also synthetic Qwen3.5-shaped hybrids, comma list of 0.8b,4b (bench/synthetic_qwen35.py)")
     p.add_argument("--skip-main", action="store_true", help="measure only the synthetic model(s) asked for")
     p.add_argument("--json-out", metavar="FILE", help="write every raw measurement here")
     return p.parse_args(argv)
@@ -188,7 +194,8 @@ def best_spec(runs: list[dict[str, Any]], workload: str) -> tuple[float, str]:
     return best
 
 
-def report(title: str, runs: dict[str, list[dict[str, Any]]], starts: dict[str, list[float]]) -> None:
+def report(title: str, runs: dict[str, list[dict[str, Any]]], starts: dict[str, list[float]],
+           file_bytes: int = 0, bandwidth: float = 0.0) -> None:
     engines = [e for e in runs if runs[e]]
     ref = "llama-server" if "llama-server" in engines else engines[0]
     print(f"\n## {title}\n")
@@ -214,6 +221,11 @@ def report(title: str, runs: dict[str, list[dict[str, Any]]], starts: dict[str, 
     for w in WORKLOADS:
         row(f"default sampling tok/s, {w}",
             {e: med([r["sampled_tps"][w] for r in runs[e] if "sampled_tps" in r]) for e in engines}, ".1f")
+    if file_bytes and bandwidth:
+        # Decoding streams the file once a token: file bytes x tok/s over what this machine reads at best.
+        row("plain decode, % of read bandwidth",
+            {e: 100.0 * file_bytes * med([r["specs"]["none"][w]["tps"] for r in runs[e] for w in WORKLOADS]) / bandwidth
+             for e in engines}, ".1f")
     row("prompt tok/s (512 tokens)", {e: med([r.get("prompt_512_tps", float("nan")) for r in runs[e]]) for e in engines}, ".0f")
     for w in WORKLOADS:
         best = {e: best_spec(runs[e], w) for e in engines}
@@ -260,6 +272,8 @@ def measure(model: str, args: argparse.Namespace, label: str, paths: list[str], 
             runs: dict[str, list[dict[str, Any]]] = {e: [] for e, _ in engines}
             starts: dict[str, list[float]] = {}
             cmds = start_commands(model, threads, llama_binary)
+            bandwidth = read_bandwidth(threads)
+            print(f"[{label} t={threads}] read bandwidth {bandwidth / 1e9:.1f} GB/s", file=sys.stderr, flush=True)
             for rep in range(args.reps):
                 order = engines[rep % len(engines):] + engines[: rep % len(engines)]
                 for name, path in order:
@@ -278,8 +292,8 @@ def measure(model: str, args: argparse.Namespace, label: str, paths: list[str], 
                         starts.setdefault(name, []).append(first_token_seconds(cmds[name]))
             runs = {e: r for e, r in runs.items() if r}
             raw[f"{label}-t{threads}"] = runs
-            report(f"{label}: {Path(model).name}, {threads} thread(s), {args.reps} reps, n_predict {args.n_predict}",
-                   runs, starts)
+            report(f"{label}: {Path(model).name}, {threads} thread(s), {args.reps} reps, n_predict {args.n_predict}, "
+                   f"read bandwidth {bandwidth / 1e9:.1f} GB/s", runs, starts, Path(model).stat().st_size, bandwidth)
     finally:
         os.unlink(job_file)
 
@@ -316,6 +330,12 @@ def main(argv: list[str] | None = None) -> int:
         size = Path(moe).stat().st_size / 2**20
         print(f"\nsynthetic Qwen3-30B-A3B-shaped MoE (4 blocks) Q4_K_M: {size:.0f} MiB file")
         measure(moe, args, "synthetic-moe", ["native"], [], llama_binary, raw)
+    for size in [v for v in args.synthetic_qwen35.split(",") if v]:
+        from synthetic_qwen35 import synthetic_qwen35
+
+        hybrid = str(synthetic_qwen35(size, llama_binary))
+        print(f"\nsynthetic Qwen3.5-{size} Q4_K_M: {Path(hybrid).stat().st_size / 2**20:.0f} MiB file")
+        measure(hybrid, args, f"synthetic-qwen35-{size}", ["native"], specs, llama_binary, raw)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(raw))
     return 0
