@@ -12,6 +12,7 @@ from spekula.backends.convert.eagle3 import EAGLE3_ARCHS, convert_eagle3, is_eag
 from spekula.backends.convert.moe import MOE_ARCHS, MTP_MODES, convert_moe
 from spekula.backends.convert.output import check_output_path
 from spekula.backends.convert.plain import PLAIN_ARCHS, convert_plain
+from spekula.backends.convert.qwen35 import QWEN35_ARCHS, convert_qwen35
 from spekula.backends.convert.source import HFCheckpoint
 from spekula.backends.convert.target import open_target
 from spekula.core.errors import ConfigError, ModelFileError
@@ -21,7 +22,7 @@ _DRAFT_NAMES = {"eagle3": "an EAGLE-3", "dflash": "a DFlash", "dspark": "a DSpar
 
 
 def detect_layout(ckpt: HFCheckpoint) -> str:
-    """'plain', 'moe', 'eagle3', 'dflash' or 'dspark'; a clear error for anything else."""
+    """'plain', 'moe', 'qwen35', 'eagle3', 'dflash' or 'dspark'; a clear error for anything else."""
     cfg = ckpt.config
     archs = cfg.get("architectures")
     if not isinstance(archs, list) or not archs:
@@ -35,7 +36,9 @@ def detect_layout(ckpt: HFCheckpoint) -> str:
         return "plain"
     if archs[0] in MOE_ARCHS:
         return "moe"
-    known = ", ".join([*PLAIN_ARCHS, *MOE_ARCHS, *EAGLE3_ARCHS, "DFlashDraftModel", "Qwen3DSparkModel", "DSparkDraftModel"])
+    if archs[0] in QWEN35_ARCHS:
+        return "qwen35"
+    known = ", ".join([*PLAIN_ARCHS, *MOE_ARCHS, *QWEN35_ARCHS, *EAGLE3_ARCHS, "DFlashDraftModel", "Qwen3DSparkModel", "DSparkDraftModel"])
     raise ModelFileError(ckpt.path / "config.json", f"unknown checkpoint layout {archs[0]!r}; supported: {known}")
 
 
@@ -53,13 +56,15 @@ def convert(checkpoint: str | Path, outfile: str | Path, *, outtype: str = "f16"
     layout = detect_layout(ckpt)
     out = Path(outfile)
     check_output_path(out, "--outfile")
-    if mtp != "keep" and layout != "moe":
-        raise ConfigError(f"--mtp / --no-mtp apply to checkpoints with MTP layers (Glm4MoeForCausalLM), "
+    if mtp != "keep" and layout not in ("moe", "qwen35"):
+        raise ConfigError(f"--mtp / --no-mtp apply to checkpoints with MTP layers (Glm4MoeForCausalLM, Qwen3.5), "
                           f"not to a {layout} checkpoint")
     if layout == "plain":
         return layout, convert_plain(ckpt, out, outtype, pre=pre)
     if layout == "moe":
         return layout, convert_moe(ckpt, out, outtype, pre=pre, mtp=mtp)
+    if layout == "qwen35":
+        return layout, convert_qwen35(ckpt, out, outtype, pre=pre, mtp=mtp)
     target = open_target(target_dir, target_gguf, _DRAFT_NAMES[layout])
     if layout == "eagle3":
         return layout, convert_eagle3(ckpt, target, out, outtype, pre=pre)

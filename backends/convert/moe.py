@@ -137,24 +137,26 @@ def _write_keys(out: GGUFOut, ckpt: HFCheckpoint, spec: _Spec, n_block: int, mtp
         w.add_uint32(k("nextn_predict_layers"), spec.n_mtp)
 
 
-def _check_shape(ckpt: HFCheckpoint, name: str, shape: tuple[int, ...]) -> None:
+def check_shape(ckpt: HFCheckpoint, name: str, shape: tuple[int, ...]) -> None:
     if ckpt.shape(name) != shape:
         raise ModelFileError(ckpt.path, f"tensor {name!r} has shape {ckpt.shape(name)}, expected {shape}")
 
 
-def _stacked_experts(ckpt: HFCheckpoint, spec: _Spec, prefix: str, present: set[str]) -> dict[str, np.ndarray]:
-    """{"gate" | "up" | "down": [n_expert, out, in]} for one block; consumes the names it reads from ``present``."""
+def stacked_experts(ckpt: HFCheckpoint, prefix: str, present: set[str], *, n_expert: int, hidden: int,
+                    n_ff_exp: int) -> dict[str, np.ndarray]:
+    """{"gate" | "up" | "down": [n_expert, out, in]} for one block whose routed experts are stored per
+    expert or fused; consumes the names (relative to ``prefix``) it reads from ``present``."""
     per_expert = {s for s in present if _EXPERT.fullmatch(s)}
     fused = {s for s in present if s in _FUSED}
     if per_expert and fused:
         raise ModelFileError(ckpt.path, f"{prefix}mlp.experts holds both per-expert and fused expert tensors")
-    e, h, f = spec.n_expert, spec.hidden, spec.n_ff_exp
+    e, h, f = n_expert, hidden, n_ff_exp
     if fused:
         for s in _FUSED:
             if s not in fused:
                 raise ModelFileError(ckpt.path, f"missing tensor {prefix + s!r}")
-        _check_shape(ckpt, prefix + _FUSED[0], (e, 2 * f, h))
-        _check_shape(ckpt, prefix + _FUSED[1], (e, h, f))
+        check_shape(ckpt, prefix + _FUSED[0], (e, 2 * f, h))
+        check_shape(ckpt, prefix + _FUSED[1], (e, h, f))
         present -= fused
         gate_up = ckpt.get(prefix + _FUSED[0])
         return {"gate": gate_up[:, :f], "up": gate_up[:, f:], "down": ckpt.get(prefix + _FUSED[1])}
@@ -165,7 +167,7 @@ def _stacked_experts(ckpt: HFCheckpoint, spec: _Spec, prefix: str, present: set[
             suffix = f"mlp.experts.{x}.{proj}_proj.weight"
             if suffix not in present:
                 raise ModelFileError(ckpt.path, f"missing tensor {prefix + suffix!r} (expert {x} of {e})")
-            _check_shape(ckpt, prefix + suffix, shape)
+            check_shape(ckpt, prefix + suffix, shape)
             mats.append(ckpt.get(prefix + suffix))
             present.discard(suffix)
         stacked[proj] = np.stack(mats)
@@ -201,8 +203,9 @@ def _write_block(out: GGUFOut, ckpt: HFCheckpoint, spec: _Spec, i: int) -> None:
         if suffix not in present:
             raise ModelFileError(ckpt.path, f"missing tensor {prefix + suffix!r}")
     if i >= spec.n_dense:
-        _check_shape(ckpt, prefix + "mlp.gate.weight", (spec.n_expert, spec.hidden))
-        for proj, data in _stacked_experts(ckpt, spec, prefix, present).items():
+        check_shape(ckpt, prefix + "mlp.gate.weight", (spec.n_expert, spec.hidden))
+        for proj, data in stacked_experts(ckpt, prefix, present, n_expert=spec.n_expert, hidden=spec.hidden,
+                                          n_ff_exp=spec.n_ff_exp).items():
             out.tensor(f"{blk}ffn_{proj}_exps.weight", data)
     for suffix in sorted(present):
         if suffix == "post_attention_layernorm.weight":
@@ -241,7 +244,7 @@ def convert_moe(ckpt: HFCheckpoint, outfile: Path, outtype: str, *, pre: str | N
         out.w.add_string("general.name", ckpt.path.name)
         _write_keys(out, ckpt, spec, spec.n_layer if mtp == "drop" else n_total, mtp)
         write_vocab(out, ckpt.path, vocab_size=vocab_size, pre=pre, flavour=vocab_flavour(cfg))
-        _check_shape(ckpt, "model.embed_tokens.weight", (vocab_size, spec.hidden))
+        check_shape(ckpt, "model.embed_tokens.weight", (vocab_size, spec.hidden))
         out.tensor("token_embd.weight", ckpt.get("model.embed_tokens.weight"))
         out.tensor("output_norm.weight", ckpt.get("model.norm.weight"))
         tied = bool(cfg.get("tie_word_embeddings", False))
