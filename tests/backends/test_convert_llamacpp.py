@@ -1,7 +1,8 @@
 """Cross-check against llama.cpp's own converter: for every layout, `spekula convert` writes the same
 metadata (every key but the naming ones) and byte-identical tensors as ``convert_hf_to_gguf.py`` from
 the llama.cpp sources on disk: plain and MoE targets (GLM's MTP layers kept, dropped with --no-mtp, alone
-with --mtp), drafts, and targets whose tokenizer_config sets add_prefix_space / add_bos_token.
+with --mtp), Qwen3.5 hybrids (dense and MoE, the same MTP cases, the multimodal layout's text part, one
+q8_0), drafts, and targets whose tokenizer_config sets add_prefix_space / add_bos_token.
 
 llama.cpp's script runs in one subprocess for all cases (its bundled gguf-py must not shadow ours). Its pre-tokenizer
 lookup hashes known tokenizers only, so the driver names the fixture's pre-tokenizer ("smollm") instead,
@@ -21,11 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from checkpoint_edits import nest_as_conditional_generation
 from llamacpp_sdist import ROOT, sdist_path
 
 from spekula.backends.convert.hf import convert
 from spekula.core.modelfile.gguf_file import GGUFFile
-from spekula.fixtures import tiny_hf, tiny_moe
+from spekula.fixtures import tiny_hf, tiny_moe, tiny_qwen35
 
 # Derived from the folder name by heuristics of llama.cpp's own; nothing reads them back.
 NAMING_KEYS = {"general.name", "general.basename", "general.size_label", "general.finetune"}
@@ -116,8 +118,9 @@ def llamacpp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceConv
 _MTP_FLAGS = {"keep": [], "drop": ["--no-mtp"], "only": ["--mtp"]}
 
 
-def _run_llamacpp(conv: ReferenceConverter, ckpt: Path, outfile: Path, target: Path | None, mtp: str = "keep") -> None:
-    args = [str(ckpt), "--outtype", "f32", "--outfile", str(outfile), *_MTP_FLAGS[mtp]]
+def _run_llamacpp(conv: ReferenceConverter, ckpt: Path, outfile: Path, target: Path | None, mtp: str = "keep",
+                  outtype: str = "f32") -> None:
+    args = [str(ckpt), "--outtype", outtype, "--outfile", str(outfile), *_MTP_FLAGS[mtp]]
     if target is not None:
         args += ["--target-model-dir", str(target)]
     conv.convert(args)
@@ -185,6 +188,37 @@ def test_moe_same_file_as_llamacpp_converter(case: str, llamacpp: ReferenceConve
     ckpt = write(tmp_path / "ckpt")
     convert(ckpt, tmp_path / "ours.gguf", outtype="f32", mtp=mtp)
     _run_llamacpp(llamacpp, ckpt, tmp_path / "theirs.gguf", None, mtp)
+    _assert_same(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
+
+
+def _qwen35_vl(p: Path, moe: bool) -> Path:
+    tiny_qwen35.write_qwen35_hf(p, moe=moe, n_mtp=1)
+    nest_as_conditional_generation(p)
+    return p
+
+
+# case -> (checkpoint, our mtp mode, llama.cpp's, outtype). Without MTP layers llama.cpp insists on
+# --no-mtp; spekula converts such a checkpoint as it is, to the same file.
+QWEN35_CASES: dict[str, tuple[Callable[[Path], Path], str, str, str]] = {
+    **{f"{name}-mtp0": (lambda p, moe=moe: tiny_qwen35.write_qwen35_hf(p, moe=moe), "keep", "drop", "f32")
+       for name, moe in (("qwen35", False), ("qwen35moe", True))},
+    **{f"{name}-mtp{n}": (lambda p, moe=moe, n=n: tiny_qwen35.write_qwen35_hf(p, moe=moe, n_mtp=n), "keep", "keep", "f32")
+       for name, moe in (("qwen35", False), ("qwen35moe", True)) for n in (1, 2)},
+    **{f"{name}-{flag}": (lambda p, moe=moe: tiny_qwen35.write_qwen35_hf(p, moe=moe, n_mtp=1), mode, mode, "f32")
+       for name, moe in (("qwen35", False), ("qwen35moe", True)) for flag, mode in (("no-mtp", "drop"), ("mtp-only", "only"))},
+    "qwen35-conditional-generation": (lambda p: _qwen35_vl(p, False), "keep", "keep", "f32"),
+    "qwen35moe-conditional-generation": (lambda p: _qwen35_vl(p, True), "keep", "keep", "f32"),
+    "qwen35moe-mtp1-q8_0": (lambda p: tiny_qwen35.write_qwen35_hf(p, moe=True, n_mtp=1), "keep", "keep", "q8_0"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(QWEN35_CASES))
+def test_qwen35_same_file_as_llamacpp_converter(case: str, llamacpp: ReferenceConverter, tmp_path: Path) -> None:
+    write, ours, theirs, outtype = QWEN35_CASES[case]
+    ckpt = write(tmp_path / "ckpt")
+    convert(ckpt, tmp_path / "ours.gguf", outtype=outtype, mtp=ours)
+    _run_llamacpp(llamacpp, ckpt, tmp_path / "theirs.gguf", None, theirs, outtype)
     _assert_same(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
 
 
