@@ -25,7 +25,8 @@ from spekula.core.modelfile.gguf_file import GGUFFile
 # GGUF architecture -> the HF class name its converter reads (what the draft converters check, e.g.
 # DFlash refusing Gemma targets); other architectures keep their GGUF name.
 _HF_ARCH_OF = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-               "qwen3moe": "Qwen3MoeForCausalLM", "glm4moe": "Glm4MoeForCausalLM", "gemma": "GemmaForCausalLM",
+               "qwen3moe": "Qwen3MoeForCausalLM", "glm4moe": "Glm4MoeForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
+               "qwen35moe": "Qwen3_5MoeForCausalLM", "gemma": "GemmaForCausalLM",
                "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 _DRAFT_ARCHS = ("eagle3", "dflash")
 _MASK_KEY = "tokenizer.ggml.mask_token_id"

@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="llama.cpp pre-tokenizer name (default: inferred from tokenizer.json)")
     mtp = p.add_mutually_exclusive_group()
     mtp.add_argument("--mtp", dest="mtp", action="store_const", const="only", default="keep",
-                     help="write only the multi-token-prediction (nextn) layers of a GLM-4.5-MoE checkpoint, "
+                     help="write only the multi-token-prediction (nextn) layers of a GLM-4.5-MoE or Qwen3.5 checkpoint, "
                           "with its embedding, final norm and head: a draft file for draft-mtp")
     mtp.add_argument("--no-mtp", "--no-nextn", dest="mtp", action="store_const", const="drop",
                      help="leave the multi-token-prediction (nextn) layers out of the converted target")
