@@ -1,0 +1,134 @@
+"""The tokenizer against llama.cpp's own test vectors: every ``models/ggml-vocab-<name>.gguf`` of the
+llama.cpp sdist that has ``.inp``/``.out`` files, read the way llama.cpp's tests/test-tokenizer-0.cpp
+reads them (inputs separated by a marker line, one line of expected ids each, tokenized without BOS/EOS
+and without parsing special tokens).
+
+llama.cpp's ``ggml-vocab-qwen35.gguf`` holds Qwen2's vocabulary, whose merges never cross a letter/mark
+boundary, so its vectors pass with the qwen2 regex too; the synthetic vocabulary below has such merges,
+and pins what the qwen35 regex's ``[\\p{L}\\p{M}]+`` letter runs change."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llamacpp_sdist import ROOT, sdist_path
+
+from spekula.core.errors import ModelFileError
+from spekula.core.modelfile.gguf_file import GGUFFile
+from spekula.core.modelfile.tokenizer import CONTROL, NORMAL, Tokenizer, bytes_to_unicode
+
+SUPPORTED = ("gpt-2", "llama-bpe", "llama-spm", "phi-3", "qwen2", "qwen35", "refact", "starcoder")
+# Vocabularies with vectors whose tokenizer model or pre-tokenizer spekula does not implement: their
+# test checks that the tokenizer refuses them, then skips naming them.
+UNSUPPORTED = ("bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "mpt")
+_VOCAB_PREFIX = ROOT + "models/ggml-vocab-"
+_SEPARATOR = "\n__ggml_vocab_test__\n"
+
+
+@pytest.fixture(scope="module")
+def vocab_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """models/ggml-vocab-* of the sdist, extracted (the GGUFs are binary, read_source reads text only)."""
+    out = tmp_path_factory.mktemp("ggml-vocab")
+    with tarfile.open(sdist_path()) as tar:
+        for member in tar:
+            if member.isfile() and member.name.startswith(_VOCAB_PREFIX):
+                data = tar.extractfile(member)
+                assert data is not None, member.name
+                (out / Path(member.name).name).write_bytes(data.read())
+    return out
+
+
+def read_vectors(inp: bytes, out: str) -> dict[str, list[int]]:
+    """input text -> expected ids, as test-tokenizer-0.cpp's read_tests builds them (a later duplicate
+    input replaces an earlier one, as in its std::map; no empty input after a trailing marker)."""
+    raw = inp.decode("utf-8")  # bytes: text mode would fold the vectors' "\r\n" into "\n"
+    inputs: list[str] = []
+    pos = 0
+    while pos < len(raw):
+        nxt = raw.find(_SEPARATOR, pos)
+        if nxt < 0:
+            inputs.append(raw[pos:])
+            break
+        inputs.append(raw[pos:nxt])
+        pos = nxt + len(_SEPARATOR)
+    lines = out.split("\n")
+    if lines and lines[-1] == "":  # getline yields no line after the final newline
+        lines.pop()
+    assert len(inputs) == len(lines), f"{len(inputs)} inputs for {len(lines)} expected lines"
+    return {text: [int(t) for t in line.strip().split(" ") if t] for text, line in zip(inputs, lines, strict=True)}
+
+
+def test_every_vocab_with_vectors_is_listed(vocab_dir: Path) -> None:
+    with_vectors = {p.name.removeprefix("ggml-vocab-").removesuffix(".gguf.inp") for p in vocab_dir.glob("*.gguf.inp")}
+    assert with_vectors == set(SUPPORTED) | set(UNSUPPORTED)
+
+
+@pytest.mark.parametrize("name", SUPPORTED + UNSUPPORTED)
+def test_llamacpp_vectors(vocab_dir: Path, name: str) -> None:
+    path = vocab_dir / f"ggml-vocab-{name}.gguf"
+    meta = GGUFFile(path).metadata
+    if name in UNSUPPORTED:
+        with pytest.raises(ModelFileError, match="unsupported") as refused:
+            Tokenizer(meta, source=path)
+        pytest.skip(f"ggml-vocab-{name}: not supported by spekula's tokenizer ({refused.value})")
+    # built from the metadata alone: a vocabulary in a temporary folder stays out of the header cache
+    tok = Tokenizer(meta, source=path)
+    vectors = read_vectors((vocab_dir / f"{path.name}.inp").read_bytes(), (vocab_dir / f"{path.name}.out").read_text())
+    assert len(vectors) > 20
+    failed = {text: (expected, got) for text, expected in vectors.items()
+              if (got := tok.encode(text, add_special=False, parse_special=False)) != expected}
+    assert not failed, f"{len(failed)} of {len(vectors)} vectors differ (text: (expected, got)): {failed}"
+
+
+def test_read_vectors_follows_llamacpp() -> None:
+    inp = "a\r\nb\n__ggml_vocab_test__\n\n__ggml_vocab_test__\nx\n__ggml_vocab_test__\na\r\nb\n__ggml_vocab_test__\n"
+    assert read_vectors(inp.encode(), " 1 2 \n\n3\n1 2\n") == {"a\r\nb": [1, 2], "": [], "x": [3]}
+
+
+# ---- letter + combining-mark runs (qwen35) -------------------------------------------------------
+
+_BYTE_CHAR = bytes_to_unicode()
+
+
+def _byte_level(text: str) -> str:
+    return "".join(_BYTE_CHAR[b] for b in text.encode("utf-8"))
+
+
+_ACUTE = _byte_level("\u0301")  # COMBINING ACUTE ACCENT, a \p{Mn}: two byte symbols
+# ids: 0 a control token, 1..256 the byte symbols, then one token per merge in this order (257..262)
+_MERGES = ((_ACUTE[0], _ACUTE[1]), ("e", _ACUTE), ("c", "a"), ("ca", "f"), ("caf", "e" + _ACUTE),
+           (_byte_level(" "), "ca"))
+
+
+def _mark_vocab(pre: str) -> dict[str, Any]:
+    tokens = ["<|endoftext|>", *(_BYTE_CHAR[b] for b in range(256)), *(a + b for a, b in _MERGES)]
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [CONTROL] + [NORMAL] * (len(tokens) - 1),
+        "tokenizer.ggml.merges": [f"{a} {b}" for a, b in _MERGES],
+        "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.eos_token_id": 0,
+    }
+
+
+# What llama.cpp's llama-tokenize (build 11434) gives for this vocabulary under each pre-tokenizer.
+# qwen35 keeps a combining mark in the letter run before it; qwen2 splits it off into a punctuation
+# run, so the "caf"+"e\u0301" merge never applies.
+MARK_CASES = [
+    ("cafe\u0301", [261], [260, 102, 257]),
+    ("a cafe\u0301!", [98, 33, 261, 34], [98, 33, 260, 102, 257, 34]),
+    ("x \u0301e", [121, 33, 257, 102], [121, 33, 257, 102]),
+    ("!\u0301\u0301", [34, 257, 257], [34, 257, 257]),
+    ("e\u0301\u0301 \u0301", [258, 257, 33, 257], [102, 257, 257, 33, 257]),
+]
+
+
+@pytest.mark.parametrize(("text", "qwen35_ids", "qwen2_ids"), MARK_CASES)
+def test_qwen35_letter_runs_take_combining_marks(text: str, qwen35_ids: list[int], qwen2_ids: list[int]) -> None:
+    assert Tokenizer(_mark_vocab("qwen35")).encode(text, add_special=False) == qwen35_ids
+    assert Tokenizer(_mark_vocab("qwen2")).encode(text, add_special=False) == qwen2_ids
