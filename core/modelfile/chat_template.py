@@ -135,8 +135,32 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, Any]], *, add_generatio
         raise ChatTemplateError("'continue_final_message' needs the last message to be the assistant's")
     if ends_with_assistant and (continue_final or prefill):
         head, text = with_prefill(messages)
+        source = getattr(tokenizer, "chat_template", None)
+        if isinstance(source, str) and is_xml_tool_call_template(source):
+            opening = xml_tool_call_continuation(source, messages[-1])
+            return str(tokenizer.apply_chat_template(head, add_generation_prompt=False, **extra)) + opening
         return str(tokenizer.apply_chat_template(head, add_generation_prompt=True, **extra)) + text
     return str(tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra))
+
+
+def is_xml_tool_call_template(source: str) -> bool:
+    """Whether llama.cpp takes `source` for its Qwen3-Coder format (XML tool calls, ``<function=name>``
+    and ``<parameter=name>`` on lines of their own: Qwen3-Coder, Qwen3.5, Nemotron Nano 3)."""
+    return ("<tool_call>" in source and "<function=" in source and "<parameter=" in source
+            and "'<tool_call><function=' ~ tool_call.name ~ '>'" not in source)
+
+
+def xml_tool_call_continuation(source: str, final: dict[str, Any]) -> str:
+    """How llama.cpp continues a final assistant message under a Qwen3-Coder-format template: the turn's
+    opening, then (templates that think) its reasoning inside an open ``<think>``, closed only when the
+    message has content, which follows. The template renders the messages before it without a generation
+    prompt, so thinking is open whether or not `enable_thinking` is set."""
+    content, reasoning = str(final.get("content") or ""), str(final.get("reasoning_content") or "")
+    continues_reasoning = bool(reasoning) and not content  # llama-server's "auto" continuation
+    opening = "<|im_start|>assistant\n"
+    if "<think>" in source:
+        opening += "<think>\n" + reasoning + ("" if continues_reasoning else "\n</think>\n\n")
+    return opening + content
 
 
 # Variables every render sets itself; chat_template_kwargs may not replace them.
@@ -153,4 +177,7 @@ def template_variables(value: Any, where: str) -> dict[str, Any]:
     reserved = sorted(set(value) & _RESERVED_VARIABLES)
     if reserved:
         raise ChatTemplateError(f"{where}: {', '.join(reserved)} is set by the request itself, not as a template variable")
+    if isinstance(value.get("enable_thinking"), str):
+        # a template's `enable_thinking is false` would take "false" for thinking on; llama-server refuses it
+        raise ChatTemplateError(f'{where}: invalid type for "enable_thinking" (expected boolean, got string)')
     return dict(value)

@@ -4,7 +4,8 @@ A message has a `role` and `content` (a string, or a list of text parts, joined 
 llama-server joins them), and may carry what agent clients send back in a conversation's history:
 an assistant's `tool_calls` (their `arguments` handed to the template as an object when they are a
 JSON object, as Hugging Face templates expect), a tool message's `tool_call_id`, and an assistant's
-`reasoning_content` (templates such as Qwen3's render it). Anything else is refused, naming it.
+`reasoning_content` (templates such as Qwen3's render it); an empty one of these three is left out, as
+llama-server leaves it out. Anything else is refused, naming it.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def chat_messages(value: Any, *, allow_empty: bool = False) -> list[dict[str, An
             if m.get(name) is not None:
                 if not isinstance(m[name], str):
                     raise MessagesError(f"{where}.{name} must be a string")
-                msg[name] = m[name]
+                if m[name]:  # llama-server hands the template no empty one (Qwen3.5's then reads <think> off the content)
+                    msg[name] = m[name]
         out.append(msg)
     return out
 
