@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from spekula.core.errors import SpekulaError
+from spekula.core.modelfile.content_caps import content_caps, join_text_parts, shaped_messages
 from spekula.core.modelfile.named_templates import NAMED_TEMPLATES as _BUILT_IN
 
 if TYPE_CHECKING:
@@ -61,7 +62,9 @@ def render_chat(
     eos_token: str = "",
     **extra: Any,
 ) -> str:
-    """Render `messages` with `template` (None or empty: ChatML). Raises ChatTemplateError on failure."""
+    """Render `messages` with `template` (None or empty: ChatML). A content may be a string or a list of
+    ``{"type": "text", "text": ...}`` parts; each reaches the template in the form it takes
+    (modelfile/content_caps.py). Raises ChatTemplateError on failure."""
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise ChatTemplateError("messages must be a list of {'role': ..., 'content': ...} objects")
     if not template:
@@ -73,7 +76,7 @@ def render_chat(
     context = {**_default_variables(), **extra}
     try:
         return compiled.render(
-            messages=messages,
+            messages=shaped_messages(messages, content_caps(template)),
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,
@@ -116,12 +119,13 @@ def template_override(name_or_source: str | None, path: str | None) -> str | Non
 def with_prefill(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
     """An assistant message at the end is the start of the answer (a prefill): the template renders the
     messages before it with the generation prompt, and its text follows. Returns (messages to render,
-    text to append); the text is empty when the last message is not the assistant's."""
+    text to append, text parts joined by a blank line as llama-server joins them); the text is empty when
+    the last message is not the assistant's."""
     if not messages or messages[-1].get("role") != "assistant":
         return messages, ""
     if len(messages) >= 2 and messages[-2].get("role") == "assistant":
         raise ChatTemplateError("Cannot have 2 or more assistant messages at the end of the list.")
-    return messages[:-1], str(messages[-1].get("content") or "")
+    return messages[:-1], join_text_parts(messages[-1].get("content"), "\n\n")
 
 
 def chat_prompt(tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
@@ -155,7 +159,7 @@ def xml_tool_call_continuation(source: str, final: dict[str, Any]) -> str:
     opening, then (templates that think) its reasoning inside an open ``<think>``, closed only when the
     message has content, which follows. The template renders the messages before it without a generation
     prompt, so thinking is open whether or not `enable_thinking` is set."""
-    content, reasoning = str(final.get("content") or ""), str(final.get("reasoning_content") or "")
+    content, reasoning = join_text_parts(final.get("content"), "\n\n"), str(final.get("reasoning_content") or "")
     continues_reasoning = bool(reasoning) and not content  # llama-server's "auto" continuation
     opening = "<|im_start|>assistant\n"
     if "<think>" in source:

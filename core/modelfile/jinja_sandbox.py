@@ -80,10 +80,15 @@ def compile_template(source: str) -> jinja2.Template:
 
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
+    return sandbox_environment().from_string(source)
+
+
+def sandbox_environment() -> ImmutableSandboxedEnvironment:
+    """A fresh environment as templates render in (one that probes a template changes its tests)."""
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols], undefined=_Undefined
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
+    return env

@@ -1,8 +1,8 @@
 """OpenAI chat messages, checked and normalised for the chat template.
 
-A message has a `role` and `content` (a string, or a list of text parts, joined the way
-llama-server joins them), and may carry what agent clients send back in a conversation's history:
-an assistant's `tool_calls` (their `arguments` handed to the template as an object when they are a
+A message has a `role` and `content` (a string, or a list of text parts, which the render joins or
+hands the template as they are, as llama-server does), and may carry what agent clients send back in
+a conversation's history: an assistant's `tool_calls` (their `arguments` handed to the template as an object when they are a
 JSON object, as Hugging Face templates expect), a tool message's `tool_call_id`, and an assistant's
 `reasoning_content` (templates such as Qwen3's render it); an empty one of these three is left out, as
 llama-server leaves it out. Anything else is refused, naming it.
@@ -40,7 +40,7 @@ def chat_messages(value: Any, *, allow_empty: bool = False) -> list[dict[str, An
         content = m.get("content")
         if content is None and calls:
             content = ""  # an assistant turn that only calls tools
-        msg["content"] = _content(content, where, continued=i == len(value) - 1 and m["role"] == "assistant")
+        msg["content"] = _content(content, where)
         for name in ("name", "tool_call_id", "reasoning_content"):
             if m.get(name) is not None:
                 if not isinstance(m[name], str):
@@ -51,16 +51,14 @@ def chat_messages(value: Any, *, allow_empty: bool = False) -> list[dict[str, An
     return out
 
 
-def _content(content: Any, where: str, *, continued: bool) -> str:
+def _content(content: Any, where: str) -> str | list[dict[str, str]]:
     if isinstance(content, list):
         parts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise MessagesError(f"{where}.content: only text parts are supported")
-            parts.append(part["text"])
-        # llama-server's joins: text parts of a message by "\n"; those of a final assistant message,
-        # continued as a prefill, by "\n\n"
-        return ("\n\n" if continued else "\n").join(parts)
+            parts.append({"type": "text", "text": part["text"]})
+        return parts  # joined, or not, by the render: as the template takes content (core content_caps)
     if not isinstance(content, str):
         raise MessagesError(f"{where}.content must be a string or a list of text parts")
     return content

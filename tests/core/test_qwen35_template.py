@@ -60,6 +60,10 @@ CONVERSATIONS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]] | None
         {"role": "assistant", "content": "4", "reasoning_content": "Adding two and two."},
         {"role": "user", "content": "And 3+3?"},
     ], None),
+    "text parts": ([
+        {"role": "system", "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": " brief."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]},
+    ], None),
     "history with <think> in the content": ([
         {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": "<think>\nAdding two and two.\n</think>\n\n4"},
