@@ -40,7 +40,7 @@ from spekula.backends.gguf.weights import load_model_weights
 from spekula.backends.seq_inputs import check_inputs
 from spekula.backends.seq_slots import PooledSeqs
 from spekula.backends.torch.delta_net import recurrence_width
-from spekula.backends.torch.exact_probe import choose_exact_gemm, onednn_packing_available, padded_align
+from spekula.backends.torch.exact_probe import attention_align, choose_exact_gemm, onednn_packing_available
 from spekula.backends.torch.kv import KVPool, SeqCache
 from spekula.backends.torch.model import AttnGroup, KVWrite, Tile, TorchModel, model_gemm_shapes
 from spekula.backends.torch.recurrent import RecurrentSeq
@@ -140,7 +140,8 @@ class TorchBackend(PooledSeqs, Backend):
                     raise ConfigError(f"no fp32 GEMM path of this torch build is row-invariant on this CPU at {shape}, "
                                       "so the torch backend cannot be exact here; use --backend native")
                 self.gemm_plan[shape] = (packed, align)
-            attn = [padded_align(n, hp.head_dim) for n in (KEY_GRANULE, 4 * KEY_GRANULE)]
+            group = hp.n_head // hp.n_head_kv
+            attn = [attention_align(n, hp.head_dim, group, hp.attn_scale) for n in (KEY_GRANULE, 4 * KEY_GRANULE)]
             if None in attn:
                 raise ConfigError("no fp32 attention GEMM of this torch build is row-invariant on this CPU; "
                                   "use --backend native")
