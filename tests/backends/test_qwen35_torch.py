@@ -163,3 +163,25 @@ def test_runtimes_without_the_hybrid_operations_refuse_by_name() -> None:
     with pytest.raises(ModelFileError, match="the onnx backend does not implement: gated attention output, "
                                              "gated delta-net blocks"):
         open_model(tiny_qwen35_gguf_path())
+
+
+def test_fixed_shape_path_keeps_rollback_and_batches_exact() -> None:
+    """CUDA's exact mode (every GEMM on a full tile), run on the CPU: chunked, batched and rolled-back
+    rows are still bitwise the plain ones."""
+    from unittest import mock
+
+    with mock.patch("spekula.backends.torch.backend.FIXED_SHAPE_DEVICES", {"cpu", "cuda"}):
+        b = TorchBackend(str(tiny_qwen35_gguf_path(moe=True)), BackendOptions(n_ctx=256, n_seq_max=4, threads=1))
+    tokens = np.random.default_rng(3).integers(0, 320, 30).astype(np.int32)
+    want = our_logits(b, tokens.tolist())
+    a, c = b.new_seq(), b.new_seq()
+    try:
+        b.forward([SeqInput(a, tokens[:20], 0, np.array([], np.int64))])
+        b.checkpoint(a)
+        b.forward([SeqInput(a, tokens[20:25], 20, np.array([], np.int64))])
+        b.truncate(a, 22)
+        outs = b.forward([SeqInput(a, tokens[22:30], 22, np.arange(8)), SeqInput(c, tokens, 0, np.arange(30))])
+        assert np.array_equal(outs[0].logits, want[22:30]) and np.array_equal(outs[1].logits, want)
+    finally:
+        b.free_seq(a)
+        b.free_seq(c)
