@@ -4,6 +4,10 @@
 new backend is picked up without touching the tests. Each check compares a backend with a fresh
 forward of itself and with the torch backend's exact mode as reference. Torch in exact mode must be
 bitwise equal to itself (``same_backend_tol`` = 0); other backends get a small tolerance.
+
+``HYBRID_CHECKS`` are the recurrent-state contract's (core/backend.py: checkpoint, snapshot, restorable,
+exact truncate) on the hybrid fixtures (``HYBRID_MODELS``); any backend that runs hybrid models is
+passed by name, like the checks above.
 """
 
 from __future__ import annotations
@@ -64,9 +68,16 @@ def smollm2_path() -> Path:
     pytest.skip(f"SmolLM2 unavailable: ensure_default_model failed ({reason})")
 
 
+HYBRID_MODELS = ("qwen35", "qwen35moe")
+
+
 def model_path(model: str) -> str:
     if model == "smollm2":
         return str(smollm2_path())
+    if model in HYBRID_MODELS:
+        from spekula.fixtures.tiny_qwen35 import tiny_qwen35_gguf_path
+
+        return str(tiny_qwen35_gguf_path(moe=model == "qwen35moe"))
     from spekula.fixtures.tiny_moe import MOE_ARCHS, tiny_moe_gguf_path
 
     if model in MOE_ARCHS:
@@ -135,7 +146,13 @@ def check_truncate_then_continue(name: str, model: str) -> None:
     want = run_fresh(b, tokens).logits
     s = b.new_seq()
     try:
-        b.forward([SeqInput(s, np.concatenate([tokens[:21], junk]), 0, np.array([], np.int64))])
+        none = np.array([], np.int64)
+        if b.info.recurrent:  # a recurrent state comes back only to a checkpoint's length or later
+            b.forward([SeqInput(s, tokens[:21], 0, none)])
+            b.checkpoint(s)
+            b.forward([SeqInput(s, junk, 21, none)])
+        else:
+            b.forward([SeqInput(s, np.concatenate([tokens[:21], junk]), 0, none)])
         b.truncate(s, 21)
         assert b.seq_len(s) == 21
         got = b.forward([SeqInput(s, tokens[21:], 21, np.arange(9))])[0].logits
@@ -189,9 +206,92 @@ def check_capture(name: str, model: str) -> None:
         b.free_seq(s)
 
 
+# ---- the recurrent-state contract (hybrid models) ------------------------------------------------
+
+
+def _decode(b: Backend, s: int, tokens: np.ndarray, start: int) -> np.ndarray:
+    """Plain decoding: one token per forward from `start`, every row's logits [n, n_vocab]."""
+    return np.stack([b.forward([SeqInput(s, tokens[i : i + 1], start + i)])[0].logits[0] for i in range(tokens.size)])
+
+
+def check_rollback_is_exact(name: str, model: str) -> None:
+    """A partly rejected draft: checkpoint, forward x and k-1 draft rows (the first j of them the plain
+    continuation), truncate to j+1 rows; decoding on gives plain decoding's logits bit for bit."""
+    b = get_backend(name, model)
+    prompt, cont = random_tokens(b, 13, seed=40), random_tokens(b, 10, seed=41)
+    L, k = prompt.size, 6
+    s = b.new_seq()
+    try:
+        b.forward([SeqInput(s, prompt, 0)])
+        want = _decode(b, s, cont, L)  # plain decoding of the continuation
+        for j in range(k):
+            b.truncate(s, 0)
+            b.forward([SeqInput(s, prompt, 0)])
+            b.checkpoint(s)
+            draft = np.concatenate([cont[: j + 1], random_tokens(b, k - j - 1, seed=50 + j)])
+            rows = b.forward([SeqInput(s, draft, L, np.arange(k))])[0].logits
+            assert_close(rows[: j + 1], want[: j + 1], same_backend_tol(name), f"{name} verification rows (j={j})")
+            assert b.restorable(s, L + j + 1) == L + j + 1
+            b.truncate(s, L + j + 1)
+            rest = _decode(b, s, cont[j + 1 :], L + j + 1)
+            assert_close(rest, want[j + 1 :], same_backend_tol(name), f"{name} decoding after rollback to {L + j + 1}")
+    finally:
+        b.free_seq(s)
+
+
+def check_restorable_and_snapshots(name: str, model: str) -> None:
+    """Which lengths a truncate reaches: 0, the current one, a checkpoint's on, snapshots; else ConfigError."""
+    from spekula.core.errors import ConfigError
+
+    b = get_backend(name, model)
+    tokens = random_tokens(b, 40, seed=60)
+    want = run_fresh(b, tokens).logits
+    none = np.array([], np.int64)
+    s = b.new_seq()
+    try:
+        b.forward([SeqInput(s, tokens[:10], 0, none)])
+        assert [b.restorable(s, n) for n in (0, 5, 10, 20)] == [0, 0, 10, 10]
+        with pytest.raises(ConfigError, match="truncate to 5"):
+            b.truncate(s, 5)
+        assert b.seq_len(s) == 10  # a refused truncate changes nothing
+        b.snapshot(s)
+        b.forward([SeqInput(s, tokens[10:16], 10, none)])
+        b.checkpoint(s)
+        b.forward([SeqInput(s, tokens[16:20], 16, none)])
+        assert [b.restorable(s, n) for n in (9, 10, 15, 16, 18, 20, 30)] == [0, 10, 10, 16, 18, 20, 20]
+        with pytest.raises(ConfigError):
+            b.forward([SeqInput(s, tokens[12:14], 12)])  # a forward from an unreachable length is refused too
+        b.truncate(s, 10)  # the snapshot; the checkpoint (at 16) is gone with the rows it followed
+        got = b.forward([SeqInput(s, tokens[10:20], 10, np.arange(10))])[0].logits
+        assert_close(got, want[10:20], same_backend_tol(name), f"{name} continued from a snapshot")
+        assert b.restorable(s, 18) == 10
+        b.truncate(s, 0)  # always reachable: the zero state
+        assert b.restorable(s, 30) == 0 and b.seq_len(s) == 0
+        got = b.forward([SeqInput(s, tokens, 0, np.arange(tokens.size))])[0].logits
+        assert_close(got, want, same_backend_tol(name), f"{name} after truncate to 0")
+        _check_snapshot_cap(b, s, tokens)
+    finally:
+        b.free_seq(s)
+
+
+def _check_snapshot_cap(b: Backend, s: int, tokens: np.ndarray) -> None:
+    """Three snapshots: the oldest is dropped (two are kept per sequence)."""
+    b.truncate(s, 0)
+    for n in (8, 16, 24):
+        b.forward([SeqInput(s, tokens[n - 8 : n], n - 8, np.array([], np.int64))])
+        b.snapshot(s)
+    b.forward([SeqInput(s, tokens[24:30], 24, np.array([], np.int64))])
+    assert [b.restorable(s, n) for n in (10, 20, 26)] == [0, 16, 24]
+
+
 CHECKS: dict[str, Callable[[str, str], None]] = {
     "logits_match_reference": check_logits_match_reference,
     "truncate_then_continue": check_truncate_then_continue,
     "batched_equals_alone": check_batched_equals_alone,
     "capture": check_capture,
+}
+
+HYBRID_CHECKS: dict[str, Callable[[str, str], None]] = {
+    "rollback_is_exact": check_rollback_is_exact,
+    "restorable_and_snapshots": check_restorable_and_snapshots,
 }

@@ -34,6 +34,8 @@ def moe_ffn_shapes(moe: MoEParams, prefix: str, n_embd: int) -> dict[str, tuple[
         S = moe.n_ff_shexp
         shapes |= {prefix + "ffn_gate_shexp.weight": (S, H), prefix + "ffn_up_shexp.weight": (S, H),
                    prefix + "ffn_down_shexp.weight": (H, S)}
+        if moe.shared_gate:
+            shapes[prefix + "ffn_gate_inp_shexp.weight"] = (H,)
     return shapes
 
 

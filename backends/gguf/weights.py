@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spekula.backends.gguf.architecture import ModelHParams
+from spekula.backends.gguf.architecture import DeltaNetParams, ModelHParams
 from spekula.backends.gguf.moe import moe_ffn_shapes
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile, TensorEntry
@@ -50,28 +50,44 @@ def dequantize(entry: TensorEntry, path: object = "<gguf>") -> np.ndarray:
         raise ModelFileError(path, f"cannot decode tensor {entry.name!r} ({entry.type_name}): {exc}") from None
 
 
+def delta_net_shapes(dn: DeltaNetParams, prefix: str, n_embd: int) -> dict[str, tuple[int, ...]]:
+    """Required tensors of one gated delta-net block's token mixer (in place of attention)."""
+    H, C, V, Hv = n_embd, dn.conv_dim, dn.value_dim, dn.n_v_heads
+    return {
+        prefix + "attn_qkv.weight": (C, H),  # conv channels [q | k | v]
+        prefix + "attn_gate.weight": (V, H),  # z, the output gate
+        prefix + "ssm_beta.weight": (Hv, H),
+        prefix + "ssm_alpha.weight": (Hv, H),
+        prefix + "ssm_dt.bias": (Hv,),
+        prefix + "ssm_a": (Hv,),  # -exp(A_log)
+        prefix + "ssm_conv1d.weight": (C, dn.conv_kernel),
+        prefix + "ssm_norm.weight": (dn.head_v_dim,),
+        prefix + "ssm_out.weight": (H, V),
+    }
+
+
 def block_shapes(hp: ModelHParams, i: int) -> dict[str, tuple[int, ...]]:
-    """Required tensors of decoder block ``i`` (trunk or MTP block): attention, norms, FFN or MoE."""
+    """Required tensors of decoder block ``i`` (trunk or MTP block): attention (or the gated delta-net of
+    a hybrid's recurrent block), norms, FFN or MoE."""
     H, hd = hp.n_embd, hp.head_dim
     q, kv = hp.n_head * hd, hp.n_head_kv * hd
     b = f"blk.{i}."
-    shapes: dict[str, tuple[int, ...]] = {
-        b + "attn_norm.weight": (H,),
-        b + "attn_q.weight": (q, H),
-        b + "attn_k.weight": (kv, H),
-        b + "attn_v.weight": (kv, H),
-        b + "attn_output.weight": (H, q),
-        b + hp.ffn_norm_name + ".weight": (H,),
-    }
+    shapes: dict[str, tuple[int, ...]] = {b + "attn_norm.weight": (H,), b + hp.ffn_norm_name + ".weight": (H,)}
+    if hp.delta_net is not None and hp.is_recurrent(i):
+        shapes |= delta_net_shapes(hp.delta_net, b, H)
+    else:
+        q_rows = 2 * q if hp.recipe.attn_output_gate else q  # [q | gate] per head
+        shapes |= {b + "attn_q.weight": (q_rows, H), b + "attn_k.weight": (kv, H), b + "attn_v.weight": (kv, H),
+                   b + "attn_output.weight": (H, q)}
+        if hp.has_qk_norm:
+            shapes |= {b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)}
+        if hp.has_qkv_bias:
+            shapes |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
     if hp.moe is not None and hp.moe.is_moe(i):
         shapes |= moe_ffn_shapes(hp.moe, b, H)
     else:
         shapes |= {b + "ffn_gate.weight": (hp.n_ff, H), b + "ffn_up.weight": (hp.n_ff, H),
                    b + "ffn_down.weight": (H, hp.n_ff)}
-    if hp.has_qk_norm:
-        shapes |= {b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)}
-    if hp.has_qkv_bias:
-        shapes |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
     return shapes
 
 
@@ -106,6 +122,8 @@ def _split_fused_qkv(f: GGUFFile, hp: ModelHParams, out: dict[str, np.ndarray]) 
     """Files converted with --fuse-qkv hold [q; k; v] rows in one tensor; split it back."""
     q, kv = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
     for i in range(hp.n_layer):
+        if hp.is_recurrent(i):  # a delta-net block's attn_qkv is its conv input, not attention's q, k, v
+            continue
         for suffix in ("weight", "bias"):
             name = f"blk.{i}.attn_qkv.{suffix}"
             if not f.has_tensor(name) or f.has_tensor(f"blk.{i}.attn_q.{suffix}"):
@@ -127,6 +145,8 @@ def load_model_weights(f: GGUFFile, *, hp: ModelHParams) -> dict[str, np.ndarray
             if not f.has_tensor(name):
                 raise ModelFileError(f.path, f"missing tensor {name!r} (architecture {hp.arch})")
             out[name] = dequantize(f.tensor(name), f.path)
+        if len(shape) == 1 and out[name].shape == (1, *shape):
+            out[name] = out[name].reshape(shape)  # a vector stored as one row (Qwen3.5's ffn_gate_inp_shexp)
         if out[name].shape != shape:
             raise ModelFileError(f.path, f"tensor {name!r} has shape {out[name].shape}, expected {shape}")
     for name, shape in optional_shapes(hp).items():

@@ -50,7 +50,7 @@ class Export:
 def open_model(model_path: str | os.PathLike[str]) -> tuple[GGUFFile, ModelHParams]:
     """Open and validate the GGUF (ModelFileError on damage or an unsupported architecture)."""
     f = GGUFFile(model_path)
-    return f, read_hparams(f)
+    return f, read_hparams(f, runtime="the onnx backend")
 
 
 def write_model(built: BuiltGraph, onnx_path: Path) -> Path:

@@ -16,6 +16,9 @@ in the forward and however the sequence was chunked. How (CPU fp32):
   query GEMMs run on row groups padded to the same measured multiple, so every reduction has the same
   length and kernel.
 * Norms, rope, activations and routing (top-k by a stable sort) are row-wise.
+* Hybrid models (Qwen3.5): a recurrent block advances each sequence's state token by token in position
+  order (``delta_net.py``), so the state and the rows' outputs do not depend on the batch or the chunking;
+  what a truncate can rebuild (checkpoints, snapshots) is ``recurrent.py``'s.
 
 Rows go through the blocks in tiles of at most ``TILE_ROWS`` rows. Proven by tests/test_torch_backend.py
 and the conformance suite (bitwise checks). On CUDA cuBLAS picks its kernels by shape alone, so exact
@@ -32,13 +35,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from spekula.backends.gguf.architecture import ModelHParams, read_hparams
+from spekula.backends.gguf.architecture import FEATURES, ModelHParams, read_hparams
 from spekula.backends.gguf.weights import load_model_weights
 from spekula.backends.seq_inputs import check_inputs
 from spekula.backends.seq_slots import PooledSeqs
-from spekula.backends.torch.exact_probe import choose_exact_gemm, onednn_packing_available, padded_align
+from spekula.backends.torch.delta_net import recurrence_width
+from spekula.backends.torch.exact_probe import attention_align, choose_exact_gemm, onednn_packing_available
 from spekula.backends.torch.kv import KVPool, SeqCache
 from spekula.backends.torch.model import AttnGroup, KVWrite, Tile, TorchModel, model_gemm_shapes
+from spekula.backends.torch.recurrent import RecurrentSeq
 from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
 from spekula.core.errors import ConfigError
 from spekula.core.modelfile.gguf_file import GGUFFile
@@ -102,7 +107,8 @@ class TorchBackend(PooledSeqs, Backend):
         if options.threads > 0:
             torch.set_num_threads(options.threads)
         f = GGUFFile.shared(model_path)
-        self.hparams: ModelHParams = read_hparams(f)
+        # every operation of FEATURES: gated delta-net blocks, gated attention, the gated shared expert
+        self.hparams: ModelHParams = read_hparams(f, implements=FEATURES, runtime="the torch backend")
         hp = self.hparams
         self.info = ModelInfo(
             path=str(model_path),
@@ -112,6 +118,7 @@ class TorchBackend(PooledSeqs, Backend):
             n_embd=hp.n_embd,
             n_layer=hp.n_layer,
             n_ctx_train=hp.n_ctx_train,
+            recurrent=hp.is_hybrid,
         )
         self.exact = options.exact
         cpu_f32 = self.device.type == "cpu" and self.dtype == torch.float32
@@ -133,7 +140,8 @@ class TorchBackend(PooledSeqs, Backend):
                     raise ConfigError(f"no fp32 GEMM path of this torch build is row-invariant on this CPU at {shape}, "
                                       "so the torch backend cannot be exact here; use --backend native")
                 self.gemm_plan[shape] = (packed, align)
-            attn = [padded_align(n, hp.head_dim) for n in (KEY_GRANULE, 4 * KEY_GRANULE)]
+            group = hp.n_head // hp.n_head_kv
+            attn = [attention_align(n, hp.head_dim, group, hp.attn_scale) for n in (KEY_GRANULE, 4 * KEY_GRANULE)]
             if None in attn:
                 raise ConfigError("no fp32 attention GEMM of this torch build is row-invariant on this CPU; "
                                   "use --backend native")
@@ -145,7 +153,7 @@ class TorchBackend(PooledSeqs, Backend):
         weights = load_model_weights(f, hp=hp)
         with torch.inference_mode():
             self.kv = self._seqs = KVPool(
-                n_layer=hp.n_layer,
+                n_layer=sum(not hp.is_recurrent(i) for i in range(hp.n_layer)),
                 n_head_kv=hp.n_head_kv,
                 head_dim=hp.head_dim,
                 n_ctx=options.n_ctx,
@@ -153,6 +161,7 @@ class TorchBackend(PooledSeqs, Backend):
                 granule=KEY_GRANULE,
                 dtype=self.dtype,
                 device=self.device,
+                new_recurrent=self._new_recurrent if hp.is_hybrid else None,
             )
             self.model = TorchModel(
                 hp, weights, dtype=self.dtype, device=self.device, max_pos=self.kv.max_capacity,
@@ -160,7 +169,42 @@ class TorchBackend(PooledSeqs, Backend):
             )
         del weights
 
-    # ---- sequences (new_seq, free_seq, seq_len, truncate: PooledSeqs over the KV pool) -------------
+    # ---- sequences (new_seq, free_seq, seq_len: PooledSeqs over the KV pool) ------------------------
+
+    def _new_recurrent(self) -> RecurrentSeq:
+        dn = self.hparams.delta_net
+        assert dn is not None
+        n_rec = sum(dn.recurrent)
+        with torch.inference_mode():
+            return RecurrentSeq((n_rec, dn.n_v_heads, dn.head_v_dim, dn.head_k_dim),
+                                (n_rec, dn.conv_kernel - 1, dn.conv_dim), recurrence_width(dn), self.device)
+
+    def truncate(self, seq_id: int, n_keep: int) -> None:
+        cache = self.kv.get(seq_id)
+        if n_keep < 0:
+            raise ConfigError(f"truncate: n_keep must be >= 0, got {n_keep}")
+        if cache.rec is not None:
+            with torch.inference_mode():
+                cache.rec.restore(cache.length, min(n_keep, cache.length), self.model.replay)
+        self.kv.truncate(seq_id, n_keep)
+
+    def checkpoint(self, seq_id: int) -> None:
+        cache = self.kv.get(seq_id)
+        if cache.rec is not None:
+            with torch.inference_mode():
+                cache.rec.checkpoint(cache.length)
+
+    def snapshot(self, seq_id: int) -> None:
+        cache = self.kv.get(seq_id)
+        if cache.rec is not None:
+            with torch.inference_mode():
+                cache.rec.snapshot(cache.length)
+
+    def restorable(self, seq_id: int, n_keep: int) -> int:
+        cache = self.kv.get(seq_id)
+        if cache.rec is None:
+            return super().restorable(seq_id, n_keep)
+        return cache.rec.restorable(cache.length, n_keep)
 
     def close(self) -> None:
         self.kv.clear()
@@ -260,6 +304,9 @@ class TorchBackend(PooledSeqs, Backend):
 
     def forward(self, inputs: Sequence[SeqInput], capture: Capture = _NO_CAPTURE) -> list[SeqOutput]:
         reqs = self._validate(inputs, capture)
+        for r, inp in zip(reqs, inputs, strict=True):
+            if r.cache.rec is not None and r.start != r.cache.length:
+                self.truncate(inp.seq_id, r.start)  # the recurrent state must be rebuilt at `start` (or refused)
         with torch.inference_mode():
             for r in reqs:
                 r.cache.length = r.start  # writing at `start` drops anything after it

@@ -69,6 +69,36 @@ def padded_align(n: int, k: int) -> int | None:
     return None
 
 
+@cache
+def attention_align(n_keys: int, head_dim: int, group: int, scale: float) -> int | None:
+    """The smallest multiple of query rows R at which the attention's batched GEMMs (the scores' baddbmm,
+    then probs @ values, each on ``group * R`` rows: the heads sharing a KV head folded in) are
+    row-invariant over a window of `n_keys` keys, or None. Measured on the batched calls as the backend
+    makes them, with the model's score scale (where ``alpha`` is applied changes bits unless it is a power
+    of two): their kernels need other multiples than F.linear's."""
+    g = torch.Generator().manual_seed(n_keys * 613 + head_dim * 7 + group)
+    # laid out as the backend's: keys and values are windows of a longer cache, the scores read keys transposed
+    keys = torch.randn(2, 2 * n_keys, head_dim, generator=g)[:, :n_keys]
+    vals = torch.randn(2, 2 * n_keys, head_dim, generator=g)[:, :n_keys]
+    q, probs = torch.randn(_PROBE_ROWS, head_dim, generator=g), torch.rand(_PROBE_ROWS, n_keys, generator=g)
+
+    def folded(rows: torch.Tensor) -> torch.Tensor:  # [2 KV heads, group * R, *], row r of head j = rows[r] + j
+        heads = torch.cat([rows + j for j in range(group)])
+        return torch.stack((heads, heads + 1))
+
+    def scores(rows: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(group * rows.shape[0], n_keys)
+        return torch.baddbmm(mask, folded(rows), keys.transpose(1, 2), alpha=scale)[1, : rows.shape[0]]
+
+    def mix(rows: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(folded(rows), vals)[1, : rows.shape[0]]
+
+    for align in ALIGN_CANDIDATES:
+        if _rows_invariant(scores, q, _COUNTS, pad_to=align) and _rows_invariant(mix, probs, _COUNTS, pad_to=align):
+            return align
+    return None
+
+
 def choose_exact_gemm(shapes: Iterable[tuple[int, int]], allow_packed: bool = True) -> tuple[bool, int | None]:
     """(use oneDNN packing, row alignment for the padded path) for a model with these [n, k] weights.
 

@@ -11,10 +11,12 @@ Capacity grows in whole key buckets so an attention window ``[:bucket_end]`` is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from spekula.backends.torch.recurrent import RecurrentSeq
 from spekula.core.errors import ConfigError
 
 
@@ -23,6 +25,7 @@ class SeqCache:
     k: torch.Tensor  # [n_layer, n_kv, cap, hd]
     v: torch.Tensor
     length: int = 0
+    rec: RecurrentSeq | None = None  # hybrid models: the recurrent blocks' state
 
     @property
     def capacity(self) -> int:
@@ -43,8 +46,12 @@ class KVPool:
         granule: int,
         dtype: torch.dtype,
         device: torch.device,
+        new_recurrent: Callable[[], RecurrentSeq] | None = None,
     ) -> None:
+        """``n_layer``: the attention blocks (a hybrid model's recurrent blocks keep no KV);
+        ``new_recurrent``: makes a new sequence's recurrent state (hybrid models)."""
         self.n_layer, self.n_head_kv, self.head_dim = n_layer, n_head_kv, head_dim
+        self.new_recurrent = new_recurrent
         self.n_ctx, self.n_seq_max, self.granule = n_ctx, n_seq_max, granule
         self.dtype, self.device = dtype, device
         # Capacity may exceed n_ctx by less than one granule so the last bucket fits.
@@ -61,7 +68,8 @@ class KVPool:
             raise ConfigError(f"too many live sequences (n_seq_max={self.n_seq_max})")
         seq_id = next(i for i in range(self.n_seq_max + 1) if i not in self._seqs)
         cap = min(self.max_capacity, 4 * self.granule)
-        self._seqs[seq_id] = SeqCache(self._alloc(cap), self._alloc(cap))
+        rec = self.new_recurrent() if self.new_recurrent is not None else None
+        self._seqs[seq_id] = SeqCache(self._alloc(cap), self._alloc(cap), rec=rec)
         return seq_id
 
     def get(self, seq_id: int) -> SeqCache:

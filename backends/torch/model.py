@@ -4,7 +4,8 @@ The backend (``torch.py``) cuts a forward pass into :class:`Tile` s and this mod
 every block. What makes the exact mode exact is decided by the planner; here the rule is only that
 every operation on a tile is either row-wise (norms, rope, activations, routing) or a GEMM whose shapes
 the planner fixed, so a row meets the same kernels wherever it sits (the FFNs, dense and MoE, are in
-``torch_moe``).
+``moe.py``). A hybrid model's recurrent blocks run the gated delta-net of ``delta_net.py`` instead of
+attention (per sequence, token by token); its attention blocks may gate their output (Qwen3.5).
 """
 
 from __future__ import annotations
@@ -18,6 +19,14 @@ import torch.nn.functional as F
 
 from spekula.backends.gguf.architecture import ModelHParams
 from spekula.backends.gguf.weights import rope_inv_freq
+from spekula.backends.torch.delta_net import (
+    DeltaNetWeights,
+    advance,
+    build_delta_net,
+    delta_net_gemm_shapes,
+    gated_output,
+    recurrence_width,
+)
 from spekula.backends.torch.kv import SeqCache
 from spekula.backends.torch.linear import GemmPlan, Lin, plain_gemm, planned_lin
 from spekula.backends.torch.moe import DenseFFN, MoEFFN, build_moe_ffn, moe_gemm_shapes
@@ -56,8 +65,11 @@ class Tile:
 
 def model_gemm_shapes(hp: ModelHParams) -> list[tuple[int, int]]:
     """[n, k] of every linear the model runs (fused qkv and gate/up, as built below)."""
-    qkv = (hp.n_head + 2 * hp.n_head_kv) * hp.head_dim
+    q_heads = 2 * hp.n_head if hp.recipe.attn_output_gate else hp.n_head  # [q | gate] per head
+    qkv = (q_heads + 2 * hp.n_head_kv) * hp.head_dim
     shapes = [(qkv, hp.n_embd), (hp.n_embd, hp.n_head * hp.head_dim), (hp.n_vocab, hp.n_embd)]
+    if hp.delta_net is not None:
+        shapes += delta_net_gemm_shapes(hp.delta_net, hp.n_embd)
     if hp.moe is None or hp.moe.n_dense_lead > 0:
         shapes += [(2 * hp.n_ff, hp.n_embd), (hp.n_embd, hp.n_ff)]
     if hp.moe is not None:
@@ -66,14 +78,21 @@ def model_gemm_shapes(hp: ModelHParams) -> list[tuple[int, int]]:
 
 
 @dataclass
-class LayerWeights:
-    attn_norm: torch.Tensor
-    qkv: Lin  # [(n_head + 2 n_kv) * hd, H]: one GEMM instead of three
+class AttnWeights:
+    qkv: Lin  # [(n_head (x2 when gated) + 2 n_kv) * hd, H]: one GEMM instead of three
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     out: Lin
+    kv_layer: int  # the layer of the sequences' KV caches this block writes
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor
+    mixer: AttnWeights | DeltaNetWeights
     ffn_norm: torch.Tensor
     ffn: DenseFFN | MoEFFN
+    recurrent_index: int = -1  # a delta-net block's index in the sequences' recurrent state
 
 
 def _rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -138,25 +157,31 @@ class TorchModel:
         self.lm_head = self._lin(self.embd if hp.tied_output else t("output.weight"), opt("output.bias"))
         self.out_norm = t("output_norm.weight")
         self.layers: list[LayerWeights] = []
+        self.n_kv_layers = self.n_recurrent = 0
         for i in block_ids:
             b = f"blk.{i}."
-            bias = cat(b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias") if hp.has_qkv_bias else None
             if hp.moe is not None and hp.moe.is_moe(i):
                 ffn: DenseFFN | MoEFFN = build_moe_ffn(hp.moe, weights, b, to_tensor=dev, make_lin=self._lin)
             else:
                 gate_up = self._lin(cat(b + "ffn_gate.weight", b + "ffn_up.weight"), self._gate_up_bias(weights, b))
                 ffn = DenseFFN(gate_up, self._lin(t(b + "ffn_down.weight"), opt(b + "ffn_down.bias")), hp.n_ff)
-            self.layers.append(
-                LayerWeights(
-                    attn_norm=t(b + "attn_norm.weight"),
+            mixer: AttnWeights | DeltaNetWeights
+            recurrent_index = -1
+            if hp.is_recurrent(i) and i < hp.n_layer:
+                mixer = build_delta_net(weights, b, device=device, to_tensor=dev, make_lin=self._lin)
+                recurrent_index, self.n_recurrent = self.n_recurrent, self.n_recurrent + 1
+            else:
+                bias = cat(b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias") if hp.has_qkv_bias else None
+                mixer = AttnWeights(
                     qkv=self._lin(cat(b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"), bias),
                     q_norm=opt(b + "attn_q_norm.weight"),
                     k_norm=opt(b + "attn_k_norm.weight"),
                     out=self._lin(t(b + "attn_output.weight"), opt(b + "attn_output.bias")),
-                    ffn_norm=t(b + hp.ffn_norm_name + ".weight"),
-                    ffn=ffn,
+                    kv_layer=self.n_kv_layers,
                 )
-            )
+                self.n_kv_layers += 1
+            self.layers.append(LayerWeights(t(b + "attn_norm.weight"), mixer, t(b + hp.ffn_norm_name + ".weight"), ffn,
+                                            recurrent_index))
         self._build_rope_tables(weights, max_pos)
 
     def _lin(self, w: torch.Tensor, b: torch.Tensor | None) -> Lin:
@@ -217,7 +242,7 @@ class TorchModel:
             out = torch.addcmul(xr.float() * cos, swapped.float(), sin).to(x.dtype)
         return torch.cat((out, x[..., n_rot:]), dim=-1) if n_rot < x.shape[-1] else out
 
-    def _attention(self, tile: Tile, layer: int, qk: torch.Tensor, out: torch.Tensor) -> None:
+    def _attention(self, tile: Tile, kv_layer: int, qk: torch.Tensor, out: torch.Tensor) -> None:
         """qk: roped [M, n_head + n_kv, hd]. Writes each group's rows of ``out`` [M, n_head, hd]."""
         hp = self.hp
         n_kv, g, hd = hp.n_head_kv, hp.n_head // hp.n_head_kv, hp.head_dim
@@ -226,8 +251,8 @@ class TorchModel:
             n, R = grp.r1 - grp.r0, grp.q_rows
             # heads h = kv*g + j share kv head `kv`: fold (j, row) into the GEMM's M dimension.
             qg = flat.index_select(0, grp.q_index).view(n_kv, g * R, hd)
-            keys = grp.cache.k[layer, :, : grp.n_keys]
-            vals = grp.cache.v[layer, :, : grp.n_keys]
+            keys = grp.cache.k[kv_layer, :, : grp.n_keys]
+            vals = grp.cache.v[kv_layer, :, : grp.n_keys]
             scores = torch.baddbmm(grp.mask, qg, keys.transpose(1, 2), alpha=hp.attn_scale)
             if scores.dtype == torch.float32:
                 probs = torch.softmax(scores, dim=-1)
@@ -251,28 +276,70 @@ class TorchModel:
         return _rms_norm(x, self.out_norm, hp.rms_eps), captured
 
     def run_block(self, tile: Tile, li: int, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        """Layer ``li`` over a tile's residual rows x [M, H]: attention (K/V written to KV layer ``li`` of
-        the tile's caches) and FFN, residuals added. ``attn_out``: zeroed [M, n_head, head_dim] scratch."""
+        """Layer ``li`` over a tile's residual rows x [M, H]: attention (K/V written to the block's KV layer
+        of the tile's caches) or the gated delta-net (the caches' recurrent state advanced), then the FFN,
+        residuals added. ``attn_out``: zeroed [M, n_head, head_dim] scratch."""
+        hp = self.hp
+        lw = self.layers[li]
+        h = _rms_norm(x, lw.attn_norm, hp.rms_eps)
+        if isinstance(lw.mixer, AttnWeights):
+            x = x + self._attend(tile, lw.mixer, h, attn_out)
+        else:
+            x = x + self._delta_net(tile, lw.mixer, lw.recurrent_index, h)
+        return x + lw.ffn(_rms_norm(x, lw.ffn_norm, hp.rms_eps))
+
+    def _attend(self, tile: Tile, aw: AttnWeights, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         hp = self.hp
         nh, nkv, hd = hp.n_head, hp.n_head_kv, hp.head_dim
-        M = x.shape[0]
-        lw = self.layers[li]
-        attn_flat = attn_out.view(M, nh * hd)
-        h = _rms_norm(x, lw.attn_norm, hp.rms_eps)
-        qkv = lw.qkv(h).view(M, nh + 2 * nkv, hd)
-        qk, v = qkv[:, : nh + nkv], qkv[:, nh + nkv :]
-        if lw.q_norm is not None and lw.k_norm is not None:
+        M = h.shape[0]
+        proj = aw.qkv(h)
+        gate = None
+        if hp.recipe.attn_output_gate:  # [q | gate] per head, then k, v
+            qg = proj[:, : 2 * nh * hd].view(M, nh, 2 * hd)
+            q, gate = qg[..., :hd], qg[..., hd:]
+            kv = proj[:, 2 * nh * hd :].view(M, 2 * nkv, hd)
+            k, v = kv[:, :nkv], kv[:, nkv:]
+            qk = torch.cat((q, k), 1)
+        else:
+            qkv = proj.view(M, nh + 2 * nkv, hd)
+            qk, v = qkv[:, : nh + nkv], qkv[:, nh + nkv :]
+        if aw.q_norm is not None and aw.k_norm is not None:
             qk = torch.cat(
-                (_rms_norm(qk[:, :nh], lw.q_norm, hp.rms_eps), _rms_norm(qk[:, nh:], lw.k_norm, hp.rms_eps)), 1
+                (_rms_norm(qk[:, :nh], aw.q_norm, hp.rms_eps), _rms_norm(qk[:, nh:], aw.k_norm, hp.rms_eps)), 1
             )
         qk = self._rope(qk, tile.cos, tile.sin)
+        kl = aw.kv_layer
         for w in tile.writes:
             n = w.r1 - w.r0
-            w.cache.k[li, :, w.pos0 : w.pos0 + n] = qk[w.r0 : w.r1, nh:].transpose(0, 1)
-            w.cache.v[li, :, w.pos0 : w.pos0 + n] = v[w.r0 : w.r1].transpose(0, 1)
-        self._attention(tile, li, qk, attn_out)
-        x = x + lw.out(attn_flat)
-        return x + lw.ffn(_rms_norm(x, lw.ffn_norm, hp.rms_eps))
+            w.cache.k[kl, :, w.pos0 : w.pos0 + n] = qk[w.r0 : w.r1, nh:].transpose(0, 1)
+            w.cache.v[kl, :, w.pos0 : w.pos0 + n] = v[w.r0 : w.r1].transpose(0, 1)
+        self._attention(tile, kl, qk, attn_out)
+        out = attn_out if gate is None else attn_out * torch.sigmoid(gate)
+        return aw.out(out.view(M, nh * hd))
+
+    def _delta_net(self, tile: Tile, dw: DeltaNetWeights, r: int, h: torch.Tensor) -> torch.Tensor:
+        """The gated delta-net over a tile: each sequence's rows advance its state, in position order."""
+        dn = self.hp.delta_net
+        assert dn is not None
+        proj = dw.in_proj(h)
+        rows = proj[:, : recurrence_width(dn)].float()
+        o = torch.zeros((h.shape[0], dn.n_v_heads, dn.head_v_dim), dtype=torch.float32, device=self.device)
+        for w in tile.writes:
+            rec = w.cache.rec
+            assert rec is not None
+            seg = rows[w.r0 : w.r1]
+            rec.record(r, w.pos0, seg)
+            advance(dn, dw, self.hp.rms_eps, rec.ssm[r], rec.conv[r], seg, o[w.r0 : w.r1])
+        return gated_output(dn, dw, self.hp.rms_eps, o, proj, self.dtype)
+
+    def replay(self, ssm: torch.Tensor, conv: torch.Tensor, rows: torch.Tensor) -> None:
+        """Advance every recurrent block r's state (ssm[r], conv[r]) over its logged rows[r] (a rollback)."""
+        dn = self.hp.delta_net
+        assert dn is not None
+        for lw in self.layers:
+            if isinstance(lw.mixer, DeltaNetWeights):
+                r = lw.recurrent_index
+                advance(dn, lw.mixer, self.hp.rms_eps, ssm[r], conv[r], rows[r], None)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

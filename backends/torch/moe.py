@@ -30,8 +30,8 @@ ToTensor = Callable[[np.ndarray], torch.Tensor]
 def moe_gemm_shapes(moe: MoEParams, n_embd: int) -> list[tuple[int, int]]:
     """[n, k] of every linear a MoE block runs: router, fused expert gate/up, expert down, shared expert."""
     shapes = [(moe.n_expert, n_embd), (2 * moe.n_ff_exp, n_embd), (n_embd, moe.n_ff_exp)]
-    if moe.n_expert_shared:
-        shapes += [(2 * moe.n_ff_shexp, n_embd), (n_embd, moe.n_ff_shexp)]
+    if moe.n_expert_shared:  # the shared expert's gate logit rides along as one more row of its gate/up
+        shapes += [(2 * moe.n_ff_shexp + int(moe.shared_gate), n_embd), (n_embd, moe.n_ff_shexp)]
     return shapes
 
 
@@ -50,14 +50,20 @@ def _rowwise_sigmoid(x: torch.Tensor) -> torch.Tensor:
 
 
 class DenseFFN:
-    """down(silu(gate x) * up x), gate and up fused into one GEMM."""
+    """down(silu(gate x) * up x), gate and up fused into one GEMM. ``gated`` (Qwen3.5-MoE's shared expert):
+    the GEMM has one more row, the logit g of the output gate, and the output is multiplied by sigmoid(g)."""
 
-    def __init__(self, gate_up: Lin, down: Lin, n_ff: int) -> None:
-        self.gate_up, self.down, self.n_ff = gate_up, down, n_ff
+    def __init__(self, gate_up: Lin, down: Lin, n_ff: int, *, gated: bool = False) -> None:
+        self.gate_up, self.down, self.n_ff, self.gated = gate_up, down, n_ff, gated
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         gu = self.gate_up(h)
-        return self.down(F.silu(gu[:, : self.n_ff]) * gu[:, self.n_ff :])
+        F_ = self.n_ff
+        out = self.down(F.silu(gu[:, :F_]) * gu[:, F_ : 2 * F_])
+        if self.gated:
+            # [M, 1] view with the GEMM's row stride: every row's sigmoid is a scalar, whatever M is.
+            out = out * torch.sigmoid(gu[:, 2 * F_ : 2 * F_ + 1])
+        return out
 
 
 class MoEFFN:
@@ -143,10 +149,12 @@ def build_moe_ffn(
     experts = [DenseFFN(make_lin(gate_up[e], None), make_lin(down[e], None), F_exp) for e in range(moe.n_expert)]
     shared = None
     if moe.n_expert_shared:
-        shared_gate_up = np.concatenate([weights[prefix + "ffn_gate_shexp.weight"],
-                                         weights[prefix + "ffn_up_shexp.weight"]])
+        parts = [weights[prefix + "ffn_gate_shexp.weight"], weights[prefix + "ffn_up_shexp.weight"]]
+        if moe.shared_gate:
+            parts.append(weights[prefix + "ffn_gate_inp_shexp.weight"].reshape(1, -1))
         shared_down = to_tensor(weights[prefix + "ffn_down_shexp.weight"])
-        shared = DenseFFN(make_lin(to_tensor(shared_gate_up), None), make_lin(shared_down, None), moe.n_ff_shexp)
+        shared = DenseFFN(make_lin(to_tensor(np.concatenate(parts)), None), make_lin(shared_down, None),
+                          moe.n_ff_shexp, gated=moe.shared_gate)
 
     def routing_tensor(name: str) -> torch.Tensor:
         return torch.from_numpy(weights[prefix + name]).to(device=gate_up.device, dtype=torch.float32).contiguous()

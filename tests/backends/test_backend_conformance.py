@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from backend_conformance import CHECKS, available_backends
+from backend_conformance import CHECKS, HYBRID_CHECKS, HYBRID_MODELS, available_backends
 
 TINY = ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe")
 BACKENDS = available_backends()
+# Backends that run hybrid (gated delta-net) models; the others refuse them by name.
+HYBRID_BACKENDS = [b for b in BACKENDS if b == "torch"]
 
 
 def test_torch_backend_is_available() -> None:
@@ -18,6 +20,13 @@ def test_torch_backend_is_available() -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_conformance_tiny(backend: str, model: str, check: str) -> None:
     CHECKS[check](backend, model)
+
+
+@pytest.mark.parametrize("check", sorted(CHECKS | HYBRID_CHECKS))
+@pytest.mark.parametrize("model", HYBRID_MODELS)
+@pytest.mark.parametrize("backend", HYBRID_BACKENDS)
+def test_conformance_hybrid(backend: str, model: str, check: str) -> None:
+    (CHECKS | HYBRID_CHECKS)[check](backend, model)
 
 
 @pytest.mark.slow
