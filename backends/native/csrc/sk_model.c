@@ -1,5 +1,8 @@
-/* The llama / qwen2 / qwen3 / qwen3moe / glm4moe decoder forward pass over GGUF blocks, on all
- * threads of a pool (a MoE block's FFN is in sk_moe.c).
+/* The llama / qwen2 / qwen3 / qwen3moe / glm4moe / qwen35 / qwen35moe decoder forward pass over GGUF
+ * blocks, on all threads of a pool (a MoE block's FFN is in sk_moe.c, the recurrence of a hybrid's
+ * gated delta-net blocks and their per-sequence state in sk_deltanet.c; only attention blocks keep
+ * keys and values). A block with an attention output gate (Qwen3.5) reads [q | gate] per head from wq
+ * and multiplies each head's attention output by sigmoid(gate).
  *
  * A context runs the blocks its config lists. With an input projection (multi-token-prediction
  * heads: one block of the file, fed a token and a hidden state per row) the rows enter as
