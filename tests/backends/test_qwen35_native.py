@@ -12,12 +12,17 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
+import anyio
 import numpy as np
 import pytest
+from toy_backend import GarbageDrafter, RepeatDrafter, make_engine, plain_decode, run_requests
 
 from spekula.backends.native.backend import NativeBackend
 from spekula.core.backend import BackendOptions, SeqInput
 from spekula.core.errors import ConfigError
+from spekula.core.modelfile.gguf_file import GGUFFile
+from spekula.core.modelfile.tokenizer import Tokenizer
+from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.fixtures.tiny_gguf import OUT_DIR
 from spekula.fixtures.tiny_moe_quant import rewrite_gguf
 from spekula.fixtures.tiny_qwen35 import tiny_qwen35_gguf_path, tiny_qwen35_hf_path
@@ -241,3 +246,28 @@ def test_restorable_snapshots_and_refusals() -> None:
     finally:
         b.free_seq(s)
         b.free_seq(ref)
+
+
+@pytest.mark.parametrize("name", ["dense", "moe-q4_0"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_speculative_decoding_through_the_engine_is_lossless(name: str, temperature: float) -> None:
+    """The engine's checkpoints, truncations and prompt snapshots over the native recurrent state: two
+    slots, drafts that are partly or wholly rejected, a second turn of each prompt reusing its slot."""
+    path = str(model_path(name))
+    tok = Tokenizer.from_gguf(GGUFFile(path))
+    b = NativeBackend(path, BackendOptions(n_ctx=128, n_seq_max=2, threads=2))
+    spec = SpecParams(types=("ngram-simple", "test-repeat", "test-garbage"),
+                      drafter_options={"spec-ngram-simple-size-n": 2, "spec-ngram-simple-size-m": 5})
+    engine = make_engine(b, tok, n_slots=2, n_ctx=128, n_batch=32, spec=spec,
+                         drafters=[RepeatDrafter(), GarbageDrafter(b.info.n_vocab, n_max=3)])
+    sampling = SamplingParams(temperature=temperature, seed=11)
+    prompts = [tokens(9, seed=12).tolist() * 3, tokens(5, seed=13).tolist() * 2]
+    reqs = [CompletionRequest(p, n_predict=20, sampling=sampling, ignore_eos=True) for p in prompts + prompts]
+    finals = anyio.run(run_requests, engine, reqs, 120.0)
+    ref = backend(name)
+    for req, final in zip(reqs, finals, strict=True):
+        assert final.error is None
+        want = plain_decode(ref, req.prompt, n_predict=20, sampling=sampling, seed=11, is_eog=tok.is_eog, n_ctx=128,
+                            ignore_eos=True)
+        assert final.tokens == want
+    assert sum(f.timings.get("draft_n", 0) for f in finals) > 0  # drafts were verified and rolled back
