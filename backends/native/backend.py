@@ -11,7 +11,11 @@ sequence whatever the batch, the chunking or the thread count (see backends/nati
 logits are bitwise the same alone or inside any verification batch. The KV cache is float16.
 
 The blocks are built from the model's description (gguf/architecture.py; native/blocks.py maps it to
-the C structures). Mixture-of-experts blocks describe each expert as a view of its slice of the 3-D
+the C structures). Hybrid models (Qwen3.5) run gated delta-net blocks (backends/native/csrc/sk_deltanet.c)
+whose per-sequence recurrent state lives beside the sequence's KV cache (attention blocks only); it
+follows core/backend.py's contract: a checkpoint costs nothing, a truncate back to a length from the
+checkpoint on replays the logged rows after it through the recurrence alone (bitwise the forward's
+state), and snapshots are copies. Mixture-of-experts blocks describe each expert as a view of its slice of the 3-D
 expert tensor (native/moe.py); the C side runs them as grouped matmuls (backends/native/csrc/sk_moe.c).
 """
 
@@ -23,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spekula.backends.gguf.architecture import read_hparams
+from spekula.backends.gguf.architecture import FEATURES, read_hparams
 from spekula.backends.gguf.weights import rope_inv_freq
 from spekula.backends.native import lib as nl
 from spekula.backends.native.blocks import build_layer, model_config
@@ -74,9 +78,11 @@ class NativeBackend(PooledSeqs, Backend):
             raise ConfigError(f"the native backend supports --ctx-size up to {MAX_CTX}, up to {MAX_SEQS} sequences "
                               f"and {MAX_THREADS} threads (got {options.n_ctx}, {options.n_seq_max}, {options.threads})")
         f = GGUFFile.shared(model_path)
-        hp = self.hparams = read_hparams(f)
+        # every operation of FEATURES: gated delta-net blocks, gated attention, the gated shared expert
+        hp = self.hparams = read_hparams(f, implements=FEATURES, runtime="the native backend")
         self.info = ModelInfo(path=str(model_path), arch=hp.arch, name=str(f.get("general.name", f.path.stem)),
-                              n_vocab=hp.n_vocab, n_embd=hp.n_embd, n_layer=hp.n_layer, n_ctx_train=hp.n_ctx_train)
+                              n_vocab=hp.n_vocab, n_embd=hp.n_embd, n_layer=hp.n_layer, n_ctx_train=hp.n_ctx_train,
+                              recurrent=hp.is_hybrid)
         self._file = f
         w = self._weights = NativeWeights(f, hp)
         self._layers = (nl.Layer * hp.n_layer)(*[build_layer(w, i) for i in range(hp.n_layer)])
@@ -115,7 +121,8 @@ class NativeBackend(PooledSeqs, Backend):
     def _reserve_kv(self, slot: int) -> None:
         if self._lib.sk_kv_alloc(self._ctx, slot) != 0:
             hp = self.hparams
-            gib = hp.n_layer * hp.n_head_kv * hp.head_dim * 2 * 2 * self.options.n_ctx / 2**30
+            n_kv = sum(not hp.is_recurrent(i) for i in range(hp.n_layer))  # delta-net blocks keep no KV
+            gib = n_kv * hp.n_head_kv * hp.head_dim * 2 * 2 * self.options.n_ctx / 2**30
             raise ConfigError(f"cannot reserve the KV cache of one sequence ({gib:.1f} GiB for --ctx-size "
                               f"{self.options.n_ctx}); use a smaller --ctx-size")
 
@@ -130,6 +137,44 @@ class NativeBackend(PooledSeqs, Backend):
 
     def __del__(self) -> None:
         self.close()
+
+    # ---- the recurrent state of hybrid models (core/backend.py's contract; sk_deltanet.h) -------------
+
+    def checkpoint(self, seq_id: int) -> None:
+        if self.info.recurrent and self._lib.sk_rs_checkpoint(self._ctx, self._seqs.get(seq_id).slot) != 0:
+            raise MemoryError(f"native checkpoint of sequence {seq_id}: out of memory for its row log")
+
+    def snapshot(self, seq_id: int) -> None:
+        if self.info.recurrent and self._lib.sk_rs_snapshot(self._ctx, self._seqs.get(seq_id).slot) != 0:
+            raise MemoryError(f"native snapshot of sequence {seq_id}: out of memory for the state's copy")
+
+    def restorable(self, seq_id: int, n_keep: int) -> int:
+        seq = self._seqs.get(seq_id)
+        n = max(0, min(int(n_keep), seq.length))
+        return int(self._lib.sk_rs_restorable(self._ctx, seq.slot, n)) if self.info.recurrent else n
+
+    def truncate(self, seq_id: int, n_keep: int) -> None:
+        seq = self._seqs.get(seq_id)
+        n = max(0, min(int(n_keep), seq.length))
+        if self.info.recurrent and n != seq.length:
+            rc = self._lib.sk_rs_truncate(self._ctx, seq.slot, n)
+            if rc == -1:
+                raise MemoryError(f"native truncate of sequence {seq_id}: out of memory for the replay")
+            if rc != 0:
+                raise ConfigError(f"sequence {seq_id} of a recurrent model cannot go back to length {n} (it is at "
+                                  f"{seq.length}; restorable: {self.restorable(seq_id, n)})")
+        seq.length = n
+
+    def recurrent_state(self, seq_id: int, layer: int) -> np.ndarray:
+        """A copy of delta-net block `layer`'s state of the sequence: [S (n_v_heads x head_v_dim x
+        head_k_dim) | conv rows ((conv_kernel - 1) x conv_dim)] flattened (tests compare it bitwise)."""
+        dn = self.hparams.delta_net
+        if dn is None or not dn.is_recurrent(layer):
+            raise ConfigError(f"block {layer} keeps no recurrent state")
+        out = np.empty(dn.state_floats, np.float32)
+        if self._lib.sk_rs_read(self._ctx, self._seqs.get(seq_id).slot, layer, out.ctypes.data, out.size) < 0:
+            raise ConfigError(f"no recurrent state for sequence {seq_id}")
+        return out
 
     # ---- forward -----------------------------------------------------------------------------------
 
@@ -147,6 +192,10 @@ class NativeBackend(PooledSeqs, Backend):
         hp = self.hparams
         checked = check_inputs(inputs, capture, n_layer=hp.n_layer, n_vocab=hp.n_vocab, n_ctx=self.options.n_ctx,
                                seq_len=self.seq_len)
+        if self.info.recurrent:  # a recurrent state continues from the sequence's length: go back first
+            for c in checked:
+                if c.start != self.seq_len(c.seq_id):
+                    self.truncate(c.seq_id, c.start)
         m = sum(int(c.tokens.size) for c in checked)
         if m == 0:
             return [SeqOutput(logits=np.empty((c.logit_rows.size, hp.n_vocab), np.float32)) for c in checked]

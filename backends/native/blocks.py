@@ -2,8 +2,10 @@
 
 The kernels run one block shape: RMSNorm before attention and FFN, optional per-head q/k norm (a
 layer's q_norm / k_norm pointers, NULL when absent), optional q/k/v biases (each matrix's bias), rope
-pairing as ``rope_neox``, and a SwiGLU FFN that is dense or a MoE block (native/moe.py). Anything else
-a recipe can name is refused when the description is read, so only this module maps it to C.
+pairing as ``rope_neox``, an optional attention output gate (Qwen3.5: ``attn_q`` yields [q | gate] per
+head), and a SwiGLU FFN that is dense or a MoE block (native/moe.py). In hybrid models a gated
+delta-net block (native/deltanet.py) takes attention's place. Anything else a recipe can name is
+refused when the description is read, so only this module maps it to C.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 from spekula.backends.gguf.architecture import ModelHParams
 from spekula.backends.native import lib as nl
+from spekula.backends.native.deltanet import delta_net_block
 from spekula.backends.native.moe import moe_block
 from spekula.backends.native.weights import NativeWeights
 
@@ -23,6 +26,9 @@ def build_layer(w: NativeWeights, i: int) -> nl.Layer:
     layer = nl.Layer()
     layer.attn_norm = nl.ptr(w.vector(b + "attn_norm.weight"))
     layer.ffn_norm = nl.ptr(w.vector(b + hp.ffn_norm_name + ".weight"))
+    if hp.delta_net is not None and hp.is_recurrent(i):
+        layer.dn = delta_net_block(w, i, hp.delta_net)
+        return _ffn(w, i, layer)
     if hp.has_qk_norm:
         layer.q_norm = nl.ptr(w.vector(b + "attn_q_norm.weight"))
         layer.k_norm = nl.ptr(w.vector(b + "attn_k_norm.weight"))
@@ -31,11 +37,21 @@ def build_layer(w: NativeWeights, i: int) -> nl.Layer:
         bias = b + name + ".bias" if hp.has_qkv_bias else None
         return w.matrix(b + name + ".weight", bias, shape, bias_required=True)
 
+    gate = hp.recipe.attn_output_gate  # q rows: [q | gate] per head
+    q_rows = hp.n_head * hp.head_dim * (2 if gate else 1)
+    layer.attn_gate = int(gate)
     if w.f.has_tensor(b + "attn_qkv.weight") and not w.f.has_tensor(b + "attn_q.weight"):
-        layer.wq = qkv("attn_qkv", ((hp.n_head + 2 * hp.n_head_kv) * hp.head_dim, hp.n_embd))
+        layer.wq = qkv("attn_qkv", (q_rows + 2 * hp.n_head_kv * hp.head_dim, hp.n_embd))
     else:
-        layer.wq, layer.wk, layer.wv = qkv("attn_q"), qkv("attn_k"), qkv("attn_v")
+        layer.wq, layer.wk, layer.wv = qkv("attn_q", (q_rows, hp.n_embd)), qkv("attn_k"), qkv("attn_v")
     layer.wo = w.matrix(b + "attn_output.weight", b + "attn_output.bias")
+    return _ffn(w, i, layer)
+
+
+def _ffn(w: NativeWeights, i: int, layer: nl.Layer) -> nl.Layer:
+    """blk.i's FFN into `layer`: the dense one or a MoE block."""
+    hp, b = w.hp, f"blk.{i}."
+    assert hp is not None
     if hp.moe is not None and hp.moe.is_moe(i):
         layer.moe = moe_block(w, i)
         return layer

@@ -43,13 +43,25 @@ class MoE(ctypes.Structure):
                 ("norm_weights", ctypes.c_int32), ("weights_scale", ctypes.c_float),
                 ("selection_bias", ctypes.c_void_p), ("router", Tensor), ("gate", ctypes.POINTER(Tensor)),
                 ("up", ctypes.POINTER(Tensor)), ("down", ctypes.POINTER(Tensor)), ("shared_gate", Tensor),
-                ("shared_up", Tensor), ("shared_down", Tensor)]
+                ("shared_up", Tensor), ("shared_down", Tensor),
+                ("shared_inp", Tensor)]  # data NULL: the shared expert's output is not gated
+
+
+class DeltaNet(ctypes.Structure):
+    """A gated delta-net block (sk_deltanet.h): its projections, conv kernel and gates (qkv.data NULL: none)."""
+
+    _fields_ = [(name, ctypes.c_int32) for name in ("n_k_heads", "n_v_heads", "head_k_dim", "head_v_dim",
+                                                     "conv_kernel")] + [
+        ("qkv", Tensor), ("z", Tensor), ("beta", Tensor), ("alpha", Tensor), ("out", Tensor),
+        ("conv_w", ctypes.c_void_p), ("dt_bias", ctypes.c_void_p), ("a", ctypes.c_void_p), ("norm", ctypes.c_void_p)]
 
 
 class Layer(ctypes.Structure):
     _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
                 ("k_norm", ctypes.c_void_p), ("wq", Tensor), ("wk", Tensor), ("wv", Tensor), ("wo", Tensor),
-                ("w_gate", Tensor), ("w_up", Tensor), ("w_down", Tensor), ("moe", ctypes.POINTER(MoE))]
+                ("w_gate", Tensor), ("w_up", Tensor), ("w_down", Tensor), ("moe", ctypes.POINTER(MoE)),
+                ("attn_gate", ctypes.c_int32),  # wq yields [q | gate] per head (Qwen3.5)
+                ("dn", DeltaNet)]  # dn.qkv.data set: a gated delta-net block in place of attention
 
 
 class Config(ctypes.Structure):
@@ -141,6 +153,17 @@ def lib() -> ctypes.CDLL:
     so.sk_test_attend.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                   ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                   ctypes.POINTER(ctypes.c_double)]
+    for name in ("sk_rs_checkpoint", "sk_rs_snapshot"):
+        getattr(so, name).restype = ctypes.c_int
+        getattr(so, name).argtypes = [ctypes.c_void_p, ctypes.c_int]
+    so.sk_rs_truncate.restype = ctypes.c_int
+    so.sk_rs_truncate.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
+    so.sk_rs_restorable.restype = ctypes.c_int64
+    so.sk_rs_restorable.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
+    so.sk_rs_length.restype = ctypes.c_int64
+    so.sk_rs_length.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    so.sk_rs_read.restype = ctypes.c_int64
+    so.sk_rs_read.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64]
     so.sk_moe_experts_run.restype = ctypes.c_int64
     so.sk_moe_experts_run.argtypes = []
     so.sk_profile_report.restype = None

@@ -36,5 +36,10 @@ def moe_block(w: NativeWeights, i: int) -> ctypes._Pointer[nl.MoE]:
         block.shared_gate = w.matrix(b + "ffn_gate_shexp.weight")
         block.shared_up = w.matrix(b + "ffn_up_shexp.weight")
         block.shared_down = w.matrix(b + "ffn_down_shexp.weight")
+    if moe.n_expert_shared and moe.shared_gate:  # sigmoid(x . ffn_gate_inp_shexp) scales the shared expert
+        name, E = b + "ffn_gate_inp_shexp.weight", w.hp.n_embd
+        stored = w.f.tensor(name).shape if w.f.has_tensor(name) else (E,)  # a vector, or a matrix of one row
+        e = w.typed_entry(name, stored if stored in ((E,), (1, E)) else (E,))
+        block.shared_inp = nl.tensor(w.keep_data(e), e.type_name, 1, E)
     w.structs.append(block)
     return ctypes.pointer(block)

@@ -1,5 +1,8 @@
-/* The llama / qwen2 / qwen3 / qwen3moe / glm4moe decoder forward pass over GGUF blocks, on all
- * threads of a pool (a MoE block's FFN is in sk_moe.c).
+/* The llama / qwen2 / qwen3 / qwen3moe / glm4moe / qwen35 / qwen35moe decoder forward pass over GGUF
+ * blocks, on all threads of a pool (a MoE block's FFN is in sk_moe.c, the recurrence of a hybrid's
+ * gated delta-net blocks and their per-sequence state in sk_deltanet.c; only attention blocks keep
+ * keys and values). A block with an attention output gate (Qwen3.5) reads [q | gate] per head from wq
+ * and multiplies each head's attention output by sigmoid(gate).
  *
  * A context runs the blocks its config lists. With an input projection (multi-token-prediction
  * heads: one block of the file, fed a token and a hidden state per row) the rows enter as
@@ -29,6 +32,7 @@
 #include <unistd.h>
 
 #include "sk.h"
+#include "sk_deltanet.h"
 #include "sk_moe.h"
 #include "sk_pool.h"
 
@@ -36,6 +40,8 @@ typedef struct {
     const float *attn_norm, *ffn_norm, *q_norm, *k_norm; /* q_norm / k_norm: NULL unless the arch has them */
     sk_tensor wq, wk, wv, wo, w_gate, w_up, w_down;       /* wk.data == NULL: wq is a fused [q; k; v] */
     const sk_moe *moe;                                    /* non-NULL: a MoE FFN replaces w_gate/up/down */
+    int32_t attn_gate; /* wq yields [q | gate] per head; the attention output is multiplied by sigmoid(gate) */
+    sk_dn dn;          /* dn.qkv.data non-NULL: a gated delta-net block in place of attention (sk_deltanet.h) */
 } sk_layer;
 
 typedef struct {
@@ -94,6 +100,10 @@ struct sk_ctx {
     sk_moe **moe;        /* [n_layer]: this context's copy of each MoE block's description, or NULL */
     sk_moe_scratch *moe_scratch;
     sk_ctx *base;        /* the context whose threads (and possibly prepared weights) this one uses, or NULL */
+    sk_dn_ctx *dn;       /* the delta-net blocks' state and scratch, or NULL */
+    int32_t *kv_layer;   /* [n_layer]: a block's index among those with a KV cache (delta-net blocks: -1) */
+    int32_t n_kv_layers;
+    int64_t qkvd;        /* row width of qkv: [q (| gate) per head | k | v] of the widest block */
     atomic_int refs;     /* 1 for the creator, 1 per context made over this one */
 };
 
@@ -165,7 +175,9 @@ SK_API const char *sk_kernel_name(int cap) { return pick_kernels(cap)->name; }
 /* 64-byte aligned memory (aligned_alloc wants the size rounded to the alignment). */
 static void *xalloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
 
-static int64_t qkv_dim(const sk_config *g) { return (int64_t)(g->n_head + 2 * g->n_head_kv) * g->head_dim; }
+/* A block's q region in a qkv row: per head q, or q then its gate (head stride 2 head_dim). */
+static int64_t q_stride(const sk_config *g, const sk_layer *L) { return (int64_t)g->head_dim * (L->attn_gate ? 2 : 1); }
+static int64_t q_width(const sk_config *g, const sk_layer *L) { return (int64_t)g->n_head * q_stride(g, L); }
 
 static int64_t max3(int64_t a, int64_t b, int64_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
@@ -215,10 +227,12 @@ static int ensure_scratch(sk_ctx *c, int64_t m) {
     if ((g->in_proj.data || g->wide_input) && 2 * (int64_t)g->n_embd > wide) wide = 2 * (int64_t)g->n_embd; /* [e; h] */
     if (g->wide_input && g->in_proj.data && g->in_proj.n_cols > wide) wide = g->in_proj.n_cols; /* the encoder's input */
     if (g->ctx_proj.data && g->ctx_proj.n_cols > wide) wide = g->ctx_proj.n_cols; /* the context encoder's input */
+    for (int l = 0; l < g->n_layer; l++) /* a delta-net block's ssm_out input */
+        if (g->layers[l].dn.out.n_cols > wide) wide = g->layers[l].dn.out.n_cols;
     int64_t kp = sk_round_up(wide, 64);
     c->x = malloc((size_t)(m * g->n_embd) * 4);
     c->h = malloc((size_t)(m * wide) * 4);
-    c->qkv = malloc((size_t)(m * qkv_dim(g)) * 4);
+    c->qkv = malloc((size_t)(m * c->qkvd) * 4);
     c->att = malloc((size_t)(m * qd) * 4);
     c->gu = malloc((size_t)(m * 2 * (g->n_ff > 0 ? g->n_ff : 1)) * 4); /* n_ff 0: every block is MoE */
     c->rope = malloc((size_t)(m * g->n_rot) * 4);
@@ -252,6 +266,8 @@ SK_API void sk_ctx_free(sk_ctx *c) {
         for (int l = 0; l < c->cfg.n_layer; l++) sk_moe_free(c->moe[l]);
     free(c->moe);
     sk_moe_scratch_free(c->moe_scratch);
+    sk_dn_ctx_free(c->dn);
+    free(c->kv_layer);
     free_scratch(c);
     free(c->layers);
     sk_ctx *base = c->base;
@@ -309,8 +325,9 @@ static int64_t for_each_weight(sk_ctx *c, int64_t (*fn)(sk_ctx *, sk_tensor *)) 
     int64_t total = 0;
     for (int l = 0; l < c->cfg.n_layer; l++) {
         sk_layer *L = &c->layers[l];
-        sk_tensor *ts[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++) total += fn(c, ts[i]);
+        sk_tensor *ts[12] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
+                             &L->dn.qkv, &L->dn.z, &L->dn.beta, &L->dn.alpha, &L->dn.out};
+        for (int i = 0; i < 12; i++) total += fn(c, ts[i]);
         for (int64_t i = 0; c->moe[l] && i < sk_moe_n_tensors(c->moe[l]); i++) total += fn(c, sk_moe_tensor(c->moe[l], i));
     }
     return total + fn(c, &c->cfg.in_proj) + fn(c, &c->cfg.ctx_proj) + fn(c, &c->cfg.output);
@@ -361,6 +378,33 @@ static int ctx_proj_fits(const sk_config *cfg) {
     return 1;
 }
 
+/* Which blocks keep keys and values, the qkv row width, and the delta-net blocks' context; -1 when the
+ * blocks do not fit together or out of memory. */
+static int set_up_blocks(sk_ctx *c) {
+    const sk_config *g = &c->cfg;
+    const sk_dn **dn = calloc((size_t)g->n_layer, sizeof(sk_dn *));
+    c->kv_layer = malloc(sizeof(int32_t) * (size_t)g->n_layer);
+    if (!dn || !c->kv_layer) { free(dn); return -1; }
+    c->qkvd = (int64_t)(g->n_head + 2 * g->n_head_kv) * g->head_dim;
+    for (int l = 0; l < g->n_layer; l++) {
+        const sk_layer *L = &c->layers[l];
+        if (L->dn.qkv.data) {
+            if (L->attn_gate || L->dn.qkv.n_cols != g->n_embd || L->dn.out.n_rows != g->n_embd) { free(dn); return -1; }
+            dn[l] = &L->dn;
+            c->kv_layer[l] = -1;
+            continue;
+        }
+        c->kv_layer[l] = c->n_kv_layers++;
+        const int64_t w = q_width(g, L) + 2 * (int64_t)g->n_head_kv * g->head_dim;
+        if (L->attn_gate && (L->wq.n_rows != (L->wk.data ? q_width(g, L) : w) || g->wide_input)) { free(dn); return -1; }
+        if (w > c->qkvd) c->qkvd = w;
+    }
+    int err = 0;
+    c->dn = sk_dn_ctx_new(dn, g->n_layer, g->n_seq_max, g->rms_eps, &err);
+    free(dn);
+    return err;
+}
+
 /* base NULL: own threads (cfg->n_threads) and kernel table; else base's, and base lives on until this
  * context is freed (a weight of layout 1 in cfg is taken as prepared for that kernel table). */
 static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int kernel_cap) {
@@ -395,6 +439,7 @@ static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int kernel_cap) {
         if (!(c->moe[l] = sk_moe_clone(cfg->layers[l].moe, cfg->n_embd))) { sk_ctx_free(c); return NULL; }
         c->layers[l].moe = c->moe[l];
     }
+    if (set_up_blocks(c) != 0) { sk_ctx_free(c); return NULL; }
     for (int i = 0; i < c->cfg.n_threads; i++) {
         c->att_scratch[i] = xalloc((size_t)(cfg->n_head / cfg->n_head_kv) * SK_ATTN_CHUNK * 4);
         if (!c->att_scratch[i]) { sk_ctx_free(c); return NULL; }
@@ -423,8 +468,9 @@ SK_API const char *sk_ctx_kernel_name(const sk_ctx *c) { return c->kern->name; }
 SK_API int sk_kv_alloc(sk_ctx *c, int slot) {
     if (slot < 0 || slot >= c->cfg.n_seq_max) return -1;
     if (c->kv[slot]) return 0;
-    size_t n = (size_t)c->cfg.n_layer * (size_t)c->cfg.n_head_kv * (size_t)c->kv_head_elems * 2;
-    c->kv[slot] = calloc(n, sizeof(uint16_t));
+    size_t n = (size_t)c->n_kv_layers * (size_t)c->cfg.n_head_kv * (size_t)c->kv_head_elems * 2;
+    c->kv[slot] = calloc(n > 0 ? n : 1, sizeof(uint16_t));
+    if (c->kv[slot] && c->dn && sk_dn_state_alloc(c->dn, slot) != 0) { free(c->kv[slot]); c->kv[slot] = NULL; }
     return c->kv[slot] ? 0 : -1;
 }
 
@@ -432,11 +478,12 @@ SK_API void sk_kv_release(sk_ctx *c, int slot) {
     if (slot < 0 || slot >= c->cfg.n_seq_max) return;
     free(c->kv[slot]);
     c->kv[slot] = NULL;
+    if (c->dn) sk_dn_state_free(c->dn, slot);
 }
 
 static uint16_t *kcache(sk_ctx *c, int slot, int layer, int head) {
     int64_t per_layer = (int64_t)c->cfg.n_head_kv * c->kv_head_elems;
-    return c->kv[slot] + ((int64_t)layer * 2) * per_layer + head * c->kv_head_elems;
+    return c->kv[slot] + ((int64_t)c->kv_layer[layer] * 2) * per_layer + head * c->kv_head_elems;
 }
 
 static uint16_t *vcache(sk_ctx *c, int slot, int layer, int head) {
@@ -521,11 +568,11 @@ static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int first_head, in
     const sk_config *g = &c->cfg;
     const sk_layer *L = &c->layers[layer];
     const int hd = g->head_dim;
-    const int64_t qkvd = qkv_dim(g);
+    const int64_t qkvd = c->qkvd, qs = q_stride(g, L), qw = q_width(g, L);
     for (int64_t r = r0; r < r1; r++) {
         float *row = c->qkv + r * qkvd, *cs = c->rope + r * g->n_rot;
         for (int h = first_head; h < g->n_head + g->n_head_kv; h++) {
-            float *v = row + (int64_t)h * hd;
+            float *v = h < g->n_head ? row + h * qs : row + qw + (int64_t)(h - g->n_head) * hd;
             const float *nw = h < g->n_head ? L->q_norm : L->k_norm;
             if (nw) c->kern->rms_norm(v, nw, hd, g->rms_eps, v);
             rope_head(v, cs, g->n_rot, g->rope_neox);
@@ -533,7 +580,7 @@ static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int first_head, in
         int slot = b->seq[r];
         int64_t t = b->pos[r];
         for (int h = 0; h < g->n_head_kv; h++) {
-            const float *kv = row + (int64_t)(g->n_head + h) * hd, *vv = kv + (int64_t)g->n_head_kv * hd;
+            const float *kv = row + qw + (int64_t)h * hd, *vv = kv + (int64_t)g->n_head_kv * hd;
             uint16_t *kd = kcache(c, slot, layer, h) + (t / SK_KEY_BLOCK) * hd * SK_KEY_BLOCK + t % SK_KEY_BLOCK;
             uint16_t *vd = vcache(c, slot, layer, h) + t * hd;
             for (int d = 0; d < hd; d++) {
@@ -549,7 +596,7 @@ static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int first_head, in
 static void attention(sk_ctx *c, const sk_batch *b, int layer, int ith, int nth) {
     const sk_config *g = &c->cfg;
     const int hd = g->head_dim, gq = g->n_head / g->n_head_kv;
-    const int64_t qkvd = qkv_dim(g), ldpart = hd + 2;
+    const int64_t qkvd = c->qkvd, ldpart = hd + 2, qs = q_stride(g, &c->layers[layer]);
     int64_t i0, i1, r = 0;
     split(c->att_prefix[b->n_rows], ith, nth, &i0, &i1);
     for (int64_t i = i0; i < i1; i++) {
@@ -557,14 +604,15 @@ static void attention(sk_ctx *c, const sk_batch *b, int layer, int ith, int nth)
         const int64_t n_keys = row_keys(b, r), nc = n_chunks(n_keys), local = i - c->att_prefix[r];
         const int kvh = (int)(local / nc);
         const int64_t t0 = (local % nc) * SK_ATTN_CHUNK, t1 = t0 + SK_ATTN_CHUNK < n_keys ? t0 + SK_ATTN_CHUNK : n_keys;
-        const float *q = c->qkv + r * qkvd + (int64_t)kvh * gq * hd;
-        c->kern->attend_part(q, gq, hd, kcache(c, b->seq[r], layer, kvh), vcache(c, b->seq[r], layer, kvh), t0, t1, hd,
+        const float *q = c->qkv + r * qkvd + (int64_t)kvh * gq * qs;
+        c->kern->attend_part(q, gq, qs, kcache(c, b->seq[r], layer, kvh), vcache(c, b->seq[r], layer, kvh), t0, t1, hd,
                              g->attn_scale, c->att_parts + i * gq * ldpart, ldpart, c->att_scratch[ith]);
     }
 }
 
-/* Merge each (row, query head)'s chunk partials in key order: out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) s_c. */
-static void attention_merge(sk_ctx *c, const sk_batch *b, int ith, int nth) {
+/* Merge each (row, query head)'s chunk partials in key order: out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) s_c,
+ * times sigmoid(gate) when the block has an output gate. */
+static void attention_merge(sk_ctx *c, const sk_batch *b, const sk_layer *L, int ith, int nth) {
     const sk_config *g = &c->cfg;
     const int hd = g->head_dim, gq = g->n_head / g->n_head_kv;
     const int64_t qd = (int64_t)g->n_head * hd, ldpart = hd + 2;
@@ -579,19 +627,90 @@ static void attention_merge(sk_ctx *c, const sk_batch *b, int ith, int nth) {
         if (nc == 1) {
             const float inv = 1.0f / p0[1];
             for (int d = 0; d < hd; d++) out[d] = p0[2 + d] * inv;
-            continue;
+        } else {
+            float m = -INFINITY, s = 0.0f;
+            for (int64_t k = 0; k < nc; k++) m = p0[k * step] > m ? p0[k * step] : m;
+            for (int d = 0; d < hd; d++) out[d] = 0.0f;
+            for (int64_t k = 0; k < nc; k++) {
+                const float *p = p0 + k * step, w = expf(p[0] - m);
+                s += w * p[1];
+                for (int d = 0; d < hd; d++) out[d] += w * p[2 + d];
+            }
+            const float inv = 1.0f / s;
+            for (int d = 0; d < hd; d++) out[d] *= inv;
         }
-        float m = -INFINITY, s = 0.0f;
-        for (int64_t k = 0; k < nc; k++) m = p0[k * step] > m ? p0[k * step] : m;
-        for (int d = 0; d < hd; d++) out[d] = 0.0f;
-        for (int64_t k = 0; k < nc; k++) {
-            const float *p = p0 + k * step, w = expf(p[0] - m);
-            s += w * p[1];
-            for (int d = 0; d < hd; d++) out[d] += w * p[2 + d];
+        if (L && L->attn_gate) {
+            const float *gate = c->qkv + r * c->qkvd + (int64_t)h * 2 * hd + hd;
+            for (int d = 0; d < hd; d++) out[d] *= 1.0f / (1.0f + expf(-gate[d]));
         }
-        const float inv = 1.0f / s;
-        for (int d = 0; d < hd; d++) out[d] *= inv;
     }
+}
+
+/* The attention half of block l: x += wo . attention(norm(x)), with the output gate when the block has one. */
+static void attention_block(sk_ctx *c, const sk_batch *b, const sk_layer *L, int l, int64_t r0, int64_t r1, int ith,
+                            int nth, double *tp) {
+    const sk_config *g = &c->cfg;
+    const int64_t m = b->n_rows, E = g->n_embd, qd = (int64_t)g->n_head * g->head_dim, qkvd = c->qkvd;
+    const int64_t qw = q_width(g, L);
+    double t = *tp;
+    part qkv[3] = {{&L->wq, c->qkv, qkvd, 0}, {&L->wk, c->qkv + qw, qkvd, 0},
+                   {&L->wv, c->qkv + qw + (int64_t)g->n_head_kv * g->head_dim, qkvd, 0}};
+    int nq = L->wk.data ? 3 : 1;
+    const int64_t in_w = g->wide_input && l == 0 ? 2 * E : E; /* a wide input is already in h */
+    if (in_w == E)
+        for (int64_t r = r0; r < r1; r++) c->kern->rms_norm(c->x + r * E, L->attn_norm, E, g->rms_eps, c->h + r * E);
+    if (any_quant(qkv, nq)) quantize(c, c->h, in_w, in_w, r0, r1);
+    barrier(c->pool, ith);
+    phase(ith, PH_NORM, &t);
+    gemm_parts(c, qkv, nq, c->h, in_w, m, ith, nth);
+    barrier(c->pool, ith);
+    phase(ith, PH_QKV, &t);
+    qkv_post(c, b, l, 0, r0, r1);
+    barrier(c->pool, ith);
+    phase(ith, PH_ROPE, &t);
+    attention(c, b, l, ith, nth);
+    barrier(c->pool, ith);
+    attention_merge(c, b, L, ith, nth);
+    barrier(c->pool, ith);
+    phase(ith, PH_ATTN, &t);
+    part o = {&L->wo, c->x, E, 1};
+    if (any_quant(&o, 1)) quantize(c, c->att, qd, qd, r0, r1);
+    barrier(c->pool, ith);
+    phase(ith, PH_NORM, &t);
+    gemm_parts(c, &o, 1, c->att, qd, m, ith, nth);
+    barrier(c->pool, ith);
+    phase(ith, PH_OPROJ, &t);
+    *tp = t;
+}
+
+/* The delta-net half of block l (sk_deltanet.h): x += ssm_out . gated_delta_net(norm(x)). */
+static void delta_net_block(sk_ctx *c, const sk_layer *L, int l, int64_t m, int64_t r0, int64_t r1, int ith, int nth,
+                            double *tp) {
+    const sk_config *g = &c->cfg;
+    const int64_t E = g->n_embd;
+    const sk_dn_io io = sk_dn_buffers(c->dn);
+    double t = *tp;
+    part in[4] = {{&L->dn.qkv, io.qkv, io.ld_qkv, 0}, {&L->dn.z, io.z, io.ld_z, 0},
+                  {&L->dn.beta, io.ba, io.ld_ba, 0}, {&L->dn.alpha, io.ba + L->dn.n_v_heads, io.ld_ba, 0}};
+    for (int64_t r = r0; r < r1; r++) c->kern->rms_norm(c->x + r * E, L->attn_norm, E, g->rms_eps, c->h + r * E);
+    if (any_quant(in, 4)) quantize(c, c->h, E, E, r0, r1);
+    barrier(c->pool, ith);
+    phase(ith, PH_NORM, &t);
+    gemm_parts(c, in, 4, c->h, E, m, ith, nth);
+    barrier(c->pool, ith);
+    phase(ith, PH_QKV, &t);
+    sk_dn_block(c->dn, c->kern, c->pool, l, r0, r1, ith, nth);
+    barrier(c->pool, ith);
+    phase(ith, PH_ATTN, &t);
+    part o = {&L->dn.out, c->x, E, 1};
+    const int64_t vd = L->dn.out.n_cols;
+    if (any_quant(&o, 1)) quantize(c, io.o, io.ld_o, vd, r0, r1);
+    barrier(c->pool, ith);
+    phase(ith, PH_NORM, &t);
+    gemm_parts(c, &o, 1, io.o, io.ld_o, m, ith, nth);
+    barrier(c->pool, ith);
+    phase(ith, PH_OPROJ, &t);
+    *tp = t;
 }
 
 static void forward_job(void *arg, int ith, int nth) {
@@ -599,8 +718,7 @@ static void forward_job(void *arg, int ith, int nth) {
     sk_ctx *c = j->c;
     const sk_batch *b = j->b;
     const sk_config *g = &c->cfg;
-    const int64_t m = b->n_rows, E = g->n_embd, qd = (int64_t)g->n_head * g->head_dim, ff = g->n_ff;
-    const int64_t qkvd = qkv_dim(g);
+    const int64_t m = b->n_rows, E = g->n_embd, ff = g->n_ff;
     int64_t r0, r1;
     split(m, ith, nth, &r0, &r1);
     double t = profiling == 1 ? now_s() : 0.0;
@@ -631,33 +749,11 @@ static void forward_job(void *arg, int ith, int nth) {
     for (int l = 0; l < g->n_layer; l++) {
         const sk_layer *L = &c->layers[l];
         if (b->capture && b->capture[l]) memcpy(b->capture[l] + r0 * E, c->x + r0 * E, (size_t)((r1 - r0) * E) * 4);
-        part qkv[3] = {{&L->wq, c->qkv, qkvd, 0}, {&L->wk, c->qkv + qd, qkvd, 0},
-                       {&L->wv, c->qkv + qd + (int64_t)g->n_head_kv * g->head_dim, qkvd, 0}};
-        int nq = L->wk.data ? 3 : 1;
-        const int64_t in_w = g->wide_input && l == 0 ? 2 * E : E; /* a wide input is already in h */
-        if (in_w == E)
-            for (int64_t r = r0; r < r1; r++) c->kern->rms_norm(c->x + r * E, L->attn_norm, E, g->rms_eps, c->h + r * E);
-        if (any_quant(qkv, nq)) quantize(c, c->h, in_w, in_w, r0, r1);
-        barrier(c->pool, ith);
-        phase(ith, PH_NORM, &t);
-        gemm_parts(c, qkv, nq, c->h, in_w, m, ith, nth);
-        barrier(c->pool, ith);
-        phase(ith, PH_QKV, &t);
-        qkv_post(c, b, l, 0, r0, r1);
-        barrier(c->pool, ith);
-        phase(ith, PH_ROPE, &t);
-        attention(c, b, l, ith, nth);
-        barrier(c->pool, ith);
-        attention_merge(c, b, ith, nth);
-        barrier(c->pool, ith);
-        phase(ith, PH_ATTN, &t);
-        part o = {&L->wo, c->x, E, 1};
-        if (any_quant(&o, 1)) quantize(c, c->att, qd, qd, r0, r1);
-        barrier(c->pool, ith);
-        phase(ith, PH_NORM, &t);
-        gemm_parts(c, &o, 1, c->att, qd, m, ith, nth);
-        barrier(c->pool, ith);
-        phase(ith, PH_OPROJ, &t);
+        if (L->dn.qkv.data) {
+            delta_net_block(c, L, l, m, r0, r1, ith, nth, &t);
+        } else {
+            attention_block(c, b, L, l, r0, r1, ith, nth, &t);
+        }
         for (int64_t r = r0; r < r1; r++) c->kern->rms_norm(c->x + r * E, L->ffn_norm, E, g->rms_eps, c->h + r * E);
         if (L->moe) {
             const sk_moe_env env = {c->kern, c->pool, c->moe_scratch};
@@ -715,13 +811,44 @@ SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
     if (ensure_scratch(c, b->n_rows) != 0 || plan_attention(c, b) != 0 ||
         sk_moe_reserve(&c->moe_scratch, c->moe, g->n_layer, g->n_embd, b->n_rows) != 0)
         return -1;
+    if (c->dn) { /* rows continue their sequences' recurrent states: checked, and those states found */
+        if (b->key_end) return -2;
+        int rc = sk_dn_plan(c->dn, b->n_rows, b->pos, b->seq);
+        if (rc != 0) return rc;
+    }
     if (profiling < 0) {
         const char *env = getenv("SPEKULA_NATIVE_PROFILE");
         profiling = env && env[0] == '1';
     }
     job j = {c, b};
     sk_pool_run(c->pool, forward_job, &j);
+    if (c->dn) sk_dn_commit(c->dn);
     return 0;
+}
+
+/* ---- the recurrent state of hybrid models (sk_deltanet.h); -2 for a context without one or a bad slot --- */
+
+static int has_state(const sk_ctx *c, int slot) {
+    return c->dn && slot >= 0 && slot < c->cfg.n_seq_max && sk_dn_has_state(c->dn, slot);
+}
+
+SK_API int sk_rs_checkpoint(sk_ctx *c, int slot) { return has_state(c, slot) ? sk_dn_checkpoint(c->dn, slot) : -2; }
+
+SK_API int sk_rs_snapshot(sk_ctx *c, int slot) { return has_state(c, slot) ? sk_dn_snapshot(c->dn, slot) : -2; }
+
+SK_API int64_t sk_rs_restorable(const sk_ctx *c, int slot, int64_t n) {
+    return has_state(c, slot) ? sk_dn_restorable(c->dn, slot, n) : -2;
+}
+
+SK_API int sk_rs_truncate(sk_ctx *c, int slot, int64_t n) {
+    return has_state(c, slot) ? sk_dn_truncate(c->dn, c->kern, c->pool, slot, n) : -2;
+}
+
+SK_API int64_t sk_rs_length(const sk_ctx *c, int slot) { return has_state(c, slot) ? sk_dn_length(c->dn, slot) : -2; }
+
+/* Block `layer`'s live state of a slot ([S | conv rows]) into out[cap], for tests: floats written or -1. */
+SK_API int64_t sk_rs_read(const sk_ctx *c, int slot, int layer, float *out, int64_t cap) {
+    return has_state(c, slot) ? sk_dn_read_state(c->dn, slot, layer, out, cap) : -1;
 }
 
 typedef struct {
@@ -766,8 +893,8 @@ static void inject_kv_job(void *arg, int ith, int nth) {
     sk_ctx *c = j->c;
     const sk_batch *b = j->b;
     const sk_config *g = &c->cfg;
-    const int64_t m = b->n_rows, E = g->n_embd, qd = (int64_t)g->n_head * g->head_dim;
-    const int64_t kvd = (int64_t)g->n_head_kv * g->head_dim, qkvd = qkv_dim(g), k_in = g->ctx_proj.n_cols;
+    const int64_t m = b->n_rows, E = g->n_embd;
+    const int64_t kvd = (int64_t)g->n_head_kv * g->head_dim, qkvd = c->qkvd, k_in = g->ctx_proj.n_cols;
     int64_t r0, r1;
     split(m, ith, nth, &r0, &r1);
     part enc = {&g->ctx_proj, c->x, E, 0};
@@ -786,7 +913,8 @@ static void inject_kv_job(void *arg, int ith, int nth) {
     barrier(c->pool, ith);
     for (int l = 0; l < g->n_layer; l++) {
         const sk_layer *L = &c->layers[l];
-        part kv[2] = {{&L->wk, c->qkv + qd, qkvd, 0}, {&L->wv, c->qkv + qd + kvd, qkvd, 0}};
+        const int64_t qw = q_width(g, L);
+        part kv[2] = {{&L->wk, c->qkv + qw, qkvd, 0}, {&L->wv, c->qkv + qw + kvd, qkvd, 0}};
         gemm_parts(c, kv, 2, c->h, E, m, ith, nth);
         barrier(c->pool, ith);
         qkv_post(c, b, l, g->n_head, r0, r1);
@@ -895,7 +1023,7 @@ SK_API int sk_test_attend(const float *q, int n_q, const uint16_t *k, const uint
             c.kern->attend_part(q, n_q, head_dim, k, v, ch * SK_ATTN_CHUNK, t1, head_dim, scale,
                                 c.att_parts + ch * n_q * (head_dim + 2), head_dim + 2, scratch);
         }
-        attention_merge(&c, &b, 0, 1);
+        attention_merge(&c, &b, NULL, 0, 1);
     }
     if (seconds) *seconds = (now_s() - t0) / (reps > 0 ? reps : 1);
     free(scratch);

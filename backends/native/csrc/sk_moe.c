@@ -94,6 +94,8 @@ sk_moe *sk_moe_clone(const sk_moe *src, int64_t n_embd) {
     if (has_shared(src) &&
         !expert_fits(&src->shared_gate, &src->shared_up, &src->shared_down, n_embd, src->shared_gate.n_rows))
         return NULL;
+    if (src->shared_inp.data && (!has_shared(src) || src->shared_inp.n_rows != 1 || src->shared_inp.n_cols != n_embd))
+        return NULL;
     sk_moe *m = malloc(sizeof *m);
     sk_tensor *t = malloc(sizeof(sk_tensor) * 3 * (size_t)ne);
     if (!m || !t) { free(m); free(t); return NULL; }
@@ -113,14 +115,16 @@ void sk_moe_free(sk_moe *m) {
     free(m);
 }
 
-int64_t sk_moe_n_tensors(const sk_moe *m) { return 1 + 3 * (int64_t)m->n_expert + (has_shared(m) ? 3 : 0); }
+int64_t sk_moe_n_tensors(const sk_moe *m) {
+    return 1 + 3 * (int64_t)m->n_expert + (has_shared(m) ? 3 : 0) + (m->shared_inp.data ? 1 : 0);
+}
 
 sk_tensor *sk_moe_tensor(sk_moe *m, int64_t i) {
     if (i == 0) return &m->router;
     i -= 1;
     if (i < 3 * (int64_t)m->n_expert) return &m->gate[i]; /* gate, up, down are consecutive */
     i -= 3 * (int64_t)m->n_expert;
-    return i == 0 ? &m->shared_gate : i == 1 ? &m->shared_up : &m->shared_down;
+    return i == 0 ? &m->shared_gate : i == 1 ? &m->shared_up : i == 2 ? &m->shared_down : &m->shared_inp;
 }
 
 /* ---- scratch ---------------------------------------------------------------------------------- */
@@ -344,12 +348,15 @@ void sk_moe_ffn(const sk_moe_env *env, const sk_moe *moe, const float *h, float 
     split(slots, ith, nth, &g0, &g1);
     sk_pool_barrier(env->pool);
 
-    moe_part router = {&moe->router, act_rows(&s->act_in, 0, m), h, n_embd, m, s->logits, ldl};
-    if (sk_is_quant(moe->router.type)) {
+    /* The router's logits, and the shared expert's gate logit in the spare column ne of each row. */
+    const int gated = moe->shared_inp.data != NULL;
+    moe_part router[2] = {{&moe->router, act_rows(&s->act_in, 0, m), h, n_embd, m, s->logits, ldl},
+                          {&moe->shared_inp, act_rows(&s->act_in, 0, m), h, n_embd, m, s->logits + ne, ldl}};
+    if (sk_is_quant(moe->router.type) || (gated && sk_is_quant(moe->shared_inp.type))) {
         if (r1 > r0) kern->quantize_rows(h + r0 * n_embd, n_embd, r1 - r0, n_embd, &s->act_in, r0);
         sk_pool_barrier(env->pool);
     }
-    run_parts(kern, &router, 1, ith, nth);
+    run_parts(kern, router, 1 + gated, ith, nth);
     sk_pool_barrier(env->pool);
 
     for (int64_t r = r0; r < r1; r++) route_row(moe, s->logits + r * ldl, s->chosen + r * km, s->weight + r * km);
@@ -387,7 +394,12 @@ void sk_moe_ffn(const sk_moe_env *env, const sk_moe *moe, const float *h, float 
         }
         if (has_shared(moe)) {
             const float *o = s->og + (s->off[ne] + r) * n_embd;
-            for (int64_t i = 0; i < n_embd; i++) y[i] += o[i];
+            if (gated) {
+                const float gate = 1.0f / (1.0f + expf(-s->logits[r * ldl + ne]));
+                for (int64_t i = 0; i < n_embd; i++) y[i] += gate * o[i];
+            } else {
+                for (int64_t i = 0; i < n_embd; i++) y[i] += o[i];
+            }
         }
         for (int64_t i = 0; i < n_embd; i++) xr[i] += y[i];
     }

@@ -2,7 +2,7 @@
  *
  * A MoE block's FFN: a router scores every expert per row, the n_expert_used best (after an optional
  * selection bias) run, and the row receives their outputs weighted by the router's probabilities,
- * plus an always-on shared expert when the model has one. Experts are views into the file's 3-D
+ * plus an always-on shared expert when the model has one (gated per row by a sigmoid in Qwen3.5-MoE). Experts are views into the file's 3-D
  * expert tensors (one [out, in] matrix per expert), so weights are never copied per expert.
  */
 #ifndef SK_MOE_H
@@ -22,6 +22,7 @@ typedef struct {
     sk_tensor router;            /* [n_expert, n_embd] */
     sk_tensor *gate, *up, *down; /* [n_expert] each: gate/up [n_ff_exp, n_embd], down [n_embd, n_ff_exp] */
     sk_tensor shared_gate, shared_up, shared_down; /* data NULL: no shared expert */
+    sk_tensor shared_inp; /* [1, n_embd]: the shared expert's output is gated by sigmoid(shared_inp . x); data NULL: not gated */
 } sk_moe;
 
 typedef struct sk_moe_scratch sk_moe_scratch;
