@@ -38,6 +38,7 @@ HIDDEN_REL_TOL = 1e-3
 # the values' scale. Measured: logits within 4-6 % of max |logit| (rms 2.5-5 % of their spread) on the
 # fixtures and SmolLM2, hidden states within 2-6 %.
 NATIVE_REL_TOL = 0.1
+HYBRID_QUANT_REL_TOL = 0.3  # a quantized hybrid on the native kernels (see check_logits_match_reference)
 N_CTX = 256
 
 
@@ -68,7 +69,8 @@ def smollm2_path() -> Path:
     pytest.skip(f"SmolLM2 unavailable: ensure_default_model failed ({reason})")
 
 
-HYBRID_MODELS = ("qwen35", "qwen35moe")
+# The tiny Qwen3.5 fixtures: float32, and with every matrix in Q8_0 (spekula convert --outtype q8_0).
+HYBRID_MODELS = ("qwen35", "qwen35moe", "qwen35-q8_0", "qwen35moe-q8_0")
 
 
 def model_path(model: str) -> str:
@@ -77,7 +79,8 @@ def model_path(model: str) -> str:
     if model in HYBRID_MODELS:
         from spekula.fixtures.tiny_qwen35 import tiny_qwen35_gguf_path
 
-        return str(tiny_qwen35_gguf_path(moe=model == "qwen35moe"))
+        arch, _, outtype = model.partition("-")
+        return str(tiny_qwen35_gguf_path(moe=arch == "qwen35moe", outtype=outtype or "f32"))
     from spekula.fixtures.tiny_moe import MOE_ARCHS, tiny_moe_gguf_path
 
     if model in MOE_ARCHS:
@@ -137,7 +140,16 @@ def check_logits_match_reference(name: str, model: str) -> None:
     assert b.info.n_vocab == ref.info.n_vocab and b.info.n_layer == ref.info.n_layer
     tokens = random_tokens(b, 37, seed=10)
     want = run_fresh(ref, tokens).logits
-    assert_close(run_fresh(b, tokens).logits, want, ref_tol(name, want, REF_TOL), f"{name} vs torch logits")
+    got = run_fresh(b, tokens).logits
+    tol = ref_tol(name, want, REF_TOL)
+    if b.info.recurrent and model.endswith("-q8_0") and base_backend(name) == "native":
+        # The delta-net blocks normalise per head (L2 norms of q and k, the RMS norm of the rule's output):
+        # where a head's output is small they magnify the int8 rounding of the activations a quantized
+        # matmul reads (here up to ~20 % of the largest logit in one row of the random fixture).
+        tol = HYBRID_QUANT_REL_TOL * max(1.0, float(np.abs(want).max()))
+        agree = float(np.mean(got.argmax(axis=1) == want.argmax(axis=1)))
+        assert agree >= 0.9, f"{name} vs torch: greedy choice agrees on {agree:.0%} of rows"
+    assert_close(got, want, tol, f"{name} vs torch logits")
 
 
 def check_truncate_then_continue(name: str, model: str) -> None:

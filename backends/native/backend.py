@@ -161,8 +161,8 @@ class NativeBackend(PooledSeqs, Backend):
             if rc == -1:
                 raise MemoryError(f"native truncate of sequence {seq_id}: out of memory for the replay")
             if rc != 0:
-                raise ConfigError(f"sequence {seq_id} of a recurrent model cannot go back to length {n} (it is at "
-                                  f"{seq.length}; restorable: {self.restorable(seq_id, n)})")
+                raise ConfigError(f"truncate to {n}: sequence {seq_id} of a recurrent model cannot go back there (it is "
+                                  f"at {seq.length}; the longest restorable length below is {self.restorable(seq_id, n)})")
         seq.length = n
 
     def recurrent_state(self, seq_id: int, layer: int) -> np.ndarray:

@@ -8,7 +8,7 @@ from backend_conformance import CHECKS, HYBRID_CHECKS, HYBRID_MODELS, available_
 TINY = ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe")
 BACKENDS = available_backends()
 # Backends that run hybrid (gated delta-net) models; the others refuse them by name.
-HYBRID_BACKENDS = [b for b in BACKENDS if b == "torch"]
+HYBRID_BACKENDS = [b for b in BACKENDS if b == "torch" or b.startswith("native")]
 
 
 def test_torch_backend_is_available() -> None:
