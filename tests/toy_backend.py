@@ -283,6 +283,42 @@ class RepeatDrafter(DraftlessDrafter):
         self.accepts.append((slot, n_accepted, mine))
 
 
+class OracleDrafter(DraftlessDrafter):
+    """Knows the sequences plain decoding produces (`sequences`: prompt + output) and proposes their next
+    tokens, one of them wrong in about half the drafts: the target accepts every length from 0 to the whole
+    draft, so rollbacks of every size happen on any model."""
+
+    name: ClassVar[str] = "test-oracle"
+
+    def __init__(self, sequences: Sequence[Sequence[int]], n_vocab: int, n_max: int = 6, seed: int = 0) -> None:
+        self.sequences = [list(map(int, q)) for q in sequences]
+        self.n_vocab, self.n_max = n_vocab, n_max
+        self.draft_cap = n_max
+        self.rng = np.random.default_rng(seed)
+
+    @classmethod
+    def create(cls, ctx: DrafterContext) -> OracleDrafter:
+        raise ConfigError("test-oracle is built by the tests that know the sequences")
+
+    def begin(self, slot: int, prompt: np.ndarray) -> None:
+        return None
+
+    def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
+        return None
+
+    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        out = []
+        for r in requests:
+            known = [*map(int, r.history), int(r.last)]
+            seq = next((q for q in self.sequences if q[: len(known)] == known), None)
+            tokens = [] if seq is None else seq[len(known) : len(known) + min(self.n_max, r.n_max)]
+            if tokens and self.rng.random() < 0.5:
+                i = int(self.rng.integers(len(tokens)))
+                tokens[i] = (tokens[i] + 1) % self.n_vocab
+            out.append(Draft(tokens))
+        return out
+
+
 class GarbageDrafter(DraftlessDrafter):
     """Always proposes n_max pseudo-random tokens: verification must throw them away losslessly."""
 
