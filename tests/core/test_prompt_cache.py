@@ -93,9 +93,14 @@ async def test_requests_go_to_the_slot_holding_their_prefix() -> None:
 
 @cache
 def _tiny(arch: str) -> tuple[str, Tokenizer]:
-    from spekula.fixtures.tiny_gguf import tiny_model_path
+    if arch.startswith("qwen35"):
+        from spekula.fixtures.tiny_qwen35 import tiny_qwen35_gguf_path
 
-    path = str(tiny_model_path(arch))
+        path = str(tiny_qwen35_gguf_path(moe=arch == "qwen35moe"))
+    else:
+        from spekula.fixtures.tiny_gguf import tiny_model_path
+
+        path = str(tiny_model_path(arch))
     return path, Tokenizer.from_gguf(GGUFFile(path))
 
 
@@ -133,6 +138,40 @@ def test_reused_prefix_gives_the_output_of_a_full_prefill(arch, backend, tokens,
         assert second.tokens == want.tokens
         cached = np.array(tokens[:k] + first.tokens[:-1], np.int32)
         assert second.timings["cache_n"] == min(common_prefix(cached, np.array(prompt, np.int32)), len(prompt) - 1)
+        warm.close(), cold.close()
+
+    anyio.run(go)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(arch=st.sampled_from(["qwen35", "qwen35moe"]), backend=st.sampled_from(["native", "torch"]),
+       tokens=st.lists(st.integers(3, 300), min_size=2, max_size=60), split=st.floats(0.0, 1.0),
+       keep=st.floats(0.0, 1.0), tail=st.lists(st.integers(3, 300), max_size=8), n_predict=st.integers(1, 16),
+       types=st.sampled_from([(), ("ngram-simple",), ("ngram-mod", "suffix")]), n_batch=st.sampled_from([7, 64]),
+       temperature=st.sampled_from([0.0, 0.9]), seed=st.integers(0, 2**31))
+def test_hybrid_second_turn_answers_as_without_the_cache(arch, backend, tokens, split, keep, tail, n_predict,  # type: ignore[no-untyped-def]
+                                                         types, n_batch, temperature, seed) -> None:
+    """A recurrent target reuses only a prefix it can rebuild (its current length, the prompt's snapshot,
+    the last checkpoint's span): turn 2, which keeps part of turn 1's answer, answers as a fresh engine."""
+    import anyio
+
+    k = max(1, int(split * len(tokens)))
+    sampling = SamplingParams(temperature=temperature, seed=seed)
+
+    async def go() -> None:
+        warm = _engine(arch, backend, types, n_batch)
+        first = await _one(warm, CompletionRequest(tokens[:k], n_predict=n_predict, sampling=sampling))
+        answer = first.tokens[: int(keep * len(first.tokens))]  # a template may re-render the answer differently
+        prompt = tokens[:k] + answer + tail + [3]
+        second = await _one(warm, CompletionRequest(list(prompt), n_predict=n_predict, sampling=sampling))
+        cold = _engine(arch, backend, types, n_batch)
+        want = await _one(cold, CompletionRequest(list(prompt), n_predict=n_predict, sampling=sampling))
+        assert second.error is None and second.tokens == want.tokens
+        cached = np.array(tokens[:k] + first.tokens[:-1], np.int32)
+        common = min(common_prefix(cached, np.array(prompt, np.int32)), len(prompt) - 1)
+        assert second.timings["cache_n"] <= common
+        assert second.timings["cache_n"] >= min(k, common)  # the snapshot at the end of turn 1's prompt
         warm.close(), cold.close()
 
     anyio.run(go)
