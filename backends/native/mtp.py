@@ -1,8 +1,8 @@
 """Multi-token-prediction heads on spekula's native kernels: each head is a native context over its one block.
 
 A head is a C context (backends/native/csrc/sk_model.c) whose config lists the head's block (``blk.{N + k}``,
-built by the native backend's own layer code: attention, the MoE FFN with its shared expert, norms,
-rope, float16 KV cache) and an input projection: its rows enter as
+built by the native backend's own layer code: attention (gated for Qwen3.5), the dense FFN or the MoE
+FFN with its shared expert, norms, rope, float16 KV cache) and an input projection: its rows enter as
 ``eh_proj . [rmsnorm(E[x], enorm); rmsnorm(h, hnorm)]`` instead of ``E[x]``, and its output norm and
 head are the head's ``shared_head_norm`` / ``shared_head_head`` or the trunk's ``output_norm`` /
 ``output``. The C forward then returns hout (its ``hidden_final``) and the logits, quantizing
@@ -13,8 +13,9 @@ Nothing is loaded twice. The heads' contexts are made over the target's (``sk_ct
 run on its thread pool and, when the heads are read from the target's own file, use the target's
 embedding and its output head as the target prepared them (repacked once at the target's load); a
 head falling back to a tensor an earlier head prepared (an MTP-only ``-md`` file's ``output``) takes
-that one. Only the heads' own blocks, ``eh_proj`` and the tensors a head has of its own are prepared
-here (the small norm vectors are read again). Each context keeps the one it was made over alive, so
+that one (so do Qwen3.5 heads sharing the first MTP block's ``eh_proj``). Only the heads' own blocks,
+``eh_proj`` and the tensors a head has of its own are prepared here (the small norm vectors are read
+again). Each context keeps the one it was made over alive, so
 closing the target first is safe. Without a native target (the runtime built on its own) head 0
 starts its own thread pool.
 """
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spekula.backends.gguf.architecture import read_hparams
+from spekula.backends.gguf.architecture import FEATURES, read_hparams
 from spekula.backends.gguf.moe import head_sources, nextn_shapes
 from spekula.backends.gguf.weights import block_shapes, rope_inv_freq
 from spekula.backends.native import lib as nl
@@ -44,17 +45,17 @@ class NativeMtpRuntime(PooledSeqs, MtpRuntime):
     def __init__(self, f: GGUFFile, info: MtpInfo, target: Backend, options: BackendOptions) -> None:
         check_head_options(options, "MTP")
         self.info, self.options = info, options
-        hp = self.hp = read_hparams(f)
-        if hp.moe is None or hp.n_nextn != info.n_heads:
-            raise ModelFileError(f.path, f"{hp.arch} MTP heads need the MoE hyper-parameters and nextn_predict_layers")
+        # every operation of FEATURES, as the native backend: gated attention, the gated shared expert
+        hp = self.hp = read_hparams(f, implements=FEATURES, runtime="the native MTP runtime")
+        if hp.n_nextn != info.n_heads:
+            raise ModelFileError(f.path, f"{hp.arch} MTP heads need nextn_predict_layers = {info.n_heads}")
         self._lib = nl.lib()
         self._file = f  # the mapped file every unpacked descriptor points into
         self._ctxs: list[int] = []
-        blocks = [info.first_block + k for k in range(info.n_heads)]
         w = self._weights = NativeWeights(f, hp)
-        for block in blocks:
-            required, optional = nextn_shapes(f"blk.{block}.", hp.n_embd, hp.n_vocab)
-            w.shapes |= block_shapes(hp, block) | required | optional
+        for head in range(info.n_heads):
+            required, optional = nextn_shapes(f"blk.{info.nextn_block(head)}.", hp.n_embd, hp.n_vocab)
+            w.shapes |= block_shapes(hp, info.block(head)) | required | optional
         rope_freqs = w.vector("rope_freqs.weight", required=False)
         self._inv = np.ascontiguousarray(
             rope_inv_freq(hp, {} if rope_freqs is None else {"rope_freqs.weight": rope_freqs}), dtype=np.float64)
@@ -69,23 +70,28 @@ class NativeMtpRuntime(PooledSeqs, MtpRuntime):
                 prepared[("head", "token_embd.weight" if hp.tied_output else "output.weight")] = tcfg.output
         self.threads = 0 if base is not None else (options.threads if options.threads > 0 else default_threads())
         try:
-            for block in blocks:
-                base = self._new_head(w, block, prepared, base)
+            for head in range(info.n_heads):
+                base = self._new_head(w, info.block(head), info.nextn_block(head), prepared, base)
         except BaseException:
             self.close()
             raise
         self._seqs = SlotPool(options.n_seq_max, self._reserve_kv, self._release_kv, what="MTP sequence")
 
-    def _new_head(self, w: NativeWeights, block: int, prepared: dict[tuple[str, str], nl.Tensor], base: int | None) -> int:
-        """Head `block`'s context, made over `base` (None: its own threads); what it prepared goes to `prepared`."""
+    def _new_head(self, w: NativeWeights, block: int, nextn_block: int, prepared: dict[tuple[str, str], nl.Tensor],
+                  base: int | None) -> int:
+        """The context of the head over `block` (its nextn.* tensors in `nextn_block`), made over `base` (None:
+        its own threads); what it prepared goes to `prepared`."""
         hp, H, V = self.hp, self.hp.n_embd, self.hp.n_vocab
-        src, b = head_sources(w.f, hp.tied_output, block), f"blk.{block}.nextn."
+        src, b = head_sources(w.f, hp.tied_output, nextn_block), f"blk.{nextn_block}.nextn."
         embd = prepared.get(("embd", src.embd))
         head = prepared.get(("head", src.head))
+        in_proj = prepared.get(("in_proj", b + "eh_proj.weight"))
         if embd is None:
             embd = w.matrix(src.embd, shape=(V, H))
         if head is None:
             head = w.matrix(src.head, shape=(V, H))
+        if in_proj is None:
+            in_proj = w.matrix(b + "eh_proj.weight")
         layers = (nl.Layer * 1)(build_layer(w, block))
         w.structs.append(layers)
         cfg = model_config(
@@ -93,7 +99,7 @@ class NativeMtpRuntime(PooledSeqs, MtpRuntime):
             n_ctx=self.options.n_ctx, n_seq_max=self.options.n_seq_max, n_threads=self.threads,
             rope_inv_freq=nl.ptr(self._inv),
             output_norm=nl.ptr(w.vector(src.norm)), token_embd=embd, output=head, layers=layers,
-            in_proj=w.matrix(b + "eh_proj.weight"), in_embd_norm=nl.ptr(w.vector(b + "enorm.weight")),
+            in_proj=in_proj, in_embd_norm=nl.ptr(w.vector(b + "enorm.weight")),
             in_hidden_norm=nl.ptr(w.vector(b + "hnorm.weight")))
         if base is not None:
             ctx = self._lib.sk_ctx_new_over(ctypes.byref(cfg), base)
@@ -106,6 +112,7 @@ class NativeMtpRuntime(PooledSeqs, MtpRuntime):
         ran = nl.ctx_config(ctx)
         prepared.setdefault(("embd", src.embd), ran.token_embd)
         prepared.setdefault(("head", src.head), ran.output)
+        prepared.setdefault(("in_proj", b + "eh_proj.weight"), ran.in_proj)
         return int(ctx)
 
     def close(self) -> None:

@@ -1,8 +1,8 @@
 """Multi-token-prediction heads on torch: the nextn input projection around the target's own decoder block.
 
 The block code is the torch target's (:class:`TorchModel` built over the MTP block ids, run one block
-at a time with ``run_block``), so an MTP head's attention and MoE FFN are computed exactly as a trunk
-block is. Only the MTP tensors are read from the file: each head's block and ``nextn.*`` tensors, plus
+at a time with ``run_block``), so an MTP head's attention (gated for Qwen3.5) and its dense or MoE FFN
+are computed exactly as a trunk block is. Only the MTP tensors are read from the file: each head's block and ``nextn.*`` tensors, plus
 the embedding, head norm and output head it borrows when it has none of its own. On a CPU float32 torch
 target those borrowed tensors are the target's own (no second copy).
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from spekula.backends.gguf.architecture import ModelHParams, read_hparams
+from spekula.backends.gguf.architecture import FEATURES, ModelHParams, read_hparams
 from spekula.backends.gguf.moe import HeadSources, head_sources, nextn_shapes
 from spekula.backends.gguf.weights import block_shapes, dequantize
 from spekula.backends.seq_slots import PooledSeqs
@@ -76,6 +76,8 @@ class _Loader:
                 arr = dequantize(self.f.tensor(name), self.f.path)
             else:
                 raise ModelFileError(self.f.path, f"missing tensor {name!r} (MTP block)")
+            if len(shape) == 1 and arr.shape == (1, *shape):
+                arr = arr.reshape(shape)  # a vector stored as one row (Qwen3.5's ffn_gate_inp_shexp)
             if tuple(arr.shape) != shape:
                 raise ModelFileError(self.f.path, f"tensor {name!r} has shape {tuple(arr.shape)}, expected {shape}")
             self.arrays[name] = arr
@@ -87,37 +89,38 @@ class TorchMtpRuntime(PooledSeqs, MtpRuntime):
     def __init__(self, f: GGUFFile, info: MtpInfo, target: Backend, options: BackendOptions) -> None:
         self.info = info
         self.device, self.dtype = device_dtype(options)
-        hp = read_hparams(f)
+        # every operation of FEATURES, as the torch backend: gated attention, the gated shared expert
+        hp = read_hparams(f, implements=FEATURES, runtime="the torch MTP runtime")
         self.hp = hp
-        if hp.moe is None or hp.n_nextn != info.n_heads:
-            raise ModelFileError(f.path, f"{hp.arch} MTP heads need the MoE hyper-parameters and nextn_predict_layers")
-        blocks = [info.first_block + k for k in range(info.n_heads)]
+        if hp.n_nextn != info.n_heads:
+            raise ModelFileError(f.path, f"{hp.arch} MTP heads need nextn_predict_layers = {info.n_heads}")
+        blocks = [info.block(k) for k in range(info.n_heads)]
         # Borrow only from the target's own file: an MTP-only GGUF brings its own embedding and head.
         same_file = GGUFFile.shared(target.info.path) is f
         load = _Loader(f, _borrowable(target, self.device, self.dtype) if same_file else {})
-        weights, sources = self._read(load, hp, blocks)
+        weights, sources = self._read(load, hp, info)
         with torch.inference_mode():
             self.kv = self._seqs = KVPool(n_layer=info.n_heads, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, n_ctx=options.n_ctx,
                              n_seq_max=options.n_seq_max, granule=KEY_GRANULE, dtype=self.dtype, device=self.device)
             # The model's token_embd / output_norm / output are head 0's (its own or the borrowed ones).
             self.model = TorchModel(hp, weights, dtype=self.dtype, device=self.device, max_pos=self.kv.max_capacity,
                                     blocks=blocks)
-            self.heads = self._heads(load, sources, blocks)
+            self.heads = self._heads(load, sources, info)
 
     # --- loading ---------------------------------------------------------------------------------
     def _read(self, load: _Loader, hp: ModelHParams,
-              blocks: list[int]) -> tuple[dict[str, np.ndarray], list[HeadSources]]:
+              info: MtpInfo) -> tuple[dict[str, np.ndarray], list[HeadSources]]:
         H, V = hp.n_embd, hp.n_vocab
         weights: dict[str, np.ndarray] = {}
         sources: list[HeadSources] = []
-        for block in blocks:
-            for name, shape in block_shapes(hp, block).items():
+        for head in range(info.n_heads):
+            for name, shape in block_shapes(hp, info.block(head)).items():
                 weights[name] = load.get(name, shape)
-            required, _optional = nextn_shapes(f"blk.{block}.", H, V)
+            required, _optional = nextn_shapes(f"blk.{info.nextn_block(head)}.", H, V)
             for name, shape in required.items():
                 load.get(name, shape)
             # Borrowed tensors are the same file's trunk tensors, so the file answers which exist.
-            src = head_sources(load.f, hp.tied_output, block)
+            src = head_sources(load.f, hp.tied_output, info.nextn_block(head))
             for name, shape in ((src.embd, (V, H)), (src.norm, (H,)), (src.head, (V, H))):
                 load.get(name, shape)
             sources.append(src)
@@ -129,7 +132,7 @@ class TorchMtpRuntime(PooledSeqs, MtpRuntime):
             weights["rope_freqs.weight"] = load.get("rope_freqs.weight", (hp.n_rot // 2,))
         return weights, sources
 
-    def _heads(self, load: _Loader, sources: list[HeadSources], blocks: list[int]) -> list[_Head]:
+    def _heads(self, load: _Loader, sources: list[HeadSources], info: MtpInfo) -> list[_Head]:
         # Head 0's tensors are the model's (its head too, unless a tied model made the embedding its head);
         # another head naming the same source shares the tensor.
         tensors: dict[str, torch.Tensor] = {sources[0].embd: self.model.embd, sources[0].norm: self.model.out_norm}
@@ -146,8 +149,8 @@ class TorchMtpRuntime(PooledSeqs, MtpRuntime):
             return lins[name]
 
         heads = []
-        for block, src in zip(blocks, sources, strict=True):
-            b = f"blk.{block}.nextn."
+        for head, src in enumerate(sources):
+            b = f"blk.{info.nextn_block(head)}.nextn."
             heads.append(_Head(tensor(src.embd), tensor(b + "enorm.weight"), tensor(b + "hnorm.weight"),
                                lin(b + "eh_proj.weight"), tensor(src.norm), lin(src.head)))
         return heads

@@ -13,7 +13,10 @@ step's output) at position P, and predicts x_{P+1}:
 A runtime owns the heads' weights and one KV cache per sequence and head, written by position like
 the target's (``truncate`` is O(1)). The heads come either from the target GGUF itself or from an
 MTP-only GGUF (llama.cpp's converter ``--mtp`` output: the MTP blocks plus token_embd, output_norm,
-output). Which class runs the heads on which backend is the model drafters' table
+output). GLM-4.5 stores the ``nextn.*`` tensors in every MTP block; Qwen3.5 stores its input projection
+and head norm (``mtp.fc``, ``mtp.pre_fc_norm_*``, ``mtp.norm``) once, with the first MTP block, and its
+later MTP blocks are decoder blocks only: head k then reads the first block's ``nextn.*`` around its
+own block (as vLLM runs Qwen3.5's MTP layers; llama.cpp runs only one). Which class runs the heads on which backend is the model drafters' table
 (drafters/model/runtimes.py, kind "mtp").
 """
 
@@ -33,8 +36,11 @@ from spekula.core.modelfile.gguf_file import GGUFFile
 if TYPE_CHECKING:
     from spekula.core.backend import Backend, BackendOptions
 
-# Architectures whose MTP blocks have a runtime (GLM-4.5's MoE block with a shared expert).
-MTP_ARCHS = ("glm4moe",)
+# Architectures whose MTP blocks have a runtime: GLM-4.5's MoE block with a shared expert, Qwen3.5's gated
+# full-attention block with the dense FFN (qwen35) or the MoE FFN with its gated shared expert (qwen35moe).
+MTP_ARCHS = ("glm4moe", "qwen35", "qwen35moe")
+# Architectures whose later MTP blocks share the first one's nextn.* tensors when they have none of their own.
+SHARED_NEXTN_ARCHS = ("qwen35", "qwen35moe")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +53,15 @@ class MtpInfo:
     first_block: int  # GGUF block index of head 0 (the trunk's block count)
     n_embd: int
     n_vocab: int
+    nextn_blocks: tuple[int, ...] = ()  # per head, the block whose nextn.* tensors it reads (default: its own)
+
+    def block(self, head: int) -> int:
+        """GGUF block index of head `head`'s decoder block."""
+        return self.first_block + head
+
+    def nextn_block(self, head: int) -> int:
+        """GGUF block index holding head `head`'s nextn.* tensors (eh_proj, enorm, hnorm, shared_head_*)."""
+        return self.nextn_blocks[head] if self.nextn_blocks else self.first_block + head
 
 
 @dataclass(slots=True)
@@ -146,18 +161,26 @@ def read_mtp_info(f: GGUFFile) -> MtpInfo:
         raise ConfigError(f"--spec-type draft-mtp: MTP layers of {arch!r} models are not supported "
                           f"(supported: {', '.join(MTP_ARCHS)})")
     first = int(f.require(f"{arch}.block_count")) - n_heads
-    missing = [first + k for k in range(n_heads) if not f.has_tensor(f"blk.{first + k}.nextn.eh_proj.weight")]
+
+    def has_nextn(block: int) -> bool:
+        return f.has_tensor(f"blk.{block}.nextn.eh_proj.weight")
+
+    shared = arch in SHARED_NEXTN_ARCHS and first >= 0 and has_nextn(first)
+    nextn = tuple(first + k if has_nextn(first + k) or not shared else first for k in range(n_heads))
+    missing = [first + k for k in range(n_heads) if not has_nextn(nextn[k])]
     if first < 0 or missing:
         raise ModelFileError(f.path, f"{arch}.nextn_predict_layers is {n_heads} but blocks {missing or [first]} "
                                      "have no nextn.eh_proj tensor (converted without its MTP layers?)")
     if not f.has_tensor("token_embd.weight"):
         raise ModelFileError(f.path, "missing tensor 'token_embd.weight'")
     return MtpInfo(str(f.path), arch, n_heads, first, int(f.require(f"{arch}.embedding_length")),
-                   int(f.tensor("token_embd.weight").shape[0]))
+                   int(f.tensor("token_embd.weight").shape[0]), nextn)
 
 
-def check_mtp_fits(info: MtpInfo, target_path: str, n_embd: int, n_vocab: int) -> None:
-    """The heads read the target's final hidden states and predict in its vocabulary."""
+def check_mtp_fits(info: MtpInfo, target_path: str, arch: str, n_embd: int, n_vocab: int) -> None:
+    """The heads belong to the target's architecture, read its final hidden states and predict in its vocabulary."""
+    if info.arch != arch:
+        raise ConfigError(f"MTP model {info.path} holds {info.arch} MTP layers, target {target_path} is a {arch} model")
     if info.n_embd != n_embd:
         raise ConfigError(f"MTP model {info.path} has hidden size {info.n_embd}, target {target_path} has {n_embd}")
     if info.n_vocab != n_vocab:
@@ -171,7 +194,8 @@ def check_mtp_files(target_path: str, draft_path: str | None) -> MtpInfo:
     info = read_mtp_info(GGUFFile.shared(draft_path) if draft_path else target)
     if draft_path:
         n_embd = int(target.require(f"{target.architecture}.embedding_length"))
-        check_mtp_fits(info, target_path, n_embd, int(target.tensor("token_embd.weight").shape[0]))
+        check_mtp_fits(info, target_path, str(target.architecture), n_embd,
+                       int(target.tensor("token_embd.weight").shape[0]))
     return info
 
 
@@ -180,7 +204,7 @@ def open_mtp_runtime(runtimes: RuntimeTable, backend_name: str, target: Backend,
     """The MTP heads of ``draft_path`` (an MTP GGUF given with -md) or, without one, of the target's own GGUF."""
     f = GGUFFile.shared(draft_path) if draft_path else GGUFFile.shared(target.info.path)
     info = read_mtp_info(f)
-    check_mtp_fits(info, target.info.path, target.info.n_embd, target.info.n_vocab)
+    check_mtp_fits(info, target.info.path, target.info.arch, target.info.n_embd, target.info.n_vocab)
     cls, _ = runtime_class(runtimes, backend_name, "mtp", f"MTP heads have no runtime for backend {backend_name!r}")
     runtime: MtpRuntime = cls(f, info, target, options)
     return runtime

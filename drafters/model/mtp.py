@@ -10,7 +10,9 @@ last row's h stays pending, since the token after it is not known yet. Drafting 
 whoever drafted.
 
 Several heads (nextn_predict_layers > 1) are chained: step i runs head i, the draft is at most as
-long as there are heads, and every target forward is written into every head's KV cache. Each head
+long as there are heads, and every target forward is written into every head's KV cache. (llama.cpp
+chains GLM's heads but runs a single Qwen3.5 MTP layer; here Qwen3.5's are chained too, each layer
+around the input projection they share.) Each head
 has its own cache, so step i decodes the whole draft prefix [x, d_1 .. d_i] under head i with the
 hidden states [pending h, hout_0 .. hout_{i-1}] (its cache holds nothing past x's position).
 Sampling follows the other model drafters: best (or sampled) of the top 10, p_min, n_min, n_max.
@@ -57,10 +59,14 @@ class _Run(DraftRun):
 
 
 def is_mtp_file(f: GGUFFile) -> bool:
-    """llama.cpp's test of a draft GGUF for MTP heads: its last block has a ``nextn.eh_proj`` tensor."""
+    """llama.cpp's test of a draft GGUF for MTP heads: its last block has a ``nextn.eh_proj`` tensor; or its
+    first MTP block has, where later ones share it (Qwen3.5 with several MTP layers)."""
     arch = f.get("general.architecture")
-    blocks = f.get(f"{arch}.block_count")
-    return arch != "dflash" and isinstance(blocks, int) and f.has_tensor(f"blk.{blocks - 1}.nextn.eh_proj.weight")
+    blocks, n_mtp = f.get(f"{arch}.block_count"), f.get(f"{arch}.nextn_predict_layers")
+    if arch == "dflash" or not isinstance(blocks, int):
+        return False
+    first = blocks - n_mtp if isinstance(n_mtp, int) and 0 < n_mtp <= blocks else blocks - 1
+    return any(f.has_tensor(f"blk.{b}.nextn.eh_proj.weight") for b in {blocks - 1, first})
 
 
 def check_heads(target_path: str, draft_path: str | None) -> None:
