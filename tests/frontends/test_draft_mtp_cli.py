@@ -13,6 +13,7 @@ from http_helpers import running
 from spekula.core.stats.stats import DrafterStats
 from spekula.fixtures import tiny_mtp
 from spekula.fixtures.tiny_gguf import tiny_model_path
+from spekula.fixtures.tiny_qwen35 import tiny_qwen35_gguf_path
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -50,6 +51,26 @@ def test_generate_with_the_targets_own_heads_and_with_md() -> None:
     md, err = generate(trunk, "-md", str(tiny_mtp.mtp_only_gguf(1)), *FIXED)
     assert md["tokens"] == plain_trunk["tokens"] and md["timings"]["draft_n"] > 0
     stats_line(err)
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["qwen35", "qwen35moe"])
+def test_generate_on_a_qwen35_target(moe: bool) -> None:
+    """A hybrid (recurrent) target with its constructed MTP heads, on the default native backend and on torch;
+    then its random heads from an MTP-only -md file, which implies draft-mtp, onto the target without them."""
+    target = tiny_mtp.agreeing_qwen35_gguf(moe=moe, n_mtp=1)
+    plain, _ = generate(target)
+    for backend in ("native", "torch"):
+        out, err = generate(target, "--spec-type", "draft-mtp", "--backend", backend, *FIXED)
+        assert out["tokens"] == plain["tokens"] and out["timings"]["draft_n"] > 0
+        _, st = DrafterStats.parse_line(stats_line(err))
+        assert st.n_acc_drafts == st.n_gen_drafts > 0 and st.n_acc_tokens > st.n_gen_tokens / 2
+    trunk = tiny_qwen35_gguf_path(moe=moe, variant="no_mtp")
+    plain_trunk, _ = generate(trunk)
+    md, err = generate(trunk, "-md", str(tiny_qwen35_gguf_path(moe=moe, n_mtp=2, variant="mtp_only")), *FIXED)
+    assert md["tokens"] == plain_trunk["tokens"] and md["timings"]["draft_n"] > 0
+    stats_line(err)
+    line = error_line(run_cli("generate", "-m", str(trunk), "-p", "hi", "-n", "2", "-md", str(tiny_mtp.mtp_only_gguf(1))))
+    assert "holds glm4moe MTP layers" in line
 
 
 @pytest.mark.parametrize(("model", "draft", "needle"), [
