@@ -28,7 +28,7 @@ from spekula.core.params import SamplingParams, SpecParams
 from spekula.drafters.model.mtp import MtpDrafter, is_mtp_file
 from spekula.drafters.model.runtimes import load_mtp_runtime
 from spekula.fixtures import tiny_mtp
-from spekula.fixtures.tiny_qwen35 import tiny_qwen35_gguf_path
+from spekula.fixtures.tiny_qwen35 import tiny_qwen35_gguf_path, tiny_qwen35_hf_path
 
 SPEC = SpecParams(types=("draft-mtp",), n_max=3, adaptive=False)  # full-length drafts: they are what is checked
 FIXTURES = [(moe, n) for moe in (False, True) for n in (1, 2)]
@@ -133,6 +133,32 @@ def test_native_heads_match_the_torch_heads(moe: bool, n_mtp: int) -> None:
         assert np.abs(g.hidden - w.hidden).max() <= F32_REL_TOL * max(1.0, float(np.abs(w.hidden).max()))
     cfgs = [nl.ctx_config(c) for c in native.contexts]
     assert all(c.in_proj.data == cfgs[0].in_proj.data for c in cfgs)
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["qwen35", "qwen35moe"])
+def test_heads_match_transformers(moe: bool) -> None:
+    """Both MTP layers of the 2-layer fixture, row by row over random tokens and hidden states, against
+    transformers' decoder layer around the shared mtp.fc / pre_fc norms / mtp.norm (qwen35_mtp_reference):
+    the torch heads within float32 rounding, the native heads within their float16 KV cache's."""
+    import torch
+    from qwen35_mtp_reference import qwen35_mtp_forward
+
+    path, hf = tiny_qwen35_gguf_path(moe=moe, n_mtp=2), tiny_qwen35_hf_path(moe=moe, n_mtp=2)
+    opts = BackendOptions(n_ctx=N_CTX, n_seq_max=2, threads=1)
+    rts = [(load_mtp_runtime("torch", load_backend("torch", str(path), opts), None, opts), 1e-4),
+           (load_mtp_runtime("native", NativeBackend(str(path), opts), None, opts), F32_REL_TOL)]
+    rng = np.random.default_rng(1)
+    tokens, hidden = rng.integers(0, 320, 10).astype(np.int32), rng.standard_normal((10, H)).astype(np.float32)
+    for head in (0, 1):
+        logits, hout = (x.numpy() for x in qwen35_mtp_forward(hf, head, tokens.tolist(), torch.from_numpy(hidden)))
+        for rt, tol in rts:
+            seq = rt.new_seq()
+            for p in range(len(tokens)):
+                out = rt.decode([MtpRows(seq, head, tokens[p:p + 1], hidden[p:p + 1], p)])[0]
+                assert out.logits is not None and out.hidden is not None
+                assert np.abs(out.logits - logits[p]).max() <= tol * max(1.0, float(np.abs(logits[p]).max()))
+                assert np.abs(out.hidden - hout[p]).max() <= tol * max(1.0, float(np.abs(hout[p]).max()))
+            rt.free_seq(seq)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
