@@ -1,7 +1,8 @@
 """draft-mtp on the tiny Qwen3.5 targets (hybrid gated delta-net + gated attention; dense qwen35 and MoE
 qwen35moe; 1 and 2 MTP layers) on the torch and native runtimes: lossless output greedy and sampled,
 constructed heads that must be accepted, the MTP-only file (-md), the nextn tensors the later MTP
-layers share, the native heads against the torch heads, and MTP files made for another target refused.
+layers share, the heads against transformers and the native heads against the torch heads, and MTP files
+made for another target refused.
 
 The target is recurrent: the engine checkpoints it before every verification forward and a rejected
 draft rolls it back from there; the heads themselves hold attention KV only (O(1) truncate).
