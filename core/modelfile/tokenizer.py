@@ -1,10 +1,12 @@
 """The model's tokenizer, rebuilt from GGUF metadata with llama.cpp's semantics.
 
-Two vocabulary kinds are supported:
+Three vocabulary kinds are supported:
 * ``tokenizer.ggml.model == "gpt2"``: byte-level BPE with a pre-tokenizer named by ``tokenizer.ggml.pre``
-  (``smollm``, ``qwen2``, ``qwen35``, ``llama-bpe`` and a few aliases);
+  (pretokenizers.py lists them: GPT-2's, starcoder's, qwen2's, llama3's, o200k's ``gpt-4o``, ``tekken``...);
 * ``tokenizer.ggml.model == "llama"``: SentencePiece-style BPE driven by token scores, ``▁`` for spaces,
-  ``<0xNN>`` byte fallback tokens and a space prefix.
+  ``<0xNN>`` byte fallback tokens and a space prefix (Llama 2, Gemma 3, Mistral's older vocabularies);
+* ``tokenizer.ggml.model == "gemma4"``: BPE ranked by its merge list over UTF-8 characters, ``▁`` for
+  spaces, no space prefix, ``<0xNN>`` byte fallback, words split only at newlines.
 
 Special tokens are split out of the text first, the way llama.cpp does it (longest special first,
 control tokens only when ``parse_special``, user-defined tokens always); each plain-text fragment is then
@@ -13,54 +15,31 @@ encoded by a `tokenizers` BPE model that knows nothing about specials.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tokenizers import Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models
 
 from spekula.core.errors import ModelFileError
-from spekula.core.modelfile import file_cache, gguf_file
+from spekula.core.modelfile import file_cache, gguf_file, pretokenizers
 from spekula.core.modelfile.gguf_file import GGUFFile
+from spekula.core.modelfile.pretokenizers import (
+    PRE_ADD_BOS,
+    PRE_TYPES,
+    byte_level_pre_tokenizer,
+    supported_pre_tokenizers,
+)
 from spekula.core.modelfile.stream_decode import StreamDecoder
 
 # tokenizer.ggml.token_type values
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _GIL_FREE_CHARS = 4096
+_NEWLINE_RUNS = re.compile(r"[^\n]+|\n+")
 # Vocabularies at least this large keep what is derived from them in the header cache (file_cache.py).
 CACHE_MIN_VOCAB = 4096
-
-_QWEN2_SPLIT = (
-    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN35_SPLIT = (
-    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
-    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_LLAMA3_SPLIT = (
-    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-# pre name -> (kind, ignore_merges). "gpt2": GPT-2's regex; "digits": every digit isolated first, then
-# GPT-2's regex (llama.cpp's starcoder/smollm list); a regex string: one isolating split.
-_PRE_TYPES: dict[str, tuple[str, bool]] = {
-    "gpt2": ("gpt2", False),
-    "gpt-2": ("gpt2", False),
-    "smollm": ("digits", False),
-    "starcoder": ("digits", False),
-    "refact": ("digits", False),
-    "qwen2": (_QWEN2_SPLIT, False),
-    "deepseek-r1-qwen": (_QWEN2_SPLIT, False),
-    "qwen35": (_QWEN35_SPLIT, False),
-    "llama-bpe": (_LLAMA3_SPLIT, True),
-    "llama3": (_LLAMA3_SPLIT, True),
-    "llama-v3": (_LLAMA3_SPLIT, True),
-}
-# llama.cpp adds BOS by default for these pre-tokenizers when the file does not say
-_PRE_ADD_BOS = {"llama-bpe", "llama3", "llama-v3"}
 
 # Token texts llama.cpp treats as end-of-generation whatever their declared type (llama-vocab.cpp).
 _EOG_TEXTS = frozenset(
@@ -107,38 +86,11 @@ _LATIN1_OF_CHAR = {**{i: chr(i).encode("utf-8").decode("latin-1") for i in range
                    **{ord(c): chr(b) for c, b in _BYTE_OF_CHAR.items()}}
 
 
-def byte_level_pre_tokenizer(pre: str) -> tuple[pre_tokenizers.PreTokenizer, bool]:
-    """(pre-tokenizer ending in ByteLevel, ignore_merges) for a ``tokenizer.ggml.pre`` name.
-
-    Raises KeyError for names this module does not implement (callers turn that into a clear error).
-    """
-    kind, ignore_merges = _PRE_TYPES[pre]
-    if kind == "gpt2":
-        pre_tok = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    elif kind == "digits":
-        pre_tok = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Digits(individual_digits=True),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-            ]
-        )
-    else:
-        pre_tok = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(kind), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-    return pre_tok, ignore_merges
-
-
-def supported_pre_tokenizers() -> list[str]:
-    return sorted(_PRE_TYPES)
-
-
 def _code_digest() -> str:
     """What a tokenizer cache entry depends on besides the file: this module and the header reader."""
-    return file_cache.source_digest(__file__) + file_cache.source_digest(gguf_file.__file__)
+    return "".join(file_cache.source_digest(m.__file__) for m in (gguf_file, pretokenizers)) + file_cache.source_digest(
+        __file__
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,17 +137,23 @@ class Tokenizer:
         self.pre = str(meta.get("tokenizer.ggml.pre") or "")
         if self.model_kind == "gpt2":
             default_bos = default_eos = 11
-            default_add_bos = self.pre in _PRE_ADD_BOS
+            default_add_bos = self.pre in PRE_ADD_BOS
         elif self.model_kind == "llama":
             default_bos, default_eos = 1, 2
             default_add_bos = True
+        elif self.model_kind == "gemma4":
+            default_bos = default_eos = None
+            default_add_bos = True
+            self.pre = "gemma4"  # llama.cpp sets it whatever the file says
         else:
             raise ModelFileError(
-                source, f"unsupported tokenizer model {self.model_kind!r} (supported: 'gpt2', 'llama')"
+                source, f"unsupported tokenizer model {self.model_kind!r} (supported: 'gpt2', 'llama', 'gemma4')"
             )
         self.bos_id = self._special_id(meta, "bos", default_bos)
         self.eos_id = self._special_id(meta, "eos", default_eos)
         self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", default_add_bos))
+        if self.model_kind == "gemma4":
+            self.add_bos = True  # llama.cpp overrides a false add_bos_token for Gemma 4
         self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
         self.chat_template = meta.get("tokenizer.chat_template")
         self.chat_template_kwargs = {}
@@ -209,6 +167,8 @@ class Tokenizer:
         self._skip = [t in (CONTROL, UNKNOWN) for t in self._types]
         if self.model_kind == "gpt2":
             self._init_bpe(vocab, merges)
+        elif self.model_kind == "gemma4":
+            self._init_spaced_bpe(vocab, merges)
         else:
             self._init_spm(meta, vocab, merges, has_bytes)
 
@@ -221,7 +181,12 @@ class Tokenizer:
     def _derive(self, meta: dict[str, Any], vocab: dict[str, int]) -> list[tuple[str, str]]:
         """Everything built by walking the vocabulary (the header cache keeps it, see `_derived`): the
         BPE merges, the special-token fixes to the types, fim, eog, the specials and the pieces."""
-        merges = self._bpe_merges(meta, vocab) if self.model_kind == "gpt2" else self._spm_merges(meta, vocab)
+        if self.model_kind == "llama":
+            merges = self._spm_merges(meta, vocab)
+        else:
+            if self.model_kind == "gpt2":
+                self._checked_pre()  # an unsupported pre-tokenizer fails before any work
+            merges = self._bpe_merges(meta, vocab)
         self.fim = self._find_fim(meta, vocab)
         self.eog_ids = self._build_eog(meta, vocab)
         self._specials = self._build_specials()
@@ -246,11 +211,10 @@ class Tokenizer:
         return list(merges)
 
     def _bpe_merges(self, meta: dict[str, Any], vocab: dict[str, int]) -> list[tuple[str, str]]:
-        self._checked_pre()  # an unsupported pre-tokenizer fails before any work
         raw_merges = meta.get("tokenizer.ggml.merges")
         if raw_merges is None:
             raise ModelFileError(
-                self._source, "missing metadata key 'tokenizer.ggml.merges' (needed by gpt2 BPE)"
+                self._source, "missing metadata key 'tokenizer.ggml.merges' (needed by BPE)"
             )
         merges: list[tuple[str, str]] = []
         for m in raw_merges:
@@ -264,7 +228,7 @@ class Tokenizer:
 
     def _checked_pre(self) -> str:
         pre = self.pre or "gpt2"  # llama.cpp falls back to its default regex (with a warning) when absent
-        if pre not in _PRE_TYPES:
+        if pre not in PRE_TYPES:
             raise ModelFileError(
                 self._source,
                 f"unsupported pre-tokenizer {pre!r} (supported: {', '.join(supported_pre_tokenizers())})",
@@ -277,6 +241,13 @@ class Tokenizer:
         self._core = HFTokenizer(bpe)
         self._core.pre_tokenizer = pre_tok
         self._core.decoder = decoders.ByteLevel()
+        self._add_space_prefix = False
+
+    def _init_spaced_bpe(self, vocab: dict[str, int], merges: list[tuple[str, str]]) -> None:
+        """Gemma 4: BPE ranked by the merge list over raw UTF-8 characters, spaces written as ``▁``, no
+        word split but at newlines, ``<0xNN>`` tokens for characters the vocabulary lacks."""
+        self._core = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=True))
+        self._vocab = vocab
         self._add_space_prefix = False
 
     def _spm_merges(self, meta: dict[str, Any], vocab: dict[str, int]) -> list[tuple[str, str]]:
@@ -367,12 +338,12 @@ class Tokenizer:
         if kind in (CONTROL, USER_DEFINED, UNKNOWN):
             return text.encode("utf-8")
         if kind == BYTE:
-            if self.model_kind == "llama" and text.startswith("<0x") and text.endswith(">"):
+            if self.model_kind in ("llama", "gemma4") and text.startswith("<0x") and text.endswith(">"):
                 return bytes([int(text[3:-1], 16)])
             return bytes([_BYTE_OF_CHAR[text]]) if text in _BYTE_OF_CHAR else text.encode("utf-8")
         if kind != NORMAL:
             return b""  # UNUSED and undefined tokens render as nothing in llama.cpp
-        if self.model_kind == "llama":
+        if self.model_kind in ("llama", "gemma4"):
             return text.replace("\u2581", " ").encode("utf-8")
         # characters outside the byte alphabet (hand-added tokens) stand for their own UTF-8
         try:
@@ -414,16 +385,30 @@ class Tokenizer:
             parts = nxt
         return parts
 
+    def _encode_spaced(self, fragment: str) -> list[int]:
+        """Gemma 4's fragment: lines and newline runs apart, a newline run that is a token taken whole
+        (llama.cpp merges nothing inside it), spaces as ``▁``."""
+        out: list[int] = []
+        for run in _NEWLINE_RUNS.findall(fragment.replace(" ", "\u2581")):
+            tid = self._vocab.get(run) if run[0] == "\n" else None
+            out.extend([tid] if tid is not None else self._encode_core(run))
+        return out
+
+    def _encode_core(self, text: str) -> list[int]:
+        if len(text) > _GIL_FREE_CHARS:
+            # The batch call releases the GIL while it works, so a long text does not stall the
+            # event loop of a server tokenizing it in a worker thread.
+            return self._core.encode_batch([text], add_special_tokens=False)[0].ids
+        return self._core.encode(text, add_special_tokens=False).ids
+
     def _encode_fragment(self, fragment: str, prev_special: bool) -> list[int]:
+        if self.model_kind == "gemma4":
+            return self._encode_spaced(fragment)
         if self.model_kind == "llama":
             if self._add_space_prefix and prev_special:
                 fragment = " " + fragment
             fragment = fragment.replace(" ", "\u2581")
-        if len(fragment) > _GIL_FREE_CHARS:
-            # The batch call releases the GIL while it works, so a long text does not stall the
-            # event loop of a server tokenizing it in a worker thread.
-            return self._core.encode_batch([fragment], add_special_tokens=False)[0].ids
-        return self._core.encode(fragment, add_special_tokens=False).ids
+        return self._encode_core(fragment)
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Text -> ids. `add_special`: BOS/EOS as the model asks; `parse_special`: recognise control tokens."""

@@ -20,10 +20,11 @@ from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.modelfile.tokenizer import CONTROL, NORMAL, Tokenizer, bytes_to_unicode
 
-SUPPORTED = ("gpt-2", "llama-bpe", "llama-spm", "phi-3", "qwen2", "qwen35", "refact", "starcoder")
+SUPPORTED = ("command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2", "llama-bpe", "llama-spm",
+             "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder")
 # Vocabularies with vectors whose tokenizer model or pre-tokenizer spekula does not implement: their
 # test checks that the tokenizer refuses them, then skips naming them.
-UNSUPPORTED = ("bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "mpt")
+UNSUPPORTED = ("bert-bge",)
 _VOCAB_PREFIX = ROOT + "models/ggml-vocab-"
 _SEPARATOR = "\n__ggml_vocab_test__\n"
 
@@ -132,3 +133,26 @@ MARK_CASES = [
 def test_qwen35_letter_runs_take_combining_marks(text: str, qwen35_ids: list[int], qwen2_ids: list[int]) -> None:
     assert Tokenizer(_mark_vocab("qwen35")).encode(text, add_special=False) == qwen35_ids
     assert Tokenizer(_mark_vocab("qwen2")).encode(text, add_special=False) == qwen2_ids
+
+
+# ---- Gemma 4: special tokens, BOS and decoding ---------------------------------------------------
+
+GEMMA4_PROMPT = "<|turn>user\nHello  w\u00f6rld\n\n\n\u65e5\u672c </s> <turn|>\n<|turn>model\n<|channel>thought\n"
+# llama-tokenize -m ggml-vocab-gemma-4.gguf (build 11434), special tokens parsed, BOS added
+GEMMA4_IDS = [2, 105, 2364, 107, 9259, 138, 236765, 4010, 671, 109, 10956, 1454, 236751, 236813, 236743, 106, 107,
+              105, 4368, 107, 100, 45518, 107]
+
+
+def test_gemma4_specials_bos_and_decoding(vocab_dir: Path) -> None:
+    meta = dict(GGUFFile(vocab_dir / "ggml-vocab-gemma-4.gguf").metadata)
+    meta["tokenizer.ggml.add_bos_token"] = False  # llama.cpp adds BOS for Gemma 4 whatever the file says
+    tok = Tokenizer(meta)
+    assert tok.encode(GEMMA4_PROMPT) == GEMMA4_IDS
+    assert tok.decode(GEMMA4_IDS) == "<bos>" + GEMMA4_PROMPT  # "</s>" is plain text here, not a control token
+    assert {tok.token_text(t) for t in tok.eog_ids} == {"<eos>", "<turn|>", "<|tool_response>"}
+    # a character the vocabulary lacks falls back to its UTF-8 bytes as <0xNN> tokens, and decodes back
+    rare = "\U0010fffd"  # llama-tokenize: [482, 381, 429, 427]
+    ids = tok.encode(rare, add_special=False)
+    assert ids == [482, 381, 429, 427]
+    assert [tok.token_text(t) for t in ids] == [f"<0x{b:02X}>" for b in rare.encode()]
+    assert tok.decode(ids) == rare
