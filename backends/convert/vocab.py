@@ -17,7 +17,10 @@ from spekula.backends.convert.source import load_json_object
 from spekula.core.errors import ConfigError, ModelFileError
 
 # Pre-tokenizer ids whose regexes llama.cpp (and our tokenizer) knows, for byte-level BPE vocabularies.
-KNOWN_PRE = ("smollm", "qwen2", "llama-bpe", "qwen35", "gpt-2", "starcoder", "refact")
+KNOWN_PRE = ("smollm", "qwen2", "llama-bpe", "qwen35", "gpt-2", "starcoder", "refact", "gpt-4o", "tekken")
+# The start of o200k's (GPT-4o, gpt-oss) and tekken's (Mistral Nemo, Ministral 3) regexes: letter runs
+# split by case.
+_CASED_RUN = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
 
 # How llama.cpp's converter class for a vocabulary's architecture fills the tokenizer block: "llama"
 # also copies tokenizer_config's add_prefix_space; "glm" gives the roles the tokenizer files leave
@@ -47,11 +50,17 @@ def infer_pre(tok: dict[str, Any], where: Path) -> str:
     if kinds == ["Split", "ByteLevel"]:
         pattern = parts[0].get("pattern") or {}
         regex = str(pattern.get("Regex", pattern.get("String", "")))
-        if r"\p{N}{1,3}" in regex:
+        cased = regex.startswith(_CASED_RUN)
+        # o200k groups digits by three and keeps contractions with their word; tekken does neither
+        if cased and r"\p{N}{1,3}" in regex and "(?i:'s|'t" in regex:
+            return "gpt-4o"
+        if cased and r"|\p{N}|" in regex and "'s" not in regex:
+            return "tekken"
+        if not cased and r"\p{N}{1,3}" in regex:
             return "llama-bpe"
-        if r"[\p{L}\p{M}]+" in regex:
+        if not cased and r"[\p{L}\p{M}]+" in regex:
             return "qwen35"
-        if r"\p{N}" in regex and ("(?i:'s|'t" in regex or "'[sS]" in regex):
+        if not cased and r"\p{N}" in regex and ("(?i:'s|'t" in regex or "'[sS]" in regex):
             return "qwen2"
     raise ModelFileError(
         where / "tokenizer.json",
@@ -88,6 +97,10 @@ def write_vocab(out: GGUFOut, src: Path, *, vocab_size: int | None, pre: str | N
     model = tok.get("model") or {}
     if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
         raise ModelFileError(tok_path, f"tokenizer model {model.get('type')!r} is not supported (need BPE)")
+    if model.get("byte_fallback"):
+        # Gemma 4's kind: llama.cpp writes it as tokenizer model "gemma4" with scores and its own types
+        raise ModelFileError(tok_path, "SentencePiece-style BPE (byte_fallback, as Gemma 4's) is not converted; "
+                                       "only byte-level BPE tokenizers are")
     if pre is None:
         pre = infer_pre(tok, src)
     elif pre not in KNOWN_PRE:
