@@ -15,6 +15,7 @@ import structlog
 
 from spekula.core.errors import SpekulaError
 from spekula.core.modelfile.content_caps import content_caps, join_text_parts, shaped_messages
+from spekula.core.modelfile.family_messages import family_messages
 from spekula.core.modelfile.named_templates import NAMED_TEMPLATES as _BUILT_IN
 
 if TYPE_CHECKING:
@@ -41,6 +42,26 @@ def _default_variables() -> dict[str, Any]:
     today = datetime.now()
     return {"tools": None, "documents": None, "enable_thinking": True,
             "date_string": today.strftime("%d %b %Y"), "datetime": today.strftime("%b %d %Y")}
+
+
+# Checks in two templates that llama-server switches off (common/chat.cpp) because they refuse messages
+# it sends: gpt-oss's refusal of an assistant content holding channel markers, and Ministral 3's of an
+# assistant message with neither content nor tool calls.
+_DISABLED_CHECKS = (
+    ("<|channel|>", '{%- if "<|channel|>analysis<|message|>" in message.content or '
+                    '"<|channel|>final<|message|>" in message.content %}'),
+    ("[TOOL_CALLS]", "{%- if (message['content'] is none or message['content'] == '' or "
+                     "message['content']|length == 0) and (message['tool_calls'] is not defined or "
+                     "message['tool_calls'] is none or message['tool_calls']|length == 0) %}"),
+)
+
+
+def llamacpp_patched(source: str) -> str:
+    """`source` with the checks llama-server disables replaced by ``{%- if false %}``, as it does."""
+    for marker, check in _DISABLED_CHECKS:
+        if marker in source and check in source:
+            source = source.replace(check, "{%- if false %}")
+    return source
 
 
 def _checked(source: str) -> jinja2.Template:
@@ -72,11 +93,11 @@ def render_chat(
         template = CHATML_TEMPLATE
     from spekula.core.modelfile.jinja_sandbox import TemplateRaised
 
-    compiled = _checked(template)
+    compiled = _checked(llamacpp_patched(template))
     context = {**_default_variables(), **extra}
     try:
         return compiled.render(
-            messages=shaped_messages(messages, content_caps(template)),
+            messages=family_messages(template, shaped_messages(messages, content_caps(template))),
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,
