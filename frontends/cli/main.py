@@ -20,6 +20,7 @@ from spekula.core.errors import SpekulaError
 
 # Before any command module: the process's first import of structlog, without rich (see logging_setup).
 from spekula.frontends import logging_setup  # noqa: F401
+from spekula.frontends.cli.deferred_options import DeferringParser
 
 COMMANDS: dict[str, str] = {
     "generate": "Generate text from a prompt (optionally with speculative decoding)",
@@ -42,7 +43,7 @@ def _module_name(command: str) -> str:
 EXIT_BROKEN_PIPE = 141
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(DeferringParser):
     """argparse, but a rejected command line is one `spekula: error:` line like every other error,
     rather than the whole usage block followed by `spekula generate: error:`."""
 

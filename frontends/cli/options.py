@@ -29,6 +29,7 @@ from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.verify.sampling import check_bias_tokens
+from spekula.frontends.cli.deferred_options import add_when_used
 
 log = structlog.get_logger("spekula.options")
 
@@ -184,10 +185,12 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_spec_options(p: argparse.ArgumentParser) -> None:
+    """The speculation options. The drafters' own options (and the list of installed types in --spec-type's
+    help) need every drafter class loaded: on the CLI's parser they are added only when the command line
+    touches this group, gives an option unknown without them, or asks for help (deferred_options.py)."""
     g = p.add_argument_group("speculative decoding (llama.cpp names)")
-    g.add_argument("--spec-type", action="append", default=[], metavar="LIST",
-                   help="comma-separated drafter types, accumulating: "
-                        + ", ".join(["none", *installed_spec_types()]))
+    spec_type = g.add_argument("--spec-type", action="append", default=[], metavar="LIST",
+                               help="comma-separated drafter types, accumulating")
     g.add_argument("--spec-default", action="store_true", help="append ngram-mod with n_match 24, n_min 48, n_max 64")
     g.add_argument("--spec-draft-n-max", type=_non_negative, default=3, help="draft-model cap (default: 3)")
     g.add_argument("--spec-draft-n-min", type=int, default=0, help="draft-model minimum (default: 0)")
@@ -212,12 +215,20 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
                    help="draft dtype (default: follows --dtype)")
     g.add_argument("-td", "--spec-draft-threads", "--threads-draft", dest="spec_draft_threads", type=int,
                    default=None, help="draft threads (default: follows --threads)")
-    for entry in drafter_entries():
-        _add_drafter_options(g, entry)
     for option in REMOVED_OPTIONS:
         g.add_argument(option, action=_Removed, nargs="?", help=argparse.SUPPRESS)
     for spellings, why in UNSUPPORTED_OPTIONS.items():
         g.add_argument(*spellings, action=_unsupported(why), nargs="?", help=argparse.SUPPRESS)
+
+    def add_installed_drafters() -> None:
+        spec_type.help = f"{spec_type.help}: " + ", ".join(["none", *installed_spec_types()])
+        entries = drafter_entries()
+        for entry in entries:
+            _add_drafter_options(g, entry)
+        # what spec_params_from_args reads back (a command line that never added them has none)
+        p.set_defaults(drafter_option_names=tuple(o.name for e in entries for o in e.description.options))
+
+    add_when_used(p, [s for a in g._group_actions for s in a.option_strings], add_installed_drafters)
 
 
 def _add_drafter_options(g: argparse._ArgumentGroup, entry: DrafterEntry) -> None:
@@ -243,15 +254,13 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
 
 def spec_params_from_args(args: argparse.Namespace) -> SpecParams:
     values = list(args.spec_type)
-    entries = drafter_entries()
     options: dict[str, Any] = {}
-    for entry in entries:
-        for opt in entry.description.options:
-            value = getattr(args, _dest(opt.name), None)
-            if value is not None:
-                options[opt.name] = value
+    for name in getattr(args, "drafter_option_names", ()):
+        value = getattr(args, _dest(name), None)
+        if value is not None:
+            options[name] = value
     if args.spec_default:  # llama.cpp's preset: the drafter(s) that declare it, their options at their defaults
-        for entry in entries:
+        for entry in drafter_entries():
             if entry.description.spec_default:
                 values.append(entry.name)
                 options.update({o.name: o.default for o in entry.description.options if o.default is not None})
