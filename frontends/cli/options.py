@@ -5,6 +5,9 @@ Speculation options follow docs/semantics.md §6: `--spec-type` accumulates, eve
 option lands in `SpecParams.drafter_options` under its name without the leading dashes, and the
 options llama.cpp removed fail with its "argument has been removed" message. The per-drafter options
 are the ones the installed drafters declare (core/drafting/description.py), plugins' included.
+
+Over 400 lines: the options and the functions that read them back into settings and an engine change
+together, one option at a time.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import structlog
@@ -30,6 +35,7 @@ from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.verify.sampling import check_bias_tokens
 from spekula.frontends.cli.deferred_options import add_when_used
+from spekula.frontends.cli.in_thread import InThread
 
 log = structlog.get_logger("spekula.options")
 
@@ -395,19 +401,32 @@ def target_tokenizer(args: argparse.Namespace, model_file: GGUFFile) -> Any:
     return tokenizer
 
 
-def _open_target(args: argparse.Namespace) -> tuple[str, Any]:
-    """The target's path and its tokenizer, its GGUF opened (headers and metadata, no weights) on the way."""
-
-    path = resolve_model_path(args)
+@contextmanager
+def _default_model_advice(args: argparse.Namespace) -> Iterator[None]:
+    """A ModelFileError of the embedded default model becomes the "damaged, fetch it again" advice; one of
+    a model the user named stays as it is."""
     try:
-        model_file = GGUFFile.shared(path)  # a corrupt or truncated file fails here, with the path in the message
-        return path, target_tokenizer(args, model_file)
+        yield
     except ModelFileError as exc:
-        if args.model or getattr(args, "hf_repo", None):  # only the embedded default gets the "damaged" advice
+        if args.model or getattr(args, "hf_repo", None):
             raise
         from spekula.backends.gguf.default_model import damaged_default_model
 
         raise damaged_default_model(exc) from None
+
+
+def _open_target_file(args: argparse.Namespace) -> tuple[str, GGUFFile]:
+    """The target's path and its GGUF opened (headers and metadata, no weights)."""
+    path = resolve_model_path(args)
+    with _default_model_advice(args):
+        return path, GGUFFile.shared(path)  # a corrupt or truncated file fails here, with the path in the message
+
+
+def _open_target(args: argparse.Namespace) -> tuple[str, Any]:
+    """The target's path and its tokenizer, its GGUF opened on the way."""
+    path, model_file = _open_target_file(args)
+    with _default_model_advice(args):
+        return path, target_tokenizer(args, model_file)
 
 
 def preflight(args: argparse.Namespace) -> None:
@@ -426,8 +445,7 @@ def preflight(args: argparse.Namespace) -> None:
 def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None) -> Engine:
     """Load the target backend and tokenizer and create the drafters; any problem is a SpekulaError."""
     spec, draft_path = _checked_spec(args)
-    path, tokenizer = _open_target(args)
-    check_bias_tokens(tuple(getattr(args, "logit_bias", ())), tokenizer.n_vocab)  # --logit-bias, at start
+    path, model_file = _open_target_file(args)
     opts = BackendOptions(device=args.device, dtype=args.dtype, n_ctx=args.ctx_size, n_seq_max=args.parallel,
                           threads=args.threads, ort_provider=args.ort_provider)
     draft_opts = BackendOptions(device=args.spec_draft_device or args.device, dtype=args.spec_draft_dtype or args.dtype,
@@ -435,7 +453,17 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
                                 threads=args.threads if args.spec_draft_threads is None else args.spec_draft_threads,
                                 ort_provider=args.ort_provider)
     backend_name = resolve_backend_name(args.backend, opts)
-    backend = load_backend(backend_name, path, opts)
+    # The backend loads in a thread while the tokenizer is built here (in_thread.py says why); a failure
+    # here is reported before the backend's own, as when they ran one after the other.
+    loading = InThread(lambda: load_backend(backend_name, path, opts), name="spekula-backend-load")
+    try:
+        with _default_model_advice(args):
+            tokenizer = target_tokenizer(args, model_file)
+        check_bias_tokens(tuple(getattr(args, "logit_bias", ())), tokenizer.n_vocab)  # --logit-bias, at start
+    except BaseException:
+        loading.discard(lambda b: b.close())
+        raise
+    backend = loading.result()
     config = EngineConfig(n_slots=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, spec=spec,
                           slot_prompt_similarity=args.slot_prompt_similarity)
     try:
