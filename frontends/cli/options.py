@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from spekula.core.backend import BACKEND_NAMES, BackendOptions, load_backend, resolve_backend_name
+from spekula.core.backend import BACKEND_NAMES, BackendOptions, backend_class, resolve_backend_name
 from spekula.core.drafting.registry import (
     DrafterEntry,
     available_drafters,
@@ -454,8 +454,10 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
                                 ort_provider=args.ort_provider)
     backend_name = resolve_backend_name(args.backend, opts)
     # The backend loads in a thread while the tokenizer is built here (in_thread.py says why); a failure
-    # here is reported before the backend's own, as when they ran one after the other.
-    loading = InThread(lambda: load_backend(backend_name, path, opts), name="spekula-backend-load")
+    # here is reported before the backend's own, as when they ran one after the other. Its module is
+    # imported first, here: the thread then holds the GIL only briefly before the GIL-free part of its load.
+    make_backend = backend_class(backend_name, opts)
+    loading = InThread(lambda: make_backend(path, opts), name="spekula-backend-load")
     try:
         with _default_model_advice(args):
             tokenizer = target_tokenizer(args, model_file)
