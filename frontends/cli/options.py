@@ -380,13 +380,19 @@ def _reasoning_variables(args: argparse.Namespace) -> dict[str, Any]:
 def target_tokenizer(args: argparse.Namespace, model_file: GGUFFile) -> Any:
     """The target's tokenizer, with --chat-template / --chat-template-file in place of the model's template
     and --chat-template-kwargs as its default variables."""
-    from spekula.core.modelfile.chat_template import ChatTemplateError, template_override, template_variables
     from spekula.core.modelfile.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_gguf(model_file)
+    template, template_file = getattr(args, "chat_template", None), getattr(args, "chat_template_file", None)
+    kwargs_text = getattr(args, "chat_template_kwargs", None)
+    if not template and not template_file and kwargs_text is None:
+        # the model's own template, no variables to check: chat_template (and its named formats) not imported
+        tokenizer.chat_template_kwargs = _reasoning_variables(args)
+        return tokenizer
+    from spekula.core.modelfile.chat_template import ChatTemplateError, template_override, template_variables
+
     try:
-        override = template_override(getattr(args, "chat_template", None), getattr(args, "chat_template_file", None))
-        kwargs_text = getattr(args, "chat_template_kwargs", None)
+        override = template_override(template, template_file)
         try:
             kwargs = json.loads(kwargs_text) if kwargs_text is not None else None
         except json.JSONDecodeError as exc:
