@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -156,11 +156,15 @@ def resolve_backend_name(name: str, options: BackendOptions) -> str:
     return "native"
 
 
-def load_backend(name: str, model_path: str, options: BackendOptions | None = None) -> Backend:
-    """Import ``spekula.backends.<name>.backend`` lazily and build its ``backend_class``."""
+def backend_class(name: str, options: BackendOptions) -> Callable[[str, BackendOptions], Backend]:
+    """Import ``spekula.backends.<name>.backend`` lazily and return its ``backend_class``."""
     if name not in BACKEND_NAMES:
         raise ConfigError(f"unknown backend {name!r}; available: {', '.join(BACKEND_NAMES)}")
-    options = options or BackendOptions()
     module = importlib.import_module(f"spekula.backends.{resolve_backend_name(name, options)}.backend")
-    cls = module.backend_class
-    return cls(model_path, options)
+    return module.backend_class  # type: ignore[no-any-return]
+
+
+def load_backend(name: str, model_path: str, options: BackendOptions | None = None) -> Backend:
+    """Import ``spekula.backends.<name>.backend`` lazily and build its ``backend_class``."""
+    options = options or BackendOptions()
+    return backend_class(name, options)(model_path, options)

@@ -149,6 +149,8 @@ def lib() -> ctypes.CDLL:
                                 ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
     so.sk_test_dequant.restype = None
     so.sk_test_dequant.argtypes = [ctypes.POINTER(Tensor), ctypes.c_int64, ctypes.c_void_p]
+    so.sk_test_pack.restype = ctypes.c_int64
+    so.sk_test_pack.argtypes = [ctypes.POINTER(Tensor), ctypes.c_int, ctypes.c_void_p]
     so.sk_test_attend.restype = ctypes.c_int
     so.sk_test_attend.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                   ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
@@ -289,6 +291,17 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, *,
     if rc != 0:
         raise MemoryError("attention scratch")
     return out, seconds.value
+
+
+def packed(w: Tensor, *, by_value: bool = False) -> np.ndarray:
+    """A quantized weight in the SIMD kernels' packed layout (csrc/sk_pack.h), as loading packs it or,
+    with `by_value`, through every value one by one (the reference the copying paths must equal)."""
+    n_bytes = lib().sk_test_pack(ctypes.byref(w), int(by_value), None)
+    if n_bytes <= 0:
+        raise ConfigError("no packed layout for this tensor")
+    out = np.empty(n_bytes, np.uint8)
+    lib().sk_test_pack(ctypes.byref(w), int(by_value), ptr(out))
+    return out
 
 
 def dequant_row(w: Tensor, row: int) -> np.ndarray:

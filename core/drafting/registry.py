@@ -19,12 +19,14 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
-from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spekula.core.drafting.description import UNDESCRIBED, DrafterDescription
 from spekula.core.drafting.drafter import Drafter, DrafterContext
 from spekula.core.errors import ConfigError, SpekulaError
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 ENTRY_POINT_GROUP = "spekula.drafters"
 _OWN_PACKAGE = "spekula."  # entry points into spekula's own package are its built-in drafters
@@ -46,7 +48,10 @@ def _search_path_state() -> tuple[tuple[str, int], ...]:
 @cache
 def _declared(state: tuple[tuple[str, int], ...]) -> tuple[EntryPoint, ...]:
     # Reading the group opens every installed distribution's metadata (thousands of files in a venv
-    # with torch and ray); the CLI asks dozens of times while it builds its options.
+    # with torch and ray); the CLI asks dozens of times while it builds its options. importlib.metadata
+    # is imported here, not at the top: a command without speculation never reads the group.
+    from importlib.metadata import entry_points
+
     return tuple(entry_points(group=ENTRY_POINT_GROUP))
 
 
@@ -70,12 +75,12 @@ def parse_spec_types(values: Iterable[str], extra: Mapping[str, Any] | None = No
     Third-party names are ordered as draftless here; `order_drafters` refines that once the
     classes are loaded and their `model_based` flag is known.
     """
-    known = set(available_drafters()) | set(extra or ())
     chosen: dict[str, None] = {}
     for value in values:
         names = [n.strip() for n in str(value).split(",") if n.strip()]
         if "none" in names:
             continue
+        known = set(available_drafters()) | set(extra or ())
         for name in names:
             if name not in known:
                 raise ConfigError(f"unknown spec type {name!r}; available: {_available_text(extra)}")
@@ -86,6 +91,8 @@ def parse_spec_types(values: Iterable[str], extra: Mapping[str, Any] | None = No
 @cache
 def _entry_point_class(name: str, value: str) -> Any:
     """The object an entry point names, imported once (exceptions are not cached: each try reports)."""
+    from importlib.metadata import EntryPoint
+
     return EntryPoint(name=name, value=value, group=ENTRY_POINT_GROUP).load()
 
 

@@ -5,9 +5,9 @@ start-up; both depend only on the file's bytes and on the code that reads them. 
 written once, with `marshal` (plain values only: str, bytes, int, float, bool, None, tuples, lists,
 dicts), under ``<cache dir>/headers/``, and read back by the next process that opens the same file.
 
-An entry is found by the file's resolved path, size, inode and change times, and holds them again,
-with a digest of the source of the code that made it: an edited model file or an edited reader
-misses and is rebuilt. Entries are written to a temporary name and renamed, so concurrent processes
+An entry is found by the file's resolved path, size, inode and change times and a digest of the
+source of the code that made it, and holds them again: an edited model file or an edited reader
+misses and is rebuilt, and two versions of the code (two checkouts) keep an entry each. Entries are written to a temporary name and renamed, so concurrent processes
 never read half of one; an unreadable entry is a miss. The directory keeps the `MAX_ENTRIES` most
 recently written entries. Cache dir: $SPEKULA_CACHE_DIR, else $XDG_CACHE_HOME/spekula, else
 ~/.cache/spekula (as for the default model); when it cannot be written, nothing is cached. Entries
@@ -62,8 +62,11 @@ def file_identity(path: str | os.PathLike[str]) -> Identity | None:
     return str(p), st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
 
 
-def _entry_path(kind: str, identity: Identity) -> Path:
-    name = hashlib.sha256(repr(identity).encode()).hexdigest()[:24]
+def _entry_path(kind: str, identity: Identity, code: str) -> Path:
+    # The code's digest is in the name too: checkouts of different versions opening the same model (a
+    # benchmark against the installed release, several worktrees) keep an entry each instead of
+    # replacing each other's at every run.
+    name = hashlib.sha256(repr((identity, code)).encode()).hexdigest()[:24]
     return cache_root() / f"{kind}-{name}{_SUFFIX}"
 
 
@@ -72,7 +75,7 @@ def load(kind: str, identity: Identity | None, code: str) -> Any:
     if identity is None:
         return None
     try:
-        with open(_entry_path(kind, identity), "rb") as fh:
+        with open(_entry_path(kind, identity, code), "rb") as fh:
             stored = marshal.loads(fh.read())  # marshal.load(fh) reads in small pieces: several times slower
     except (OSError, EOFError, ValueError, TypeError):
         return None
@@ -85,7 +88,7 @@ def store(kind: str, identity: Identity | None, code: str, value: Any) -> None:
     """Keep `value` for (kind, identity, code); best effort: a full or read-only disk caches nothing."""
     if identity is None:
         return
-    target = _entry_path(kind, identity)
+    target = _entry_path(kind, identity, code)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         data = marshal.dumps((list(identity), code, value))

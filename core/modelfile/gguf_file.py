@@ -14,6 +14,7 @@ parser reads string arrays in one pass and memory-maps tensor data (same views a
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -340,7 +341,7 @@ def _quant_sizes(type_id: int) -> tuple[int, int]:
 def _n_bytes(info: _TensorInfo, path: Path) -> int:
     _type_name(info.type_id, path)
     block, type_size = _quant_sizes(info.type_id)
-    n = int(np.prod(info.ne, dtype=np.int64)) if info.ne else 1
+    n = math.prod(int(d) for d in info.ne)  # 1 for a scalar; math.prod: np.prod costs ~20 us a tensor at load
     if info.ne and info.ne[0] % block:
         raise ModelFileError(path, f"tensor {info.name!r}: row of {info.ne[0]} is not a multiple of block {block}")
     return n * type_size // block

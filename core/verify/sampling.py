@@ -81,7 +81,7 @@ class Sampler:
         self.params = params
         self.n_vocab = n_vocab
         self.seed = seed
-        self.rng = np.random.default_rng(seed)
+        self._rng: np.random.Generator | None = None  # made at the first draw (see `rng`)
         # -1 means "the whole history" (llama.cpp: the context size); 0 disables the penalty.
         window = None if params.repeat_last_n == -1 else max(params.repeat_last_n, 0)
         self._history: deque[int] = deque(maxlen=window)
@@ -89,6 +89,14 @@ class Sampler:
         check_bias_tokens(params.logit_bias, n_vocab)
         self._bias_ids = np.array([t for t, _ in params.logit_bias], dtype=np.int64)
         self._bias = np.array([b for _, b in params.logit_bias], dtype=np.float32)
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The dist RNG, seeded with `seed`, made when first drawn from: greedy requests never draw, and
+        numpy.random's import and a generator's seeding are a few milliseconds of a command's start."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.seed)
+        return self._rng
 
     @property
     def greedy(self) -> bool:
@@ -227,8 +235,10 @@ class Sampler:
         other.params = self.params
         other.n_vocab = self.n_vocab
         other.seed = self.seed
-        other.rng = np.random.default_rng()
-        other.rng.bit_generator.state = self.rng.bit_generator.state
+        other._rng = None
+        if self._rng is not None:  # else the copy makes its own from the same seed, as this one would
+            other._rng = np.random.default_rng()
+            other._rng.bit_generator.state = self._rng.bit_generator.state
         other._history = deque(self._history, maxlen=self._history.maxlen)
         other._counts = Counter(self._counts)
         other._bias_ids, other._bias = self._bias_ids, self._bias

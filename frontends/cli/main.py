@@ -20,6 +20,7 @@ from spekula.core.errors import SpekulaError
 
 # Before any command module: the process's first import of structlog, without rich (see logging_setup).
 from spekula.frontends import logging_setup  # noqa: F401
+from spekula.frontends.cli.deferred_options import DeferringParser
 
 COMMANDS: dict[str, str] = {
     "generate": "Generate text from a prompt (optionally with speculative decoding)",
@@ -42,7 +43,7 @@ def _module_name(command: str) -> str:
 EXIT_BROKEN_PIPE = 141
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(DeferringParser):
     """argparse, but a rejected command line is one `spekula: error:` line like every other error,
     rather than the whole usage block followed by `spekula generate: error:`."""
 
@@ -97,9 +98,19 @@ def collector_paused() -> Iterator[None]:
         gc.enable()
 
 
+# numpy's OpenBLAS starts a worker thread per core when numpy is imported, and each polls for work for
+# about 0.1 s before it sleeps: on a small machine that takes a core's share from the start-up it
+# happens in. spekula makes no BLAS call through numpy (its matmuls are the native kernels, torch's or
+# onnxruntime's), so the console script asks for none (an explicit setting wins).
+_NO_BLAS_THREADS = {"OPENBLAS_NUM_THREADS": "1"}
+
+
 def main(argv: list[str] | None = None) -> int:
     global _whole_process
     _whole_process = argv is None
+    if _whole_process:
+        for name, value in _NO_BLAS_THREADS.items():
+            os.environ.setdefault(name, value)
     argv = normalize_option_names(list(sys.argv[1:] if argv is None else argv))
     try:
         with collector_paused():

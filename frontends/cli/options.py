@@ -5,6 +5,9 @@ Speculation options follow docs/semantics.md §6: `--spec-type` accumulates, eve
 option lands in `SpecParams.drafter_options` under its name without the leading dashes, and the
 options llama.cpp removed fail with its "argument has been removed" message. The per-drafter options
 are the ones the installed drafters declare (core/drafting/description.py), plugins' included.
+
+Over 400 lines: the options and the functions that read them back into settings and an engine change
+together, one option at a time.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import structlog
 
-from spekula.core.backend import BACKEND_NAMES, BackendOptions, load_backend, resolve_backend_name
+from spekula.core.backend import BACKEND_NAMES, BackendOptions, backend_class, resolve_backend_name
 from spekula.core.drafting.registry import (
     DrafterEntry,
     available_drafters,
@@ -29,6 +34,8 @@ from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.verify.sampling import check_bias_tokens
+from spekula.frontends.cli.deferred_options import add_when_used
+from spekula.frontends.cli.in_thread import InThread
 
 log = structlog.get_logger("spekula.options")
 
@@ -184,10 +191,12 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_spec_options(p: argparse.ArgumentParser) -> None:
+    """The speculation options. The drafters' own options (and the list of installed types in --spec-type's
+    help) need every drafter class loaded: on the CLI's parser they are added only when the command line
+    touches this group, gives an option unknown without them, or asks for help (deferred_options.py)."""
     g = p.add_argument_group("speculative decoding (llama.cpp names)")
-    g.add_argument("--spec-type", action="append", default=[], metavar="LIST",
-                   help="comma-separated drafter types, accumulating: "
-                        + ", ".join(["none", *installed_spec_types()]))
+    spec_type = g.add_argument("--spec-type", action="append", default=[], metavar="LIST",
+                               help="comma-separated drafter types, accumulating")
     g.add_argument("--spec-default", action="store_true", help="append ngram-mod with n_match 24, n_min 48, n_max 64")
     g.add_argument("--spec-draft-n-max", type=_non_negative, default=3, help="draft-model cap (default: 3)")
     g.add_argument("--spec-draft-n-min", type=int, default=0, help="draft-model minimum (default: 0)")
@@ -212,12 +221,20 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
                    help="draft dtype (default: follows --dtype)")
     g.add_argument("-td", "--spec-draft-threads", "--threads-draft", dest="spec_draft_threads", type=int,
                    default=None, help="draft threads (default: follows --threads)")
-    for entry in drafter_entries():
-        _add_drafter_options(g, entry)
     for option in REMOVED_OPTIONS:
         g.add_argument(option, action=_Removed, nargs="?", help=argparse.SUPPRESS)
     for spellings, why in UNSUPPORTED_OPTIONS.items():
         g.add_argument(*spellings, action=_unsupported(why), nargs="?", help=argparse.SUPPRESS)
+
+    def add_installed_drafters() -> None:
+        spec_type.help = f"{spec_type.help}: " + ", ".join(["none", *installed_spec_types()])
+        entries = drafter_entries()
+        for entry in entries:
+            _add_drafter_options(g, entry)
+        # what spec_params_from_args reads back (a command line that never added them has none)
+        p.set_defaults(drafter_option_names=tuple(o.name for e in entries for o in e.description.options))
+
+    add_when_used(p, [s for a in g._group_actions for s in a.option_strings], add_installed_drafters)
 
 
 def _add_drafter_options(g: argparse._ArgumentGroup, entry: DrafterEntry) -> None:
@@ -243,15 +260,13 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
 
 def spec_params_from_args(args: argparse.Namespace) -> SpecParams:
     values = list(args.spec_type)
-    entries = drafter_entries()
     options: dict[str, Any] = {}
-    for entry in entries:
-        for opt in entry.description.options:
-            value = getattr(args, _dest(opt.name), None)
-            if value is not None:
-                options[opt.name] = value
+    for name in getattr(args, "drafter_option_names", ()):
+        value = getattr(args, _dest(name), None)
+        if value is not None:
+            options[name] = value
     if args.spec_default:  # llama.cpp's preset: the drafter(s) that declare it, their options at their defaults
-        for entry in entries:
+        for entry in drafter_entries():
             if entry.description.spec_default:
                 values.append(entry.name)
                 options.update({o.name: o.default for o in entry.description.options if o.default is not None})
@@ -365,13 +380,19 @@ def _reasoning_variables(args: argparse.Namespace) -> dict[str, Any]:
 def target_tokenizer(args: argparse.Namespace, model_file: GGUFFile) -> Any:
     """The target's tokenizer, with --chat-template / --chat-template-file in place of the model's template
     and --chat-template-kwargs as its default variables."""
-    from spekula.core.modelfile.chat_template import ChatTemplateError, template_override, template_variables
     from spekula.core.modelfile.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_gguf(model_file)
+    template, template_file = getattr(args, "chat_template", None), getattr(args, "chat_template_file", None)
+    kwargs_text = getattr(args, "chat_template_kwargs", None)
+    if not template and not template_file and kwargs_text is None:
+        # the model's own template, no variables to check: chat_template (and its named formats) not imported
+        tokenizer.chat_template_kwargs = _reasoning_variables(args)
+        return tokenizer
+    from spekula.core.modelfile.chat_template import ChatTemplateError, template_override, template_variables
+
     try:
-        override = template_override(getattr(args, "chat_template", None), getattr(args, "chat_template_file", None))
-        kwargs_text = getattr(args, "chat_template_kwargs", None)
+        override = template_override(template, template_file)
         try:
             kwargs = json.loads(kwargs_text) if kwargs_text is not None else None
         except json.JSONDecodeError as exc:
@@ -386,19 +407,32 @@ def target_tokenizer(args: argparse.Namespace, model_file: GGUFFile) -> Any:
     return tokenizer
 
 
-def _open_target(args: argparse.Namespace) -> tuple[str, Any]:
-    """The target's path and its tokenizer, its GGUF opened (headers and metadata, no weights) on the way."""
-
-    path = resolve_model_path(args)
+@contextmanager
+def _default_model_advice(args: argparse.Namespace) -> Iterator[None]:
+    """A ModelFileError of the embedded default model becomes the "damaged, fetch it again" advice; one of
+    a model the user named stays as it is."""
     try:
-        model_file = GGUFFile.shared(path)  # a corrupt or truncated file fails here, with the path in the message
-        return path, target_tokenizer(args, model_file)
+        yield
     except ModelFileError as exc:
-        if args.model or getattr(args, "hf_repo", None):  # only the embedded default gets the "damaged" advice
+        if args.model or getattr(args, "hf_repo", None):
             raise
         from spekula.backends.gguf.default_model import damaged_default_model
 
         raise damaged_default_model(exc) from None
+
+
+def _open_target_file(args: argparse.Namespace) -> tuple[str, GGUFFile]:
+    """The target's path and its GGUF opened (headers and metadata, no weights)."""
+    path = resolve_model_path(args)
+    with _default_model_advice(args):
+        return path, GGUFFile.shared(path)  # a corrupt or truncated file fails here, with the path in the message
+
+
+def _open_target(args: argparse.Namespace) -> tuple[str, Any]:
+    """The target's path and its tokenizer, its GGUF opened on the way."""
+    path, model_file = _open_target_file(args)
+    with _default_model_advice(args):
+        return path, target_tokenizer(args, model_file)
 
 
 def preflight(args: argparse.Namespace) -> None:
@@ -417,8 +451,7 @@ def preflight(args: argparse.Namespace) -> None:
 def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None) -> Engine:
     """Load the target backend and tokenizer and create the drafters; any problem is a SpekulaError."""
     spec, draft_path = _checked_spec(args)
-    path, tokenizer = _open_target(args)
-    check_bias_tokens(tuple(getattr(args, "logit_bias", ())), tokenizer.n_vocab)  # --logit-bias, at start
+    path, model_file = _open_target_file(args)
     opts = BackendOptions(device=args.device, dtype=args.dtype, n_ctx=args.ctx_size, n_seq_max=args.parallel,
                           threads=args.threads, ort_provider=args.ort_provider)
     draft_opts = BackendOptions(device=args.spec_draft_device or args.device, dtype=args.spec_draft_dtype or args.dtype,
@@ -426,7 +459,19 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
                                 threads=args.threads if args.spec_draft_threads is None else args.spec_draft_threads,
                                 ort_provider=args.ort_provider)
     backend_name = resolve_backend_name(args.backend, opts)
-    backend = load_backend(backend_name, path, opts)
+    # The backend loads in a thread while the tokenizer is built here (in_thread.py says why); a failure
+    # here is reported before the backend's own, as when they ran one after the other. Its module is
+    # imported first, here: the thread then holds the GIL only briefly before the GIL-free part of its load.
+    make_backend = backend_class(backend_name, opts)
+    loading = InThread(lambda: make_backend(path, opts), name="spekula-backend-load")
+    try:
+        with _default_model_advice(args):
+            tokenizer = target_tokenizer(args, model_file)
+        check_bias_tokens(tuple(getattr(args, "logit_bias", ())), tokenizer.n_vocab)  # --logit-bias, at start
+    except BaseException:
+        loading.discard(lambda b: b.close())
+        raise
+    backend = loading.result()
     config = EngineConfig(n_slots=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, spec=spec,
                           slot_prompt_similarity=args.slot_prompt_similarity)
     try:

@@ -80,6 +80,18 @@ def test_dequant_row_is_ggufs(type_name: str) -> None:
         assert np.array_equal(nl.dequant_row(t, r), wf[r])
 
 
+@pytest.mark.parametrize("type_name", QUANT_TYPES)
+@pytest.mark.parametrize("n", [1, 16, 37])
+def test_loading_packs_the_bytes_of_the_value_by_value_layout(type_name: str, n: int) -> None:
+    """Q4_0, Q4_1 and Q8_0 are packed by copying their stored bytes (sk_pack.c): bitwise the layout
+    that moving every value one by one gives, ragged last column group included."""
+    raw, _ = make_weight(type_name, n, 512, seed=n)
+    t = nl.tensor(raw, type_name, n, 512)
+    fast, reference = nl.packed(t), nl.packed(t, by_value=True)
+    assert fast.size == reference.size > 0
+    assert np.array_equal(fast, reference)
+
+
 @pytest.mark.parametrize("kernel", SIMD or ["generic"])
 @settings(max_examples=30, deadline=None)
 @given(x=st.lists(st.floats(-1e4, 1e4, width=32), min_size=1, max_size=200), m=st.integers(1, 3))

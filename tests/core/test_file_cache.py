@@ -118,6 +118,9 @@ def test_an_entry_of_other_code_is_a_miss(tmp_path: Path) -> None:
     assert file_cache.load("x", identity, "code-1") == {"a": [1, 2]}
     assert file_cache.load("x", identity, "code-2") is None
     assert file_cache.load("x", None, "code-1") is None
+    file_cache.store("x", identity, "code-2", {"b": 3})  # another version's entry leaves this one in place
+    assert file_cache.load("x", identity, "code-1") == {"a": [1, 2]}
+    assert file_cache.load("x", identity, "code-2") == {"b": 3}
 
 
 def test_only_the_newest_entries_stay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache_everything: Path) -> None:

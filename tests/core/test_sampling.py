@@ -40,6 +40,20 @@ def test_sample_consumes_exactly_one_draw() -> None:
     assert s.rng.bit_generator.state == ref.bit_generator.state
 
 
+def test_rng_made_at_first_draw_is_the_seeds_stream_and_clones_alike() -> None:
+    """The dist RNG is made when first drawn from (greedy requests never make one): the same stream as
+    one seeded up front, in the sampler and in a copy taken before or after its first draw."""
+    logits = np.random.default_rng(3).normal(size=40).astype(np.float32)
+    eager = Sampler(SamplingParams(temperature=0.9), 40, seed=5)
+    eager.rng  # noqa: B018 - made up front
+    lazy = Sampler(SamplingParams(temperature=0.9), 40, seed=5)
+    early_copy = lazy.clone()
+    first = [lazy.sample(logits) for _ in range(10)]
+    late_copy = lazy.clone()
+    assert first == [eager.sample(logits) for _ in range(10)] == [early_copy.sample(logits) for _ in range(10)]
+    assert [lazy.sample(logits) for _ in range(10)] == [late_copy.sample(logits) for _ in range(10)]
+
+
 def test_neutral_chain_is_softmax() -> None:
     logits = np.random.default_rng(1).normal(size=30).astype(np.float32)
     ids, probs = Sampler(NEUTRAL, 30, seed=0).distribution(logits)

@@ -34,6 +34,7 @@
 #include "sk.h"
 #include "sk_deltanet.h"
 #include "sk_moe.h"
+#include "sk_pack.h"
 #include "sk_pool.h"
 
 typedef struct {
@@ -997,6 +998,14 @@ SK_API int sk_test_gemm(const sk_tensor *w_in, const float *x, int64_t m, float 
 }
 
 SK_API void sk_test_dequant(const sk_tensor *w, int64_t row, float *out) { sk_dequant_row(w, row, out); }
+
+/* w in the SIMD kernels' packed layout (sk_pack.h) into dst when it is not NULL, by the path loading
+ * uses or (by_value) every value one by one; returns the layout's bytes (0: w has none). */
+SK_API int64_t sk_test_pack(const sk_tensor *w, int by_value, uint8_t *dst) {
+    const int64_t groups = (w->n_rows + SK_GROUP - 1) / SK_GROUP, bytes = groups * sk_packed_group_bytes(w);
+    if (bytes > 0 && dst) (by_value ? sk_pack_groups_by_value : sk_pack_groups)(w, 0, groups, dst);
+    return bytes;
+}
 
 /* One row's attention (keys in the cache layout) through the model's chunking and merge, `reps`
  * times; *seconds gets the time of one. */

@@ -52,5 +52,8 @@ int64_t sk_packed_group_bytes(const sk_tensor *w);
 int sk_packed_supported(const sk_tensor *w);
 /* Columns [16 g0, 16 g1) (in groups of 16) into dst, one group after another. */
 void sk_pack_groups(const sk_tensor *w, int64_t g0, int64_t g1, uint8_t *dst);
+/* The same bytes, every type through its values one by one (the reference the copying paths are
+ * tested against: sk_test_pack). */
+void sk_pack_groups_by_value(const sk_tensor *w, int64_t g0, int64_t g1, uint8_t *dst);
 
 #endif
