@@ -124,6 +124,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="add rows with each head on the torch runtime (--spec-draft-dtype f32) beside the native one")
     p.add_argument("--also-shipped", action="store_true",
                    help="with --eagle3/--dflash: add rows for the shipped head of the same kind (<kind>/shipped)")
+    p.add_argument("--rows", metavar="LABELS",
+                   help="comma-separated row labels to run (e.g. eagle3,dflash; default: every row)")
+    p.add_argument("--modes", default=",".join(MODES), metavar="MODES",
+                   help="comma-separated planner settings to run, of fixed,adaptive (default both)")
+    p.add_argument("--chat-only", action="store_true", help="only the open-ended chat prompts (no code tasks)")
     args = p.parse_args(argv)
     # Options given explicitly win over --quick's smaller defaults.
     n_predict, n_builtin, n_hand = (24, 1, 1) if args.quick else (128, 8, len(HAND_WRITTEN))
@@ -132,6 +137,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.n_hand = 0 if args.training_prompts else n_hand
     if args.n_predict < 1 or args.n_builtin < 0 or args.threads < 1:
         p.error("-n and -t must be >= 1, --prompts >= 0")
+    args.modes = tuple(m for m in MODES if m in args.modes.split(","))
+    if not args.modes:
+        p.error(f"--modes: none of {','.join(MODES)}")
     return args
 
 
@@ -272,10 +280,10 @@ class Target:
 Rows = dict[tuple[str, str], Tally]
 
 
-def bench_spekula(target: Target, drafters: list[Drafter], prompts: list[Prompt], n_predict: int
-                  ) -> tuple[Rows, Rows, dict[str, list[int]], bool]:
+def bench_spekula(target: Target, drafters: list[Drafter], prompts: list[Prompt], n_predict: int,
+                  modes: tuple[str, ...] = MODES) -> tuple[Rows, Rows, dict[str, list[int]], bool]:
     """(rows over all prompts, rows over the chat prompts, plain tokens per prompt, all outputs lossless)."""
-    rows: Rows = {(d.label, m): Tally() for d in drafters for m in MODES}
+    rows: Rows = {(d.label, m): Tally() for d in drafters for m in modes}
     chat_rows: Rows = {key: Tally() for key in rows}
     plain_tokens: dict[str, list[int]] = {}
     all_same = True
@@ -289,7 +297,7 @@ def bench_spekula(target: Target, drafters: list[Drafter], prompts: list[Prompt]
         print(f"prompt {p.name} ({'chat' if p.chat else 'code'}): {len(p.ids)} tokens, plain {len(plain.tokens)} "
               f"tokens at {len(plain.tokens) / plain.seconds:.2f} tok/s", flush=True)
         for d in drafters:
-            pair = [(m, target.generate(d, m == "adaptive", p.ids, n_predict)) for m in MODES]
+            pair = [(m, target.generate(d, m == "adaptive", p.ids, n_predict)) for m in modes]
             after = target.generate(None, False, p.ids, n_predict)
             if after.tokens != plain.tokens:
                 print(f"  plain decoding is not deterministic on {p.name}", flush=True)
@@ -455,19 +463,23 @@ def main(argv: list[str] | None = None) -> int:
     if not prompts:
         print("nothing to run: --prompts 0 and no hand-written prompt", file=sys.stderr)
         return 2
+    if args.chat_only:
+        prompts = [p for p in prompts if p.chat]
     heads = find_heads(args, model)
     shipped = shipped_alternatives(args, model, heads) if args.also_shipped else {}
     drafters = drafter_rows(heads, args.torch_runtime, shipped)
+    if args.rows:
+        drafters = [d for d in drafters if d.label in args.rows.split(",")]
     n_ctx = max(len(p.ids) for p in prompts) + args.n_predict + N_MAX + 16
     target = Target(args, model, n_ctx)
     print(f"model {Path(model).name}, backend {target.backend_name}, {len(prompts)} prompts "
           f"({sum(p.chat for p in prompts)} chat), rows: {', '.join(d.label for d in drafters)}")
     try:
-        rows, chat_rows, plain_tokens, same = bench_spekula(target, drafters, prompts, args.n_predict)
+        rows, chat_rows, plain_tokens, same = bench_spekula(target, drafters, prompts, args.n_predict, args.modes)
     finally:
         target.close()
     print_table(args, rows, chat_rows, len(prompts))
-    if not args.no_llama_server:
+    if not args.no_llama_server and "fixed" in args.modes:
         bench_llama_server(args, model, n_ctx, heads, prompts, plain_tokens, rows)
     if args.training_prompts:
         print("\ngoals: not judged (--training-prompts: the heads were trained on these prompts)")

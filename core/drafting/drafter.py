@@ -14,6 +14,13 @@ Optional: shortened(slot, n_kept) is called, when a drafter defines it, after th
 model decided to verify only the first n_kept tokens of this round's draft (0: none), before
 accept(); a drafter whose accept() judges its draft by its length uses it.
 
+Optional: a model drafter that can miss forwards declares ``resumes: ClassVar[bool] = True``. While
+the slot's draft policy rests it (DraftPolicy.resting: it will not be asked for the slot in the next
+rounds), the engine neither captures hidden states for it nor calls its observe() or accept() for
+that slot's generating rounds; the next forward it observes starts after a gap, and its context goes
+on from there (the positions in between are left out of its own cache). Prompt chunks are always
+observed. A drafter without the flag observes every forward.
+
 A drafter instance is shared by all slots of an engine (ngram-mod's pool is global on purpose).
 Drafters are found through the ``spekula.drafters`` entry-point group; the entry point names a class
 with ``create(ctx) -> Drafter``. A drafter with a length cap of its own (docs/semantics.md §1.3: size_m,

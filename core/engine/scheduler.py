@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from spekula.core.backend import Backend, Capture, SeqOutput
+from spekula.core.drafting.drafter import Drafter
 from spekula.core.engine.round_observer import RoundObserver
 from spekula.core.engine.round_planner import RoundPlanner, Work
 from spekula.core.engine.slot import Slot, SlotState
@@ -44,8 +45,9 @@ class Scheduler:
         if not plan.work:
             return []
         capture = Capture()
-        for w in plan.work:
-            for d in w.slot.drafters:
+        awake = [_awake(w) for w in plan.work]
+        for drafters in awake:
+            for d in drafters:
                 capture = capture.union(d.capture())
         for w in plan.work:
             if w.draft.tokens:  # a recurrent target can take back the rows it is about to verify
@@ -64,12 +66,12 @@ class Scheduler:
                                drafted=bool(plan.calls) or plan.rows > len(plan.work), forward_seconds=forward_seconds,
                                drafting_seconds=plan.drafting_seconds, round_seconds=0.0, emitted={}, verified=[])
         results: list[tuple[Slot, PieceEvent | None]] = []
-        for w, out in zip(plan.work, outs, strict=True):
+        for w, out, drafters in zip(plan.work, outs, awake, strict=True):
             s = w.slot
             try:
-                for d in s.drafters:
+                for d in drafters:
                     d.observe(s.id, w.inp, out)
-                piece = self._after_prompt(w, out) if w.prompt_chunk else self._after_round(w, out, outcome)
+                piece = self._after_prompt(w, out) if w.prompt_chunk else self._after_round(w, out, outcome, drafters)
                 results.append((s, piece))
             except Exception as exc:  # e.g. a failing third-party drafter: end this request clearly
                 s.error = f"{type(exc).__name__}: {exc}"
@@ -108,7 +110,8 @@ class Scheduler:
             s.plan.constraint.advance(result.emitted)
         return self._emit(s, result.emitted, [None], _probs(s, logits, result.emitted, before))
 
-    def _after_round(self, w: Work, out: SeqOutput, outcome: RoundOutcome) -> PieceEvent | None:
+    def _after_round(self, w: Work, out: SeqOutput, outcome: RoundOutcome,
+                     drafters: Sequence[Drafter]) -> PieceEvent | None:
         s, draft = w.slot, w.draft
         assert s.plan is not None
         constraint = s.plan.constraint
@@ -127,7 +130,7 @@ class Scheduler:
         outcome.emitted[s.id] = len(result.emitted)
         if draft.tokens:
             assert w.drafter is not None
-            for d in s.drafters:
+            for d in drafters:  # a resting drafter saw no forward: it has nothing to roll back
                 t0 = time.perf_counter()
                 d.accept(s.id, n_acc, d is w.drafter)
                 if d is w.drafter:
@@ -157,6 +160,18 @@ class Scheduler:
         return PieceEvent(request_id=s.request.id, tokens=[int(t) for t in emitted[:n_out]],
                           text=s.text.take(final=s.finished), drafters=names[:n_out], slot=s.id, probs=probs,
                           timings=s.timings() if s.request.timings_per_token else None)
+
+
+def _awake(w: Work) -> Sequence[Drafter]:
+    """The slot's drafters that observe this forward: all of them, but for a generating round those
+    that can resume after missed forwards and that the slot's policy rests (Drafter.resumes)."""
+    drafters = w.slot.drafters
+    plan = w.slot.plan
+    if w.prompt_chunk or plan is None or not any(getattr(d, "resumes", False) for d in drafters):
+        return drafters
+    # The drafter whose draft (or kept rest of one) is verified always observes its verification.
+    return [d for d in drafters if d is w.drafter or not (getattr(d, "resumes", False)
+                                                          and plan.policy.resting(w.slot.id, d))]
 
 
 def _sampler_before(s: Slot) -> Sampler | None:

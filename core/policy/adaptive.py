@@ -47,6 +47,9 @@ class AdaptivePolicy:
         self._decisions: dict[int, Decision] = {}
         self._predicted = self._plain = 0.0
         self._drafted_before = False  # the last round called a drafter or verified a draft
+        # Model drafter calls of this round and of the last one: (drafter, slot), for the back-off's record.
+        self._model_calls: list[tuple[str, int]] = []
+        self._last_model_calls: list[tuple[str, int]] = []
 
     def begin(self, slot: int) -> None:
         self.controller.begin_request(slot)
@@ -80,6 +83,11 @@ class AdaptivePolicy:
             return None  # it drafts nothing (--spec-draft-n-max 0): asking would only cost its call
         n = min(n, cap)
         if per_token:
+            backoff = ctl.backoff
+            if not backoff.may_call(drafter.name, slot):
+                return None  # it rests: its recent calls lost time (core/policy/backoff.py)
+            if backoff.probing(drafter.name, slot):
+                return n  # its probe: called whatever the estimates say; the cut sizes what is verified
             call_cost, token_cost = cost.model_drafting(drafter.name)
         else:
             call_cost, token_cost = cost.drafting(drafter.name), 0.0
@@ -93,6 +101,9 @@ class AdaptivePolicy:
         # An n-gram drafter's whole draft costs no more than a part of it: ask for all, keep what pays.
         return k if per_token or k == 0 else n
 
+    def resting(self, slot: int, drafter: Drafter) -> bool:
+        return self.controller.backoff.resting(drafter.name, slot)
+
     def _round_time(self, shape: RoundShape, rows: int, extra_seconds: float = 0.0) -> Callable[[int], float]:
         cost = self.controller.cost
         return lambda extra: cost.forward(min(shape.n_batch, rows + extra)) + cost.overhead + extra_seconds
@@ -100,6 +111,7 @@ class AdaptivePolicy:
     # -- cut --------------------------------------------------------------------------------------
     def cut(self, round: DraftRound) -> dict[int, int]:
         """Keep, of every draft of its slots, the prefix that pays for its rows in this forward."""
+        self.controller.backoff.next_round()
         self._learn_calls(round)
         decisions, self._declined = self._declined, {}
         resumed, self._resumed = self._resumed, {}
@@ -117,10 +129,13 @@ class AdaptivePolicy:
         cut, rather than after verification: whether a drafter that found nothing counts as dear (and
         so how soon it is asked less often) is judged by the cut, with this call's cost in."""
         ctl = self.controller
+        self._model_calls = []
         for call in round.calls:
             for answer in call.answers:
                 if answer.slot.policy is self:
                     ctl.called(call.drafter.name, answer.slot.id, answer.drafted, judged_at_cut=answer.confident)
+                    if call.per_token and not call.resumed:
+                        self._model_calls.append((call.drafter.name, answer.slot.id))
             if not call.resumed:
                 ctl.cost.observe_draft(call.drafter.name, call.seconds, call.steps, per_token=call.per_token)
 
@@ -180,6 +195,7 @@ class AdaptivePolicy:
         if not outcome.drafted and not self._drafted_before and not outcome.with_prompt:
             cost.observe_plain_round(outcome.n_seqs, outcome.round_seconds)
         self._drafted_before = outcome.drafted
+        self._judge_model_calls(outcome)
         if not outcome.with_prompt:
             # In the cost model's own seconds (which follow the measured ones), so that the rate
             # and the round times it is weighed against are in one unit.
@@ -190,6 +206,32 @@ class AdaptivePolicy:
         measured = outcome.round_seconds / self._plain
         return [Adapted(decisions[sid], n, predicted, measured) for sid, n in outcome.emitted.items()
                 if sid in decisions]
+
+
+    def _judge_model_calls(self, outcome: RoundOutcome) -> None:
+        """Tell the back-off what this round's model drafter calls measured: the tokens each slot gained
+        over a plain round, against the round's time over a plain round's (in tokens a plain round
+        of its slots makes in that time, shared among the calls); a round that drafted nothing right
+        after calls is charged to them too (the head's weights pushed the target's out of the caches)."""
+        calls, self._model_calls = self._model_calls, []
+        last, self._last_model_calls = self._last_model_calls, calls
+        n_gen = len(outcome.emitted)
+        if outcome.with_prompt or n_gen == 0 or not (calls or last):
+            return
+        cost = self.controller.cost
+        plain = cost.plain_rounds.get(n_gen)
+        if plain is None:
+            plain = cost.round_time(n_gen)
+        excess = n_gen * (outcome.round_seconds - plain) / max(plain, 1e-9)
+        backoff = self.controller.backoff
+        if calls:
+            verified = {v.slot: v.drafter for v in outcome.verified}
+            for name, sid in calls:
+                gained = outcome.emitted.get(sid, 1) - 1 if verified.get(sid) == name else 0
+                backoff.called(name, sid, gained, excess / len(calls))
+        elif not outcome.drafted:
+            for name, sid in last:
+                backoff.charge(name, sid, excess / len(last))
 
 
 def _confident(draft: Draft) -> bool:

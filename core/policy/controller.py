@@ -1,9 +1,10 @@
 """The adaptive policy's estimates per drafter and slot, and the exploration that keeps them honest.
 
 `AdaptiveController` holds the cost model (core/policy/cost_model.py), the acceptance estimates
-(core/policy/acceptance.py) and the calibration of model drafters' confidence
-(core/policy/confidence.py), and answers the two questions AdaptivePolicy puts to them: is a
-drafter worth asking for a slot, and what is each token of a draft worth. No torch.
+(core/policy/acceptance.py), the calibration of model drafters' confidence
+(core/policy/confidence.py) and the model drafters' measured record (core/policy/backoff.py), and
+answers the two questions AdaptivePolicy puts to them: is a drafter worth asking for a slot, and what
+is each token of a draft worth. No torch.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 from collections.abc import Callable
 
 from spekula.core.policy.acceptance import AcceptanceModel
+from spekula.core.policy.backoff import DrafterBackoff
 from spekula.core.policy.confidence import ConfidenceCalibration
 from spekula.core.policy.cost_model import CostModel, Offer, choose_lengths
 
@@ -53,6 +55,8 @@ class AdaptiveController:
         # per call): in open-ended text the n-gram drafters mostly find nothing, and a call that
         # finds nothing still costs its time.
         self.hits = AcceptanceModel()
+        # Which model drafters rest, judged on what their calls measured (core/policy/backoff.py).
+        self.backoff = DrafterBackoff()
         self._quiet: dict[int, int] = {}  # slot -> rounds since it last verified a draft token
         self._interval: dict[int, int] = {}  # slot -> rounds between probes
         self._misses: dict[tuple[str, int], int] = {}  # (drafter, slot) -> empty calls in a row
@@ -63,6 +67,7 @@ class AdaptiveController:
 
     def begin_request(self, slot: int) -> None:
         self.acceptance.forget_slot(slot)
+        self.backoff.begin_request(slot)
         self.hits.forget_slot(slot)
         self._quiet.pop(slot, None)
         self._interval.pop(slot, None)

@@ -23,3 +23,6 @@ class FixedPolicy:
 
     def learn(self, outcome: RoundOutcome) -> list[Adapted]:
         return []
+
+    def resting(self, slot: int, drafter: Drafter) -> bool:
+        return False  # every drafter is asked every round

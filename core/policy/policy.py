@@ -9,6 +9,9 @@ A round asks a slot's policy three things, in this order (docs/semantics.md §1.
     learn  after verification: acceptance per slot, the forward's time for its rows, the round's
            overhead; it answers with the decisions it made this round, for the statistics
 
+and, between planning and the forward, whether a drafter rests for a slot (`resting`): the engine
+then captures nothing for it and does not let it observe the forward.
+
 The engine keeps one instance per kind and tells every one of them about every round (a cost model
 follows the machine whatever the requests it serves chose); a request's plan names the one that
 decides its drafts. Policies never change what is emitted, only how much is verified per round.
@@ -157,4 +160,10 @@ class DraftPolicy(Protocol):
 
     def learn(self, outcome: RoundOutcome) -> list[Adapted]:
         """Take in a verified round; return the decisions it made for it and what they gave."""
+        ...
+
+    def resting(self, slot: int, drafter: Drafter) -> bool:
+        """Whether `drafter` will not be asked for `slot` in the next few rounds, so that a drafter able
+        to resume after missed forwards (Drafter.resumes) need neither observe this round's forward
+        nor have hidden states captured for it."""
         ...

@@ -9,7 +9,9 @@ only target context persists. ``--spec-draft-n-max`` is clamped to block_size - 
 The context is injected lazily: each forward's features are queued, cut where a later forward
 rewrites them, and injected in one batch when the drafter is next asked for a draft (only the rows
 up to the committed history, so rejected verification rows are never injected). A round in which
-the cost model does not ask the drafter costs it nothing.
+the cost model does not ask the drafter costs it nothing. While the adaptive policy rests the head
+(core/policy/backoff.py) it observes nothing and nothing is captured for it (``resumes``); its
+context then goes on after the gap as if the missed positions were not there (``HiddenSlot.offset``).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class DFlashSlot(HiddenSlot):
 class _Plan:
     index: int
     slot: DFlashSlot
-    pos0: int
+    pos0: int  # the block's first position in the draft cache
     block: np.ndarray
     n_spec: int  # block drafts before the request's cap
     cap: int
@@ -68,6 +70,7 @@ def is_draft_kind(kind: str) -> Callable[[GGUFFile], bool]:
 class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, DFlashSlot]):
     name: ClassVar[str] = "draft-dflash"
     kind: ClassVar[str] = "dflash"
+    resumes: ClassVar[bool] = True  # may miss forwards (core/drafting/drafter.py)
     description: ClassVar[DrafterDescription] = DrafterDescription(
         summary="a DFlash head drafts a whole block in one forward from the target's layer inputs "
                 "(-md, else a shipped head)",
@@ -110,8 +113,9 @@ class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, DFlashSlot]):
         if len(inp.tokens) == 0:
             return
         st = self._slots.get(slot)
-        if self.context_length(st) < inp.start:
-            return  # a gap (should not happen): leave it; draft() sees the missing context and skips
+        missed = inp.start - self.context_length(st)
+        if missed > 0:  # forwards missed while resting: the context goes on after them
+            st.offset += missed
         self._cut(st, inp.start)
         st.queue.append(self.features(out))
         st.queued += len(inp.tokens)
@@ -122,21 +126,24 @@ class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, DFlashSlot]):
 
     # --- the lazy context --------------------------------------------------------------------------
     def context_length(self, st: DFlashSlot) -> int:
-        """Positions of target context the slot holds, injected or queued."""
-        return self.runtime.seq_len(st.seq) + st.queued
+        """The target position the slot's context reaches, injected or queued."""
+        return self.runtime.seq_len(st.seq) + st.queued + st.offset
 
     def _cut(self, st: DFlashSlot, n_keep: int) -> None:
-        """Keep positions [0, n_keep) of the context, injected and queued together."""
-        base = self.runtime.seq_len(st.seq)
+        """Keep target positions [0, n_keep) of the context, injected and queued together."""
+        base = self.runtime.seq_len(st.seq) + st.offset
         if n_keep <= base:
-            self.runtime.truncate(st.seq, n_keep)
+            keep = max(n_keep - st.offset, 0)  # a cut into a gap keeps nothing after it
+            self.runtime.truncate(st.seq, keep)
+            st.offset = n_keep - keep
             st.queue, st.queued = [], 0
             return
         drop_queued_tail([st.queue], base + st.queued - n_keep)
         st.queued = min(st.queued, n_keep - base)  # a cut past the end keeps everything
 
     def sync(self, st: DFlashSlot, pos0: int) -> bool:
-        """Bring the injected context to exactly [0, pos0); False when the slot lacks some of it."""
+        """Bring the injected context to exactly target positions [0, pos0); False when the slot lacks
+        some of it."""
         if self.context_length(st) < pos0:
             return False
         self._cut(st, pos0)
@@ -185,7 +192,7 @@ class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, DFlashSlot]):
             if pos0 + len(block) > self.runtime.n_ctx or not self.sync(st, pos0):
                 continue
             self.probabilistic(st, r)
-            plans.append(_Plan(i, st, pos0, block, n_spec, min(n_spec, int(r.n_max))))
+            plans.append(_Plan(i, st, pos0 - st.offset, block, n_spec, min(n_spec, int(r.n_max))))
         outs = self.runtime.draft_blocks([DFlashBlock(p.slot.seq, p.block, p.pos0) for p in plans])
         result = [Draft.empty() for _ in requests]
         for plan, out in zip(plans, outs, strict=True):

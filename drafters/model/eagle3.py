@@ -11,6 +11,11 @@ features) are queued, and when the drafter is next asked for a draft the queue i
 decoded in the same forward as the draft's first step. A round in which the cost model does not ask
 the drafter then costs it nothing; updating the draft layer after every target forward (torch, one
 row at a time) took about as long as SmolLM2's own forward.
+
+While the adaptive policy rests the head (core/policy/backoff.py) the engine captures nothing for it
+and it observes nothing (``resumes``); its draft KV then goes on after the gap as if the missed
+positions were not there (``HiddenSlot.offset``): the head keeps the prompt's context, and the
+target's features it drafts from carry the rest.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ class _Slot(HiddenSlot):
 
 class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
     name: ClassVar[str] = "draft-eagle3"
+    resumes: ClassVar[bool] = True  # may miss forwards (core/drafting/drafter.py)
     description: ClassVar[DrafterDescription] = DrafterDescription(
         summary="an EAGLE-3 head drafts from three of the target's layer inputs (-md, else a shipped head)",
         builtin_order=7, hidden_states=True, draft_model="optional",
@@ -101,14 +107,16 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
 
     # --- the lazy draft KV -----------------------------------------------------------------------
     def _length(self, st: _Slot) -> int:
-        """The draft KV's length once the queue is decoded."""
-        return self.runtime.seq_len(st.seq) + st.queued
+        """The target position the draft KV reaches once the queue is decoded."""
+        return self.runtime.seq_len(st.seq) + st.queued + st.offset
 
     def _cut(self, st: _Slot, n_keep: int) -> None:
-        """Keep positions [0, n_keep) of the draft KV and the queue together."""
-        base = self.runtime.seq_len(st.seq)
+        """Keep target positions [0, n_keep) of the draft KV and the queue together."""
+        base = self.runtime.seq_len(st.seq) + st.offset
         if n_keep <= base:
-            self.runtime.truncate(st.seq, n_keep)
+            keep = max(n_keep - st.offset, 0)  # a cut into a gap keeps nothing after it
+            self.runtime.truncate(st.seq, keep)
+            st.offset = n_keep - keep
             st.queue_tokens, st.queue_feats, st.queued = [], [], 0
             return
         drop_queued_tail([st.queue_tokens, st.queue_feats], base + st.queued - n_keep)
@@ -116,13 +124,20 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
 
     def _queue(self, st: _Slot, tokens: np.ndarray, feats: np.ndarray, start: int) -> None:
         """Rows for positions start.. (a write there drops what came after it, as in the KV store); a
-        start past the end would leave a gap: those rows are not kept (no draft until re-synced)."""
-        if not len(tokens) or self._length(st) < start:
+        start past the end follows forwards this drafter missed: the KV goes on after the gap."""
+        if not len(tokens):
             return
+        self._skip_gap(st, start)
         self._cut(st, start)
         st.queue_tokens.append(tokens)
         st.queue_feats.append(feats)
         st.queued += len(tokens)
+
+    def _skip_gap(self, st: _Slot, start: int) -> None:
+        """Make target position `start` the next draft KV position if the KV ends before it."""
+        missed = start - self._length(st)
+        if missed > 0:
+            st.offset += missed
 
     def _take_queue(self, slots: Sequence[_Slot]) -> tuple[list[Eagle3Rows | None], list[np.ndarray]]:
         """Empty every slot's queue: its rows as one decode entry (None where nothing is queued), and each
@@ -156,11 +171,13 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
             if cap <= 0 or st is None or st.pending_feat is None:
                 continue
             pos = len(r.history) - 1  # the row whose successor is x; step j decodes at pos + j
-            if st.pending_pos != pos or self._length(st) < pos:
-                continue  # features for the committed history are incomplete: no draft this round
+            if st.pending_pos != pos:
+                continue  # the last forward's features are not this history's: no draft this round
+            self._skip_gap(st, pos)  # rows missed while resting are left out of the draft KV
             self._cut(st, pos)
             prob = self.probabilistic(st, r)
-            runs.append(DraftRun(i, st, int(r.last), pos, cap, float(r.spec.p_min), float(r.temperature), prob))
+            runs.append(DraftRun(i, st, int(r.last), pos - st.offset, cap, float(r.spec.p_min),
+                                 float(r.temperature), prob))
         queued, pending = self._take_queue([run.slot for run in runs])
         # The first step decodes the queued rows with it, in one forward: after a target forward the head's
         # weights are out of the caches, and a separate pass over the queue would read them twice.

@@ -94,6 +94,9 @@ class HiddenSlot:
     seq: int  # the slot's sequence in the draft runtime
     rng: np.random.Generator | None = None
     rng_key: tuple[float, int] | None = None  # (temperature, seed) rng was seeded for
+    # Target positions minus draft-cache positions: the forwards the drafter missed while its policy
+    # rested it (Drafter.resumes). Its cache goes on after such a gap as if the gap were not there.
+    offset: int = 0
 
 
 class SeqRuntime(Protocol):
