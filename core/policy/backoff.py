@@ -26,13 +26,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # A call weighs LEDGER_DECAY^age (about the last 7 calls); a ledger is judged once its calls weigh
-# MIN_EVIDENCE (before that the drafter is given the benefit of the doubt: a head that pays must
-# pay from the first rounds).
+# MIN_EVIDENCE, two calls (before that the drafter is given the benefit of the doubt: a head that
+# pays must pay from the first rounds; and every call of one that does not costs about a round on
+# SmolLM2, so a short request cannot afford many to find out).
 LEDGER_DECAY = 0.85
-MIN_EVIDENCE = 3.0
+MIN_EVIDENCE = 1.8
 # A slot's own calls count after PRIOR_CALLS pseudo-calls of the drafter's global record.
 PRIOR_CALLS = 2.0
-REST_FIRST = 16
+REST_FIRST = 32
 REST_MAX = 128
 # A resting drafter observes again this many forwards before its probe (EAGLE-3 drafts from the
 # previous forward's last row; a few rows more give its draft layer some context back).
