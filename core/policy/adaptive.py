@@ -207,7 +207,6 @@ class AdaptivePolicy:
         return [Adapted(decisions[sid], n, predicted, measured) for sid, n in outcome.emitted.items()
                 if sid in decisions]
 
-
     def _judge_model_calls(self, outcome: RoundOutcome) -> None:
         """Tell the back-off what this round's model drafter calls measured: the tokens each slot gained
         over a plain round, against the round's time over a plain round's (in tokens a plain round
