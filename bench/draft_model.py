@@ -54,8 +54,14 @@ class Tally:
     plain_cpu: float = 0.0
     same: bool = True
     per_prompt: list[str] = field(default_factory=list)
+    # Each run's tok/s over its bracketing plain runs': their median shrugs off a load spike in one run
+    # on a shared machine, which the summed ratio does not.
+    ratios: list[float] = field(default_factory=list)
 
     def add(self, run: Run, plain_a: Run, plain_b: Run) -> None:
+        plain_seconds = plain_a.seconds + plain_b.seconds
+        if run.seconds > 0 and plain_seconds > 0:
+            self.ratios.append((len(run.tokens) / run.seconds) / ((len(plain_a.tokens) + len(plain_b.tokens)) / plain_seconds))
         self.tokens += len(run.tokens)
         self.seconds += run.seconds
         self.cpu += run.cpu

@@ -3,6 +3,7 @@
     .venv/bin/python bench/train_drafter.py [-n 128] [--prompts 8] [-t 2] [--quick] [-m MODEL.gguf]
                                             [--eagle3 FILE] [--dflash FILE] [--backend auto] [--torch-runtime]
                                             [--llama-server PATH | --no-llama-server]
+                                            [--rows eagle3,dflash,...] [--modes fixed,adaptive] [--chat-only]
 
 The prompts are `--prompts` held-out built-in prompts (`spekula.training.prompts.builtin_prompts(N,
 split="heldout")`: no topic and no template in common with the prompts the heads were trained on,
@@ -42,7 +43,8 @@ even a perfect draft shows a little under 7); full = rounds that accepted all 6 
 decode tokens per wall second (the engine's predicted_ms); x plain = tok/s over the bracketing plain
 runs; chat x = the same over the open-ended chat prompts only (the goal's workload); cpu x = plain
 process-CPU seconds per token over this row's (prompt included; steadier than wall time on a
-loaded machine). Goals: EAGLE-3 mean len >= 2.5 and DFlash >= 2.0 at fixed n_max 6; decode speed-up
+loaded machine); med x / med chat = the median over prompts of each run's tok/s over its bracketing
+plain runs' (all prompts / chat only: one run slowed by another process's burst moves it little). Goals: EAGLE-3 mean len >= 2.5 and DFlash >= 2.0 at fixed n_max 6; decode speed-up
 >= 1.3x on open-ended chat for the best trained head (the best of both heads and both planner
 settings), each printed as met or NOT met.
 
@@ -55,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -319,6 +322,10 @@ def speedup(r: Tally) -> float:
     return (r.tokens / r.seconds) / (r.plain_tokens / r.plain_seconds) if r.seconds and r.plain_seconds else 0.0
 
 
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
 def mean_len(r: Tally) -> float:
     return 1 + r.accepted / r.rounds if r.rounds else 1.0
 
@@ -327,7 +334,7 @@ def print_table(args: argparse.Namespace, rows: Rows, chat_rows: Rows, n_prompts
     print(f"\nsummed over {n_prompts} prompts (n_predict {args.n_predict}, greedy, n_max {N_MAX}, "
           f"{args.threads} thread(s)):")
     print(f"{'drafter':<16}{'planner':<10}{'same':>5}{'acc rate':>10}{'mean len':>10}{'full':>10}{'tok/s':>9}"
-          f"{'plain tok/s':>13}{'x plain':>9}{'chat x':>8}{'cpu x':>7}")
+          f"{'plain tok/s':>13}{'x plain':>9}{'chat x':>8}{'cpu x':>7}{'med x':>7}{'med chat':>9}")
     for (label, mode), r in rows.items():
         if not r.tokens:
             continue
@@ -335,7 +342,7 @@ def print_table(args: argparse.Namespace, rows: Rows, chat_rows: Rows, n_prompts
         print(f"{label:<16}{mode:<10}{'yes' if r.same else 'NO':>5}{r.accepted / max(r.drafted, 1):>10.3f}"
               f"{mean_len(r):>10.2f}{f'{r.full_rounds}/{r.rounds}':>10}{r.tokens / r.seconds:>9.2f}"
               f"{r.plain_tokens / r.plain_seconds:>13.2f}{speedup(r):>8.2f}x{speedup(chat_rows[(label, mode)]):>7.2f}x"
-              f"{cpu:>6.2f}x")
+              f"{cpu:>6.2f}x{median(r.ratios):>6.2f}x{median(chat_rows[(label, mode)].ratios):>8.2f}x")
 
 
 def print_goals(rows: Rows, chat_rows: Rows) -> None:

@@ -34,6 +34,8 @@ CHEAP_CALL = 0.1
 # Whether a draftless drafter is worth asking is judged on its first positions only (the worth of
 # later ones is small, and the decision itself must stay cheap).
 DECIDE_POSITIONS = 16
+# A resting model drafter's probe asks it for this many tokens (core/policy/backoff.py).
+PROBE_TOKENS = 2
 
 
 class AdaptivePolicy:
@@ -87,7 +89,10 @@ class AdaptivePolicy:
             if not backoff.may_call(drafter.name, slot):
                 return None  # it rests: its recent calls lost time (core/policy/backoff.py)
             if backoff.probing(drafter.name, slot):
-                return n  # its probe: called whatever the estimates say; the cut sizes what is verified
+                # Its probe: called whatever the estimates say, for a short draft (a head that has come
+                # to pay shows it in its first tokens; each further step of one that still does not
+                # only adds to the probe's cost). The cut sizes what is verified.
+                return min(n, PROBE_TOKENS)
             call_cost, token_cost = cost.model_drafting(drafter.name)
         else:
             call_cost, token_cost = cost.drafting(drafter.name), 0.0
