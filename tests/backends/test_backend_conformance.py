@@ -6,6 +6,8 @@ import pytest
 from backend_conformance import CHECKS, HYBRID_CHECKS, HYBRID_MODELS, available_backends
 
 TINY = ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe")
+# Block types only these fixtures cover on every backend (the other types: test_native_backend.py).
+TYPED = ("qwen3-IQ4_NL",)
 BACKENDS = available_backends()
 # Backends that run hybrid (gated delta-net) models; the others refuse them by name.
 HYBRID_BACKENDS = [b for b in BACKENDS if b == "torch" or b.startswith("native")]
@@ -16,7 +18,7 @@ def test_torch_backend_is_available() -> None:
 
 
 @pytest.mark.parametrize("check", sorted(CHECKS))
-@pytest.mark.parametrize("model", TINY)
+@pytest.mark.parametrize("model", TINY + TYPED)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_conformance_tiny(backend: str, model: str, check: str) -> None:
     CHECKS[check](backend, model)

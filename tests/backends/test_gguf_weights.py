@@ -13,7 +13,7 @@ from spekula.backends.gguf.architecture import read_hparams
 from spekula.backends.gguf.weights import dequantize, load_model_weights, rope_inv_freq
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile, TensorEntry
-from spekula.fixtures.tiny_gguf import tiny_model_path, write_gguf
+from spekula.fixtures.tiny_gguf import quantize_fixture, tiny_model_path, write_gguf
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -83,9 +83,29 @@ def test_q6_k_known_block() -> None:
     assert np.array_equal(out[0], np.full(256, 0.125 * 2 * -32))
 
 
+# Types the gguf package reads but cannot write: the fixtures' own quantizers, decoded by gguf.
+FIXTURE_TOLERANCE = {"IQ4_NL": 0.35}
+
+
+@pytest.mark.parametrize("type_name", sorted(FIXTURE_TOLERANCE))
+def test_dequantize_of_fixture_quantized_types(type_name: str) -> None:
+    x = np.random.default_rng(0).standard_normal((3, 512)).astype(np.float32)
+    data = quantize_fixture(x, type_name)
+    out = dequantize(TensorEntry("t", type_name, (3, 512), data))
+    assert np.array_equal(out, gguf.quants.dequantize(data, gguf.GGMLQuantizationType[type_name]).reshape(3, 512))
+    assert np.abs(out - x).max() <= FIXTURE_TOLERANCE[type_name]
+
+
+def test_iq4_nl_known_block() -> None:
+    block = _f16(0.5) + bytes([0xF0] * 8 + [0x97] * 8)  # codes 0 / 7 low, 15 / 9 high
+    out = dequantize(TensorEntry("t", "IQ4_NL", (1, 32), np.frombuffer(block, np.uint8).reshape(1, -1)))
+    want = np.array([-127] * 8 + [-10] * 8 + [113] * 8 + [13] * 8, np.float32) * 0.5
+    assert np.array_equal(out[0], want)
+
+
 def test_unsupported_tensor_type_and_short_data() -> None:
-    with pytest.raises(ModelFileError, match=r"m\.gguf: tensor 't' has unsupported type Q2_K"):
-        dequantize(TensorEntry("t", "Q2_K", (1, 256), np.zeros((1, 84), np.uint8)), "m.gguf")
+    with pytest.raises(ModelFileError, match=r"m\.gguf: tensor 't' has unsupported type IQ2_XXS \(supported: F32, .*Q8_0"):
+        dequantize(TensorEntry("t", "IQ2_XXS", (1, 256), np.zeros((1, 66), np.uint8)), "m.gguf")
     with pytest.raises(ModelFileError, match="cannot decode tensor 't'"):
         dequantize(TensorEntry("t", "F16", (4, 64), np.zeros(10, np.float16)), "m.gguf")
 

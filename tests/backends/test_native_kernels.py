@@ -1,7 +1,7 @@
 """Native kernels, one block type at a time, against plain dequantize-then-matmul references.
 
-Weights of every supported type are built here (gguf's quantizer for the 32-value types, the fixture
-K-quantizer for Q4_K/Q5_K/Q6_K) and decoded by gguf's own dequantizer, an implementation independent
+Weights of every supported type are built here (gguf's quantizer for the 32-value types it writes, the
+fixture quantizers for the K and IQ4 types) and decoded by gguf's own dequantizer, an implementation independent
 of ours. Two references per type: float64 matmul with the *same* int8-quantized activations the
 kernels use (tight: only float rounding differs), and with float32 activations (the int8 rounding of
 activations, about 1 % of the output's scale). The SIMD and generic kernels are both checked, and
@@ -13,14 +13,14 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-from gguf.quants import dequantize, quantize
+from gguf.quants import dequantize
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from spekula.backends.native import lib as nl
-from spekula.fixtures.kquant import quantize_k
+from spekula.fixtures.tiny_gguf import quantize_fixture
 
-QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL")
 FLOAT_TYPES = ("F32", "F16", "BF16")
 KERNELS = nl.available_kernels()  # kernel set names, e.g. generic, avx2, avx512-vnni
 SIMD = [k for k in KERNELS if k != "generic"]
@@ -46,7 +46,7 @@ def make_weight(type_name: str, n: int, k: int, seed: int) -> tuple[np.ndarray, 
         h = w.astype(np.float16)
         return h, h.astype(np.float32)
     qtype = gguf.GGMLQuantizationType[type_name]
-    raw = quantize_k(w, type_name) if type_name.endswith("_K") else quantize(w, qtype)
+    raw = quantize_fixture(w, type_name)
     return np.ascontiguousarray(raw), dequantize(raw, qtype).reshape(n, k).astype(np.float32)
 
 

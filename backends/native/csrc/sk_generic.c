@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "sk.h"
+#include "sk_codebooks.h"
 
 static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
@@ -62,6 +63,12 @@ static int unpack32(int type, const uint8_t *row, int64_t b, int v[32], float dw
         const uint8_t *p = row + b * 34;
         dw[0] = dw[1] = sk_f16_to_f32(rd16(p));
         for (int l = 0; l < 32; l++) v[l] = (int8_t)p[2 + l];
+        return 1;
+    }
+    case SK_IQ4_NL: {
+        const uint8_t *p = row + b * 18;
+        dw[0] = dw[1] = sk_f16_to_f32(rd16(p));
+        for (int l = 0; l < 16; l++) { v[l] = sk_iq4nl_values[p[2 + l] & 15]; v[l + 16] = sk_iq4nl_values[p[2 + l] >> 4]; }
         return 1;
     }
     case SK_Q4_K:

@@ -4,6 +4,7 @@
 
 #include "sk.h"
 #include "sk_pack.h"
+#include "sk_codebooks.h"
 
 static void kscale(const uint8_t *s, int j, int *sc, int *mn) {
     if (j < 4) {
@@ -40,6 +41,13 @@ static void gguf_values(int type, const uint8_t *row, int64_t b, uint8_t v[32]) 
     case SK_Q8_0:
         p = row + b * 34;
         for (int l = 0; l < 32; l++) v[l] = (uint8_t)(p[2 + l] ^ 0x80);
+        return;
+    case SK_IQ4_NL: /* the table's integers, stored as Q8_0's are */
+        p = row + b * 18;
+        for (int l = 0; l < 16; l++) {
+            v[l] = (uint8_t)(sk_iq4nl_values[p[2 + l] & 15] ^ 0x80);
+            v[l + 16] = (uint8_t)(sk_iq4nl_values[p[2 + l] >> 4] ^ 0x80);
+        }
         return;
     case SK_Q4_K:
     case SK_Q5_K: {
@@ -105,7 +113,7 @@ static void put_bytes(uint8_t *dst, uint8_t v[SK_GROUP][32]) {
 /* The block's quantized values after its scales, as the kernels read them. */
 static uint8_t *put_values(int type, uint8_t *dst, uint8_t v[SK_GROUP][32]) {
     switch (type) {
-    case SK_Q8_0: put_bytes(dst, v); return dst + SK_BYTES8;
+    case SK_Q8_0: case SK_IQ4_NL: put_bytes(dst, v); return dst + SK_BYTES8;
     case SK_Q5_0: case SK_Q5_1: case SK_Q5_K: put_high5(dst, v); put_nibbles(dst + SK_HB5, v); return dst + SK_HB5 + SK_NIB;
     case SK_Q6_K: put_high6(dst, v); put_nibbles(dst + SK_HB6, v); return dst + SK_HB6 + SK_NIB;
     default: put_nibbles(dst, v); return dst + SK_NIB;
@@ -124,7 +132,7 @@ static void put_f16s(uint8_t *dst, const sk_tensor *w, int64_t col0, int64_t blk
 static void gather_values(const sk_tensor *w, int64_t col0, int64_t b, uint8_t v[SK_GROUP][32]) {
     for (int c = 0; c < SK_GROUP; c++) {
         if (col0 + c < w->n_rows) gguf_values(w->type, w->data + (col0 + c) * w->row_bytes, b, v[c]);
-        else memset(v[c], w->type == SK_Q8_0 ? 0x80 : 0, 32); /* zero weights (Q8_0 stores value + 128) */
+        else memset(v[c], w->type == SK_Q8_0 || w->type == SK_IQ4_NL ? 0x80 : 0, 32); /* zero weights (bytes store value + 128) */
     }
 }
 
@@ -148,7 +156,7 @@ static uint8_t *copy_values(const sk_tensor *w, int64_t col0, int64_t blk_bytes,
 }
 
 static void pack_group32(const sk_tensor *w, int64_t col0, uint8_t *dst, int by_value) {
-    static const int16_t bytes_of[] = {[SK_Q4_0] = 18, [SK_Q4_1] = 20, [SK_Q5_0] = 22, [SK_Q5_1] = 24, [SK_Q8_0] = 34};
+    static const int16_t bytes_of[] = {[SK_Q4_0] = 18, [SK_Q4_1] = 20, [SK_Q5_0] = 22, [SK_Q5_1] = 24, [SK_Q8_0] = 34, [SK_IQ4_NL] = 18};
     const int asym = w->type == SK_Q4_1 || w->type == SK_Q5_1;
     const int64_t bb = bytes_of[w->type];
     const int copy = !by_value && (w->type == SK_Q4_0 || w->type == SK_Q4_1 || w->type == SK_Q8_0);

@@ -9,6 +9,8 @@
  *   Q4_0 block: [16 f16 d] [4 x 64 B nibbles]              Q4_1: [16 d] [16 m] [4 x 64 B]
  *   Q5_0 block: [16 d] [64 B high bits] [4 x 64 B]         Q5_1: [16 d] [16 m] [64 B] [4 x 64 B]
  *   Q8_0 block: [16 d] [8 x 64 B bytes, value + 128]
+ *   IQ4_NL block: as Q8_0, each code replaced by its table value (a one-to-one map, so still lossless):
+ *                 the kernels run it as Q8_0
  *   Q4_K / Q5_K super-block: [16 d] [16 dmin] [8 x 16 sc] [8 x 16 mn], then 8 blocks as Q4_0 / Q5_0
  *                            without the d
  *   Q6_K super-block: [16 d] [16 x 16 int8 sc], then 8 blocks of [2 x 64 B high bits] [4 x 64 B nibbles]
@@ -31,7 +33,7 @@ static inline int64_t sk_block_tile_bytes(int type) {
     case SK_Q4_1: return 2 * SK_DVEC + SK_NIB;
     case SK_Q5_0: return SK_DVEC + SK_HB5 + SK_NIB;
     case SK_Q5_1: return 2 * SK_DVEC + SK_HB5 + SK_NIB;
-    case SK_Q8_0: return SK_DVEC + SK_BYTES8;
+    case SK_Q8_0: case SK_IQ4_NL: return SK_DVEC + SK_BYTES8;
     default: return 0;
     }
 }
