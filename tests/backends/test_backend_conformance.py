@@ -7,7 +7,7 @@ from backend_conformance import CHECKS, HYBRID_CHECKS, HYBRID_MODELS, available_
 
 TINY = ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe")
 # Block types only these fixtures cover on every backend (the other types: test_native_backend.py).
-TYPED = ("qwen3-IQ4_NL",)
+TYPED = ("qwen3-IQ4_NL", "llama-IQ4_XS")
 BACKENDS = available_backends()
 # Backends that run hybrid (gated delta-net) models; the others refuse them by name.
 HYBRID_BACKENDS = [b for b in BACKENDS if b == "torch" or b.startswith("native")]

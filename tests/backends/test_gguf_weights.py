@@ -84,7 +84,7 @@ def test_q6_k_known_block() -> None:
 
 
 # Types the gguf package reads but cannot write: the fixtures' own quantizers, decoded by gguf.
-FIXTURE_TOLERANCE = {"IQ4_NL": 0.35}
+FIXTURE_TOLERANCE = {"IQ4_NL": 0.35, "IQ4_XS": 0.35}
 
 
 @pytest.mark.parametrize("type_name", sorted(FIXTURE_TOLERANCE))
@@ -100,6 +100,17 @@ def test_iq4_nl_known_block() -> None:
     block = _f16(0.5) + bytes([0xF0] * 8 + [0x97] * 8)  # codes 0 / 7 low, 15 / 9 high
     out = dequantize(TensorEntry("t", "IQ4_NL", (1, 32), np.frombuffer(block, np.uint8).reshape(1, -1)))
     want = np.array([-127] * 8 + [-10] * 8 + [113] * 8 + [13] * 8, np.float32) * 0.5
+    assert np.array_equal(out[0], want)
+
+
+def test_iq4_xs_known_block() -> None:
+    # 6-bit scales: block j's low 4 bits in scales_l, high 2 in scales_h; here ls = 33 (step d) for even
+    # blocks and 30 (step -2d) for odd ones: low nibbles 1 / 14, high bits 2 / 1
+    scales_h = sum((2 if j % 2 == 0 else 1) << (2 * j) for j in range(8))
+    block = _f16(0.25) + int(scales_h).to_bytes(2, "little") + bytes([0xE1] * 4) + bytes([0xF8] * 128)
+    out = dequantize(TensorEntry("t", "IQ4_XS", (1, 256), np.frombuffer(block, np.uint8).reshape(1, -1)))
+    codes = np.array([1] * 16 + [113] * 16, np.float32)  # code 8 low, 15 high
+    want = np.concatenate([codes * (0.25 if j % 2 == 0 else -0.5) for j in range(8)])
     assert np.array_equal(out[0], want)
 
 

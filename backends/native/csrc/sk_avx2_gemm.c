@@ -199,6 +199,21 @@ INLINE void tile(const int type, const uint8_t *g0, int64_t gb, int64_t k, const
         }
         return;
     }
+    if (type == SK_IQ4_XS) { /* Q8_0's bytes with a signed scale per block, d * sc */
+        for (int64_t sb = 0; sb < k / 256; sb++) {
+            const uint8_t *hdr[MAX_NH];
+            for (int n = 0; n < NH; n++) hdr[n] = g0 + (n >> 1) * gb + sb * sk_super_tile_bytes(type);
+            for (int j = 0; j < 8; j++) {
+                for (int n = 0; n < NH; n++) {
+                    qp[n] = hdr[n] + SK_XSHDR + j * SK_BYTES8;
+                    dw[n] = _mm256_mul_ps(f16x8(hdr[n] + 16 * (n & 1)), i8x8(hdr[n] + DVEC + GROUP * j + 8 * (n & 1)));
+                }
+                dot_block(K_BYTES, qp, a, r0, sb * 8 + j, MR, NH, isum, ihi);
+                add_block(0, 0, isum, dw, mw, a, r0, sb * 8 + j, MR, NH, acc);
+            }
+        }
+        return;
+    }
     const int asym = type == SK_Q4_1 || type == SK_Q5_1;
     const int kind = type == SK_Q8_0 ? K_BYTES : (type == SK_Q5_0 || type == SK_Q5_1) ? K_NIB5 : K_NIB4;
     /* Q8_0 goes through signed, so it needs no offset */
@@ -272,6 +287,7 @@ DEF_GEMM(gemm_q8_0, SK_Q8_0)
 DEF_GEMM(gemm_q4_k, SK_Q4_K)
 DEF_GEMM(gemm_q5_k, SK_Q5_K)
 DEF_GEMM(gemm_q6_k, SK_Q6_K)
+DEF_GEMM(gemm_iq4_xs, SK_IQ4_XS)
 
 /* Columns [n0, n1) with n0 a multiple of 16 (the callers split work in whole groups). */
 void sk_avx2_gemm_q(const sk_tensor *w, int64_t n0, int64_t n1, const sk_act *a, int64_t m, float *out, int64_t ldo,
@@ -285,6 +301,7 @@ void sk_avx2_gemm_q(const sk_tensor *w, int64_t n0, int64_t n1, const sk_act *a,
     case SK_Q4_K: gemm_q4_k(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q5_K: gemm_q5_k(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q6_K: gemm_q6_k(w, n0, n1, a, m, out, ldo, accumulate); break;
+    case SK_IQ4_XS: gemm_iq4_xs(w, n0, n1, a, m, out, ldo, accumulate); break;
     default: break;
     }
 }

@@ -158,6 +158,22 @@ INLINE void tile(const int type, const uint8_t *g0, int64_t gb, int64_t k, const
         }
         return;
     }
+    if (type == SK_IQ4_XS) { /* Q8_0's bytes with a signed scale per block, d * sc */
+        for (int64_t sb = 0; sb < k / 256; sb++) {
+            const uint8_t *hdr[4];
+            for (int n = 0; n < NG; n++) hdr[n] = g0 + n * gb + sb * sk_super_tile_bytes(type);
+            for (int j = 0; j < 8; j++) {
+                for (int n = 0; n < NG; n++) {
+                    qp[n] = hdr[n] + SK_XSHDR + j * SK_BYTES8;
+                    const __m128i sc = _mm_loadu_si128((const __m128i *)(hdr[n] + DVEC + GROUP * j));
+                    dw[n] = _mm512_mul_ps(f16x16(hdr[n]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+                }
+                dot_block(K_BYTES, qp, a, r0, sb * 8 + j, MR, NG, lo, hi);
+                add_block(128, lo, hi, dw, mw, a, r0, sb * 8 + j, MR, NG, acc);
+            }
+        }
+        return;
+    }
     const int asym = type == SK_Q4_1 || type == SK_Q5_1;
     const int kind = type == SK_Q8_0 ? K_BYTES : (type == SK_Q5_0 || type == SK_Q5_1) ? K_NIB5 : K_NIB4;
     const int off = type == SK_Q4_0 ? 8 : type == SK_Q5_0 ? 16 : type == SK_Q8_0 ? 128 : 0;
@@ -231,6 +247,7 @@ DEF_GEMM(gemm_q8_0, SK_Q8_0)
 DEF_GEMM(gemm_q4_k, SK_Q4_K)
 DEF_GEMM(gemm_q5_k, SK_Q5_K)
 DEF_GEMM(gemm_q6_k, SK_Q6_K)
+DEF_GEMM(gemm_iq4_xs, SK_IQ4_XS)
 
 /* Columns [n0, n1) with n0 a multiple of 16 (the callers split work in whole groups). */
 void sk_avx512_gemm_q(const sk_tensor *w, int64_t n0, int64_t n1, const sk_act *a, int64_t m, float *out, int64_t ldo,
@@ -244,6 +261,7 @@ void sk_avx512_gemm_q(const sk_tensor *w, int64_t n0, int64_t n1, const sk_act *
     case SK_Q4_K: gemm_q4_k(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q5_K: gemm_q5_k(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q6_K: gemm_q6_k(w, n0, n1, a, m, out, ldo, accumulate); break;
+    case SK_IQ4_XS: gemm_iq4_xs(w, n0, n1, a, m, out, ldo, accumulate); break;
     default: break;
     }
 }

@@ -11,4 +11,11 @@
 
 static const int8_t sk_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
+/* IQ4_XS: the 6-bit scale of 32-value block j (0..7) of a super-block p, minus 32 (the block's step is
+ * d * this). */
+static inline int sk_iq4xs_scale(const uint8_t *p, int j) {
+    const int scales_h = p[2] | (p[3] << 8);
+    return (((p[4 + j / 2] >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
+}
+
 #endif

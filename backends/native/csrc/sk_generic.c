@@ -71,6 +71,12 @@ static int unpack32(int type, const uint8_t *row, int64_t b, int v[32], float dw
         for (int l = 0; l < 16; l++) { v[l] = sk_iq4nl_values[p[2 + l] & 15]; v[l + 16] = sk_iq4nl_values[p[2 + l] >> 4]; }
         return 1;
     }
+    case SK_IQ4_XS: {
+        const uint8_t *p = row + (b / 8) * 136, *qs = p + 8 + 16 * (b % 8);
+        dw[0] = dw[1] = sk_f16_to_f32(rd16(p)) * (float)sk_iq4xs_scale(p, (int)(b % 8));
+        for (int l = 0; l < 16; l++) { v[l] = sk_iq4nl_values[qs[l] & 15]; v[l + 16] = sk_iq4nl_values[qs[l] >> 4]; }
+        return 1;
+    }
     case SK_Q4_K:
     case SK_Q5_K: {
         int five = type == SK_Q5_K;
@@ -110,7 +116,7 @@ static int unpack32(int type, const uint8_t *row, int64_t b, int v[32], float dw
 
 static int block_elems(int type) {
     switch (type) {
-    case SK_Q4_K: case SK_Q5_K: case SK_Q6_K: return 256;
+    case SK_Q4_K: case SK_Q5_K: case SK_Q6_K: case SK_IQ4_XS: return 256;
     case SK_F32: case SK_F16: case SK_BF16: return 1;
     default: return 32;
     }

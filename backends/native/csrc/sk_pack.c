@@ -43,10 +43,11 @@ static void gguf_values(int type, const uint8_t *row, int64_t b, uint8_t v[32]) 
         for (int l = 0; l < 32; l++) v[l] = (uint8_t)(p[2 + l] ^ 0x80);
         return;
     case SK_IQ4_NL: /* the table's integers, stored as Q8_0's are */
-        p = row + b * 18;
+    case SK_IQ4_XS:
+        qs = type == SK_IQ4_NL ? row + b * 18 + 2 : row + (b / 8) * 136 + 8 + 16 * (b % 8);
         for (int l = 0; l < 16; l++) {
-            v[l] = (uint8_t)(sk_iq4nl_values[p[2 + l] & 15] ^ 0x80);
-            v[l + 16] = (uint8_t)(sk_iq4nl_values[p[2 + l] >> 4] ^ 0x80);
+            v[l] = (uint8_t)(sk_iq4nl_values[qs[l] & 15] ^ 0x80);
+            v[l + 16] = (uint8_t)(sk_iq4nl_values[qs[l] >> 4] ^ 0x80);
         }
         return;
     case SK_Q4_K:
@@ -113,7 +114,7 @@ static void put_bytes(uint8_t *dst, uint8_t v[SK_GROUP][32]) {
 /* The block's quantized values after its scales, as the kernels read them. */
 static uint8_t *put_values(int type, uint8_t *dst, uint8_t v[SK_GROUP][32]) {
     switch (type) {
-    case SK_Q8_0: case SK_IQ4_NL: put_bytes(dst, v); return dst + SK_BYTES8;
+    case SK_Q8_0: case SK_IQ4_NL: case SK_IQ4_XS: put_bytes(dst, v); return dst + SK_BYTES8;
     case SK_Q5_0: case SK_Q5_1: case SK_Q5_K: put_high5(dst, v); put_nibbles(dst + SK_HB5, v); return dst + SK_HB5 + SK_NIB;
     case SK_Q6_K: put_high6(dst, v); put_nibbles(dst + SK_HB6, v); return dst + SK_HB6 + SK_NIB;
     default: put_nibbles(dst, v); return dst + SK_NIB;
@@ -132,7 +133,7 @@ static void put_f16s(uint8_t *dst, const sk_tensor *w, int64_t col0, int64_t blk
 static void gather_values(const sk_tensor *w, int64_t col0, int64_t b, uint8_t v[SK_GROUP][32]) {
     for (int c = 0; c < SK_GROUP; c++) {
         if (col0 + c < w->n_rows) gguf_values(w->type, w->data + (col0 + c) * w->row_bytes, b, v[c]);
-        else memset(v[c], w->type == SK_Q8_0 || w->type == SK_IQ4_NL ? 0x80 : 0, 32); /* zero weights (bytes store value + 128) */
+        else memset(v[c], w->type == SK_Q8_0 || w->type == SK_IQ4_NL || w->type == SK_IQ4_XS ? 0x80 : 0, 32); /* zero weights (bytes store value + 128) */
     }
 }
 
@@ -177,11 +178,18 @@ static void pack_group32(const sk_tensor *w, int64_t col0, uint8_t *dst, int by_
 }
 
 static void pack_group_k(const sk_tensor *w, int64_t col0, uint8_t *dst) {
-    const int six = w->type == SK_Q6_K;
-    const int64_t sbb = six ? 210 : w->type == SK_Q5_K ? 176 : 144;
+    const int six = w->type == SK_Q6_K, xs = w->type == SK_IQ4_XS;
+    const int64_t sbb = six ? 210 : xs ? 136 : w->type == SK_Q5_K ? 176 : 144;
     uint8_t v[SK_GROUP][32];
     for (int64_t sb = 0; sb < w->n_cols / 256; sb++) {
-        if (six) {
+        if (xs) {
+            put_f16s(dst, w, col0, sbb, sb, 0);
+            for (int j = 0; j < 8; j++)
+                for (int c = 0; c < SK_GROUP; c++)
+                    dst[SK_DVEC + SK_GROUP * j + c] = col0 + c < w->n_rows
+                        ? (uint8_t)(int8_t)sk_iq4xs_scale(w->data + (col0 + c) * w->row_bytes + sb * sbb, j) : 0;
+            dst += SK_XSHDR;
+        } else if (six) {
             put_f16s(dst, w, col0, sbb, sb, 208);
             for (int s = 0; s < 16; s++)
                 for (int c = 0; c < SK_GROUP; c++)

@@ -14,6 +14,8 @@
  *   Q4_K / Q5_K super-block: [16 d] [16 dmin] [8 x 16 sc] [8 x 16 mn], then 8 blocks as Q4_0 / Q5_0
  *                            without the d
  *   Q6_K super-block: [16 d] [16 x 16 int8 sc], then 8 blocks of [2 x 64 B high bits] [4 x 64 B nibbles]
+ *   IQ4_XS super-block: [16 d] [8 x 16 int8 (scale - 32)], then 8 blocks of Q8_0's bytes, the codes
+ *                       replaced by their table values as for IQ4_NL
  * Nibble vector j: lane c byte i = value 4j+i | value 16+4j+i << 4 (low nibbles: group j, high: j+4,
  * group t = values 4t..4t+3). High bits (Q5): lane c byte i bit t = bit 4 of value 4t+i. High bits
  * (Q6): plane p, lane c byte i, bits 2u..2u+1 = bits 4-5 of value 4(4p+u)+i.
@@ -24,7 +26,7 @@
 #include "sk.h"
 
 enum { SK_GROUP = 16, SK_NIB = 256, SK_HB5 = 64, SK_HB6 = 128, SK_BYTES8 = 512, SK_DVEC = 32 };
-enum { SK_KHDR = 2 * SK_DVEC + 2 * 8 * SK_GROUP, SK_Q6HDR = SK_DVEC + 16 * SK_GROUP };
+enum { SK_KHDR = 2 * SK_DVEC + 2 * 8 * SK_GROUP, SK_Q6HDR = SK_DVEC + 16 * SK_GROUP, SK_XSHDR = SK_DVEC + 8 * SK_GROUP };
 
 /* Bytes of one 32-value block of a column group (0: a super-block type or unsupported). */
 static inline int64_t sk_block_tile_bytes(int type) {
@@ -44,6 +46,7 @@ static inline int64_t sk_super_tile_bytes(int type) {
     case SK_Q4_K: return SK_KHDR + 8 * SK_NIB;
     case SK_Q5_K: return SK_KHDR + 8 * (SK_HB5 + SK_NIB);
     case SK_Q6_K: return SK_Q6HDR + 8 * (SK_HB6 + SK_NIB);
+    case SK_IQ4_XS: return SK_XSHDR + 8 * SK_BYTES8;
     default: return 0;
     }
 }
