@@ -43,7 +43,7 @@ def test_load_weights_shapes_and_optional_tensors(arch: str) -> None:
     assert all(np.isfinite(a).all() for a in w.values())
 
 
-TOLERANCE = {"F32": 0.0, "F16": 1e-3, "BF16": 1e-2, "Q8_0": 0.03, "Q5_1": 0.15, "Q5_0": 0.2, "Q4_1": 0.3, "Q4_0": 0.4}
+TOLERANCE = {"MXFP4": 0.5, "F32": 0.0, "F16": 1e-3, "BF16": 1e-2, "Q8_0": 0.03, "Q5_1": 0.15, "Q5_0": 0.2, "Q4_1": 0.3, "Q4_0": 0.4}
 
 
 @pytest.mark.parametrize("type_name", sorted(TOLERANCE))
@@ -111,6 +111,14 @@ def test_iq4_xs_known_block() -> None:
     out = dequantize(TensorEntry("t", "IQ4_XS", (1, 256), np.frombuffer(block, np.uint8).reshape(1, -1)))
     codes = np.array([1] * 16 + [113] * 16, np.float32)  # code 8 low, 15 high
     want = np.concatenate([codes * (0.25 if j % 2 == 0 else -0.5) for j in range(8)])
+    assert np.array_equal(out[0], want)
+
+
+def test_mxfp4_known_block() -> None:
+    # E8M0 exponent 126 (2^-1), halved for the doubled FP4 table values: 2^-2 times the table value
+    block = bytes([126]) + bytes([0xF7] * 8 + [0x19] * 8)  # codes 7 / 15 low (12, -12), 9 / 1 high (-1, 1)
+    out = dequantize(TensorEntry("t", "MXFP4", (1, 32), np.frombuffer(block, np.uint8).reshape(1, -1)))
+    want = np.array([12] * 8 + [-1] * 8 + [-12] * 8 + [1] * 8, np.float32) * 0.25
     assert np.array_equal(out[0], want)
 
 

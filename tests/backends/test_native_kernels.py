@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from spekula.backends.native import lib as nl
 from spekula.fixtures.tiny_gguf import quantize_fixture
 
-QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4")
 FLOAT_TYPES = ("F32", "F16", "BF16")
 KERNELS = nl.available_kernels()  # kernel set names, e.g. generic, avx2, avx512-vnni
 SIMD = [k for k in KERNELS if k != "generic"]
@@ -90,6 +90,22 @@ def test_loading_packs_the_bytes_of_the_value_by_value_layout(type_name: str, n:
     fast, reference = nl.packed(t), nl.packed(t, by_value=True)
     assert fast.size == reference.size > 0
     assert np.array_equal(fast, reference)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_mxfp4_scales_at_the_ends_of_their_range(kernel: str) -> None:
+    """E8M0 exponents 0 and 1 are subnormal floats (float16 holds neither, nor 2^72): kept exactly. Products
+    with the subnormal scales keep fewer bits (float32 has no more), hence the looser relative bound."""
+    raw, _ = make_weight("MXFP4", 16, 64, seed=6)
+    raw[:, 0::17] = np.array([0, 1, 2, 100, 127, 130, 170, 200], np.uint8).repeat(2).reshape(16, 1)
+    wf = dequantize(raw, gguf.GGMLQuantizationType.MXFP4).reshape(16, 64)
+    t = nl.tensor(raw, "MXFP4", 16, 64)
+    for r in range(16):
+        assert np.array_equal(nl.dequant_row(t, r), wf[r])
+    x = np.random.default_rng(7).standard_normal((3, 64)).astype(np.float32)
+    same = quantized_activations(x) @ wf.T.astype(np.float64)
+    got = nl.matmul(t, x, kernels=cap(kernel))
+    assert (np.abs(got - same) <= 1e-4 * np.abs(same).max(axis=0)).all()
 
 
 @pytest.mark.parametrize("kernel", SIMD or ["generic"])

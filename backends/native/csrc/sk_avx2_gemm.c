@@ -214,17 +214,17 @@ INLINE void tile(const int type, const uint8_t *g0, int64_t gb, int64_t k, const
         }
         return;
     }
-    const int asym = type == SK_Q4_1 || type == SK_Q5_1;
-    const int kind = type == SK_Q8_0 ? K_BYTES : (type == SK_Q5_0 || type == SK_Q5_1) ? K_NIB5 : K_NIB4;
+    const int asym = type == SK_Q4_1 || type == SK_Q5_1, f32d = type == SK_MXFP4; /* MXFP4: float32 scales */
+    const int kind = type == SK_Q8_0 || f32d ? K_BYTES : (type == SK_Q5_0 || type == SK_Q5_1) ? K_NIB5 : K_NIB4;
     /* Q8_0 goes through signed, so it needs no offset */
     const int off = type == SK_Q4_0 ? 8 : type == SK_Q5_0 ? 16 : 0;
     const int64_t bt = sk_block_tile_bytes(type);
     for (int64_t b = 0; b < k / 32; b++) {
         for (int n = 0; n < NH; n++) {
             const uint8_t *t = g0 + (n >> 1) * gb + b * bt;
-            dw[n] = f16x8(t + 16 * (n & 1));
+            dw[n] = f32d ? _mm256_loadu_ps((const float *)(t + 32 * (n & 1))) : f16x8(t + 16 * (n & 1));
             if (asym) mw[n] = f16x8(t + DVEC + 16 * (n & 1));
-            qp[n] = t + (asym ? 2 : 1) * DVEC;
+            qp[n] = t + (asym || f32d ? 2 : 1) * DVEC;
         }
         dot_block(kind, qp, a, r0, b, MR, NH, isum, ihi);
         add_block(off, asym, isum, dw, mw, a, r0, b, MR, NH, acc);
@@ -288,6 +288,7 @@ DEF_GEMM(gemm_q4_k, SK_Q4_K)
 DEF_GEMM(gemm_q5_k, SK_Q5_K)
 DEF_GEMM(gemm_q6_k, SK_Q6_K)
 DEF_GEMM(gemm_iq4_xs, SK_IQ4_XS)
+DEF_GEMM(gemm_mxfp4, SK_MXFP4)
 
 /* Columns [n0, n1) with n0 a multiple of 16 (the callers split work in whole groups). */
 void sk_avx2_gemm_q(const sk_tensor *w, int64_t n0, int64_t n1, const sk_act *a, int64_t m, float *out, int64_t ldo,
@@ -302,6 +303,7 @@ void sk_avx2_gemm_q(const sk_tensor *w, int64_t n0, int64_t n1, const sk_act *a,
     case SK_Q5_K: gemm_q5_k(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q6_K: gemm_q6_k(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_IQ4_XS: gemm_iq4_xs(w, n0, n1, a, m, out, ldo, accumulate); break;
+    case SK_MXFP4: gemm_mxfp4(w, n0, n1, a, m, out, ldo, accumulate); break;
     default: break;
     }
 }

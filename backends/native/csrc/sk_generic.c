@@ -71,6 +71,12 @@ static int unpack32(int type, const uint8_t *row, int64_t b, int v[32], float dw
         for (int l = 0; l < 16; l++) { v[l] = sk_iq4nl_values[p[2 + l] & 15]; v[l + 16] = sk_iq4nl_values[p[2 + l] >> 4]; }
         return 1;
     }
+    case SK_MXFP4: {
+        const uint8_t *p = row + b * 17;
+        dw[0] = dw[1] = sk_e8m0_half(p[0]);
+        for (int l = 0; l < 16; l++) { v[l] = sk_mxfp4_values[p[1 + l] & 15]; v[l + 16] = sk_mxfp4_values[p[1 + l] >> 4]; }
+        return 1;
+    }
     case SK_IQ4_XS: {
         const uint8_t *p = row + (b / 8) * 136, *qs = p + 8 + 16 * (b % 8);
         dw[0] = dw[1] = sk_f16_to_f32(rd16(p)) * (float)sk_iq4xs_scale(p, (int)(b % 8));

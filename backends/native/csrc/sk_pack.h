@@ -11,6 +11,8 @@
  *   Q8_0 block: [16 d] [8 x 64 B bytes, value + 128]
  *   IQ4_NL block: as Q8_0, each code replaced by its table value (a one-to-one map, so still lossless):
  *                 the kernels run it as Q8_0
+ *   MXFP4 block: [16 f32 scales] [8 x 64 B bytes as Q8_0's, the codes replaced by their table values]:
+ *                its E8M0 scales as floats (float16 cannot hold every one)
  *   Q4_K / Q5_K super-block: [16 d] [16 dmin] [8 x 16 sc] [8 x 16 mn], then 8 blocks as Q4_0 / Q5_0
  *                            without the d
  *   Q6_K super-block: [16 d] [16 x 16 int8 sc], then 8 blocks of [2 x 64 B high bits] [4 x 64 B nibbles]
@@ -36,8 +38,14 @@ static inline int64_t sk_block_tile_bytes(int type) {
     case SK_Q5_0: return SK_DVEC + SK_HB5 + SK_NIB;
     case SK_Q5_1: return 2 * SK_DVEC + SK_HB5 + SK_NIB;
     case SK_Q8_0: case SK_IQ4_NL: return SK_DVEC + SK_BYTES8;
+    case SK_MXFP4: return 2 * SK_DVEC + SK_BYTES8;
     default: return 0;
     }
+}
+
+/* Whether a type's values are packed as Q8_0's bytes (value + 128). */
+static inline int sk_packs_bytes(int type) {
+    return type == SK_Q8_0 || type == SK_IQ4_NL || type == SK_IQ4_XS || type == SK_MXFP4;
 }
 
 /* Bytes of one 256-value super-block of a column group (0: not a K type). */
