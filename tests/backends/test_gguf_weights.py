@@ -84,7 +84,7 @@ def test_q6_k_known_block() -> None:
 
 
 # Types the gguf package reads but cannot write: the fixtures' own quantizers, decoded by gguf.
-FIXTURE_TOLERANCE = {"IQ4_NL": 0.35, "IQ4_XS": 0.35}
+FIXTURE_TOLERANCE = {"IQ4_NL": 0.35, "IQ4_XS": 0.35, "Q3_K": 0.6}
 
 
 @pytest.mark.parametrize("type_name", sorted(FIXTURE_TOLERANCE))
@@ -120,6 +120,14 @@ def test_mxfp4_known_block() -> None:
     out = dequantize(TensorEntry("t", "MXFP4", (1, 32), np.frombuffer(block, np.uint8).reshape(1, -1)))
     want = np.array([12] * 8 + [-1] * 8 + [-12] * 8 + [1] * 8, np.float32) * 0.25
     assert np.array_equal(out[0], want)
+
+
+def test_q3_k_known_block() -> None:
+    # hmask bit j set for the even 32-value blocks (no -4 there); qs 0b11 in every 2-bit field: value 3 / -1;
+    # scales: low 4 bits 1 (bytes 0-7), high 2 bits 2 (bytes 8-11): 33 - 32 = 1 for all 16
+    block = bytes([0x55] * 32) + bytes([0xFF] * 64) + bytes([0x11] * 8) + bytes([0xAA] * 4) + _f16(0.5)
+    out = dequantize(TensorEntry("t", "Q3_K", (1, 256), np.frombuffer(block, np.uint8).reshape(1, -1)))
+    assert np.array_equal(out[0], np.concatenate([np.full(32, 1.5 if j % 2 == 0 else -0.5) for j in range(8)]))
 
 
 def test_unsupported_tensor_type_and_short_data() -> None:

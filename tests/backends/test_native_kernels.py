@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from spekula.backends.native import lib as nl
 from spekula.fixtures.tiny_gguf import quantize_fixture
 
-QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4")
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "Q3_K")
 FLOAT_TYPES = ("F32", "F16", "BF16")
 KERNELS = nl.available_kernels()  # kernel set names, e.g. generic, avx2, avx512-vnni
 SIMD = [k for k in KERNELS if k != "generic"]

@@ -301,7 +301,7 @@ void sk_avx2_gemm_q(const sk_tensor *w, int64_t n0, int64_t n1, const sk_act *a,
     case SK_Q8_0: case SK_IQ4_NL: gemm_q8_0(w, n0, n1, a, m, out, ldo, accumulate); break; /* packed as Q8_0 */
     case SK_Q4_K: gemm_q4_k(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q5_K: gemm_q5_k(w, n0, n1, a, m, out, ldo, accumulate); break;
-    case SK_Q6_K: gemm_q6_k(w, n0, n1, a, m, out, ldo, accumulate); break;
+    case SK_Q6_K: case SK_Q3_K: gemm_q6_k(w, n0, n1, a, m, out, ldo, accumulate); break; /* Q3_K: packed as Q6_K */
     case SK_IQ4_XS: gemm_iq4_xs(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_MXFP4: gemm_mxfp4(w, n0, n1, a, m, out, ldo, accumulate); break;
     default: break;

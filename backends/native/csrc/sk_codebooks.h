@@ -1,4 +1,5 @@
-/* The value tables of the GGUF block types whose 4-bit codes index 16 integers, and MXFP4's scale.
+/* What the portable kernels and the packer both decode of the newer GGUF block types: the value tables
+ * of the types whose 4-bit codes index 16 integers, and the packed scales of IQ4_XS, MXFP4 and Q3_K.
  *
  * IQ4_NL and IQ4_XS codes index a non-uniform table; MXFP4 codes index the FP4 (E2M1) values, doubled
  * so they are integers, with the block's power-of-two scale halved to match. The integers go through
@@ -25,6 +26,13 @@ static inline float sk_e8m0_half(uint8_t e) {
 static inline int sk_iq4xs_scale(const uint8_t *p, int j) {
     const int scales_h = p[2] | (p[3] << 8);
     return (((p[4 + j / 2] >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
+}
+
+/* Q3_K: the 6-bit scale s (0..15) of a super-block's 16-value sub-blocks (sc: its 12 scale bytes): low 4
+ * bits in bytes 0-7, high 2 in bytes 8-11, minus 32. */
+static inline int sk_q3k_scale(const uint8_t *sc, int s) {
+    const int low = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4;
+    return (low | (((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4)) - 32;
 }
 
 #endif

@@ -100,6 +100,16 @@ static int unpack32(int type, const uint8_t *row, int64_t b, int v[32], float dw
         }
         return 1;
     }
+    case SK_Q3_K: { /* 2 low bits in qs, the third (set: no -4) in hmask, as Q6_K's planes */
+        const uint8_t *p = row + (b / 8) * 110;
+        int j = (int)(b % 8), shift = 2 * (j % 4);
+        const uint8_t *qs = p + 32 + 32 * (j / 4);
+        float d = sk_f16_to_f32(rd16(p + 108));
+        dw[0] = d * (float)sk_q3k_scale(p + 96, 2 * j);
+        dw[1] = d * (float)sk_q3k_scale(p + 96, 2 * j + 1);
+        for (int l = 0; l < 32; l++) v[l] = ((qs[l] >> shift) & 3) - (((p[l] >> j) & 1) ? 0 : 4);
+        return 1;
+    }
     case SK_Q6_K: {
         const uint8_t *p = row + (b / 8) * 210;
         int j = (int)(b % 8), n = j / 4, jj = j % 4;
@@ -122,7 +132,7 @@ static int unpack32(int type, const uint8_t *row, int64_t b, int v[32], float dw
 
 static int block_elems(int type) {
     switch (type) {
-    case SK_Q4_K: case SK_Q5_K: case SK_Q6_K: case SK_IQ4_XS: return 256;
+    case SK_Q3_K: case SK_Q4_K: case SK_Q5_K: case SK_Q6_K: case SK_IQ4_XS: return 256;
     case SK_F32: case SK_F16: case SK_BF16: return 1;
     default: return 32;
     }

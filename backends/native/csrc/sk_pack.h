@@ -16,6 +16,7 @@
  *   Q4_K / Q5_K super-block: [16 d] [16 dmin] [8 x 16 sc] [8 x 16 mn], then 8 blocks as Q4_0 / Q5_0
  *                            without the d
  *   Q6_K super-block: [16 d] [16 x 16 int8 sc], then 8 blocks of [2 x 64 B high bits] [4 x 64 B nibbles]
+ *   Q3_K super-block: as Q6_K, its values (-4..3) plus 32 and its scales minus 32 (the same integers)
  *   IQ4_XS super-block: [16 d] [8 x 16 int8 (scale - 32)], then 8 blocks of Q8_0's bytes, the codes
  *                       replaced by their table values as for IQ4_NL
  * Nibble vector j: lane c byte i = value 4j+i | value 16+4j+i << 4 (low nibbles: group j, high: j+4,
@@ -53,7 +54,7 @@ static inline int64_t sk_super_tile_bytes(int type) {
     switch (type) {
     case SK_Q4_K: return SK_KHDR + 8 * SK_NIB;
     case SK_Q5_K: return SK_KHDR + 8 * (SK_HB5 + SK_NIB);
-    case SK_Q6_K: return SK_Q6HDR + 8 * (SK_HB6 + SK_NIB);
+    case SK_Q3_K: case SK_Q6_K: return SK_Q6HDR + 8 * (SK_HB6 + SK_NIB);
     case SK_IQ4_XS: return SK_XSHDR + 8 * SK_BYTES8;
     default: return 0;
     }
