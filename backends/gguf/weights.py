@@ -15,7 +15,7 @@ from spekula.backends.gguf.moe import moe_ffn_shapes
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile, TensorEntry
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "Q3_K")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "Q3_K", "Q2_K")
 
 
 def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:

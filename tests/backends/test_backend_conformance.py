@@ -9,7 +9,7 @@ TINY = ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe")
 # Every matrix in one block type, the embedding and the head included, on every backend (the older types:
 # test_native_backend.py). Not qwen2: its fixture magnifies the weights' rounding most when every matrix is
 # quantized (native vs torch logits measured 21 % apart for Q4_0, 11-16 % for MXFP4, beyond the suite's 10 %).
-TYPED = ("qwen3-IQ4_NL", "llama-IQ4_XS", "qwen3-MXFP4", "llama-Q3_K")
+TYPED = ("qwen3-IQ4_NL", "llama-IQ4_XS", "qwen3-MXFP4", "llama-Q3_K", "qwen3-Q2_K")
 BACKENDS = available_backends()
 # Backends that run hybrid (gated delta-net) models; the others refuse them by name.
 HYBRID_BACKENDS = [b for b in BACKENDS if b == "torch" or b.startswith("native")]

@@ -84,7 +84,7 @@ def test_q6_k_known_block() -> None:
 
 
 # Types the gguf package reads but cannot write: the fixtures' own quantizers, decoded by gguf.
-FIXTURE_TOLERANCE = {"IQ4_NL": 0.35, "IQ4_XS": 0.35, "Q3_K": 0.6}
+FIXTURE_TOLERANCE = {"IQ4_NL": 0.35, "IQ4_XS": 0.35, "Q3_K": 0.6, "Q2_K": 1.0}
 
 
 @pytest.mark.parametrize("type_name", sorted(FIXTURE_TOLERANCE))
@@ -128,6 +128,13 @@ def test_q3_k_known_block() -> None:
     block = bytes([0x55] * 32) + bytes([0xFF] * 64) + bytes([0x11] * 8) + bytes([0xAA] * 4) + _f16(0.5)
     out = dequantize(TensorEntry("t", "Q3_K", (1, 256), np.frombuffer(block, np.uint8).reshape(1, -1)))
     assert np.array_equal(out[0], np.concatenate([np.full(32, 1.5 if j % 2 == 0 else -0.5) for j in range(8)]))
+
+
+def test_q2_k_known_block() -> None:
+    # per 16 values: scale 2 and minimum 1 (byte 0x12); every 2-bit field 0b10: value 2 * 2 * d - 1 * dmin
+    block = bytes([0x12] * 16) + bytes([0xAA] * 64) + _f16(0.5) + _f16(0.25)
+    out = dequantize(TensorEntry("t", "Q2_K", (1, 256), np.frombuffer(block, np.uint8).reshape(1, -1)))
+    assert np.array_equal(out[0], np.full(256, 0.5 * 2 * 2 - 0.25))
 
 
 def test_unsupported_tensor_type_and_short_data() -> None:

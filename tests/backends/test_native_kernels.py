@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from spekula.backends.native import lib as nl
 from spekula.fixtures.tiny_gguf import quantize_fixture
 
-QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "Q3_K")
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "Q3_K", "Q2_K")
 FLOAT_TYPES = ("F32", "F16", "BF16")
 KERNELS = nl.available_kernels()  # kernel set names, e.g. generic, avx2, avx512-vnni
 SIMD = [k for k in KERNELS if k != "generic"]
@@ -32,7 +32,7 @@ def cap(kernel: str) -> str:
 SAME_ACT_TOL = 2e-6  # relative to the output's max |value|, float rounding only
 # Types with a per-block minimum also use each activation block's sum, kept as float16 (as llama.cpp's
 # q8_1 keeps it): that rounding (2^-11 relative) is not in the float64 reference.
-ASYM_TYPES = ("Q4_1", "Q5_1", "Q4_K", "Q5_K")
+ASYM_TYPES = ("Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q2_K")
 SAME_ACT_TOL_ASYM = 2e-3
 F32_ACT_TOL = 2e-2  # int8 activations vs float32 activations
 

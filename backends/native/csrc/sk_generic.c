@@ -100,6 +100,18 @@ static int unpack32(int type, const uint8_t *row, int64_t b, int v[32], float dw
         }
         return 1;
     }
+    case SK_Q2_K: { /* 2-bit values, a 4-bit scale and minimum per 16 */
+        const uint8_t *p = row + (b / 8) * 84;
+        int j = (int)(b % 8), shift = 2 * (j % 4);
+        const uint8_t *qs = p + 16 + 32 * (j / 4);
+        float d = sk_f16_to_f32(rd16(p + 80)), dmin = sk_f16_to_f32(rd16(p + 82));
+        for (int h = 0; h < 2; h++) {
+            dw[h] = d * (float)(p[2 * j + h] & 15);
+            mw[h] = -(dmin * (float)(p[2 * j + h] >> 4));
+        }
+        for (int l = 0; l < 32; l++) v[l] = (qs[l] >> shift) & 3;
+        return 1;
+    }
     case SK_Q3_K: { /* 2 low bits in qs, the third (set: no -4) in hmask, as Q6_K's planes */
         const uint8_t *p = row + (b / 8) * 110;
         int j = (int)(b % 8), shift = 2 * (j % 4);
@@ -132,7 +144,7 @@ static int unpack32(int type, const uint8_t *row, int64_t b, int v[32], float dw
 
 static int block_elems(int type) {
     switch (type) {
-    case SK_Q3_K: case SK_Q4_K: case SK_Q5_K: case SK_Q6_K: case SK_IQ4_XS: return 256;
+    case SK_Q2_K: case SK_Q3_K: case SK_Q4_K: case SK_Q5_K: case SK_Q6_K: case SK_IQ4_XS: return 256;
     case SK_F32: case SK_F16: case SK_BF16: return 1;
     default: return 32;
     }

@@ -71,6 +71,12 @@ static void gguf_values(int type, const uint8_t *row, int64_t b, uint8_t v[32]) 
         }
         return;
     }
+    case SK_Q2_K: {
+        int j = (int)(b % 8);
+        qs = row + (b / 8) * 84 + 16 + 32 * (j / 4);
+        for (int l = 0; l < 32; l++) v[l] = (uint8_t)((qs[l] >> (2 * (j % 4))) & 3);
+        return;
+    }
     case SK_Q3_K: { /* -4..3, plus 32: Q6_K's unsigned 6-bit values */
         p = row + (b / 8) * 110;
         int j = (int)(b % 8);
@@ -132,7 +138,7 @@ static uint8_t *put_values(int type, uint8_t *dst, uint8_t v[SK_GROUP][32]) {
     switch (type) {
     case SK_Q8_0: case SK_IQ4_NL: case SK_IQ4_XS: case SK_MXFP4: put_bytes(dst, v); return dst + SK_BYTES8;
     case SK_Q5_0: case SK_Q5_1: case SK_Q5_K: put_high5(dst, v); put_nibbles(dst + SK_HB5, v); return dst + SK_HB5 + SK_NIB;
-    case SK_Q3_K: case SK_Q6_K: put_high6(dst, v); put_nibbles(dst + SK_HB6, v); return dst + SK_HB6 + SK_NIB;
+    case SK_Q2_K: case SK_Q3_K: case SK_Q6_K: put_high6(dst, v); put_nibbles(dst + SK_HB6, v); return dst + SK_HB6 + SK_NIB;
     default: put_nibbles(dst, v); return dst + SK_NIB;
     }
 }
@@ -201,8 +207,8 @@ static void pack_group32(const sk_tensor *w, int64_t col0, uint8_t *dst, int by_
 }
 
 static void pack_group_k(const sk_tensor *w, int64_t col0, uint8_t *dst) {
-    const int six = w->type == SK_Q6_K, xs = w->type == SK_IQ4_XS, q3 = w->type == SK_Q3_K;
-    const int64_t sbb = six ? 210 : xs ? 136 : q3 ? 110 : w->type == SK_Q5_K ? 176 : 144;
+    const int six = w->type == SK_Q6_K, xs = w->type == SK_IQ4_XS, q3 = w->type == SK_Q3_K, q2 = w->type == SK_Q2_K;
+    const int64_t sbb = six ? 210 : xs ? 136 : q3 ? 110 : q2 ? 84 : w->type == SK_Q5_K ? 176 : 144;
     uint8_t v[SK_GROUP][32];
     for (int64_t sb = 0; sb < w->n_cols / 256; sb++) {
         if (xs) {
@@ -212,6 +218,16 @@ static void pack_group_k(const sk_tensor *w, int64_t col0, uint8_t *dst) {
                     dst[SK_DVEC + SK_GROUP * j + c] = col0 + c < w->n_rows
                         ? (uint8_t)(int8_t)sk_iq4xs_scale(w->data + (col0 + c) * w->row_bytes + sb * sbb, j) : 0;
             dst += SK_XSHDR;
+        } else if (q2) {
+            put_f16s(dst, w, col0, sbb, sb, 80);
+            put_f16s(dst + SK_DVEC, w, col0, sbb, sb, 82);
+            for (int s = 0; s < 16; s++)
+                for (int c = 0; c < SK_GROUP; c++) {
+                    const uint8_t sm = col0 + c < w->n_rows ? w->data[(col0 + c) * w->row_bytes + sb * sbb + s] : 0;
+                    dst[2 * SK_DVEC + SK_GROUP * s + c] = sm & 15;
+                    dst[2 * SK_DVEC + 16 * SK_GROUP + SK_GROUP * s + c] = sm >> 4;
+                }
+            dst += SK_Q2HDR;
         } else if (q3) { /* as Q6_K: its d and 16 int8 scales */
             put_f16s(dst, w, col0, sbb, sb, 108);
             for (int s = 0; s < 16; s++)

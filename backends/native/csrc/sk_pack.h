@@ -16,6 +16,8 @@
  *   Q4_K / Q5_K super-block: [16 d] [16 dmin] [8 x 16 sc] [8 x 16 mn], then 8 blocks as Q4_0 / Q5_0
  *                            without the d
  *   Q6_K super-block: [16 d] [16 x 16 int8 sc], then 8 blocks of [2 x 64 B high bits] [4 x 64 B nibbles]
+ *   Q2_K super-block: [16 d] [16 dmin] [16 x 16 sc] [16 x 16 mn] (per 16 values), then 8 blocks as Q6_K's
+ *                     (values 0..3: high bits zero)
  *   Q3_K super-block: as Q6_K, its values (-4..3) plus 32 and its scales minus 32 (the same integers)
  *   IQ4_XS super-block: [16 d] [8 x 16 int8 (scale - 32)], then 8 blocks of Q8_0's bytes, the codes
  *                       replaced by their table values as for IQ4_NL
@@ -30,6 +32,7 @@
 
 enum { SK_GROUP = 16, SK_NIB = 256, SK_HB5 = 64, SK_HB6 = 128, SK_BYTES8 = 512, SK_DVEC = 32 };
 enum { SK_KHDR = 2 * SK_DVEC + 2 * 8 * SK_GROUP, SK_Q6HDR = SK_DVEC + 16 * SK_GROUP, SK_XSHDR = SK_DVEC + 8 * SK_GROUP };
+enum { SK_Q2HDR = 2 * SK_DVEC + 2 * 16 * SK_GROUP };
 
 /* Bytes of one 32-value block of a column group (0: a super-block type or unsupported). */
 static inline int64_t sk_block_tile_bytes(int type) {
@@ -55,6 +58,7 @@ static inline int64_t sk_super_tile_bytes(int type) {
     case SK_Q4_K: return SK_KHDR + 8 * SK_NIB;
     case SK_Q5_K: return SK_KHDR + 8 * (SK_HB5 + SK_NIB);
     case SK_Q3_K: case SK_Q6_K: return SK_Q6HDR + 8 * (SK_HB6 + SK_NIB);
+    case SK_Q2_K: return SK_Q2HDR + 8 * (SK_HB6 + SK_NIB);
     case SK_IQ4_XS: return SK_XSHDR + 8 * SK_BYTES8;
     default: return 0;
     }
