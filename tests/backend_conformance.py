@@ -87,7 +87,8 @@ def model_path(model: str) -> str:
         return str(tiny_moe_gguf_path(model))
     from spekula.fixtures.tiny_gguf import tiny_model_path
 
-    return str(tiny_model_path(model))
+    arch, _, weight_type = model.partition("-")  # "llama-IQ4_NL": every matrix in that block type
+    return str(tiny_model_path(arch, weight_type=weight_type or None))
 
 
 @cache

@@ -15,7 +15,7 @@ from spekula.backends.gguf.moe import moe_ffn_shapes
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile, TensorEntry
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "Q3_K", "Q2_K")
 
 
 def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
@@ -26,7 +26,8 @@ def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
 def dequantize(entry: TensorEntry, path: object = "<gguf>") -> np.ndarray:
     """A tensor as a float32 array of shape ``entry.shape`` (PyTorch order)."""
     if entry.type_name not in SUPPORTED_TYPES:
-        raise ModelFileError(path, f"tensor {entry.name!r} has unsupported type {entry.type_name}")
+        raise ModelFileError(path, f"tensor {entry.name!r} has unsupported type {entry.type_name} "
+                                    f"(supported: {', '.join(SUPPORTED_TYPES)})")
     n = int(np.prod(entry.shape, dtype=np.int64))
     try:
         raw = entry.data

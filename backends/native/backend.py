@@ -1,8 +1,9 @@
 """Native CPU backend: spekula's own C kernels reading the GGUF blocks in place.
 
 The file is memory-mapped and the matmuls read its quantized blocks directly (F32, F16, BF16, Q4_0,
-Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K): no float copy of any matmul weight exists, so memory is
-about the file's size plus the KV cache. Activations entering a quantized matmul are quantized to
+Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4): no float copy of any matmul
+weight exists, so memory is about the file's size plus the KV cache (up to 2.7 times the file's bytes for
+the types the SIMD kernels repack into a wider one's layout: docs/backends.md). Activations entering a quantized matmul are quantized to
 int8 per 32 values, as llama.cpp does, so logits differ from the float32 dequantized reference by
 that rounding (tests state the tolerance).
 

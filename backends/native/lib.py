@@ -19,7 +19,7 @@ from spekula.core.extension import extension_path
 
 # ggml type ids of the block formats the kernels read (as stored in GGUF files).
 TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
-            "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
+            "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30, "IQ4_NL": 20, "IQ4_XS": 23, "MXFP4": 39, "Q3_K": 11, "Q2_K": 10}
 KEY_BLOCK = 16
 
 _f32p = ctypes.POINTER(ctypes.c_float)

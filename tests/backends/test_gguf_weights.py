@@ -13,7 +13,7 @@ from spekula.backends.gguf.architecture import read_hparams
 from spekula.backends.gguf.weights import dequantize, load_model_weights, rope_inv_freq
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile, TensorEntry
-from spekula.fixtures.tiny_gguf import tiny_model_path, write_gguf
+from spekula.fixtures.tiny_gguf import quantize_fixture, tiny_model_path, write_gguf
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -43,7 +43,7 @@ def test_load_weights_shapes_and_optional_tensors(arch: str) -> None:
     assert all(np.isfinite(a).all() for a in w.values())
 
 
-TOLERANCE = {"F32": 0.0, "F16": 1e-3, "BF16": 1e-2, "Q8_0": 0.03, "Q5_1": 0.15, "Q5_0": 0.2, "Q4_1": 0.3, "Q4_0": 0.4}
+TOLERANCE = {"MXFP4": 0.5, "F32": 0.0, "F16": 1e-3, "BF16": 1e-2, "Q8_0": 0.03, "Q5_1": 0.15, "Q5_0": 0.2, "Q4_1": 0.3, "Q4_0": 0.4}
 
 
 @pytest.mark.parametrize("type_name", sorted(TOLERANCE))
@@ -83,9 +83,63 @@ def test_q6_k_known_block() -> None:
     assert np.array_equal(out[0], np.full(256, 0.125 * 2 * -32))
 
 
+# Types the gguf package reads but cannot write: the fixtures' own quantizers, decoded by gguf.
+FIXTURE_TOLERANCE = {"IQ4_NL": 0.35, "IQ4_XS": 0.35, "Q3_K": 0.6, "Q2_K": 1.0}
+
+
+@pytest.mark.parametrize("type_name", sorted(FIXTURE_TOLERANCE))
+def test_dequantize_of_fixture_quantized_types(type_name: str) -> None:
+    x = np.random.default_rng(0).standard_normal((3, 512)).astype(np.float32)
+    data = quantize_fixture(x, type_name)
+    out = dequantize(TensorEntry("t", type_name, (3, 512), data))
+    assert np.array_equal(out, gguf.quants.dequantize(data, gguf.GGMLQuantizationType[type_name]).reshape(3, 512))
+    assert np.abs(out - x).max() <= FIXTURE_TOLERANCE[type_name]
+
+
+def test_iq4_nl_known_block() -> None:
+    block = _f16(0.5) + bytes([0xF0] * 8 + [0x97] * 8)  # codes 0 / 7 low, 15 / 9 high
+    out = dequantize(TensorEntry("t", "IQ4_NL", (1, 32), np.frombuffer(block, np.uint8).reshape(1, -1)))
+    want = np.array([-127] * 8 + [-10] * 8 + [113] * 8 + [13] * 8, np.float32) * 0.5
+    assert np.array_equal(out[0], want)
+
+
+def test_iq4_xs_known_block() -> None:
+    # 6-bit scales: block j's low 4 bits in scales_l, high 2 in scales_h; here ls = 33 (step d) for even
+    # blocks and 30 (step -2d) for odd ones: low nibbles 1 / 14, high bits 2 / 1
+    scales_h = sum((2 if j % 2 == 0 else 1) << (2 * j) for j in range(8))
+    block = _f16(0.25) + int(scales_h).to_bytes(2, "little") + bytes([0xE1] * 4) + bytes([0xF8] * 128)
+    out = dequantize(TensorEntry("t", "IQ4_XS", (1, 256), np.frombuffer(block, np.uint8).reshape(1, -1)))
+    codes = np.array([1] * 16 + [113] * 16, np.float32)  # code 8 low, 15 high
+    want = np.concatenate([codes * (0.25 if j % 2 == 0 else -0.5) for j in range(8)])
+    assert np.array_equal(out[0], want)
+
+
+def test_mxfp4_known_block() -> None:
+    # E8M0 exponent 126 (2^-1), halved for the doubled FP4 table values: 2^-2 times the table value
+    block = bytes([126]) + bytes([0xF7] * 8 + [0x19] * 8)  # codes 7 / 15 low (12, -12), 9 / 1 high (-1, 1)
+    out = dequantize(TensorEntry("t", "MXFP4", (1, 32), np.frombuffer(block, np.uint8).reshape(1, -1)))
+    want = np.array([12] * 8 + [-1] * 8 + [-12] * 8 + [1] * 8, np.float32) * 0.25
+    assert np.array_equal(out[0], want)
+
+
+def test_q3_k_known_block() -> None:
+    # hmask bit j set for the even 32-value blocks (no -4 there); qs 0b11 in every 2-bit field: value 3 / -1;
+    # scales: low 4 bits 1 (bytes 0-7), high 2 bits 2 (bytes 8-11): 33 - 32 = 1 for all 16
+    block = bytes([0x55] * 32) + bytes([0xFF] * 64) + bytes([0x11] * 8) + bytes([0xAA] * 4) + _f16(0.5)
+    out = dequantize(TensorEntry("t", "Q3_K", (1, 256), np.frombuffer(block, np.uint8).reshape(1, -1)))
+    assert np.array_equal(out[0], np.concatenate([np.full(32, 1.5 if j % 2 == 0 else -0.5) for j in range(8)]))
+
+
+def test_q2_k_known_block() -> None:
+    # per 16 values: scale 2 and minimum 1 (byte 0x12); every 2-bit field 0b10: value 2 * 2 * d - 1 * dmin
+    block = bytes([0x12] * 16) + bytes([0xAA] * 64) + _f16(0.5) + _f16(0.25)
+    out = dequantize(TensorEntry("t", "Q2_K", (1, 256), np.frombuffer(block, np.uint8).reshape(1, -1)))
+    assert np.array_equal(out[0], np.full(256, 0.5 * 2 * 2 - 0.25))
+
+
 def test_unsupported_tensor_type_and_short_data() -> None:
-    with pytest.raises(ModelFileError, match=r"m\.gguf: tensor 't' has unsupported type Q2_K"):
-        dequantize(TensorEntry("t", "Q2_K", (1, 256), np.zeros((1, 84), np.uint8)), "m.gguf")
+    with pytest.raises(ModelFileError, match=r"m\.gguf: tensor 't' has unsupported type IQ2_XXS \(supported: F32, .*Q8_0"):
+        dequantize(TensorEntry("t", "IQ2_XXS", (1, 256), np.zeros((1, 66), np.uint8)), "m.gguf")
     with pytest.raises(ModelFileError, match="cannot decode tensor 't'"):
         dequantize(TensorEntry("t", "F16", (4, 64), np.zeros(10, np.float16)), "m.gguf")
 

@@ -26,7 +26,7 @@ SMALL_NGRAMS = {"spec-ngram-simple-size-n": 2, "spec-ngram-simple-size-m": 5, "s
 
 
 # None: the fixture's default mix (F32/F16 attention, Q8_0 feed-forward, F16 embedding)
-WEIGHT_TYPES = (None, "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16")
+WEIGHT_TYPES = (None, "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "IQ4_NL", "IQ4_XS", "MXFP4", "Q3_K", "Q2_K")
 
 
 @cache

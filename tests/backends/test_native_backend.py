@@ -23,7 +23,7 @@ from spekula.core.backend import BackendOptions, Capture, SeqInput, load_backend
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.fixtures.tiny_gguf import tiny_model_path
 
-TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16")
+TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "IQ4_NL", "IQ4_XS", "MXFP4", "Q3_K", "Q2_K")
 ARCH_OF = {t: ("llama", "qwen2", "qwen3")[i % 3] for i, t in enumerate(TYPES)}
 HYP = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 KERNELS = native_simd_choices()

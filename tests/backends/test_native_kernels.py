@@ -1,7 +1,7 @@
 """Native kernels, one block type at a time, against plain dequantize-then-matmul references.
 
-Weights of every supported type are built here (gguf's quantizer for the 32-value types, the fixture
-K-quantizer for Q4_K/Q5_K/Q6_K) and decoded by gguf's own dequantizer, an implementation independent
+Weights of every supported type are built here (gguf's quantizer for the 32-value types it writes, the
+fixture quantizers for the K and IQ4 types) and decoded by gguf's own dequantizer, an implementation independent
 of ours. Two references per type: float64 matmul with the *same* int8-quantized activations the
 kernels use (tight: only float rounding differs), and with float32 activations (the int8 rounding of
 activations, about 1 % of the output's scale). The SIMD and generic kernels are both checked, and
@@ -13,14 +13,14 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-from gguf.quants import dequantize, quantize
+from gguf.quants import dequantize
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from spekula.backends.native import lib as nl
-from spekula.fixtures.kquant import quantize_k
+from spekula.fixtures.tiny_gguf import quantize_fixture
 
-QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "Q3_K", "Q2_K")
 FLOAT_TYPES = ("F32", "F16", "BF16")
 KERNELS = nl.available_kernels()  # kernel set names, e.g. generic, avx2, avx512-vnni
 SIMD = [k for k in KERNELS if k != "generic"]
@@ -32,7 +32,7 @@ def cap(kernel: str) -> str:
 SAME_ACT_TOL = 2e-6  # relative to the output's max |value|, float rounding only
 # Types with a per-block minimum also use each activation block's sum, kept as float16 (as llama.cpp's
 # q8_1 keeps it): that rounding (2^-11 relative) is not in the float64 reference.
-ASYM_TYPES = ("Q4_1", "Q5_1", "Q4_K", "Q5_K")
+ASYM_TYPES = ("Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q2_K")
 SAME_ACT_TOL_ASYM = 2e-3
 F32_ACT_TOL = 2e-2  # int8 activations vs float32 activations
 
@@ -46,7 +46,7 @@ def make_weight(type_name: str, n: int, k: int, seed: int) -> tuple[np.ndarray, 
         h = w.astype(np.float16)
         return h, h.astype(np.float32)
     qtype = gguf.GGMLQuantizationType[type_name]
-    raw = quantize_k(w, type_name) if type_name.endswith("_K") else quantize(w, qtype)
+    raw = quantize_fixture(w, type_name)
     return np.ascontiguousarray(raw), dequantize(raw, qtype).reshape(n, k).astype(np.float32)
 
 
@@ -90,6 +90,22 @@ def test_loading_packs_the_bytes_of_the_value_by_value_layout(type_name: str, n:
     fast, reference = nl.packed(t), nl.packed(t, by_value=True)
     assert fast.size == reference.size > 0
     assert np.array_equal(fast, reference)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_mxfp4_scales_at_the_ends_of_their_range(kernel: str) -> None:
+    """E8M0 exponents 0 and 1 are subnormal floats (float16 holds neither, nor 2^72): kept exactly. Products
+    with the subnormal scales keep fewer bits (float32 has no more), hence the looser relative bound."""
+    raw, _ = make_weight("MXFP4", 16, 64, seed=6)
+    raw[:, 0::17] = np.array([0, 1, 2, 100, 127, 130, 170, 200], np.uint8).repeat(2).reshape(16, 1)
+    wf = dequantize(raw, gguf.GGMLQuantizationType.MXFP4).reshape(16, 64)
+    t = nl.tensor(raw, "MXFP4", 16, 64)
+    for r in range(16):
+        assert np.array_equal(nl.dequant_row(t, r), wf[r])
+    x = np.random.default_rng(7).standard_normal((3, 64)).astype(np.float32)
+    same = quantized_activations(x) @ wf.T.astype(np.float64)
+    got = nl.matmul(t, x, kernels=cap(kernel))
+    assert (np.abs(got - same) <= 1e-4 * np.abs(same).max(axis=0)).all()
 
 
 @pytest.mark.parametrize("kernel", SIMD or ["generic"])

@@ -23,6 +23,9 @@ enum {
     SK_F32 = 0, SK_F16 = 1, SK_Q4_0 = 2, SK_Q4_1 = 3, SK_Q5_0 = 6, SK_Q5_1 = 7, SK_Q8_0 = 8,
     SK_Q4_K = 12, SK_Q5_K = 13, SK_Q6_K = 14, SK_BF16 = 30,
 };
+/* Block types whose codes index a 16-value table (IQ4_NL, IQ4_XS, MXFP4) or with 16-value sub-blocks
+ * (Q2_K, Q3_K). */
+enum { SK_Q2_K = 10, SK_Q3_K = 11, SK_IQ4_NL = 20, SK_IQ4_XS = 23, SK_MXFP4 = 39 };
 
 /* One 2-D weight: n_rows outputs of n_cols inputs each, rows row_bytes apart (in a kernel table's own
  * layout, row_bytes is that layout's stride: see the table). */

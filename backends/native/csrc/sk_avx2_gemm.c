@@ -159,6 +159,26 @@ INLINE void add_block6(__m256i lo[MAX_MR][MAX_NH], __m256i hi[MAX_MR][MAX_NH], c
     }
 }
 
+/* Q2_K: two 16-value halves, each with its own scale and minimum (no offset: values 0..3). */
+INLINE void add_block2(__m256i lo[MAX_MR][MAX_NH], __m256i hi[MAX_MR][MAX_NH], const __m256 dw[2][MAX_NH],
+                       const __m256 mw[2][MAX_NH], const sk_act *a, int64_t r0, int64_t b, const int MR, const int NH,
+                       __m256 acc[MAX_MR][MAX_NH]) {
+    const int64_t kb = a->kp / 32, k16 = a->kp / 16;
+    for (int r = 0; r < MR; r++) {
+        const int64_t row = r0 + r;
+        const float daf = a->d[row * kb + b];
+        const __m256 da = _mm256_set1_ps(daf);
+        const __m256 s0 = _mm256_set1_ps(daf * (float)a->qs16[row * k16 + 2 * b]);
+        const __m256 s1 = _mm256_set1_ps(daf * (float)a->qs16[row * k16 + 2 * b + 1]);
+        for (int n = 0; n < NH; n++) {
+            acc[r][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[r][n]), _mm256_mul_ps(dw[0][n], da), acc[r][n]);
+            acc[r][n] = _mm256_fmadd_ps(mw[0][n], s0, acc[r][n]);
+            acc[r][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi[r][n]), _mm256_mul_ps(dw[1][n], da), acc[r][n]);
+            acc[r][n] = _mm256_fmadd_ps(mw[1][n], s1, acc[r][n]);
+        }
+    }
+}
+
 /* One tile: MR rows from r0, NH halves from the start of the group at g0 (groups gb bytes apart). */
 INLINE void tile(const int type, const uint8_t *g0, int64_t gb, int64_t k, const sk_act *a, int64_t r0, const int MR,
                  const int NH, __m256 acc[MAX_MR][MAX_NH]) {
@@ -199,17 +219,53 @@ INLINE void tile(const int type, const uint8_t *g0, int64_t gb, int64_t k, const
         }
         return;
     }
-    const int asym = type == SK_Q4_1 || type == SK_Q5_1;
-    const int kind = type == SK_Q8_0 ? K_BYTES : (type == SK_Q5_0 || type == SK_Q5_1) ? K_NIB5 : K_NIB4;
+    if (type == SK_Q2_K) { /* values as Q6_K's, scales and minima per 16 values */
+        for (int64_t sb = 0; sb < k / 256; sb++) {
+            const uint8_t *hdr[MAX_NH];
+            for (int n = 0; n < NH; n++) hdr[n] = g0 + (n >> 1) * gb + sb * sk_super_tile_bytes(type);
+            for (int j = 0; j < 8; j++) {
+                __m256 dw2[2][MAX_NH], mw2[2][MAX_NH];
+                for (int n = 0; n < NH; n++) {
+                    qp[n] = hdr[n] + SK_Q2HDR + j * (HB6 + NIB);
+                    const __m256 d = f16x8(hdr[n] + 16 * (n & 1)), dmin = f16x8(hdr[n] + DVEC + 16 * (n & 1));
+                    for (int h = 0; h < 2; h++) {
+                        const uint8_t *sc = hdr[n] + 2 * DVEC + GROUP * (2 * j + h) + 8 * (n & 1), *mn = sc + 16 * GROUP;
+                        dw2[h][n] = _mm256_mul_ps(d, u8x8(sc));
+                        mw2[h][n] = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, u8x8(mn)));
+                    }
+                }
+                dot_block(K_NIB6, qp, a, r0, sb * 8 + j, MR, NH, isum, ihi);
+                add_block2(isum, ihi, dw2, mw2, a, r0, sb * 8 + j, MR, NH, acc);
+            }
+        }
+        return;
+    }
+    if (type == SK_IQ4_XS) { /* Q8_0's bytes with a signed scale per block, d * sc */
+        for (int64_t sb = 0; sb < k / 256; sb++) {
+            const uint8_t *hdr[MAX_NH];
+            for (int n = 0; n < NH; n++) hdr[n] = g0 + (n >> 1) * gb + sb * sk_super_tile_bytes(type);
+            for (int j = 0; j < 8; j++) {
+                for (int n = 0; n < NH; n++) {
+                    qp[n] = hdr[n] + SK_XSHDR + j * SK_BYTES8;
+                    dw[n] = _mm256_mul_ps(f16x8(hdr[n] + 16 * (n & 1)), i8x8(hdr[n] + DVEC + GROUP * j + 8 * (n & 1)));
+                }
+                dot_block(K_BYTES, qp, a, r0, sb * 8 + j, MR, NH, isum, ihi);
+                add_block(0, 0, isum, dw, mw, a, r0, sb * 8 + j, MR, NH, acc);
+            }
+        }
+        return;
+    }
+    const int asym = type == SK_Q4_1 || type == SK_Q5_1, f32d = type == SK_MXFP4; /* MXFP4: float32 scales */
+    const int kind = type == SK_Q8_0 || f32d ? K_BYTES : (type == SK_Q5_0 || type == SK_Q5_1) ? K_NIB5 : K_NIB4;
     /* Q8_0 goes through signed, so it needs no offset */
     const int off = type == SK_Q4_0 ? 8 : type == SK_Q5_0 ? 16 : 0;
     const int64_t bt = sk_block_tile_bytes(type);
     for (int64_t b = 0; b < k / 32; b++) {
         for (int n = 0; n < NH; n++) {
             const uint8_t *t = g0 + (n >> 1) * gb + b * bt;
-            dw[n] = f16x8(t + 16 * (n & 1));
+            dw[n] = f32d ? _mm256_loadu_ps((const float *)(t + 32 * (n & 1))) : f16x8(t + 16 * (n & 1));
             if (asym) mw[n] = f16x8(t + DVEC + 16 * (n & 1));
-            qp[n] = t + (asym ? 2 : 1) * DVEC;
+            qp[n] = t + (asym || f32d ? 2 : 1) * DVEC;
         }
         dot_block(kind, qp, a, r0, b, MR, NH, isum, ihi);
         add_block(off, asym, isum, dw, mw, a, r0, b, MR, NH, acc);
@@ -272,6 +328,9 @@ DEF_GEMM(gemm_q8_0, SK_Q8_0)
 DEF_GEMM(gemm_q4_k, SK_Q4_K)
 DEF_GEMM(gemm_q5_k, SK_Q5_K)
 DEF_GEMM(gemm_q6_k, SK_Q6_K)
+DEF_GEMM(gemm_iq4_xs, SK_IQ4_XS)
+DEF_GEMM(gemm_mxfp4, SK_MXFP4)
+DEF_GEMM(gemm_q2_k, SK_Q2_K)
 
 /* Columns [n0, n1) with n0 a multiple of 16 (the callers split work in whole groups). */
 void sk_avx2_gemm_q(const sk_tensor *w, int64_t n0, int64_t n1, const sk_act *a, int64_t m, float *out, int64_t ldo,
@@ -281,10 +340,13 @@ void sk_avx2_gemm_q(const sk_tensor *w, int64_t n0, int64_t n1, const sk_act *a,
     case SK_Q4_1: gemm_q4_1(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q5_0: gemm_q5_0(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q5_1: gemm_q5_1(w, n0, n1, a, m, out, ldo, accumulate); break;
-    case SK_Q8_0: gemm_q8_0(w, n0, n1, a, m, out, ldo, accumulate); break;
+    case SK_Q8_0: case SK_IQ4_NL: gemm_q8_0(w, n0, n1, a, m, out, ldo, accumulate); break; /* packed as Q8_0 */
     case SK_Q4_K: gemm_q4_k(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q5_K: gemm_q5_k(w, n0, n1, a, m, out, ldo, accumulate); break;
-    case SK_Q6_K: gemm_q6_k(w, n0, n1, a, m, out, ldo, accumulate); break;
+    case SK_Q6_K: case SK_Q3_K: gemm_q6_k(w, n0, n1, a, m, out, ldo, accumulate); break; /* Q3_K: packed as Q6_K */
+    case SK_IQ4_XS: gemm_iq4_xs(w, n0, n1, a, m, out, ldo, accumulate); break;
+    case SK_MXFP4: gemm_mxfp4(w, n0, n1, a, m, out, ldo, accumulate); break;
+    case SK_Q2_K: gemm_q2_k(w, n0, n1, a, m, out, ldo, accumulate); break;
     default: break;
     }
 }

@@ -117,6 +117,29 @@ INLINE void add_block6(__m512i lo[4][4], __m512i hi[4][4], const __m512 dw0[4], 
     }
 }
 
+/* Q2_K: two 16-value halves, each with its own scale and minimum (no offset: values 0..3). */
+INLINE void add_block2(__m512i lo[4][4], __m512i hi[4][4], const __m512 dw[2][4], const __m512 mw[2][4], const sk_act *a,
+                       int64_t r0, int64_t b, const int MR, const int NG, __m512 acc[4][4]) {
+    const int64_t kb = a->kp / 32, k16 = a->kp / 16;
+    for (int r = 0; r < MR; r++) {
+        const int64_t row = r0 + r;
+        const float daf = a->d[row * kb + b];
+        const __m512 da = _mm512_set1_ps(daf);
+        const __m512 s0 = _mm512_set1_ps(daf * (float)a->qs16[row * k16 + 2 * b]);
+        const __m512 s1 = _mm512_set1_ps(daf * (float)a->qs16[row * k16 + 2 * b + 1]);
+        for (int n = 0; n < NG; n++) {
+            acc[r][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[r][n]), _mm512_mul_ps(dw[0][n], da), acc[r][n]);
+            acc[r][n] = _mm512_fmadd_ps(mw[0][n], s0, acc[r][n]);
+            acc[r][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[r][n]), _mm512_mul_ps(dw[1][n], da), acc[r][n]);
+            acc[r][n] = _mm512_fmadd_ps(mw[1][n], s1, acc[r][n]);
+        }
+    }
+}
+
+INLINE __m512 u8x16(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
 /* One tile: MR rows from r0, NG column groups from g (group base pointers g0 + n * gb). */
 INLINE void tile(const int type, const uint8_t *g0, int64_t gb, int64_t k, const sk_act *a, int64_t r0, const int MR,
                  const int NG, __m512 acc[4][4]) {
@@ -158,16 +181,53 @@ INLINE void tile(const int type, const uint8_t *g0, int64_t gb, int64_t k, const
         }
         return;
     }
-    const int asym = type == SK_Q4_1 || type == SK_Q5_1;
-    const int kind = type == SK_Q8_0 ? K_BYTES : (type == SK_Q5_0 || type == SK_Q5_1) ? K_NIB5 : K_NIB4;
-    const int off = type == SK_Q4_0 ? 8 : type == SK_Q5_0 ? 16 : type == SK_Q8_0 ? 128 : 0;
+    if (type == SK_Q2_K) { /* values as Q6_K's, scales and minima per 16 values */
+        for (int64_t sb = 0; sb < k / 256; sb++) {
+            const uint8_t *hdr[4];
+            for (int n = 0; n < NG; n++) hdr[n] = g0 + n * gb + sb * sk_super_tile_bytes(type);
+            for (int j = 0; j < 8; j++) {
+                __m512 dw2[2][4], mw2[2][4];
+                for (int n = 0; n < NG; n++) {
+                    qp[n] = hdr[n] + SK_Q2HDR + j * (HB6 + NIB);
+                    const __m512 d = f16x16(hdr[n]), dmin = f16x16(hdr[n] + DVEC);
+                    for (int h = 0; h < 2; h++) {
+                        const uint8_t *sc = hdr[n] + 2 * DVEC + GROUP * (2 * j + h), *mn = sc + 16 * GROUP;
+                        dw2[h][n] = _mm512_mul_ps(d, u8x16(sc));
+                        mw2[h][n] = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, u8x16(mn)));
+                    }
+                }
+                dot_block(K_NIB6, qp, a, r0, sb * 8 + j, MR, NG, lo, hi);
+                add_block2(lo, hi, dw2, mw2, a, r0, sb * 8 + j, MR, NG, acc);
+            }
+        }
+        return;
+    }
+    if (type == SK_IQ4_XS) { /* Q8_0's bytes with a signed scale per block, d * sc */
+        for (int64_t sb = 0; sb < k / 256; sb++) {
+            const uint8_t *hdr[4];
+            for (int n = 0; n < NG; n++) hdr[n] = g0 + n * gb + sb * sk_super_tile_bytes(type);
+            for (int j = 0; j < 8; j++) {
+                for (int n = 0; n < NG; n++) {
+                    qp[n] = hdr[n] + SK_XSHDR + j * SK_BYTES8;
+                    const __m128i sc = _mm_loadu_si128((const __m128i *)(hdr[n] + DVEC + GROUP * j));
+                    dw[n] = _mm512_mul_ps(f16x16(hdr[n]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+                }
+                dot_block(K_BYTES, qp, a, r0, sb * 8 + j, MR, NG, lo, hi);
+                add_block(128, lo, hi, dw, mw, a, r0, sb * 8 + j, MR, NG, acc);
+            }
+        }
+        return;
+    }
+    const int asym = type == SK_Q4_1 || type == SK_Q5_1, f32d = type == SK_MXFP4; /* MXFP4: float32 scales */
+    const int kind = type == SK_Q8_0 || f32d ? K_BYTES : (type == SK_Q5_0 || type == SK_Q5_1) ? K_NIB5 : K_NIB4;
+    const int off = type == SK_Q4_0 ? 8 : type == SK_Q5_0 ? 16 : type == SK_Q8_0 || f32d ? 128 : 0;
     const int64_t bt = sk_block_tile_bytes(type);
     for (int64_t b = 0; b < k / 32; b++) {
         for (int n = 0; n < NG; n++) {
             const uint8_t *t = g0 + n * gb + b * bt;
-            dw[n] = f16x16(t);
+            dw[n] = f32d ? _mm512_loadu_ps(t) : f16x16(t);
             if (asym) mw[n] = f16x16(t + DVEC);
-            qp[n] = t + (asym ? 2 : 1) * DVEC;
+            qp[n] = t + (asym || f32d ? 2 : 1) * DVEC;
         }
         dot_block(kind, qp, a, r0, b, MR, NG, lo, hi);
         add_block(off, lo, hi, dw, mw, a, r0, b, MR, NG, acc);
@@ -231,6 +291,9 @@ DEF_GEMM(gemm_q8_0, SK_Q8_0)
 DEF_GEMM(gemm_q4_k, SK_Q4_K)
 DEF_GEMM(gemm_q5_k, SK_Q5_K)
 DEF_GEMM(gemm_q6_k, SK_Q6_K)
+DEF_GEMM(gemm_iq4_xs, SK_IQ4_XS)
+DEF_GEMM(gemm_mxfp4, SK_MXFP4)
+DEF_GEMM(gemm_q2_k, SK_Q2_K)
 
 /* Columns [n0, n1) with n0 a multiple of 16 (the callers split work in whole groups). */
 void sk_avx512_gemm_q(const sk_tensor *w, int64_t n0, int64_t n1, const sk_act *a, int64_t m, float *out, int64_t ldo,
@@ -240,10 +303,13 @@ void sk_avx512_gemm_q(const sk_tensor *w, int64_t n0, int64_t n1, const sk_act *
     case SK_Q4_1: gemm_q4_1(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q5_0: gemm_q5_0(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q5_1: gemm_q5_1(w, n0, n1, a, m, out, ldo, accumulate); break;
-    case SK_Q8_0: gemm_q8_0(w, n0, n1, a, m, out, ldo, accumulate); break;
+    case SK_Q8_0: case SK_IQ4_NL: gemm_q8_0(w, n0, n1, a, m, out, ldo, accumulate); break; /* packed as Q8_0 */
     case SK_Q4_K: gemm_q4_k(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q5_K: gemm_q5_k(w, n0, n1, a, m, out, ldo, accumulate); break;
-    case SK_Q6_K: gemm_q6_k(w, n0, n1, a, m, out, ldo, accumulate); break;
+    case SK_Q6_K: case SK_Q3_K: gemm_q6_k(w, n0, n1, a, m, out, ldo, accumulate); break; /* Q3_K: packed as Q6_K */
+    case SK_IQ4_XS: gemm_iq4_xs(w, n0, n1, a, m, out, ldo, accumulate); break;
+    case SK_MXFP4: gemm_mxfp4(w, n0, n1, a, m, out, ldo, accumulate); break;
+    case SK_Q2_K: gemm_q2_k(w, n0, n1, a, m, out, ldo, accumulate); break;
     default: break;
     }
 }

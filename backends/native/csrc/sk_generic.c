@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "sk.h"
+#include "sk_codebooks.h"
 
 static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
@@ -64,6 +65,24 @@ static int unpack32(int type, const uint8_t *row, int64_t b, int v[32], float dw
         for (int l = 0; l < 32; l++) v[l] = (int8_t)p[2 + l];
         return 1;
     }
+    case SK_IQ4_NL: {
+        const uint8_t *p = row + b * 18;
+        dw[0] = dw[1] = sk_f16_to_f32(rd16(p));
+        for (int l = 0; l < 16; l++) { v[l] = sk_iq4nl_values[p[2 + l] & 15]; v[l + 16] = sk_iq4nl_values[p[2 + l] >> 4]; }
+        return 1;
+    }
+    case SK_MXFP4: {
+        const uint8_t *p = row + b * 17;
+        dw[0] = dw[1] = sk_e8m0_half(p[0]);
+        for (int l = 0; l < 16; l++) { v[l] = sk_mxfp4_values[p[1 + l] & 15]; v[l + 16] = sk_mxfp4_values[p[1 + l] >> 4]; }
+        return 1;
+    }
+    case SK_IQ4_XS: {
+        const uint8_t *p = row + (b / 8) * 136, *qs = p + 8 + 16 * (b % 8);
+        dw[0] = dw[1] = sk_f16_to_f32(rd16(p)) * (float)sk_iq4xs_scale(p, (int)(b % 8));
+        for (int l = 0; l < 16; l++) { v[l] = sk_iq4nl_values[qs[l] & 15]; v[l + 16] = sk_iq4nl_values[qs[l] >> 4]; }
+        return 1;
+    }
     case SK_Q4_K:
     case SK_Q5_K: {
         int five = type == SK_Q5_K;
@@ -79,6 +98,28 @@ static int unpack32(int type, const uint8_t *row, int64_t b, int v[32], float dw
             if (five && (qh[l] >> j) & 1) q += 16;
             v[l] = q;
         }
+        return 1;
+    }
+    case SK_Q2_K: { /* 2-bit values, a 4-bit scale and minimum per 16 */
+        const uint8_t *p = row + (b / 8) * 84;
+        int j = (int)(b % 8), shift = 2 * (j % 4);
+        const uint8_t *qs = p + 16 + 32 * (j / 4);
+        float d = sk_f16_to_f32(rd16(p + 80)), dmin = sk_f16_to_f32(rd16(p + 82));
+        for (int h = 0; h < 2; h++) {
+            dw[h] = d * (float)(p[2 * j + h] & 15);
+            mw[h] = -(dmin * (float)(p[2 * j + h] >> 4));
+        }
+        for (int l = 0; l < 32; l++) v[l] = (qs[l] >> shift) & 3;
+        return 1;
+    }
+    case SK_Q3_K: { /* 2 low bits in qs, the third (set: no -4) in hmask, as Q6_K's planes */
+        const uint8_t *p = row + (b / 8) * 110;
+        int j = (int)(b % 8), shift = 2 * (j % 4);
+        const uint8_t *qs = p + 32 + 32 * (j / 4);
+        float d = sk_f16_to_f32(rd16(p + 108));
+        dw[0] = d * (float)sk_q3k_scale(p + 96, 2 * j);
+        dw[1] = d * (float)sk_q3k_scale(p + 96, 2 * j + 1);
+        for (int l = 0; l < 32; l++) v[l] = ((qs[l] >> shift) & 3) - (((p[l] >> j) & 1) ? 0 : 4);
         return 1;
     }
     case SK_Q6_K: {
@@ -103,7 +144,7 @@ static int unpack32(int type, const uint8_t *row, int64_t b, int v[32], float dw
 
 static int block_elems(int type) {
     switch (type) {
-    case SK_Q4_K: case SK_Q5_K: case SK_Q6_K: return 256;
+    case SK_Q2_K: case SK_Q3_K: case SK_Q4_K: case SK_Q5_K: case SK_Q6_K: case SK_IQ4_XS: return 256;
     case SK_F32: case SK_F16: case SK_BF16: return 1;
     default: return 32;
     }

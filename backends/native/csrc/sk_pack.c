@@ -4,6 +4,7 @@
 
 #include "sk.h"
 #include "sk_pack.h"
+#include "sk_codebooks.h"
 
 static void kscale(const uint8_t *s, int j, int *sc, int *mn) {
     if (j < 4) {
@@ -41,6 +42,23 @@ static void gguf_values(int type, const uint8_t *row, int64_t b, uint8_t v[32]) 
         p = row + b * 34;
         for (int l = 0; l < 32; l++) v[l] = (uint8_t)(p[2 + l] ^ 0x80);
         return;
+    case SK_IQ4_NL: /* the table's integers, stored as Q8_0's are */
+    case SK_IQ4_XS:
+    case SK_MXFP4:
+        if (type == SK_MXFP4) {
+            qs = row + b * 17 + 1;
+            for (int l = 0; l < 16; l++) {
+                v[l] = (uint8_t)(sk_mxfp4_values[qs[l] & 15] ^ 0x80);
+                v[l + 16] = (uint8_t)(sk_mxfp4_values[qs[l] >> 4] ^ 0x80);
+            }
+            return;
+        }
+        qs = type == SK_IQ4_NL ? row + b * 18 + 2 : row + (b / 8) * 136 + 8 + 16 * (b % 8);
+        for (int l = 0; l < 16; l++) {
+            v[l] = (uint8_t)(sk_iq4nl_values[qs[l] & 15] ^ 0x80);
+            v[l + 16] = (uint8_t)(sk_iq4nl_values[qs[l] >> 4] ^ 0x80);
+        }
+        return;
     case SK_Q4_K:
     case SK_Q5_K: {
         int five = type == SK_Q5_K, j = (int)(b % 8);
@@ -51,6 +69,19 @@ static void gguf_values(int type, const uint8_t *row, int64_t b, uint8_t v[32]) 
             if (five && ((p[16 + l] >> j) & 1)) q += 16;
             v[l] = (uint8_t)q;
         }
+        return;
+    }
+    case SK_Q2_K: {
+        int j = (int)(b % 8);
+        qs = row + (b / 8) * 84 + 16 + 32 * (j / 4);
+        for (int l = 0; l < 32; l++) v[l] = (uint8_t)((qs[l] >> (2 * (j % 4))) & 3);
+        return;
+    }
+    case SK_Q3_K: { /* -4..3, plus 32: Q6_K's unsigned 6-bit values */
+        p = row + (b / 8) * 110;
+        int j = (int)(b % 8);
+        qs = p + 32 + 32 * (j / 4);
+        for (int l = 0; l < 32; l++) v[l] = (uint8_t)(32 + ((qs[l] >> (2 * (j % 4))) & 3) - (((p[l] >> j) & 1) ? 0 : 4));
         return;
     }
     default: { /* Q6_K */
@@ -105,9 +136,9 @@ static void put_bytes(uint8_t *dst, uint8_t v[SK_GROUP][32]) {
 /* The block's quantized values after its scales, as the kernels read them. */
 static uint8_t *put_values(int type, uint8_t *dst, uint8_t v[SK_GROUP][32]) {
     switch (type) {
-    case SK_Q8_0: put_bytes(dst, v); return dst + SK_BYTES8;
+    case SK_Q8_0: case SK_IQ4_NL: case SK_IQ4_XS: case SK_MXFP4: put_bytes(dst, v); return dst + SK_BYTES8;
     case SK_Q5_0: case SK_Q5_1: case SK_Q5_K: put_high5(dst, v); put_nibbles(dst + SK_HB5, v); return dst + SK_HB5 + SK_NIB;
-    case SK_Q6_K: put_high6(dst, v); put_nibbles(dst + SK_HB6, v); return dst + SK_HB6 + SK_NIB;
+    case SK_Q2_K: case SK_Q3_K: case SK_Q6_K: put_high6(dst, v); put_nibbles(dst + SK_HB6, v); return dst + SK_HB6 + SK_NIB;
     default: put_nibbles(dst, v); return dst + SK_NIB;
     }
 }
@@ -124,7 +155,7 @@ static void put_f16s(uint8_t *dst, const sk_tensor *w, int64_t col0, int64_t blk
 static void gather_values(const sk_tensor *w, int64_t col0, int64_t b, uint8_t v[SK_GROUP][32]) {
     for (int c = 0; c < SK_GROUP; c++) {
         if (col0 + c < w->n_rows) gguf_values(w->type, w->data + (col0 + c) * w->row_bytes, b, v[c]);
-        else memset(v[c], w->type == SK_Q8_0 ? 0x80 : 0, 32); /* zero weights (Q8_0 stores value + 128) */
+        else memset(v[c], sk_packs_bytes(w->type) ? 0x80 : 0, 32); /* zero weights (bytes store value + 128) */
     }
 }
 
@@ -148,15 +179,22 @@ static uint8_t *copy_values(const sk_tensor *w, int64_t col0, int64_t blk_bytes,
 }
 
 static void pack_group32(const sk_tensor *w, int64_t col0, uint8_t *dst, int by_value) {
-    static const int16_t bytes_of[] = {[SK_Q4_0] = 18, [SK_Q4_1] = 20, [SK_Q5_0] = 22, [SK_Q5_1] = 24, [SK_Q8_0] = 34};
+    static const int16_t bytes_of[] = {[SK_Q4_0] = 18, [SK_Q4_1] = 20, [SK_Q5_0] = 22, [SK_Q5_1] = 24, [SK_Q8_0] = 34, [SK_IQ4_NL] = 18, [SK_MXFP4] = 17};
     const int asym = w->type == SK_Q4_1 || w->type == SK_Q5_1;
     const int64_t bb = bytes_of[w->type];
     const int copy = !by_value && (w->type == SK_Q4_0 || w->type == SK_Q4_1 || w->type == SK_Q8_0);
     uint8_t v[SK_GROUP][32];
     for (int64_t b = 0; b < w->n_cols / 32; b++) {
-        put_f16s(dst, w, col0, bb, b, 0);
-        if (asym) put_f16s(dst + SK_DVEC, w, col0, bb, b, 2);
-        dst += (asym ? 2 : 1) * SK_DVEC;
+        if (w->type == SK_MXFP4) {
+            for (int c = 0; c < SK_GROUP; c++) {
+                const float d = col0 + c < w->n_rows ? sk_e8m0_half(w->data[(col0 + c) * w->row_bytes + b * bb]) : 0.0f;
+                memcpy(dst + 4 * c, &d, 4);
+            }
+        } else {
+            put_f16s(dst, w, col0, bb, b, 0);
+            if (asym) put_f16s(dst + SK_DVEC, w, col0, bb, b, 2);
+        }
+        dst += (asym || w->type == SK_MXFP4 ? 2 : 1) * SK_DVEC;
         if (copy && w->type == SK_Q8_0) {
             dst = copy_values(w, col0, bb, b, 2, SK_BYTES8 / 64, 0x80808080u, dst);
         } else if (copy) {
@@ -169,11 +207,35 @@ static void pack_group32(const sk_tensor *w, int64_t col0, uint8_t *dst, int by_
 }
 
 static void pack_group_k(const sk_tensor *w, int64_t col0, uint8_t *dst) {
-    const int six = w->type == SK_Q6_K;
-    const int64_t sbb = six ? 210 : w->type == SK_Q5_K ? 176 : 144;
+    const int six = w->type == SK_Q6_K, xs = w->type == SK_IQ4_XS, q3 = w->type == SK_Q3_K, q2 = w->type == SK_Q2_K;
+    const int64_t sbb = six ? 210 : xs ? 136 : q3 ? 110 : q2 ? 84 : w->type == SK_Q5_K ? 176 : 144;
     uint8_t v[SK_GROUP][32];
     for (int64_t sb = 0; sb < w->n_cols / 256; sb++) {
-        if (six) {
+        if (xs) {
+            put_f16s(dst, w, col0, sbb, sb, 0);
+            for (int j = 0; j < 8; j++)
+                for (int c = 0; c < SK_GROUP; c++)
+                    dst[SK_DVEC + SK_GROUP * j + c] = col0 + c < w->n_rows
+                        ? (uint8_t)(int8_t)sk_iq4xs_scale(w->data + (col0 + c) * w->row_bytes + sb * sbb, j) : 0;
+            dst += SK_XSHDR;
+        } else if (q2) {
+            put_f16s(dst, w, col0, sbb, sb, 80);
+            put_f16s(dst + SK_DVEC, w, col0, sbb, sb, 82);
+            for (int s = 0; s < 16; s++)
+                for (int c = 0; c < SK_GROUP; c++) {
+                    const uint8_t sm = col0 + c < w->n_rows ? w->data[(col0 + c) * w->row_bytes + sb * sbb + s] : 0;
+                    dst[2 * SK_DVEC + SK_GROUP * s + c] = sm & 15;
+                    dst[2 * SK_DVEC + 16 * SK_GROUP + SK_GROUP * s + c] = sm >> 4;
+                }
+            dst += SK_Q2HDR;
+        } else if (q3) { /* as Q6_K: its d and 16 int8 scales */
+            put_f16s(dst, w, col0, sbb, sb, 108);
+            for (int s = 0; s < 16; s++)
+                for (int c = 0; c < SK_GROUP; c++)
+                    dst[SK_DVEC + SK_GROUP * s + c] = col0 + c < w->n_rows
+                        ? (uint8_t)(int8_t)sk_q3k_scale(w->data + (col0 + c) * w->row_bytes + sb * sbb + 96, s) : 0;
+            dst += SK_Q6HDR;
+        } else if (six) {
             put_f16s(dst, w, col0, sbb, sb, 208);
             for (int s = 0; s < 16; s++)
                 for (int c = 0; c < SK_GROUP; c++)
