@@ -5,14 +5,14 @@ The kernels are loaded with ctypes (spekula.backends.native.lib); the drafters' 
 modules, because they are called every round right after a forward, where a ctypes call costs several
 times as much as a module's.
 -ffp-contract=off keeps the compiler from fusing a*b+c on its own, which the kernels' bitwise
-row-invariance relies on; the AVX-512 file selects its instruction set itself and is only called
+row-invariance relies on; the AVX2 and AVX-512 files select their instruction sets themselves and are only called
 after a CPU check, so the build stays portable.
 """
 
 from setuptools import Extension, setup
 
 SOURCES = ["sk_model.c", "sk_deltanet.c", "sk_moe.c", "sk_pool.c", "sk_pack.c", "sk_generic.c", "sk_avx2.c",
-           "sk_avx2_gemm.c", "sk_avx512.c", "sk_avx512_gemm.c"]
+           "sk_avx2_gemm.c", "sk_avx2_dn.c", "sk_avx512.c", "sk_avx512_gemm.c", "sk_avx512_dn.c"]
 
 setup(
     ext_modules=[

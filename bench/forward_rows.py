@@ -10,6 +10,10 @@ want logits (as a verification does), what each row beyond the first adds, and t
 each phase of the forward (the native library's SPEKULA_NATIVE_PROFILE=1 timers; "wait" is its time
 at the barriers, waiting for the other threads). Token ids are drawn at random with a fixed seed:
 the kernels' time does not depend on which tokens they read.
+
+On a recurrent (hybrid) target every timed forward follows a checkpoint and is taken back by a truncate
+to the context (both O(1), untimed), as a verification is; the "replay ms" column is what a truncate
+to half the rows costs there (a partly rejected draft: the kept rows are replayed from the checkpoint).
 """
 
 from __future__ import annotations
@@ -42,11 +46,21 @@ def int_list(text: str) -> list[int]:
     return values
 
 
-def timed_forward(backend: Backend, seq: int, start: int, tokens: np.ndarray) -> float:
-    """Seconds of one forward of `tokens` at `start` (overwriting what was there) with every row's logits."""
+def timed_forward(backend: Backend, seq: int, start: int, tokens: np.ndarray) -> tuple[float, float]:
+    """Seconds of one forward of `tokens` at `start` with every row's logits, and (recurrent targets
+    only, else 0) of the truncate that keeps half of its rows; the sequence ends at `start` again."""
+    recurrent = backend.info.recurrent
+    if recurrent:
+        backend.checkpoint(seq)
     t0 = time.perf_counter()
     backend.forward([SeqInput(seq_id=seq, tokens=tokens, start=start, logit_rows=np.arange(tokens.size))])
-    return time.perf_counter() - t0
+    t1 = time.perf_counter()
+    replay = 0.0
+    if recurrent:
+        backend.truncate(seq, start + tokens.size // 2)
+        replay = time.perf_counter() - t1
+        backend.truncate(seq, start)
+    return t1 - t0, replay
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,13 +94,15 @@ def main(argv: list[str] | None = None) -> int:
             phases = {k: v / args.reps for k, v in native_lib.profile_report().items() if v > 0}
             if header is None:
                 header = list(phases)
-                print("| rows | forward ms | ms per row beyond the first count | " + " | ".join(header) + " |")
-                print("|---:|---:|---:|" + "---:|" * len(header))
-            ms = statistics.median(times) * 1e3
+                print("| rows | forward ms | ms per row beyond the first count | replay ms | " + " | ".join(header)
+                      + " |")
+                print("|---:|---:|---:|---:|" + "---:|" * len(header))
+            ms = statistics.median(t for t, _ in times) * 1e3
+            replay_ms = statistics.median(r for _, r in times) * 1e3
             first = (rows, ms) if first is None else first
             extra = f"{(ms - first[1]) / (rows - first[0]):.2f}" if rows > first[0] else "-"
             cells = " | ".join(f"{phases.get(k, 0.0) * 1e3:.2f}" for k in header)
-            print(f"| {rows} | {ms:.2f} | {extra} | {cells} |")
+            print(f"| {rows} | {ms:.2f} | {extra} | {replay_ms:.2f} | {cells} |")
         backend.free_seq(seq)
     backend.close()
     return 0

@@ -44,16 +44,6 @@ static void split(int64_t n, int ith, int nth, int64_t *a, int64_t *b) {
     *b = n * (ith + 1) / nth;
 }
 
-/* A sum of products in a fixed order whatever the caller: 8 running sums, then a fixed tree. */
-static inline float dot(const float *a, const float *b, int n) {
-    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int u = 0; u < 8; u++) acc[u] += a[j + u] * b[j + u];
-    for (int u = 0; j + u < n; u++) acc[u] += a[j + u] * b[j + u];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
 static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* ---- context and state ------------------------------------------------------------------------ */
@@ -229,58 +219,37 @@ void sk_dn_commit(sk_dn_ctx *d) {
 
 /* Row i of a run: conv over rows i .. i + K - 1 of [conv state (K - 1 rows) | the run's qkv rows (ld
  * apart)], SiLU, q and k heads L2-normalised, q scaled: out [conv_dim]. */
-static void conv_row(const sk_dn_ctx *d, const sk_dn *b, const float *conv_state, const float *rows, int64_t ld,
-                     int64_t i, float *out) {
+static void conv_row(const sk_dn_ctx *d, const sk_kernels *kern, const sk_dn *b, const float *conv_state,
+                     const float *rows, int64_t ld, int64_t i, float *out) {
     const int64_t cd = d->conv_dim;
+    const float *x[d->K];
     for (int w = 0; w < d->K; w++) {
         const int64_t idx = i + w;
-        const float *x = idx < d->K - 1 ? conv_state + idx * cd : rows + (idx - (d->K - 1)) * ld;
-        const float *cw = b->conv_w + (int64_t)w * cd;
-        if (w == 0)
-            for (int64_t c = 0; c < cd; c++) out[c] = x[c] * cw[c];
-        else
-            for (int64_t c = 0; c < cd; c++) out[c] += x[c] * cw[c];
+        x[w] = idx < d->K - 1 ? conv_state + idx * cd : rows + (idx - (d->K - 1)) * ld;
     }
-    for (int64_t c = 0; c < cd; c++) out[c] = out[c] / (1.0f + expf(-out[c]));
+    kern->dn_conv(x, b->conv_w, d->K, cd, out);
     const float q_scale = 1.0f / sqrtf((float)d->hk);
-    for (int h = 0; h < 2 * d->n_k; h++) { /* q heads, then k heads */
-        float *x = out + (int64_t)h * d->hk;
-        const float inv = 1.0f / sqrtf(dot(x, x, d->hk) + d->eps);
-        for (int j = 0; j < d->hk; j++) x[j] *= inv;
-        if (h < d->n_k)
-            for (int j = 0; j < d->hk; j++) x[j] *= q_scale;
-    }
+    for (int h = 0; h < 2 * d->n_k; h++) /* q heads, then k heads */
+        kern->dn_l2norm(out + (int64_t)h * d->hk, d->hk, d->eps, h < d->n_k ? q_scale : 1.0f);
 }
 
-/* beta and alpha of a row (in place): [beta logits | alpha] -> [beta | g]. */
+/* beta and alpha of a row (in place): [beta logits | alpha] -> [beta | decay = exp(g)]. */
 static void gates_row(const sk_dn_ctx *d, const sk_dn *b, float *ba) {
     for (int h = 0; h < d->n_v; h++) {
         const float x = ba[d->n_v + h] + b->dt_bias[h];
         const float softplus = x > 20.0f ? x : log1pf(expf(x));
         ba[h] = sigmoid(ba[h]);
-        ba[d->n_v + h] = softplus * b->a[h];
+        ba[d->n_v + h] = expf(softplus * b->a[h]);
     }
 }
 
-/* The delta rule of v head h over n rows: the state [hv][hk] goes from src to dst (the same or another
- * buffer); cv rows are conv outputs, bg rows [beta | g]; o (NULL: not wanted) gets S q per row. */
-static void rule(const sk_dn_ctx *d, int h, const float *src, float *dst, const float *cv, int64_t ld_cv,
-                 const float *bg, int64_t ld_bg, int64_t n, float *o, int64_t ld_o) {
-    const int hk = d->hk, hv = d->hv, kh = h % d->n_k;
-    for (int64_t t = 0; t < n; t++) {
-        const float *q = cv + t * ld_cv + (int64_t)kh * hk, *k = q + d->key_dim;
-        const float *v = cv + t * ld_cv + 2 * d->key_dim + (int64_t)h * hv;
-        const float beta = bg[t * ld_bg + h], decay = expf(bg[t * ld_bg + d->n_v + h]);
-        const float *s = t == 0 ? src : dst;
-        for (int i = 0; i < hv; i++) {
-            const float *si = s + (int64_t)i * hk;
-            float *row = dst + (int64_t)i * hk;
-            for (int j = 0; j < hk; j++) row[j] = si[j] * decay;
-            const float delta = (v[i] - dot(row, k, hk)) * beta;
-            for (int j = 0; j < hk; j++) row[j] += k[j] * delta;
-            if (o) o[t * ld_o + i] = dot(row, q, hk);
-        }
-    }
+/* The delta rule of v head h over n rows (the kernel's dn_rule): the state [hv][hk] goes from src to dst;
+ * cv rows are conv outputs, bg rows [beta | decay]; o (NULL: not wanted) gets S q per row. */
+static void rule(const sk_dn_ctx *d, const sk_kernels *kern, int h, const float *src, float *dst, const float *cv,
+                 int64_t ld_cv, const float *bg, int64_t ld_bg, int64_t n, float *o, int64_t ld_o) {
+    const float *q = cv + (int64_t)(h % d->n_k) * d->hk;
+    kern->dn_rule(src, dst, d->hk, d->hv, n, q, q + d->key_dim, ld_cv, cv + 2 * d->key_dim + (int64_t)h * d->hv, ld_cv,
+                  bg + h, bg + d->n_v + h, ld_bg, o, ld_o);
 }
 
 /* The conv rows after n more rows: the last K - 1 of [src's conv rows | rows]; src may be dst. */
@@ -292,16 +261,15 @@ static void conv_advance(const sk_dn_ctx *d, const float *src, float *dst, const
     }
 }
 
-void sk_dn_block(sk_dn_ctx *d, const sk_kernels *kern, sk_pool *pool, int layer, int64_t r0, int64_t r1, int ith,
-                 int nth) {
+void sk_dn_conv(sk_dn_ctx *d, const sk_kernels *kern, int layer, int64_t r0, int64_t r1) {
     const int j = d->rec_index[layer];
     const sk_dn *b = d->rec[j];
-    const int64_t cd = d->conv_dim, vd = d->value_dim, ldba = 2 * (int64_t)d->n_v, lf = d->log_floats;
-    const int64_t s_off = (int64_t)j * d->block_floats, c_off = s_off + d->s_floats;
+    const int64_t cd = d->conv_dim, ldba = 2 * (int64_t)d->n_v, lf = d->log_floats;
+    const int64_t c_off = (int64_t)j * d->block_floats + d->s_floats;
     for (int64_t r = r0; r < r1; r++) {
         const dn_run *u = &d->runs[d->run_of[r]];
         const int64_t i = r - u->r0;
-        conv_row(d, b, u->src + c_off, d->qkv + u->r0 * cd, cd, i, d->cv + r * cd);
+        conv_row(d, kern, b, u->src + c_off, d->qkv + u->r0 * cd, cd, i, d->cv + r * cd);
         gates_row(d, b, d->ba + r * ldba);
         if (u->log) {
             float *lg = u->log + (i * d->n_rec + j) * lf;
@@ -309,23 +277,37 @@ void sk_dn_block(sk_dn_ctx *d, const sk_kernels *kern, sk_pool *pool, int layer,
             memcpy(lg + cd, d->ba + r * ldba, sizeof(float) * (size_t)ldba);
         }
     }
-    sk_pool_barrier(pool);
+}
+
+void sk_dn_rule(sk_dn_ctx *d, const sk_kernels *kern, int layer, int ith, int nth) {
+    const int j = d->rec_index[layer];
+    const int64_t cd = d->conv_dim, vd = d->value_dim, ldba = 2 * (int64_t)d->n_v;
+    const int64_t s_off = (int64_t)j * d->block_floats, c_off = s_off + d->s_floats;
     int64_t i0, i1;
     split(d->n_runs * d->n_v, ith, nth, &i0, &i1);
     for (int64_t it = i0; it < i1; it++) {
         const dn_run *u = &d->runs[it / d->n_v];
         const int h = (int)(it % d->n_v);
         const int64_t n = u->r1 - u->r0, hs = (int64_t)h * d->hv * d->hk;
-        float *o = d->o + u->r0 * vd + (int64_t)h * d->hv;
-        rule(d, h, u->src + s_off + hs, u->dst + s_off + hs, d->cv + u->r0 * cd, cd, d->ba + u->r0 * ldba, ldba, n,
-             o, vd);
-        for (int64_t t = 0; t < n; t++) { /* RMS norm of the head's output times silu(z) */
-            float *y = o + t * vd;
-            const float *z = d->z + (u->r0 + t) * vd + (int64_t)h * d->hv;
-            kern->rms_norm(y, b->norm, d->hv, d->eps, y);
-            for (int i = 0; i < d->hv; i++) y[i] *= z[i] / (1.0f + expf(-z[i]));
-        }
+        rule(d, kern, h, u->src + s_off + hs, u->dst + s_off + hs, d->cv + u->r0 * cd, cd, d->ba + u->r0 * ldba, ldba,
+             n, d->o + u->r0 * vd + (int64_t)h * d->hv, vd);
         if (h == 0) conv_advance(d, u->src + c_off, u->dst + c_off, d->qkv + u->r0 * cd, cd, n);
+    }
+}
+
+void sk_dn_gate_norm(sk_dn_ctx *d, const sk_kernels *kern, int layer, int ith, int nth) {
+    const sk_dn *b = d->rec[d->rec_index[layer]];
+    const int64_t vd = d->value_dim;
+    int64_t i0, i1;
+    split(d->n_runs * d->n_v, ith, nth, &i0, &i1);
+    for (int64_t it = i0; it < i1; it++) { /* the rule's items: these rows of o are this thread's own */
+        const dn_run *u = &d->runs[it / d->n_v];
+        const int64_t off = (it % d->n_v) * d->hv;
+        for (int64_t r = u->r0; r < u->r1; r++) { /* RMS norm of the head's output times silu(z) */
+            float *y = d->o + r * vd + off;
+            kern->rms_norm(y, b->norm, d->hv, d->eps, y);
+            kern->silu_mul(d->z + r * vd + off, y, d->hv, y);
+        }
     }
 }
 
@@ -386,12 +368,12 @@ static void replay(void *arg, int ith, int nth) {
         const int64_t s_off = (int64_t)j * d->block_floats, c_off = s_off + d->s_floats;
         int64_t a, z;
         split(rj->n, ith, nth, &a, &z);
-        for (int64_t i = a; i < z; i++) conv_row(d, b, rj->src + c_off, rows, ld, i, d->cv + i * cd);
+        for (int64_t i = a; i < z; i++) conv_row(d, rj->kern, b, rj->src + c_off, rows, ld, i, d->cv + i * cd);
         sk_pool_barrier(rj->pool);
         split(d->n_v, ith, nth, &a, &z);
         for (int h = (int)a; h < z; h++) {
             const int64_t hs = (int64_t)h * d->hv * d->hk;
-            rule(d, h, rj->src + s_off + hs, rj->dst + s_off + hs, d->cv, cd, rows + cd, ld, rj->n, NULL, 0);
+            rule(d, rj->kern, h, rj->src + s_off + hs, rj->dst + s_off + hs, d->cv, cd, rows + cd, ld, rj->n, NULL, 0);
         }
         if (ith == nth - 1) conv_advance(d, rj->src + c_off, rj->dst + c_off, rows, ld, rj->n);
         sk_pool_barrier(rj->pool); /* the next block's conv reuses cv */

@@ -116,8 +116,12 @@ typedef struct {
 /* Phase timing of thread 0 (SPEKULA_NATIVE_PROFILE=1): where a forward's time goes, for tuning. Thread 0's
  * waits at the barriers are a phase of their own ("wait"), so that one thread's share of a phase running
  * long shows as imbalance instead of being booked to whichever phase comes next. */
-enum { PH_EMBED, PH_NORM, PH_QKV, PH_ROPE, PH_ATTN, PH_OPROJ, PH_FFN_UP, PH_FFN_DOWN, PH_MOE, PH_HEAD, PH_WAIT, PH_N };
+enum {
+    PH_EMBED, PH_NORM, PH_QKV, PH_ROPE, PH_ATTN, PH_OPROJ, PH_DN_IN, PH_DN_CONV, PH_DN_RULE, PH_DN_NORM, PH_DN_OUT,
+    PH_FFN_UP, PH_FFN_DOWN, PH_MOE, PH_HEAD, PH_WAIT, PH_N
+};
 static const char *const phase_names[PH_N] = {"embed", "norm+quant", "qkv", "rope+kv", "attention", "o-proj",
+                                              "dn-in-proj", "dn-conv+gates", "dn-rule", "dn-gated-norm", "dn-out-proj",
                                               "gate+up", "down", "moe", "head", "wait"};
 static double phase_seconds[PH_N];
 static double waited; /* thread 0's barrier waits since its last phase() */
@@ -699,10 +703,15 @@ static void delta_net_block(sk_ctx *c, const sk_layer *L, int l, int64_t m, int6
     phase(ith, PH_NORM, &t);
     gemm_parts(c, in, 4, c->h, E, m, ith, nth);
     barrier(c->pool, ith);
-    phase(ith, PH_QKV, &t);
-    sk_dn_block(c->dn, c->kern, c->pool, l, r0, r1, ith, nth);
+    phase(ith, PH_DN_IN, &t);
+    sk_dn_conv(c->dn, c->kern, l, r0, r1);
     barrier(c->pool, ith);
-    phase(ith, PH_ATTN, &t);
+    phase(ith, PH_DN_CONV, &t);
+    sk_dn_rule(c->dn, c->kern, l, ith, nth);
+    phase(ith, PH_DN_RULE, &t);
+    sk_dn_gate_norm(c->dn, c->kern, l, ith, nth);
+    barrier(c->pool, ith);
+    phase(ith, PH_DN_NORM, &t);
     part o = {&L->dn.out, c->x, E, 1};
     const int64_t vd = L->dn.out.n_cols;
     if (any_quant(&o, 1)) quantize(c, io.o, io.ld_o, vd, r0, r1);
@@ -710,7 +719,7 @@ static void delta_net_block(sk_ctx *c, const sk_layer *L, int l, int64_t m, int6
     phase(ith, PH_NORM, &t);
     gemm_parts(c, &o, 1, io.o, io.ld_o, m, ith, nth);
     barrier(c->pool, ith);
-    phase(ith, PH_OPROJ, &t);
+    phase(ith, PH_DN_OUT, &t);
     *tp = t;
 }
 
