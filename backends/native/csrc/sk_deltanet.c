@@ -33,6 +33,8 @@ struct sk_dn_ctx {
     rs_state *rs;        /* [n_seq_max]: buf[0] NULL while the slot has no state */
     int64_t cap_rows, cap_runs, n_runs;
     float *qkv, *z, *ba, *cv, *o; /* scratch of cap_rows rows: see sk_dn_io; cv holds the conv outputs */
+    float *rcv;                   /* a replay's conv outputs, [n_rec][rows][conv_dim] */
+    int64_t cap_rcv;              /* floats */
     int32_t *run_of;              /* [cap_rows] */
     dn_run *runs;                 /* [cap_runs] */
     int32_t *seen;                /* [n_seq_max]: plan's check that a sequence has one run */
@@ -74,7 +76,7 @@ static void free_scratch(sk_dn_ctx *d) {
 void sk_dn_ctx_free(sk_dn_ctx *d) {
     if (!d) return;
     for (int s = 0; d->rs && s < d->n_seq_max; s++) sk_dn_state_free(d, s);
-    free(d->rs); free(d->rec); free(d->rec_index); free(d->seen);
+    free(d->rs); free(d->rec); free(d->rec_index); free(d->seen); free(d->rcv);
     free_scratch(d);
     free(d);
 }
@@ -357,26 +359,32 @@ typedef struct {
     int64_t n;
 } replay_job;
 
-/* Rows [0, n) of the log through conv and rule, block by block: the forward's operations without its outputs. */
+/* Rows [0, n) of the log through conv and rule: the forward's operations without its outputs. Every
+ * block's convs first (they read only the log and the checkpoint's conv rows), one barrier, then all
+ * (block, head) rules split between the threads: one barrier in all, where a block-by-block replay
+ * needs two per block. */
 static void replay(void *arg, int ith, int nth) {
     const replay_job *rj = arg;
     sk_dn_ctx *d = rj->d;
-    const int64_t cd = d->conv_dim, ld = d->n_rec * d->log_floats;
-    for (int j = 0; j < d->n_rec; j++) {
-        const sk_dn *b = d->rec[j];
+    const int64_t cd = d->conv_dim, ld = d->n_rec * d->log_floats, n = rj->n;
+    int64_t a, z;
+    split(d->n_rec * n, ith, nth, &a, &z);
+    for (int64_t it = a; it < z; it++) { /* item: (block j, row i), cv row j * n + i */
+        const int j = (int)(it / n);
         const float *rows = rj->log + j * d->log_floats;
-        const int64_t s_off = (int64_t)j * d->block_floats, c_off = s_off + d->s_floats;
-        int64_t a, z;
-        split(rj->n, ith, nth, &a, &z);
-        for (int64_t i = a; i < z; i++) conv_row(d, rj->kern, b, rj->src + c_off, rows, ld, i, d->cv + i * cd);
-        sk_pool_barrier(rj->pool);
-        split(d->n_v, ith, nth, &a, &z);
-        for (int h = (int)a; h < z; h++) {
-            const int64_t hs = (int64_t)h * d->hv * d->hk;
-            rule(d, rj->kern, h, rj->src + s_off + hs, rj->dst + s_off + hs, d->cv, cd, rows + cd, ld, rj->n, NULL, 0);
-        }
-        if (ith == nth - 1) conv_advance(d, rj->src + c_off, rj->dst + c_off, rows, ld, rj->n);
-        sk_pool_barrier(rj->pool); /* the next block's conv reuses cv */
+        conv_row(d, rj->kern, d->rec[j], rj->src + (int64_t)j * d->block_floats + d->s_floats, rows, ld, it % n,
+                 d->rcv + it * cd);
+    }
+    sk_pool_barrier(rj->pool);
+    split(d->n_rec * (int64_t)d->n_v, ith, nth, &a, &z);
+    for (int64_t it = a; it < z; it++) {
+        const int j = (int)(it / d->n_v), h = (int)(it % d->n_v);
+        const float *rows = rj->log + j * d->log_floats;
+        const int64_t s_off = (int64_t)j * d->block_floats, hs = (int64_t)h * d->hv * d->hk;
+        rule(d, rj->kern, h, rj->src + s_off + hs, rj->dst + s_off + hs, d->rcv + j * n * cd, cd, rows + cd, ld, n,
+             NULL, 0);
+        if (h == 0)
+            conv_advance(d, rj->src + s_off + d->s_floats, rj->dst + s_off + d->s_floats, rows, ld, n);
     }
 }
 
@@ -386,7 +394,13 @@ int sk_dn_truncate(sk_dn_ctx *d, const sk_kernels *kern, sk_pool *pool, int slot
     if (n < 0) return -2;
     if (st->ckpt_len >= 0 && n >= st->ckpt_len) {
         if (n > st->ckpt_len) {
-            if (reserve(d, n - st->ckpt_len, 0) != 0) return -1;
+            const int64_t need = d->n_rec * (n - st->ckpt_len) * d->conv_dim;
+            if (need > d->cap_rcv) {
+                free(d->rcv);
+                d->rcv = malloc(sizeof(float) * (size_t)need);
+                d->cap_rcv = d->rcv ? need : 0;
+                if (!d->rcv) return -1;
+            }
             replay_job rj = {d, kern, pool, st->log, st->buf[st->ckpt_buf], st->buf[1 - st->ckpt_buf], n - st->ckpt_len};
             sk_pool_run(pool, replay, &rj);
         }
