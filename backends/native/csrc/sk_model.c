@@ -704,7 +704,7 @@ static void delta_net_block(sk_ctx *c, const sk_layer *L, int l, int64_t m, int6
     gemm_parts(c, in, 4, c->h, E, m, ith, nth);
     barrier(c->pool, ith);
     phase(ith, PH_DN_IN, &t);
-    sk_dn_conv(c->dn, c->kern, l, r0, r1);
+    sk_dn_conv(c->dn, c->kern, l, r0, r1, ith, nth);
     barrier(c->pool, ith);
     phase(ith, PH_DN_CONV, &t);
     sk_dn_rule(c->dn, c->kern, l, ith, nth);
@@ -844,21 +844,21 @@ static int has_state(const sk_ctx *c, int slot) {
 
 SK_API int sk_rs_checkpoint(sk_ctx *c, int slot) { return has_state(c, slot) ? sk_dn_checkpoint(c->dn, slot) : -2; }
 
-SK_API int sk_rs_snapshot(sk_ctx *c, int slot) { return has_state(c, slot) ? sk_dn_snapshot(c->dn, slot) : -2; }
+SK_API int sk_rs_snapshot(sk_ctx *c, int slot) { return has_state(c, slot) ? sk_dn_snapshot(c->dn, c->kern, c->pool, slot) : -2; }
 
 SK_API int64_t sk_rs_restorable(const sk_ctx *c, int slot, int64_t n) {
     return has_state(c, slot) ? sk_dn_restorable(c->dn, slot, n) : -2;
 }
 
 SK_API int sk_rs_truncate(sk_ctx *c, int slot, int64_t n) {
-    return has_state(c, slot) ? sk_dn_truncate(c->dn, c->kern, c->pool, slot, n) : -2;
+    return has_state(c, slot) ? sk_dn_truncate(c->dn, slot, n) : -2;
 }
 
 SK_API int64_t sk_rs_length(const sk_ctx *c, int slot) { return has_state(c, slot) ? sk_dn_length(c->dn, slot) : -2; }
 
 /* Block `layer`'s live state of a slot ([S | conv rows]) into out[cap], for tests: floats written or -1. */
-SK_API int64_t sk_rs_read(const sk_ctx *c, int slot, int layer, float *out, int64_t cap) {
-    return has_state(c, slot) ? sk_dn_read_state(c->dn, slot, layer, out, cap) : -1;
+SK_API int64_t sk_rs_read(sk_ctx *c, int slot, int layer, float *out, int64_t cap) {
+    return has_state(c, slot) ? sk_dn_read_state(c->dn, c->kern, c->pool, slot, layer, out, cap) : -1;
 }
 
 typedef struct {
