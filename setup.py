@@ -5,14 +5,14 @@ The kernels are loaded with ctypes (spekula.backends.native.lib); the drafters' 
 modules, because they are called every round right after a forward, where a ctypes call costs several
 times as much as a module's.
 -ffp-contract=off keeps the compiler from fusing a*b+c on its own, which the kernels' bitwise
-row-invariance relies on; the AVX-512 file selects its instruction set itself and is only called
+row-invariance relies on; the AVX2 and AVX-512 files select their instruction sets themselves and are only called
 after a CPU check, so the build stays portable.
 """
 
 from setuptools import Extension, setup
 
-SOURCES = ["sk_model.c", "sk_deltanet.c", "sk_moe.c", "sk_pool.c", "sk_pack.c", "sk_generic.c", "sk_avx2.c",
-           "sk_avx2_gemm.c", "sk_avx512.c", "sk_avx512_gemm.c"]
+SOURCES = ["sk_model.c", "sk_deltanet.c", "sk_dn_state.c", "sk_moe.c", "sk_pool.c", "sk_pack.c", "sk_generic.c",
+           "sk_avx2.c", "sk_avx2_gemm.c", "sk_avx2_dn.c", "sk_avx512.c", "sk_avx512_gemm.c", "sk_avx512_dn.c"]
 
 setup(
     ext_modules=[
@@ -20,7 +20,8 @@ setup(
             "spekula.backends.native._sk",
             sources=[f"backends/native/csrc/{name}" for name in SOURCES],
             depends=["backends/native/csrc/sk.h", "backends/native/csrc/sk_moe.h", "backends/native/csrc/sk_pool.h", "backends/native/csrc/sk_avx512.h",
-                     "backends/native/csrc/sk_avx2.h", "backends/native/csrc/sk_pack.h", "backends/native/csrc/sk_deltanet.h"],
+                     "backends/native/csrc/sk_avx2.h", "backends/native/csrc/sk_pack.h", "backends/native/csrc/sk_deltanet.h",
+                     "backends/native/csrc/sk_dn_internal.h"],
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread", "-std=gnu11"],
             extra_link_args=["-pthread"],
             libraries=["m"],

@@ -10,6 +10,12 @@ want logits (as a verification does), what each row beyond the first adds, and t
 each phase of the forward (the native library's SPEKULA_NATIVE_PROFILE=1 timers; "wait" is its time
 at the barriers, waiting for the other threads). Token ids are drawn at random with a fixed seed:
 the kernels' time does not depend on which tokens they read.
+
+On a recurrent (hybrid) target every timed forward follows a checkpoint (O(1), untimed), as a
+verification does, and is then taken back to half its rows, as a partly rejected draft is: the kept
+rows are replayed from the checkpoint, by the next forward. The "after rollback ms" column times that
+truncate and a 1-row forward after it, to set against the 1-row forward's own time; then the sequence
+goes back to the context.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import time
 
 import numpy as np
 
+from spekula.backends.native import lib as native_lib
 from spekula.core.backend import Backend, BackendOptions, SeqInput, load_backend
 
 
@@ -42,11 +49,27 @@ def int_list(text: str) -> list[int]:
     return values
 
 
-def timed_forward(backend: Backend, seq: int, start: int, tokens: np.ndarray) -> float:
-    """Seconds of one forward of `tokens` at `start` (overwriting what was there) with every row's logits."""
+def timed_forward(backend: Backend, seq: int, start: int, tokens: np.ndarray) -> tuple[float, float, dict[str, float]]:
+    """Seconds of one forward of `tokens` at `start` with every row's logits, (recurrent targets only,
+    else 0) of the truncate that keeps half of its rows plus a 1-row forward after it, and the phases
+    of the first forward alone; the sequence ends at `start` again."""
+    recurrent = backend.info.recurrent
+    if recurrent:
+        backend.checkpoint(seq)
+    native_lib.profile_report()  # reset the phase timers
     t0 = time.perf_counter()
     backend.forward([SeqInput(seq_id=seq, tokens=tokens, start=start, logit_rows=np.arange(tokens.size))])
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    phases = native_lib.profile_report()
+    after = 0.0
+    if recurrent:
+        kept = start + tokens.size // 2
+        t0 = time.perf_counter()
+        backend.truncate(seq, kept)
+        backend.forward([SeqInput(seq_id=seq, tokens=tokens[:1], start=kept, logit_rows=np.arange(1))])
+        after = time.perf_counter() - t0
+        backend.truncate(seq, start)
+    return seconds, after, phases
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["SPEKULA_NATIVE_PROFILE"] = "1"  # read by the library at its first forward
 
     from spekula.backends.gguf.default_model import ensure_default_model
-    from spekula.backends.native import lib as native_lib
 
     model = args.model or str(ensure_default_model())
     n_ctx = max(contexts) + max(row_counts) + 1
@@ -74,19 +96,20 @@ def main(argv: list[str] | None = None) -> int:
         for rows in row_counts:
             for _ in range(2):  # warm-up: scratch buffers sized for this row count
                 timed_forward(backend, seq, n_keys, rng.integers(0, n_vocab, rows).astype(np.int32))
-            native_lib.profile_report()  # reset the phase timers
             times = [timed_forward(backend, seq, n_keys, rng.integers(0, n_vocab, rows).astype(np.int32))
                      for _ in range(args.reps)]
-            phases = {k: v / args.reps for k, v in native_lib.profile_report().items() if v > 0}
+            phases = {k: sum(t[2][k] for t in times) / args.reps for k in times[0][2] if times[0][2][k] > 0}
             if header is None:
                 header = list(phases)
-                print("| rows | forward ms | ms per row beyond the first count | " + " | ".join(header) + " |")
-                print("|---:|---:|---:|" + "---:|" * len(header))
-            ms = statistics.median(times) * 1e3
+                print("| rows | forward ms | ms per row beyond the first count | after rollback ms | " + " | ".join(header)
+                      + " |")
+                print("|---:|---:|---:|---:|" + "---:|" * len(header))
+            ms = statistics.median(t[0] for t in times) * 1e3
+            after_ms = statistics.median(t[1] for t in times) * 1e3
             first = (rows, ms) if first is None else first
             extra = f"{(ms - first[1]) / (rows - first[0]):.2f}" if rows > first[0] else "-"
             cells = " | ".join(f"{phases.get(k, 0.0) * 1e3:.2f}" for k in header)
-            print(f"| {rows} | {ms:.2f} | {extra} | {cells} |")
+            print(f"| {rows} | {ms:.2f} | {extra} | {after_ms:.2f} | {cells} |")
         backend.free_seq(seq)
     backend.close()
     return 0

@@ -213,6 +213,51 @@ def test_rollback_after_a_partly_rejected_draft_is_exact(name: str, kept: int) -
         b.free_seq(spec)
 
 
+@pytest.mark.parametrize("name", ["dense", "moe-q4_0"])
+def test_rows_a_truncate_leaves_pending_run_in_the_next_forward_exactly(name: str) -> None:
+    """A truncate back into the rows after a checkpoint runs nothing: the next forward runs those rows
+    first. Over rounds that move the checkpoint (taken while rows are pending), keep an older one, share
+    a batch with another sequence and snapshot while rows are pending, every logit row and the final
+    states equal plain decoding's, bit for bit."""
+    b = backend(name)
+    ids, other_ids = tokens(48, seed=11), tokens(40, seed=12)
+    want, other_want = fresh_logits(b, ids), fresh_logits(b, other_ids)
+    spec, other, plain = b.new_seq(), b.new_seq(), b.new_seq()
+    try:
+        b.forward([SeqInput(spec, ids[:10], 0)])
+        n, m = 10, 0
+        # (draft rows, rows kept, checkpoint first, snapshot after the truncate, the other sequence's rows)
+        rounds = [(6, 2, True, False, 4), (5, 0, True, False, 0), (4, 3, False, True, 3), (7, 6, True, False, 5),
+                  (3, 1, True, False, 2), (2, 2, True, False, 1)]
+        for k, kept, checkpoint, snapshot, mo in rounds:
+            if checkpoint:
+                b.checkpoint(spec)
+            batch = [SeqInput(spec, ids[n : n + k], n, np.arange(k))]
+            if mo:
+                batch.append(SeqInput(other, other_ids[m : m + mo], m, np.arange(mo)))
+            outs = b.forward(batch)
+            assert np.array_equal(outs[0].logits, want[n : n + k])
+            if mo:
+                assert np.array_equal(outs[1].logits, other_want[m : m + mo])
+            n, m = n + kept, m + mo
+            b.truncate(spec, n)
+            assert b.seq_len(spec) == n and b.restorable(spec, n) == n
+            if snapshot:
+                b.snapshot(spec)
+                snap = n
+        b.forward([SeqInput(plain, ids[:n], 0)])
+        for a, z in zip(states(b, spec), states(b, plain), strict=True):
+            assert np.array_equal(a, z)
+        b.truncate(spec, snap)
+        b.truncate(plain, 0)
+        b.forward([SeqInput(plain, ids[:snap], 0)])
+        for a, z in zip(states(b, spec), states(b, plain), strict=True):
+            assert np.array_equal(a, z)
+    finally:
+        for s in (spec, other, plain):
+            b.free_seq(s)
+
+
 def test_restorable_snapshots_and_refusals() -> None:
     b = backend("dense-q8_0")
     ids = tokens(40, seed=8)

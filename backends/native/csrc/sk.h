@@ -80,6 +80,20 @@ typedef struct {
                         int64_t t1, int head_dim, float scale, float *part, int64_t ldpart, float *scratch);
     void (*rms_norm)(const float *x, const float *w, int64_t n, float eps, float *y);
     void (*silu_mul)(const float *g, const float *u, int64_t n, float *y);
+    /* Gated delta-net pieces (sk_deltanet.h); the forward and the replay of logged rows call the same
+     * ones, so a replayed state is bitwise the forward's.
+     * dn_conv: out[c] = silu(sum_w x[w][c] * w[w * n + c]) for c in [0, n), over K taps.
+     * dn_l2norm: x *= scale / sqrt(sum x^2 + eps) over n values.
+     * dn_rule: the delta rule of one v head over n tokens: the state [hv][hk] goes from src to dst (the
+     * same buffer or another); token t reads q, k (+ t * ld_qk, hk values), v (+ t * ld_v, hv values),
+     * beta[t * ld_bg], decay[t * ld_bg]; per state row i: s = s * decay; s += k * ((v[i] - s.k) * beta);
+     * o[t * ld_o + i] = s.q (o NULL: not wanted). Rows are independent, so each is carried through
+     * every token before the next (in registers where it fits). */
+    void (*dn_conv)(const float *const *x, const float *w, int K, int64_t n, float *out);
+    void (*dn_l2norm)(float *x, int64_t n, float eps, float scale);
+    void (*dn_rule)(const float *src, float *dst, int hk, int hv, int64_t n, const float *q, const float *k,
+                    int64_t ld_qk, const float *v, int64_t ld_v, const float *beta, const float *decay,
+                    int64_t ld_bg, float *o, int64_t ld_o);
 } sk_kernels;
 
 extern const sk_kernels sk_generic_kernels;

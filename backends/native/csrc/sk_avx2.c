@@ -174,25 +174,6 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t m, int64_t k, sk_
 
 /* ---- elementwise ------------------------------------------------------------------------------- */
 
-/* e^x for x <= 0 and moderate positive x: 2^n * p(r), |r| <= ln2/2, degree-6 Taylor polynomial
- * (relative error ~1e-7), 2^n built in the exponent field (n in [-126, 127] after the clamp). */
-INLINE __m256 exp256(__m256 x) {
-    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 /* The sum of squares runs in 16 lanes (two 8-lane halves) and reduces as the AVX-512 kernel's does, so
  * both sets normalize to the same bits. */
 static void rms_norm(const float *x, const float *w, int64_t n, float eps, float *y) {
@@ -355,4 +336,7 @@ const sk_kernels sk_avx2_kernels = {
     .attend_part = attend_part,
     .rms_norm = rms_norm,
     .silu_mul = silu_mul,
+    .dn_conv = sk_avx2_dn_conv,
+    .dn_l2norm = sk_avx2_dn_l2norm,
+    .dn_rule = sk_avx2_dn_rule,
 };

@@ -131,24 +131,6 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t m, int64_t k, sk_
 
 /* ---- elementwise ------------------------------------------------------------------------------- */
 
-/* e^x for x <= 0 and moderate positive x: 2^n * p(r), |r| <= ln2/2, degree-6 Taylor polynomial
- * (relative error ~1e-7). Fixed operation sequence, so deterministic. */
-INLINE __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
 INLINE __mmask16 tail_mask(int64_t left) { return left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1); }
 
 static void rms_norm(const float *x, const float *w, int64_t n, float eps, float *y) {
@@ -333,4 +315,7 @@ const sk_kernels sk_avx512_kernels = {
     .attend_part = attend_part,
     .rms_norm = rms_norm,
     .silu_mul = silu_mul,
+    .dn_conv = sk_avx512_dn_conv,
+    .dn_l2norm = sk_avx512_dn_l2norm,
+    .dn_rule = sk_avx512_dn_rule,
 };

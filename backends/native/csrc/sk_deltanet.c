@@ -1,58 +1,10 @@
-/* Gated delta-net blocks and their sequences' recurrent state: see sk_deltanet.h. */
-#include "sk_deltanet.h"
-
+/* Gated delta-net blocks: the context and the forward (see sk_deltanet.h); the recurrent-state contract
+ * is in sk_dn_state.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    float *buf[2];      /* the state, twice: the live one and the one a checkpoint keeps */
-    int live, ckpt_buf; /* which buffer holds the state at len; which one the checkpoint's (at ckpt_len) */
-    int64_t len, ckpt_len; /* ckpt_len -1: no checkpoint */
-    float *log;            /* [SK_DN_LOG_ROWS][n_rec][log_floats]: rows after the checkpoint; NULL until one */
-    float *snap[SK_DN_SNAPSHOTS];
-    int64_t snap_len[SK_DN_SNAPSHOTS]; /* -1: none */
-    int snap_oldest;
-} rs_state;
-
-typedef struct { /* rows [r0, r1) of a batch: one sequence's, continuing its state */
-    int slot;
-    int64_t r0, r1;
-    const float *src; /* the state they start from */
-    float *dst;       /* where their state goes (src, or the other buffer when src is a checkpoint's) */
-    float *log;       /* log row of r0 (NULL: not logged) */
-    int dst_buf;
-} dn_run;
-
-struct sk_dn_ctx {
-    int n_layer, n_rec, n_seq_max, n_k, n_v, hk, hv, K;
-    int64_t conv_dim, key_dim, value_dim, s_floats, conv_floats, block_floats, state_floats, log_floats;
-    float eps;
-    const sk_dn **rec;   /* [n_rec]: the recurrent blocks in order */
-    int *rec_index;      /* [n_layer]: index among the recurrent blocks, -1 for attention blocks */
-    rs_state *rs;        /* [n_seq_max]: buf[0] NULL while the slot has no state */
-    int64_t cap_rows, cap_runs, n_runs;
-    float *qkv, *z, *ba, *cv, *o; /* scratch of cap_rows rows: see sk_dn_io; cv holds the conv outputs */
-    int32_t *run_of;              /* [cap_rows] */
-    dn_run *runs;                 /* [cap_runs] */
-    int32_t *seen;                /* [n_seq_max]: plan's check that a sequence has one run */
-    int32_t stamp;
-};
-
-static void split(int64_t n, int ith, int nth, int64_t *a, int64_t *b) {
-    *a = n * ith / nth;
-    *b = n * (ith + 1) / nth;
-}
-
-/* A sum of products in a fixed order whatever the caller: 8 running sums, then a fixed tree. */
-static inline float dot(const float *a, const float *b, int n) {
-    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int u = 0; u < 8; u++) acc[u] += a[j + u] * b[j + u];
-    for (int u = 0; j + u < n; u++) acc[u] += a[j + u] * b[j + u];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
+#include "sk_dn_internal.h"
 
 static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -84,7 +36,7 @@ static void free_scratch(sk_dn_ctx *d) {
 void sk_dn_ctx_free(sk_dn_ctx *d) {
     if (!d) return;
     for (int s = 0; d->rs && s < d->n_seq_max; s++) sk_dn_state_free(d, s);
-    free(d->rs); free(d->rec); free(d->rec_index); free(d->seen);
+    free(d->rs); free(d->rec); free(d->rec_index); free(d->seen); free(d->pcv);
     free_scratch(d);
     free(d);
 }
@@ -148,7 +100,7 @@ int sk_dn_state_alloc(sk_dn_ctx *d, int slot) {
 
 void sk_dn_state_free(sk_dn_ctx *d, int slot) {
     rs_state *st = &d->rs[slot];
-    free(st->buf[0]); free(st->buf[1]); free(st->log);
+    free(st->buf[0]); free(st->buf[1]); free(st->log[0]); free(st->log[1]);
     for (int i = 0; i < SK_DN_SNAPSHOTS; i++) free(st->snap[i]);
     memset(st, 0, sizeof *st);
 }
@@ -176,6 +128,14 @@ static int reserve(sk_dn_ctx *d, int64_t m, int64_t runs) {
     return 0;
 }
 
+int dn_reserve_pcv(sk_dn_ctx *d, int64_t n) {
+    if (n <= d->cap_pcv) return 0;
+    free(d->pcv);
+    d->pcv = malloc(sizeof(float) * (size_t)n);
+    d->cap_pcv = d->pcv ? n : 0;
+    return d->pcv ? 0 : -1;
+}
+
 sk_dn_io sk_dn_buffers(const sk_dn_ctx *d) {
     return (sk_dn_io){d->qkv, d->z, d->ba, d->o, d->conv_dim, d->value_dim, 2 * (int64_t)d->n_v, d->value_dim};
 }
@@ -189,6 +149,7 @@ int sk_dn_plan(sk_dn_ctx *d, int64_t n_rows, const int32_t *pos, const int32_t *
     if (++d->stamp == 0) { memset(d->seen, 0, sizeof(int32_t) * (size_t)d->n_seq_max); d->stamp = 1; }
     /* Check everything first: a refused batch changes no state. */
     n_runs = 0;
+    int64_t n_pend = 0;
     for (int64_t r = 0; r < n_rows; r++) {
         if (r > 0 && seq[r] == seq[r - 1]) {
             if (pos[r] != pos[r - 1] + 1) return -2;
@@ -197,21 +158,40 @@ int sk_dn_plan(sk_dn_ctx *d, int64_t n_rows, const int32_t *pos, const int32_t *
             const rs_state *st = &d->rs[seq[r]];
             if (!st->buf[0] || pos[r] != st->len || d->seen[seq[r]] == d->stamp) return -2;
             d->seen[seq[r]] = d->stamp;
-            d->runs[n_runs++] = (dn_run){.slot = seq[r], .r0 = r, .r1 = r + 1};
+            d->runs[n_runs++] = (dn_run){.slot = seq[r], .r0 = r, .r1 = r + 1, .n_pend = st->len - st->base,
+                                         .pcv0 = n_pend};
+            n_pend += st->len - st->base;
         }
         d->run_of[r] = (int32_t)(n_runs - 1);
     }
+    if (dn_reserve_pcv(d, n_pend * d->conv_dim) != 0) return -1;
     d->n_runs = n_runs;
+    d->n_pend = n_pend;
+    const int64_t row_floats = d->n_rec * d->log_floats;
     for (int64_t i = 0; i < n_runs; i++) {
         dn_run *u = &d->runs[i];
         rs_state *st = &d->rs[u->slot];
         const int64_t start = pos[u->r0], end = pos[u->r1 - 1] + 1;
-        if (st->ckpt_len >= 0 && end - st->ckpt_len > SK_DN_LOG_ROWS) st->ckpt_len = -1; /* beyond what is logged */
-        const int keep = st->ckpt_len >= 0 && st->live == st->ckpt_buf; /* the live buffer is the checkpoint's */
+        /* A checkpoint taken while rows were pending moves to its length in this forward. */
+        int moving = st->ckpt_len >= 0 && u->n_pend > 0 && st->ckpt_len == st->len;
+        if (st->ckpt_len >= 0 && end - (moving ? st->ckpt_len : st->ckpt_base) > SK_DN_LOG_ROWS) {
+            st->ckpt_len = -1; /* beyond what is logged */
+            moving = 0;
+        }
+        u->plog = st->log[st->cur];
         u->src = st->buf[st->live];
-        u->dst_buf = keep ? 1 - st->live : st->live;
+        u->mid = NULL;
+        u->dst_buf = st->live;
+        u->log = NULL;
+        if (moving) { /* the state after the pending rows becomes the checkpoint; the new rows start a log */
+            u->mid_buf = 1 - st->live;
+            u->mid = st->buf[u->mid_buf];
+            u->log = st->log[1 - st->cur];
+        } else if (st->ckpt_len >= 0) {
+            if (st->live == st->ckpt_buf) u->dst_buf = 1 - st->live; /* keep the checkpoint's buffer */
+            u->log = st->log[st->cur] + (start - st->ckpt_base) * row_floats;
+        }
         u->dst = st->buf[u->dst_buf];
-        u->log = st->ckpt_len >= 0 ? st->log + (start - st->ckpt_len) * d->n_rec * d->log_floats : NULL;
         for (int k = 0; k < SK_DN_SNAPSHOTS; k++) /* positions a snapshot covers are being rewritten */
             if (st->snap_len[k] > start) st->snap_len[k] = -1;
     }
@@ -220,88 +200,83 @@ int sk_dn_plan(sk_dn_ctx *d, int64_t n_rows, const int32_t *pos, const int32_t *
 
 void sk_dn_commit(sk_dn_ctx *d) {
     for (int64_t i = 0; i < d->n_runs; i++) {
-        rs_state *st = &d->rs[d->runs[i].slot];
-        st->live = d->runs[i].dst_buf;
-        st->len += d->runs[i].r1 - d->runs[i].r0;
+        const dn_run *u = &d->runs[i];
+        rs_state *st = &d->rs[u->slot];
+        st->live = u->dst_buf;
+        st->len += u->r1 - u->r0;
+        st->base = st->len;
+        if (u->mid) {
+            st->ckpt_buf = u->mid_buf;
+            st->ckpt_base = st->ckpt_len;
+            st->cur = 1 - st->cur;
+        }
     }
     d->n_runs = 0;
 }
 
-/* Row i of a run: conv over rows i .. i + K - 1 of [conv state (K - 1 rows) | the run's qkv rows (ld
- * apart)], SiLU, q and k heads L2-normalised, q scaled: out [conv_dim]. */
-static void conv_row(const sk_dn_ctx *d, const sk_dn *b, const float *conv_state, const float *rows, int64_t ld,
-                     int64_t i, float *out) {
-    const int64_t cd = d->conv_dim;
-    for (int w = 0; w < d->K; w++) {
-        const int64_t idx = i + w;
-        const float *x = idx < d->K - 1 ? conv_state + idx * cd : rows + (idx - (d->K - 1)) * ld;
-        const float *cw = b->conv_w + (int64_t)w * cd;
-        if (w == 0)
-            for (int64_t c = 0; c < cd; c++) out[c] = x[c] * cw[c];
-        else
-            for (int64_t c = 0; c < cd; c++) out[c] += x[c] * cw[c];
-    }
-    for (int64_t c = 0; c < cd; c++) out[c] = out[c] / (1.0f + expf(-out[c]));
-    const float q_scale = 1.0f / sqrtf((float)d->hk);
-    for (int h = 0; h < 2 * d->n_k; h++) { /* q heads, then k heads */
-        float *x = out + (int64_t)h * d->hk;
-        const float inv = 1.0f / sqrtf(dot(x, x, d->hk) + d->eps);
-        for (int j = 0; j < d->hk; j++) x[j] *= inv;
-        if (h < d->n_k)
-            for (int j = 0; j < d->hk; j++) x[j] *= q_scale;
-    }
+static inline const float *hist_row(const sk_dn_ctx *d, const dn_hist *h, int64_t idx) {
+    if (idx < d->K - 1) return h->state + idx * d->conv_dim;
+    idx -= d->K - 1;
+    return idx < h->n_logged ? h->logged + idx * h->ld_logged : h->rows + (idx - h->n_logged) * h->ld_rows;
 }
 
-/* beta and alpha of a row (in place): [beta logits | alpha] -> [beta | g]. */
+/* Conv output i: conv over inputs i .. i + K - 1 of the history, SiLU, q and k heads L2-normalised, q
+ * scaled: out [conv_dim]. */
+void dn_conv_row(const sk_dn_ctx *d, const sk_kernels *kern, const sk_dn *b, const dn_hist *h, int64_t i, float *out) {
+    const float *x[d->K];
+    for (int w = 0; w < d->K; w++) x[w] = hist_row(d, h, i + w);
+    kern->dn_conv(x, b->conv_w, d->K, d->conv_dim, out);
+    const float q_scale = 1.0f / sqrtf((float)d->hk);
+    for (int k = 0; k < 2 * d->n_k; k++) /* q heads, then k heads */
+        kern->dn_l2norm(out + (int64_t)k * d->hk, d->hk, d->eps, k < d->n_k ? q_scale : 1.0f);
+}
+
+/* beta and alpha of a row (in place): [beta logits | alpha] -> [beta | decay = exp(g)]. */
 static void gates_row(const sk_dn_ctx *d, const sk_dn *b, float *ba) {
     for (int h = 0; h < d->n_v; h++) {
         const float x = ba[d->n_v + h] + b->dt_bias[h];
         const float softplus = x > 20.0f ? x : log1pf(expf(x));
         ba[h] = sigmoid(ba[h]);
-        ba[d->n_v + h] = softplus * b->a[h];
+        ba[d->n_v + h] = expf(softplus * b->a[h]);
     }
 }
 
-/* The delta rule of v head h over n rows: the state [hv][hk] goes from src to dst (the same or another
- * buffer); cv rows are conv outputs, bg rows [beta | g]; o (NULL: not wanted) gets S q per row. */
-static void rule(const sk_dn_ctx *d, int h, const float *src, float *dst, const float *cv, int64_t ld_cv,
-                 const float *bg, int64_t ld_bg, int64_t n, float *o, int64_t ld_o) {
-    const int hk = d->hk, hv = d->hv, kh = h % d->n_k;
-    for (int64_t t = 0; t < n; t++) {
-        const float *q = cv + t * ld_cv + (int64_t)kh * hk, *k = q + d->key_dim;
-        const float *v = cv + t * ld_cv + 2 * d->key_dim + (int64_t)h * hv;
-        const float beta = bg[t * ld_bg + h], decay = expf(bg[t * ld_bg + d->n_v + h]);
-        const float *s = t == 0 ? src : dst;
-        for (int i = 0; i < hv; i++) {
-            const float *si = s + (int64_t)i * hk;
-            float *row = dst + (int64_t)i * hk;
-            for (int j = 0; j < hk; j++) row[j] = si[j] * decay;
-            const float delta = (v[i] - dot(row, k, hk)) * beta;
-            for (int j = 0; j < hk; j++) row[j] += k[j] * delta;
-            if (o) o[t * ld_o + i] = dot(row, q, hk);
-        }
-    }
+/* The delta rule of v head h over n rows (the kernel's dn_rule): the state [hv][hk] goes from src to dst;
+ * cv rows are conv outputs, bg rows [beta | decay]; o (NULL: not wanted) gets S q per row. */
+void dn_rule_head(const sk_dn_ctx *d, const sk_kernels *kern, int h, const float *src, float *dst, const float *cv,
+                  int64_t ld_cv, const float *bg, int64_t ld_bg, int64_t n, float *o, int64_t ld_o) {
+    const float *q = cv + (int64_t)(h % d->n_k) * d->hk;
+    kern->dn_rule(src, dst, d->hk, d->hv, n, q, q + d->key_dim, ld_cv, cv + 2 * d->key_dim + (int64_t)h * d->hv, ld_cv,
+                  bg + h, bg + d->n_v + h, ld_bg, o, ld_o);
 }
 
-/* The conv rows after n more rows: the last K - 1 of [src's conv rows | rows]; src may be dst. */
-static void conv_advance(const sk_dn_ctx *d, const float *src, float *dst, const float *rows, int64_t ld, int64_t n) {
-    for (int64_t i = 0; i < d->K - 1; i++) { /* reads row n + i > i: never one this loop already wrote */
-        const int64_t idx = n + i;
-        const float *x = idx < d->K - 1 ? src + idx * d->conv_dim : rows + (idx - (d->K - 1)) * ld;
-        memcpy(dst + i * d->conv_dim, x, sizeof(float) * (size_t)d->conv_dim);
-    }
+/* The conv rows after the history's first n inputs past its state: inputs n .. n + K - 2. dst may be
+ * the history's state: row i reads input n + i > i, never one this loop already wrote. */
+void dn_conv_advance(const sk_dn_ctx *d, const dn_hist *h, int64_t n, float *dst) {
+    for (int64_t i = 0; i < d->K - 1; i++) memcpy(dst + i * d->conv_dim, hist_row(d, h, n + i), sizeof(float) * (size_t)d->conv_dim);
 }
 
-void sk_dn_block(sk_dn_ctx *d, const sk_kernels *kern, sk_pool *pool, int layer, int64_t r0, int64_t r1, int ith,
-                 int nth) {
+static dn_hist run_hist(const sk_dn_ctx *d, const dn_run *u, int j) {
+    return (dn_hist){u->src + (int64_t)j * d->block_floats + d->s_floats, u->plog + j * d->log_floats,
+                     d->qkv + u->r0 * d->conv_dim, u->n_pend, d->n_rec * d->log_floats, d->conv_dim};
+}
+
+void sk_dn_conv(sk_dn_ctx *d, const sk_kernels *kern, int layer, int64_t r0, int64_t r1, int ith, int nth) {
     const int j = d->rec_index[layer];
     const sk_dn *b = d->rec[j];
-    const int64_t cd = d->conv_dim, vd = d->value_dim, ldba = 2 * (int64_t)d->n_v, lf = d->log_floats;
-    const int64_t s_off = (int64_t)j * d->block_floats, c_off = s_off + d->s_floats;
+    const int64_t cd = d->conv_dim, ldba = 2 * (int64_t)d->n_v, lf = d->log_floats;
+    int64_t p0, p1;
+    dn_split(d->n_pend, ith, nth, &p0, &p1);
+    for (int64_t g = p0, i = 0; g < p1; g++) { /* pending rows, shared out like the batch's */
+        while (g >= d->runs[i].pcv0 + d->runs[i].n_pend) i++;
+        const dn_hist h = run_hist(d, &d->runs[i], j);
+        dn_conv_row(d, kern, b, &h, g - d->runs[i].pcv0, d->pcv + g * cd);
+    }
     for (int64_t r = r0; r < r1; r++) {
         const dn_run *u = &d->runs[d->run_of[r]];
         const int64_t i = r - u->r0;
-        conv_row(d, b, u->src + c_off, d->qkv + u->r0 * cd, cd, i, d->cv + r * cd);
+        const dn_hist h = run_hist(d, u, j);
+        dn_conv_row(d, kern, b, &h, u->n_pend + i, d->cv + r * cd);
         gates_row(d, b, d->ba + r * ldba);
         if (u->log) {
             float *lg = u->log + (i * d->n_rec + j) * lf;
@@ -309,126 +284,47 @@ void sk_dn_block(sk_dn_ctx *d, const sk_kernels *kern, sk_pool *pool, int layer,
             memcpy(lg + cd, d->ba + r * ldba, sizeof(float) * (size_t)ldba);
         }
     }
-    sk_pool_barrier(pool);
+}
+
+void sk_dn_rule(sk_dn_ctx *d, const sk_kernels *kern, int layer, int ith, int nth) {
+    const int j = d->rec_index[layer];
+    const int64_t cd = d->conv_dim, vd = d->value_dim, ldba = 2 * (int64_t)d->n_v, ld_log = d->n_rec * d->log_floats;
+    const int64_t s_off = (int64_t)j * d->block_floats, c_off = s_off + d->s_floats;
     int64_t i0, i1;
-    split(d->n_runs * d->n_v, ith, nth, &i0, &i1);
+    dn_split(d->n_runs * d->n_v, ith, nth, &i0, &i1);
     for (int64_t it = i0; it < i1; it++) {
         const dn_run *u = &d->runs[it / d->n_v];
         const int h = (int)(it % d->n_v);
-        const int64_t n = u->r1 - u->r0, hs = (int64_t)h * d->hv * d->hk;
-        float *o = d->o + u->r0 * vd + (int64_t)h * d->hv;
-        rule(d, h, u->src + s_off + hs, u->dst + s_off + hs, d->cv + u->r0 * cd, cd, d->ba + u->r0 * ldba, ldba, n,
-             o, vd);
-        for (int64_t t = 0; t < n; t++) { /* RMS norm of the head's output times silu(z) */
-            float *y = o + t * vd;
-            const float *z = d->z + (u->r0 + t) * vd + (int64_t)h * d->hv;
+        const int64_t n = u->r1 - u->r0, hs = s_off + (int64_t)h * d->hv * d->hk;
+        const float *s = u->src + hs;
+        if (u->n_pend > 0) { /* the pending rows first, while this head's state is in cache */
+            float *t = (u->mid ? u->mid : u->dst) + hs;
+            dn_rule_head(d, kern, h, s, t, d->pcv + u->pcv0 * cd, cd, u->plog + j * d->log_floats + cd, ld_log,
+                         u->n_pend, NULL, 0);
+            s = t;
+        }
+        dn_rule_head(d, kern, h, s, u->dst + hs, d->cv + u->r0 * cd, cd, d->ba + u->r0 * ldba, ldba, n,
+                     d->o + u->r0 * vd + (int64_t)h * d->hv, vd);
+        if (h == 0) {
+            const dn_hist hist = run_hist(d, u, j);
+            if (u->mid) dn_conv_advance(d, &hist, u->n_pend, u->mid + c_off); /* before dst: it may be src */
+            dn_conv_advance(d, &hist, u->n_pend + n, u->dst + c_off);
+        }
+    }
+}
+
+void sk_dn_gate_norm(sk_dn_ctx *d, const sk_kernels *kern, int layer, int ith, int nth) {
+    const sk_dn *b = d->rec[d->rec_index[layer]];
+    const int64_t vd = d->value_dim;
+    int64_t i0, i1;
+    dn_split(d->n_runs * d->n_v, ith, nth, &i0, &i1);
+    for (int64_t it = i0; it < i1; it++) { /* the rule's items: these rows of o are this thread's own */
+        const dn_run *u = &d->runs[it / d->n_v];
+        const int64_t off = (it % d->n_v) * d->hv;
+        for (int64_t r = u->r0; r < u->r1; r++) { /* RMS norm of the head's output times silu(z) */
+            float *y = d->o + r * vd + off;
             kern->rms_norm(y, b->norm, d->hv, d->eps, y);
-            for (int i = 0; i < d->hv; i++) y[i] *= z[i] / (1.0f + expf(-z[i]));
+            kern->silu_mul(d->z + r * vd + off, y, d->hv, y);
         }
-        if (h == 0) conv_advance(d, u->src + c_off, u->dst + c_off, d->qkv + u->r0 * cd, cd, n);
     }
-}
-
-/* ---- the state contract ----------------------------------------------------------------------- */
-
-int64_t sk_dn_length(const sk_dn_ctx *d, int slot) { return d->rs[slot].len; }
-
-int sk_dn_checkpoint(sk_dn_ctx *d, int slot) {
-    rs_state *st = &d->rs[slot];
-    if (!st->log) {
-        st->log = malloc(sizeof(float) * (size_t)(SK_DN_LOG_ROWS * d->n_rec * d->log_floats));
-        if (!st->log) return -1;
-    }
-    st->ckpt_buf = st->live;
-    st->ckpt_len = st->len;
-    return 0;
-}
-
-int sk_dn_snapshot(sk_dn_ctx *d, int slot) {
-    rs_state *st = &d->rs[slot];
-    int k = st->snap_oldest;
-    for (int i = 0; i < SK_DN_SNAPSHOTS; i++)
-        if (st->snap_len[i] == st->len) k = i;
-    if (!st->snap[k] && !(st->snap[k] = malloc(sizeof(float) * (size_t)d->state_floats))) return -1;
-    memcpy(st->snap[k], st->buf[st->live], sizeof(float) * (size_t)d->state_floats);
-    if (k == st->snap_oldest && st->snap_len[k] != st->len) st->snap_oldest = (k + 1) % SK_DN_SNAPSHOTS;
-    st->snap_len[k] = st->len;
-    return 0;
-}
-
-int64_t sk_dn_restorable(const sk_dn_ctx *d, int slot, int64_t n) {
-    const rs_state *st = &d->rs[slot];
-    if (n >= st->len) return st->len;
-    if (st->ckpt_len >= 0 && n >= st->ckpt_len) return n;
-    int64_t best = 0;
-    for (int i = 0; i < SK_DN_SNAPSHOTS; i++)
-        if (st->snap_len[i] <= n && st->snap_len[i] > best) best = st->snap_len[i];
-    return best;
-}
-
-typedef struct {
-    sk_dn_ctx *d;
-    const sk_kernels *kern;
-    sk_pool *pool;
-    const float *log, *src;
-    float *dst;
-    int64_t n;
-} replay_job;
-
-/* Rows [0, n) of the log through conv and rule, block by block: the forward's operations without its outputs. */
-static void replay(void *arg, int ith, int nth) {
-    const replay_job *rj = arg;
-    sk_dn_ctx *d = rj->d;
-    const int64_t cd = d->conv_dim, ld = d->n_rec * d->log_floats;
-    for (int j = 0; j < d->n_rec; j++) {
-        const sk_dn *b = d->rec[j];
-        const float *rows = rj->log + j * d->log_floats;
-        const int64_t s_off = (int64_t)j * d->block_floats, c_off = s_off + d->s_floats;
-        int64_t a, z;
-        split(rj->n, ith, nth, &a, &z);
-        for (int64_t i = a; i < z; i++) conv_row(d, b, rj->src + c_off, rows, ld, i, d->cv + i * cd);
-        sk_pool_barrier(rj->pool);
-        split(d->n_v, ith, nth, &a, &z);
-        for (int h = (int)a; h < z; h++) {
-            const int64_t hs = (int64_t)h * d->hv * d->hk;
-            rule(d, h, rj->src + s_off + hs, rj->dst + s_off + hs, d->cv, cd, rows + cd, ld, rj->n, NULL, 0);
-        }
-        if (ith == nth - 1) conv_advance(d, rj->src + c_off, rj->dst + c_off, rows, ld, rj->n);
-        sk_pool_barrier(rj->pool); /* the next block's conv reuses cv */
-    }
-}
-
-int sk_dn_truncate(sk_dn_ctx *d, const sk_kernels *kern, sk_pool *pool, int slot, int64_t n) {
-    rs_state *st = &d->rs[slot];
-    if (n >= st->len) return 0;
-    if (n < 0) return -2;
-    if (st->ckpt_len >= 0 && n >= st->ckpt_len) {
-        if (n > st->ckpt_len) {
-            if (reserve(d, n - st->ckpt_len, 0) != 0) return -1;
-            replay_job rj = {d, kern, pool, st->log, st->buf[st->ckpt_buf], st->buf[1 - st->ckpt_buf], n - st->ckpt_len};
-            sk_pool_run(pool, replay, &rj);
-        }
-        st->live = n > st->ckpt_len ? 1 - st->ckpt_buf : st->ckpt_buf;
-        st->len = n;
-        return 0;
-    }
-    int k = -1;
-    for (int i = 0; i < SK_DN_SNAPSHOTS; i++)
-        if (st->snap_len[i] == n && n > 0) k = i;
-    if (n != 0 && k < 0) return -2;
-    st->ckpt_len = -1; /* it lies beyond n */
-    if (k >= 0) memcpy(st->buf[st->live], st->snap[k], sizeof(float) * (size_t)d->state_floats);
-    else memset(st->buf[st->live], 0, sizeof(float) * (size_t)d->state_floats);
-    st->len = n;
-    return 0;
-}
-
-int64_t sk_dn_read_state(const sk_dn_ctx *d, int slot, int layer, float *out, int64_t cap) {
-    if (slot < 0 || slot >= d->n_seq_max || layer < 0 || layer >= d->n_layer || d->rec_index[layer] < 0 ||
-        !d->rs[slot].buf[0] || cap < d->block_floats)
-        return -1;
-    const rs_state *st = &d->rs[slot];
-    memcpy(out, st->buf[st->live] + (int64_t)d->rec_index[layer] * d->block_floats,
-           sizeof(float) * (size_t)d->block_floats);
-    return d->block_floats;
 }

@@ -5,20 +5,23 @@
  * those matmuls and ssm_out); this file runs what lies between them:
  *   conv:  a depthwise causal conv1d of width K over the qkv channels (its state: the sequence's last
  *          K - 1 qkv rows), SiLU, q and k L2-normalised per head, q scaled by 1/sqrt(head_k_dim);
- *          g = softplus(alpha + dt_bias) * a and beta = sigmoid(beta) per v head;
- *   rule:  per (sequence, v head), token by token: S = S * exp(g); d = (v - S k) beta; S += d k^T;
+ *          decay = exp(softplus(alpha + dt_bias) * a) and beta = sigmoid(beta) per v head;
+ *   rule:  per (sequence, v head), token by token: S = S * decay; d = (v - S k) beta; S += d k^T;
  *          o = S q; then o is RMS-normed per head and multiplied by silu(z). V head h reads q and k
  *          head h % n_k_heads (the GGUF's V heads are in tiled order).
- * Every value is computed by one fixed sequence of operations per (sequence, head) and row, so the
- * results depend neither on the batch, nor on the chunking, nor on the thread count (see sk.h).
+ * The conv, the L2 norms and the rule are the kernel table's (sk.h's dn_*, vectorised per instruction
+ * set). Every value is computed by one fixed sequence of operations per (sequence, head) and row, so
+ * the results depend neither on the batch, nor on the chunking, nor on the thread count (see sk.h).
  *
  * The state of one sequence (one slot): per recurrent block, S [n_v_heads][head_v_dim][head_k_dim]
  * and the conv rows [K - 1][conv_dim], float32, in two buffers. A checkpoint costs nothing: it names
  * the live buffer, and the next forward writes its state into the other one. Rows forwarded after a
- * checkpoint are logged (their qkv row, g and beta, at most SK_DN_LOG_ROWS of them), so a truncate to
- * any length from the checkpoint on replays the logged rows from the checkpoint's buffer through conv
- * and rule only: the same operations as the forward, hence bitwise the same state. Snapshots are full
- * copies (prompt caching), two per sequence at most.
+ * checkpoint are logged (their qkv row, beta and decay, at most SK_DN_LOG_ROWS of them), so a truncate to
+ * any length from the checkpoint on is the checkpoint's buffer plus logged rows to replay through conv
+ * and rule only: the same operations as the forward, hence bitwise the same state. The replay waits
+ * for the next forward, which runs those rows per head just before the new ones, while the head's state
+ * is in cache: a rejected draft costs no pass over the state of its own (sk_dn_internal.h). Snapshots
+ * are full copies (prompt caching), two per sequence at most.
  */
 #ifndef SK_DELTANET_H
 #define SK_DELTANET_H
@@ -62,20 +65,26 @@ sk_dn_io sk_dn_buffers(const sk_dn_ctx *d);
 /* After the forward (one thread): the states written become the live ones. */
 void sk_dn_commit(sk_dn_ctx *d);
 
-/* Block `layer` of a forward, between its input matmuls and ssm_out, called by every thread: conv of
- * rows [r0, r1) (this thread's share), a barrier, then the rule of this thread's (run, head) items. */
-void sk_dn_block(sk_dn_ctx *d, const sk_kernels *kern, sk_pool *pool, int layer, int64_t r0, int64_t r1, int ith,
-                 int nth);
+/* Block `layer` of a forward, between its input matmuls and ssm_out, in three steps that every thread
+ * calls, with a barrier after the first: conv and gates of rows [r0, r1) (this thread's share) and of
+ * this thread's share of the pending rows (see the contract below), then
+ * the rule of this thread's (run, head) items (pending rows first), then the gated norm of the same items. */
+void sk_dn_conv(sk_dn_ctx *d, const sk_kernels *kern, int layer, int64_t r0, int64_t r1, int ith, int nth);
+void sk_dn_rule(sk_dn_ctx *d, const sk_kernels *kern, int layer, int ith, int nth);
+void sk_dn_gate_norm(sk_dn_ctx *d, const sk_kernels *kern, int layer, int ith, int nth);
 
-/* The recurrent-state contract (core/backend.py), per slot; checkpoint and snapshot: 0, or -1 out of memory. */
+/* The recurrent-state contract (core/backend.py), per slot (sk_dn_state.c); checkpoint and snapshot: 0, or
+ * -1 out of memory. A truncate back into the rows after the checkpoint runs nothing: those rows become
+ * pending, and the next forward runs them first (a snapshot or a read of the state runs them at once,
+ * on the pool's threads). */
 int sk_dn_checkpoint(sk_dn_ctx *d, int slot);
-int sk_dn_snapshot(sk_dn_ctx *d, int slot);
+int sk_dn_snapshot(sk_dn_ctx *d, const sk_kernels *kern, sk_pool *pool, int slot);
 int64_t sk_dn_restorable(const sk_dn_ctx *d, int slot, int64_t n);
 int64_t sk_dn_length(const sk_dn_ctx *d, int slot);
-/* Bring the state back to length n (on the pool's threads when rows are replayed): 0, -1 out of
- * memory, -2 n is not restorable. */
-int sk_dn_truncate(sk_dn_ctx *d, const sk_kernels *kern, sk_pool *pool, int slot, int64_t n);
-/* Copy of one block's (S, conv rows) of a slot's live state, for tests: floats written, or -1. */
-int64_t sk_dn_read_state(const sk_dn_ctx *d, int slot, int layer, float *out, int64_t cap);
+/* Bring the state back to length n: 0, or -2 n is not restorable. */
+int sk_dn_truncate(sk_dn_ctx *d, int slot, int64_t n);
+/* Copy of one block's (S, conv rows) of a slot's state, for tests: floats written, or -1. */
+int64_t sk_dn_read_state(sk_dn_ctx *d, const sk_kernels *kern, sk_pool *pool, int slot, int layer, float *out,
+                         int64_t cap);
 
 #endif

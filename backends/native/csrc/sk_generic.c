@@ -290,6 +290,46 @@ static void silu_mul(const float *g, const float *u, int64_t n, float *y) {
     for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+/* ---- gated delta-net (see sk.h) --------------------------------------------------------------- */
+
+/* A sum of products in a fixed order: 8 running sums, then a fixed tree. */
+static float dot8(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int u = 0; u < 8; u++) acc[u] += a[j + u] * b[j + u];
+    for (int u = 0; j + u < n; u++) acc[u] += a[j + u] * b[j + u];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+static void dn_conv(const float *const *x, const float *w, int K, int64_t n, float *out) {
+    for (int64_t c = 0; c < n; c++) out[c] = x[0][c] * w[c];
+    for (int t = 1; t < K; t++)
+        for (int64_t c = 0; c < n; c++) out[c] += x[t][c] * w[t * n + c];
+    for (int64_t c = 0; c < n; c++) out[c] = out[c] / (1.0f + expf(-out[c]));
+}
+
+static void dn_l2norm(float *x, int64_t n, float eps, float scale) {
+    const float f = scale / sqrtf(dot8(x, x, n) + eps);
+    for (int64_t j = 0; j < n; j++) x[j] *= f;
+}
+
+static void dn_rule(const float *src, float *dst, int hk, int hv, int64_t n, const float *q, const float *k,
+                    int64_t ld_qk, const float *v, int64_t ld_v, const float *beta, const float *decay, int64_t ld_bg,
+                    float *o, int64_t ld_o) {
+    for (int i = 0; i < hv; i++) {
+        float *row = dst + (int64_t)i * hk;
+        if (src != dst) memcpy(row, src + (int64_t)i * hk, sizeof(float) * (size_t)hk);
+        for (int64_t t = 0; t < n; t++) {
+            const float *kt = k + t * ld_qk, dc = decay[t * ld_bg];
+            for (int j = 0; j < hk; j++) row[j] *= dc;
+            const float delta = (v[t * ld_v + i] - dot8(row, kt, hk)) * beta[t * ld_bg];
+            for (int j = 0; j < hk; j++) row[j] += kt[j] * delta;
+            if (o) o[t * ld_o + i] = dot8(row, q + t * ld_qk, hk);
+        }
+    }
+}
+
 const sk_kernels sk_generic_kernels = {
     .name = "generic",
     .quantize_rows = quantize_rows,
@@ -302,4 +342,7 @@ const sk_kernels sk_generic_kernels = {
     .attend_part = attend_part,
     .rms_norm = rms_norm,
     .silu_mul = silu_mul,
+    .dn_conv = dn_conv,
+    .dn_l2norm = dn_l2norm,
+    .dn_rule = dn_rule,
 };

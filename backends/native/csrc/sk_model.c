@@ -116,8 +116,12 @@ typedef struct {
 /* Phase timing of thread 0 (SPEKULA_NATIVE_PROFILE=1): where a forward's time goes, for tuning. Thread 0's
  * waits at the barriers are a phase of their own ("wait"), so that one thread's share of a phase running
  * long shows as imbalance instead of being booked to whichever phase comes next. */
-enum { PH_EMBED, PH_NORM, PH_QKV, PH_ROPE, PH_ATTN, PH_OPROJ, PH_FFN_UP, PH_FFN_DOWN, PH_MOE, PH_HEAD, PH_WAIT, PH_N };
+enum {
+    PH_EMBED, PH_NORM, PH_QKV, PH_ROPE, PH_ATTN, PH_OPROJ, PH_DN_IN, PH_DN_CONV, PH_DN_RULE, PH_DN_NORM, PH_DN_OUT,
+    PH_FFN_UP, PH_FFN_DOWN, PH_MOE, PH_HEAD, PH_WAIT, PH_N
+};
 static const char *const phase_names[PH_N] = {"embed", "norm+quant", "qkv", "rope+kv", "attention", "o-proj",
+                                              "dn-in-proj", "dn-conv+gates", "dn-rule", "dn-gated-norm", "dn-out-proj",
                                               "gate+up", "down", "moe", "head", "wait"};
 static double phase_seconds[PH_N];
 static double waited; /* thread 0's barrier waits since its last phase() */
@@ -699,10 +703,15 @@ static void delta_net_block(sk_ctx *c, const sk_layer *L, int l, int64_t m, int6
     phase(ith, PH_NORM, &t);
     gemm_parts(c, in, 4, c->h, E, m, ith, nth);
     barrier(c->pool, ith);
-    phase(ith, PH_QKV, &t);
-    sk_dn_block(c->dn, c->kern, c->pool, l, r0, r1, ith, nth);
+    phase(ith, PH_DN_IN, &t);
+    sk_dn_conv(c->dn, c->kern, l, r0, r1, ith, nth);
     barrier(c->pool, ith);
-    phase(ith, PH_ATTN, &t);
+    phase(ith, PH_DN_CONV, &t);
+    sk_dn_rule(c->dn, c->kern, l, ith, nth);
+    phase(ith, PH_DN_RULE, &t);
+    sk_dn_gate_norm(c->dn, c->kern, l, ith, nth);
+    barrier(c->pool, ith);
+    phase(ith, PH_DN_NORM, &t);
     part o = {&L->dn.out, c->x, E, 1};
     const int64_t vd = L->dn.out.n_cols;
     if (any_quant(&o, 1)) quantize(c, io.o, io.ld_o, vd, r0, r1);
@@ -710,7 +719,7 @@ static void delta_net_block(sk_ctx *c, const sk_layer *L, int l, int64_t m, int6
     phase(ith, PH_NORM, &t);
     gemm_parts(c, &o, 1, io.o, io.ld_o, m, ith, nth);
     barrier(c->pool, ith);
-    phase(ith, PH_OPROJ, &t);
+    phase(ith, PH_DN_OUT, &t);
     *tp = t;
 }
 
@@ -835,21 +844,21 @@ static int has_state(const sk_ctx *c, int slot) {
 
 SK_API int sk_rs_checkpoint(sk_ctx *c, int slot) { return has_state(c, slot) ? sk_dn_checkpoint(c->dn, slot) : -2; }
 
-SK_API int sk_rs_snapshot(sk_ctx *c, int slot) { return has_state(c, slot) ? sk_dn_snapshot(c->dn, slot) : -2; }
+SK_API int sk_rs_snapshot(sk_ctx *c, int slot) { return has_state(c, slot) ? sk_dn_snapshot(c->dn, c->kern, c->pool, slot) : -2; }
 
 SK_API int64_t sk_rs_restorable(const sk_ctx *c, int slot, int64_t n) {
     return has_state(c, slot) ? sk_dn_restorable(c->dn, slot, n) : -2;
 }
 
 SK_API int sk_rs_truncate(sk_ctx *c, int slot, int64_t n) {
-    return has_state(c, slot) ? sk_dn_truncate(c->dn, c->kern, c->pool, slot, n) : -2;
+    return has_state(c, slot) ? sk_dn_truncate(c->dn, slot, n) : -2;
 }
 
 SK_API int64_t sk_rs_length(const sk_ctx *c, int slot) { return has_state(c, slot) ? sk_dn_length(c->dn, slot) : -2; }
 
 /* Block `layer`'s live state of a slot ([S | conv rows]) into out[cap], for tests: floats written or -1. */
-SK_API int64_t sk_rs_read(const sk_ctx *c, int slot, int layer, float *out, int64_t cap) {
-    return has_state(c, slot) ? sk_dn_read_state(c->dn, slot, layer, out, cap) : -1;
+SK_API int64_t sk_rs_read(sk_ctx *c, int slot, int layer, float *out, int64_t cap) {
+    return has_state(c, slot) ? sk_dn_read_state(c->dn, c->kern, c->pool, slot, layer, out, cap) : -1;
 }
 
 typedef struct {
