@@ -182,3 +182,17 @@ def test_drafts_made_in_the_engine_equal_a_from_scratch_reference(models: dict[s
         assert_logits_close(probed, logits.numpy())
         checked += agree_unless_near_tie(tokens, [logits[j].numpy() for j in range(1, len(tokens) + 1)])
     assert len(log) > 10 and checked > 2 * len(log)
+
+
+@pytest.mark.parametrize("backend", ["torch", "native"])
+def test_random_draft_is_lossless_on_a_hybrid_target(tmp_path: Path, backend: str) -> None:
+    """DFlash over a Qwen3.5 target: context features from delta-net and attention blocks, and the
+    target's recurrent state rolled back under its block drafts."""
+    from spekula.fixtures.tiny_qwen35 import tiny_qwen35_gguf_path, tiny_qwen35_hf_path
+
+    draft = tmp_path / "df.gguf"
+    convert(tiny_hf.write_dflash(tmp_path / "df-hf", layer_ids=(0, 3), block_size=4), draft, outtype="f32",
+            target_dir=tiny_qwen35_hf_path())
+    outs, refs, st = engine_vs_plain(tiny_qwen35_gguf_path(), draft, DFlashDrafter.create, SPEC, backend=backend)
+    assert outs == refs
+    assert st["gen_drafts"] > 0

@@ -242,3 +242,18 @@ def test_drafts_made_in_the_engine_equal_a_from_scratch_reference(models: dict[s
         assert_logits_close(step0, rows[0])
         checked += agree_unless_near_tie(tokens, rows)
     assert len(log) > 10 and checked > 2 * len(log)
+
+
+@pytest.mark.parametrize("backend", ["torch", "native"])
+@pytest.mark.parametrize("moe", [False, True])
+def test_random_draft_is_lossless_on_a_hybrid_target(tmp_path: Path, backend: str, moe: bool) -> None:
+    """EAGLE-3 over a Qwen3.5 target: the captured layer inputs of delta-net and attention blocks feed the
+    head, and the target's recurrent state rolls back under its drafts."""
+    from spekula.fixtures.tiny_qwen35 import tiny_qwen35_gguf_path, tiny_qwen35_hf_path
+
+    draft = tmp_path / "e3.gguf"
+    convert(tiny_hf.write_eagle3(tmp_path / "e3-hf", layer_ids=(0, 1, 3)), draft, outtype="f32",
+            target_dir=tiny_qwen35_hf_path(moe=moe))
+    outs, refs, st = engine_vs_plain(tiny_qwen35_gguf_path(moe=moe), draft, Eagle3Drafter.create, SPEC, backend=backend)
+    assert outs == refs
+    assert st["gen_drafts"] > 0
