@@ -18,11 +18,10 @@ import statistics
 import sys
 from pathlib import Path
 
-import anyio
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from llama_server import LlamaServer, find_llama_server  # noqa: E402
+from spec import run_alone  # noqa: E402
 
 from spekula.core.backend import BackendOptions, load_backend  # noqa: E402
 from spekula.core.engine.engine import Engine, EngineConfig  # noqa: E402
@@ -41,18 +40,7 @@ def spekula_run(path: str, n_predict: int, spec: SpecParams | None) -> tuple[lis
     engine = Engine(backend, tok, EngineConfig(n_slots=1, n_ctx=N_CTX, n_batch=256, spec=spec or SpecParams()),
                     backend_name="native")  # the heads run on the native kernels beside a native target
     req = CompletionRequest(PROMPT, n_predict=n_predict, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
-
-    async def go() -> object:
-        async with anyio.create_task_group() as tg:
-            await tg.start(engine.run)
-            final = await engine.submit(req).result()
-            tg.cancel_scope.cancel()
-        return final
-
-    try:
-        final = anyio.run(go)
-    finally:
-        engine.close()
+    final = run_alone(engine, req)
     t = final.timings  # type: ignore[attr-defined]
     stats = engine.request_stats[final.request_id]["spec"]  # type: ignore[attr-defined]
     return (list(final.tokens), t["predicted_per_second"], t.get("draft_n", 0),  # type: ignore[attr-defined]

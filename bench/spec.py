@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import anyio
 import numpy as np
@@ -94,12 +94,8 @@ def forward_costs(backend: Backend, prompt: list[int], rows: list[int], reps: in
     return {n: statistics.median(v) for n, v in times.items()}
 
 
-def decode_rate(backend: Backend, tok: Tokenizer, prompt: list[int], n_predict: int, spec: SpecParams,
-                drafters: list[object]) -> tuple[float, float]:
-    """One request on a fresh engine: its decode tokens/s and mean acceptance length."""
-    engine = Engine(backend, tok, EngineConfig(n_slots=1, n_ctx=backend.n_ctx, n_batch=512, spec=spec),
-                    drafters=drafters)
-    req = CompletionRequest(prompt, n_predict=n_predict, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
+def run_alone(engine: Engine, req: CompletionRequest) -> Any:
+    """`req` alone on `engine` (started here, closed after): its final event."""
 
     async def go() -> object:
         async with anyio.create_task_group() as tg:
@@ -109,9 +105,18 @@ def decode_rate(backend: Backend, tok: Tokenizer, prompt: list[int], n_predict: 
         return final
 
     try:
-        final = anyio.run(go)
+        return anyio.run(go)
     finally:
         engine.close()
+
+
+def decode_rate(backend: Backend, tok: Tokenizer, prompt: list[int], n_predict: int, spec: SpecParams,
+                drafters: list[object]) -> tuple[float, float]:
+    """One request on a fresh engine: its decode tokens/s and mean acceptance length."""
+    engine = Engine(backend, tok, EngineConfig(n_slots=1, n_ctx=backend.n_ctx, n_batch=512, spec=spec),
+                    drafters=drafters)
+    req = CompletionRequest(prompt, n_predict=n_predict, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
+    final = run_alone(engine, req)
     if final.error:  # type: ignore[attr-defined]
         raise SystemExit(f"bench: {final.error}")  # type: ignore[attr-defined]
     stats = engine.request_stats[final.request_id]["spec"]  # type: ignore[attr-defined]
