@@ -10,29 +10,19 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from byte_vocab import BYTE_CHAR, byte_level_vocab
 
 from spekula.core.errors import ModelFileError
-from spekula.core.modelfile.tokenizer import CONTROL, NORMAL, Tokenizer, bytes_to_unicode
+from spekula.core.modelfile.tokenizer import Tokenizer
 
-_BYTE_CHAR = bytes_to_unicode()
 # ids: 0 a control token, 1..256 the byte symbols, then one token per merge (257..265), then "World" (266)
 _MERGES = (("o", "W"), ("c", "D"), ("e", "'"), ("e'", "s"), ("1", "2"), ("12", "3"), ("123", "4"),
-           (_BYTE_CHAR[32], "/"), ("Ã", "©"))
+           (BYTE_CHAR[32], "/"), ("Ã", "©"))
 _WHOLE_WORDS = ("World",)
 
 
 def _case_vocab(pre: str) -> dict[str, Any]:
-    tokens = ["<|endoftext|>", *(_BYTE_CHAR[b] for b in range(256)), *(a + b for a, b in _MERGES), *_WHOLE_WORDS]
-    return {
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": pre,
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": [CONTROL] + [NORMAL] * (len(tokens) - 1),
-        "tokenizer.ggml.merges": [f"{a} {b}" for a, b in _MERGES],
-        "tokenizer.ggml.bos_token_id": 0,
-        "tokenizer.ggml.eos_token_id": 0,
-        "tokenizer.ggml.add_bos_token": False,
-    }
+    return byte_level_vocab(pre, _MERGES, _WHOLE_WORDS, add_bos_token=False)
 
 
 # text -> llama-tokenize's ids under gpt-4o, tekken, and qwen2 (a pre-tokenizer without case splits)

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from byte_vocab import byte_level, byte_level_vocab
 from llamacpp_sdist import ROOT, sdist_path
 
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
-from spekula.core.modelfile.tokenizer import CONTROL, NORMAL, Tokenizer, bytes_to_unicode
+from spekula.core.modelfile.tokenizer import Tokenizer
 
 SUPPORTED = ("command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2", "llama-bpe", "llama-spm",
              "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder")
@@ -91,30 +92,14 @@ def test_read_vectors_follows_llamacpp() -> None:
 
 # ---- letter + combining-mark runs (qwen35) -------------------------------------------------------
 
-_BYTE_CHAR = bytes_to_unicode()
-
-
-def _byte_level(text: str) -> str:
-    return "".join(_BYTE_CHAR[b] for b in text.encode("utf-8"))
-
-
-_ACUTE = _byte_level("\u0301")  # COMBINING ACUTE ACCENT, a \p{Mn}: two byte symbols
+_ACUTE = byte_level("\u0301")  # COMBINING ACUTE ACCENT, a \p{Mn}: two byte symbols
 # ids: 0 a control token, 1..256 the byte symbols, then one token per merge in this order (257..262)
 _MERGES = ((_ACUTE[0], _ACUTE[1]), ("e", _ACUTE), ("c", "a"), ("ca", "f"), ("caf", "e" + _ACUTE),
-           (_byte_level(" "), "ca"))
+           (byte_level(" "), "ca"))
 
 
 def _mark_vocab(pre: str) -> dict[str, Any]:
-    tokens = ["<|endoftext|>", *(_BYTE_CHAR[b] for b in range(256)), *(a + b for a, b in _MERGES)]
-    return {
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": pre,
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": [CONTROL] + [NORMAL] * (len(tokens) - 1),
-        "tokenizer.ggml.merges": [f"{a} {b}" for a, b in _MERGES],
-        "tokenizer.ggml.bos_token_id": 0,
-        "tokenizer.ggml.eos_token_id": 0,
-    }
+    return byte_level_vocab(pre, _MERGES)
 
 
 # What llama.cpp's llama-tokenize (build 11434) gives for this vocabulary under each pre-tokenizer.
