@@ -545,6 +545,19 @@ static int any_quant(const part *parts, int np) {
     return 0;
 }
 
+/* One projection step of a block: rows r0..r1 of x (k wide, ldx apart) quantized when a part needs int8
+ * activations, then every part's matmul over all m rows; the time before the matmul counts as PH_NORM,
+ * the matmul's as `ph`. Every thread calls it (it holds two barriers). */
+static void project(sk_ctx *c, const part *parts, int np, const float *x, int64_t ldx, int64_t k, int64_t m,
+                    int64_t r0, int64_t r1, int ith, int nth, int ph, double *t) {
+    if (any_quant(parts, np)) quantize(c, x, ldx, k, r0, r1);
+    barrier(c->pool, ith);
+    phase(ith, PH_NORM, t);
+    gemm_parts(c, parts, np, x, ldx, m, ith, nth);
+    barrier(c->pool, ith);
+    phase(ith, ph, t);
+}
+
 /* Row r's [cos | sin] table at position p. */
 static void rope_angles(sk_ctx *c, int64_t p, int64_t r) {
     const sk_config *g = &c->cfg;
@@ -664,12 +677,7 @@ static void attention_block(sk_ctx *c, const sk_batch *b, const sk_layer *L, int
     const int64_t in_w = g->wide_input && l == 0 ? 2 * E : E; /* a wide input is already in h */
     if (in_w == E)
         for (int64_t r = r0; r < r1; r++) c->kern->rms_norm(c->x + r * E, L->attn_norm, E, g->rms_eps, c->h + r * E);
-    if (any_quant(qkv, nq)) quantize(c, c->h, in_w, in_w, r0, r1);
-    barrier(c->pool, ith);
-    phase(ith, PH_NORM, &t);
-    gemm_parts(c, qkv, nq, c->h, in_w, m, ith, nth);
-    barrier(c->pool, ith);
-    phase(ith, PH_QKV, &t);
+    project(c, qkv, nq, c->h, in_w, in_w, m, r0, r1, ith, nth, PH_QKV, &t);
     qkv_post(c, b, l, 0, r0, r1);
     barrier(c->pool, ith);
     phase(ith, PH_ROPE, &t);
@@ -679,12 +687,7 @@ static void attention_block(sk_ctx *c, const sk_batch *b, const sk_layer *L, int
     barrier(c->pool, ith);
     phase(ith, PH_ATTN, &t);
     part o = {&L->wo, c->x, E, 1};
-    if (any_quant(&o, 1)) quantize(c, c->att, qd, qd, r0, r1);
-    barrier(c->pool, ith);
-    phase(ith, PH_NORM, &t);
-    gemm_parts(c, &o, 1, c->att, qd, m, ith, nth);
-    barrier(c->pool, ith);
-    phase(ith, PH_OPROJ, &t);
+    project(c, &o, 1, c->att, qd, qd, m, r0, r1, ith, nth, PH_OPROJ, &t);
     *tp = t;
 }
 
@@ -698,12 +701,7 @@ static void delta_net_block(sk_ctx *c, const sk_layer *L, int l, int64_t m, int6
     part in[4] = {{&L->dn.qkv, io.qkv, io.ld_qkv, 0}, {&L->dn.z, io.z, io.ld_z, 0},
                   {&L->dn.beta, io.ba, io.ld_ba, 0}, {&L->dn.alpha, io.ba + L->dn.n_v_heads, io.ld_ba, 0}};
     for (int64_t r = r0; r < r1; r++) c->kern->rms_norm(c->x + r * E, L->attn_norm, E, g->rms_eps, c->h + r * E);
-    if (any_quant(in, 4)) quantize(c, c->h, E, E, r0, r1);
-    barrier(c->pool, ith);
-    phase(ith, PH_NORM, &t);
-    gemm_parts(c, in, 4, c->h, E, m, ith, nth);
-    barrier(c->pool, ith);
-    phase(ith, PH_DN_IN, &t);
+    project(c, in, 4, c->h, E, E, m, r0, r1, ith, nth, PH_DN_IN, &t);
     sk_dn_conv(c->dn, c->kern, l, r0, r1, ith, nth);
     barrier(c->pool, ith);
     phase(ith, PH_DN_CONV, &t);
@@ -714,12 +712,7 @@ static void delta_net_block(sk_ctx *c, const sk_layer *L, int l, int64_t m, int6
     phase(ith, PH_DN_NORM, &t);
     part o = {&L->dn.out, c->x, E, 1};
     const int64_t vd = L->dn.out.n_cols;
-    if (any_quant(&o, 1)) quantize(c, io.o, io.ld_o, vd, r0, r1);
-    barrier(c->pool, ith);
-    phase(ith, PH_NORM, &t);
-    gemm_parts(c, &o, 1, io.o, io.ld_o, m, ith, nth);
-    barrier(c->pool, ith);
-    phase(ith, PH_DN_OUT, &t);
+    project(c, &o, 1, io.o, io.ld_o, vd, m, r0, r1, ith, nth, PH_DN_OUT, &t);
     *tp = t;
 }
 
@@ -772,20 +765,10 @@ static void forward_job(void *arg, int ith, int nth) {
             continue;
         }
         part gu[2] = {{&L->w_gate, c->gu, 2 * ff, 0}, {&L->w_up, c->gu + ff, 2 * ff, 0}};
-        if (any_quant(gu, 2)) quantize(c, c->h, E, E, r0, r1);
-        barrier(c->pool, ith);
-        phase(ith, PH_NORM, &t);
-        gemm_parts(c, gu, 2, c->h, E, m, ith, nth);
-        barrier(c->pool, ith);
-        phase(ith, PH_FFN_UP, &t);
+        project(c, gu, 2, c->h, E, E, m, r0, r1, ith, nth, PH_FFN_UP, &t);
         part dn = {&L->w_down, c->x, E, 1};
         for (int64_t r = r0; r < r1; r++) c->kern->silu_mul(c->gu + r * 2 * ff, c->gu + r * 2 * ff + ff, ff, c->h + r * ff);
-        if (any_quant(&dn, 1)) quantize(c, c->h, ff, ff, r0, r1);
-        barrier(c->pool, ith);
-        phase(ith, PH_NORM, &t);
-        gemm_parts(c, &dn, 1, c->h, ff, m, ith, nth);
-        barrier(c->pool, ith);
-        phase(ith, PH_FFN_DOWN, &t);
+        project(c, &dn, 1, c->h, ff, ff, m, r0, r1, ith, nth, PH_FFN_DOWN, &t);
     }
     if (b->capture && b->capture[g->n_layer])
         memcpy(b->capture[g->n_layer] + r0 * E, c->x + r0 * E, (size_t)((r1 - r0) * E) * 4);
