@@ -180,6 +180,8 @@ class NativeBackend(PooledSeqs, Backend):
                               f"positions' keys in its sliding-window blocks beyond what a rollback of "
                               f"{self.swa_row_cap} rows needs (it is at {seq.length}); 0 is the longest restorable "
                               "length below")
+        if self.sliding:
+            self._lib.sk_swa_truncate(self._ctx, seq.slot, n)
         if self.info.recurrent and n != seq.length:
             rc = self._lib.sk_rs_truncate(self._ctx, seq.slot, n)
             if rc == -1:

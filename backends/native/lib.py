@@ -168,6 +168,8 @@ def lib() -> ctypes.CDLL:
     so.sk_rs_truncate.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
     so.sk_swa_floor.restype = ctypes.c_int64
     so.sk_swa_floor.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    so.sk_swa_truncate.restype = None
+    so.sk_swa_truncate.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
     so.sk_rs_restorable.restype = ctypes.c_int64
     so.sk_rs_restorable.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
     so.sk_rs_length.restype = ctypes.c_int64

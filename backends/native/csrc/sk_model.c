@@ -892,6 +892,12 @@ SK_API int64_t sk_swa_floor(const sk_ctx *c, int slot) {
     return slot >= 0 && slot < c->cfg.n_seq_max ? c->swa_floor[slot] : -2;
 }
 
+/* A truncate to n: positions from n on are written again before anything reads them, so after going
+ * back below the floor (to 0, or when no window reaches under it) the rings hold everything from n on. */
+SK_API void sk_swa_truncate(sk_ctx *c, int slot, int64_t n) {
+    if (slot >= 0 && slot < c->cfg.n_seq_max && c->swa_floor[slot] > n) c->swa_floor[slot] = n;
+}
+
 /* 0 on success, -1 when scratch memory cannot be had, -2 for a bad batch (checked again here so a
  * caller's mistake cannot write out of bounds). */
 SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
