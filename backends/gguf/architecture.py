@@ -157,8 +157,9 @@ FEATURE_SLIDING_WINDOW = "sliding-window attention"
 FEATURE_POST_NORMS = "norms after the attention and FFN outputs"
 FEATURE_GEGLU = "GELU-gated FFN"
 FEATURE_EMBD_SCALE = "scaled token embeddings"
+FEATURE_FINAL_SOFTCAP = "final logit soft-capping"
 FEATURES = frozenset({FEATURE_DELTA_NET, FEATURE_ATTN_GATE, FEATURE_SHARED_GATE, FEATURE_SLIDING_WINDOW,
-                      FEATURE_POST_NORMS, FEATURE_GEGLU, FEATURE_EMBD_SCALE})
+                      FEATURE_POST_NORMS, FEATURE_GEGLU, FEATURE_EMBD_SCALE, FEATURE_FINAL_SOFTCAP})
 
 
 @dataclass(frozen=True)
@@ -300,6 +301,8 @@ def required_features(hp: ModelHParams) -> frozenset[str]:
         out.add(FEATURE_GEGLU)
     if hp.embd_scale != 1.0:
         out.add(FEATURE_EMBD_SCALE)
+    if hp.final_softcap:
+        out.add(FEATURE_FINAL_SOFTCAP)
     return frozenset(out)
 
 
@@ -312,8 +315,6 @@ def unsupported_options(hp: ModelHParams) -> list[str]:
         out.append("attention sinks")
     if hp.attn_softcap:
         out.append(f"attention logit soft-capping ({hp.attn_softcap})")
-    if hp.final_softcap:
-        out.append(f"final logit soft-capping ({hp.final_softcap})")
     if hp.moe is not None and (r.post_norms or r.activation != "swiglu"):
         out.append("post-norms or a GELU-gated FFN in mixture-of-experts blocks")
     if hp.sliding_window and (hp.delta_net is not None or hp.n_nextn):

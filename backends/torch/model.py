@@ -380,4 +380,6 @@ class TorchModel:
                 advance(dn, lw.mixer, self.hp.rms_eps, ssm[r], conv[r], rows[r], None)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        out = self.lm_head(hidden)
+        cap = self.hp.final_softcap
+        return cap * torch.tanh(out / cap) if cap else out  # row-wise: exact mode keeps its bits
