@@ -141,6 +141,24 @@ def test_rollback_in_a_wrapped_ring_is_exact_and_deeper_truncation_refused(gguf:
                           _all_rows(b, prompt[:40]))
 
 
+def test_snapshots_bring_back_a_window_the_ring_lost(gguf: Path, small_rings: int) -> None:
+    b = _backend("native", gguf, n_ctx=1024)
+    tokens = _tokens(900, seed=10)
+    want = _all_rows(b, tokens)
+    s = b.new_seq()
+    for n in (300, 400, 500):  # three snapshots: the oldest (300) is dropped
+        b.forward([SeqInput(s, tokens[n - 100 if n > 300 else 0 : n], n - 100 if n > 300 else 0, NONE)])
+        b.snapshot(s)
+    b.forward([SeqInput(s, tokens[500:850], 500, NONE)])  # the ring forgot everything before ~600
+    assert [b.restorable(s, n) for n in (350, 450, 590, 700, 850)] == [0, 400, 500, 700, 850]
+    b.truncate(s, 400)
+    got = b.forward([SeqInput(s, tokens[400:900], 400, np.arange(500))])[0].logits
+    assert np.array_equal(got, want[400:])
+    assert b.restorable(s, 600) == 400  # the snapshot at 500 was of the rows the truncate dropped: gone
+    b.truncate(s, 0)
+    assert b.restorable(s, 400) == 0
+
+
 def test_q8_0_file_on_the_native_kernels_is_close_to_torch() -> None:
     path = g3.tiny_gemma3_gguf_path(type_name="Q8_0")
     tokens = _tokens(50, seed=6)
