@@ -13,6 +13,8 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from toy_backend import make_engine, plain_decode, run_requests
 
 from spekula.backends.gguf.architecture import FEATURES, read_hparams
@@ -199,6 +201,27 @@ def test_speculation_is_lossless(gguf: Path, small_rings: int, types: tuple[str,
     for p, tokens in zip(prompts, got, strict=True):
         assert tokens == plain_decode(b, p, n_predict=40, sampling=sampling, seed=5, is_eog=lambda t: False,
                                       n_ctx=n_ctx, ignore_eos=True)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(segment=st.lists(st.integers(3, 299), min_size=2, max_size=10), repeats=st.integers(1, 45),
+       types=st.lists(st.sampled_from(("ngram-simple", "ngram-map-k", "suffix", "draft-simple")), min_size=1,
+                      max_size=3, unique=True),
+       temperature=st.sampled_from([0.0, 0.0, 0.8]), seed=st.integers(0, 2**31 - 1))
+def test_speculation_is_lossless_hypothesis(segment: list[int], repeats: int, types: list[str], temperature: float,
+                                            seed: int) -> None:
+    """Random prompts (up to ~450 tokens: past the 256-row rings of a 16-row cap) and drafter sets: the
+    engine's tokens are plain decoding's."""
+    gguf = g3.tiny_gemma3_gguf_path()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native_backend, "SWA_ROW_CAP", 16)
+        b = _backend("native", gguf, n_ctx=1024)
+        tok = Tokenizer.from_gguf(GGUFFile(gguf))
+        prompt = (segment * repeats)[:450]
+        sampling = SamplingParams(temperature=temperature, seed=seed)
+        (got,) = _engine_output(b, tok, gguf, tuple(types), [prompt], sampling, 1024)
+    assert got == plain_decode(b, prompt, n_predict=40, sampling=sampling, seed=seed, is_eog=lambda t: False,
+                               n_ctx=1024, ignore_eos=True)
 
 
 def _edited(src: Path, dst: Path, *, meta: dict[str, Any] | None = None, drop: tuple[str, ...] = ()) -> Path:
