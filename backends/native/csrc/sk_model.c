@@ -1,7 +1,7 @@
-/* The llama / qwen2 / qwen3 / qwen3moe / glm4moe / qwen35 / qwen35moe decoder forward pass over GGUF
- * blocks, on all threads of a pool (a MoE block's FFN is in sk_moe.c, the recurrence of a hybrid's
+/* The llama / qwen2 / qwen3 / qwen3moe / glm4moe / qwen35 / qwen35moe / gemma3 decoder forward pass over
+ * GGUF blocks, on all threads of a pool (a MoE block's FFN is in sk_moe.c, the recurrence of a hybrid's
  * gated delta-net blocks and their per-sequence state in sk_deltanet.c; only attention blocks keep
- * keys and values). A block with an attention output gate (Qwen3.5) reads [q | gate] per head from wq
+ * keys and values; a sliding-window block keeps them in a ring, its key spans and ring state in sk_swa.c). A block with an attention output gate (Qwen3.5) reads [q | gate] per head from wq
  * and multiplies each head's attention output by sigmoid(gate).
  *
  * A context runs the blocks its config lists. With an input projection (multi-token-prediction
@@ -117,12 +117,10 @@ struct sk_ctx {
     int64_t *kv_off, *kv_rows; /* [n_layer]: a KV block's offset in a slot's buffer and its rows (ring or n_ctx_pad) */
     int64_t kv_slot_elems;     /* uint16 values of one slot's buffer */
     int64_t *att_prefix_swa;   /* like att_prefix, for the sliding blocks' spans (NULL: none slide) */
-    int64_t *swa_floor;        /* [n_seq_max]: every position from here up to the length is in the rings */
     int64_t swa_ring;          /* rows of a sliding block's ring (0: no block slides) */
-    /* [n_seq_max][SK_SWA_SNAPS]: copies of the sliding blocks' windows at a length (data NULL: none), the
-     * newest with the highest stamp */
-    struct swa_snap { int64_t len, stamp; uint16_t *data; } *swa_snaps;
-    int64_t swa_stamp;
+    sk_swa *swa;               /* the sequences' ring floors and window snapshots (NULL: no block slides) */
+    uint16_t **swa_heads;      /* scratch [2 n_sliding_blocks n_head_kv]: a slot's rings (sk_swa.h) */
+    int n_swa_heads;
     float *rope_swa;           /* per row [cos | sin] of the sliding blocks' rope */
     atomic_int refs;     /* 1 for the creator, 1 per context made over this one */
 };
@@ -131,8 +129,6 @@ typedef struct {
     sk_ctx *c;
     const sk_batch *b;
 } job;
-
-SK_API void sk_swa_truncate(sk_ctx *c, int slot, int64_t n);
 
 /* Phase timing of thread 0 (SPEKULA_NATIVE_PROFILE=1): where a forward's time goes, for tuning. Thread 0's
  * waits at the barriers are a phase of their own ("wait"), so that one thread's share of a phase running
@@ -214,8 +210,6 @@ static void free_scratch(sk_ctx *c) {
     memset(&c->act, 0, sizeof c->act);
     c->cap_rows = 0;
 }
-
-#define SK_SWA_SNAPS 2 /* window snapshots kept per sequence (the oldest is dropped), as the recurrent state keeps */
 
 static int64_t n_chunks(int64_t n_keys) { return (n_keys + SK_ATTN_CHUNK - 1) / SK_ATTN_CHUNK; }
 
@@ -319,9 +313,8 @@ SK_API void sk_ctx_free(sk_ctx *c) {
     free(c->kv_off);
     free(c->kv_rows);
     free(c->att_prefix_swa);
-    free(c->swa_floor);
-    for (int64_t i = 0; c->swa_snaps && i < (int64_t)c->cfg.n_seq_max * SK_SWA_SNAPS; i++) free(c->swa_snaps[i].data);
-    free(c->swa_snaps);
+    sk_swa_free(c->swa);
+    free(c->swa_heads);
     free_scratch(c);
     free(c->layers);
     sk_ctx *base = c->base;
@@ -453,7 +446,10 @@ static int set_up_blocks(sk_ctx *c) {
         c->kv_layer[l] = c->n_kv_layers++;
         if (L->sliding && (g->swa_window <= 0 || g->swa_row_cap <= 0 || !g->rope_inv_freq_swa)) { free(dn); return -1; }
         c->kv_rows[l] = L->sliding ? sk_swa_ring_rows(c->n_ctx_pad, g->swa_window, g->swa_row_cap) : c->n_ctx_pad;
-        if (L->sliding) c->swa_ring = c->kv_rows[l];
+        if (L->sliding) {
+            c->swa_ring = c->kv_rows[l];
+            c->n_swa_heads += 2 * g->n_head_kv;
+        }
         c->kv_off[l] = c->kv_slot_elems;
         c->kv_slot_elems += 2 * (int64_t)g->n_head_kv * c->kv_rows[l] * g->head_dim;
         const int64_t w = q_width(g, L) + 2 * (int64_t)g->n_head_kv * g->head_dim;
@@ -491,13 +487,8 @@ static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int kernel_cap) {
     c->kv = calloc((size_t)cfg->n_seq_max, sizeof(uint16_t *));
     c->att_scratch = calloc((size_t)c->cfg.n_threads, sizeof(float *));
     c->n_ctx_pad = sk_round_up(cfg->n_ctx, SK_ATTN_CHUNK); /* whole chunks: a ring's pieces map to its rows */
-    c->swa_floor = calloc((size_t)cfg->n_seq_max, sizeof(int64_t));
-    c->swa_snaps = calloc((size_t)cfg->n_seq_max * SK_SWA_SNAPS, sizeof *c->swa_snaps);
     c->kv_head_elems = c->n_ctx_pad * cfg->head_dim;
-    if (!c->layers || !c->moe || !c->kv || !c->att_scratch || !c->swa_floor || !c->swa_snaps) {
-        sk_ctx_free(c);
-        return NULL;
-    }
+    if (!c->layers || !c->moe || !c->kv || !c->att_scratch) { sk_ctx_free(c); return NULL; }
     memcpy(c->layers, cfg->layers, sizeof(sk_layer) * (size_t)cfg->n_layer);
     c->cfg.layers = c->layers;
     for (int l = 0; l < cfg->n_layer; l++) {
@@ -506,6 +497,11 @@ static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int kernel_cap) {
         c->layers[l].moe = c->moe[l];
     }
     if (set_up_blocks(c) != 0) { sk_ctx_free(c); return NULL; }
+    if (c->swa_ring && (!(c->swa = sk_swa_new(cfg->n_seq_max, cfg->swa_window, c->swa_ring)) ||
+                        !(c->swa_heads = calloc((size_t)c->n_swa_heads, sizeof(uint16_t *))))) {
+        sk_ctx_free(c);
+        return NULL;
+    }
     for (int i = 0; i < c->cfg.n_threads; i++) {
         c->att_scratch[i] = xalloc((size_t)(cfg->n_head / cfg->n_head_kv) * SK_ATTN_CHUNK * 4);
         if (!c->att_scratch[i]) { sk_ctx_free(c); return NULL; }
@@ -536,7 +532,7 @@ SK_API int sk_kv_alloc(sk_ctx *c, int slot) {
     if (c->kv[slot]) return 0;
     size_t n = (size_t)c->kv_slot_elems;
     c->kv[slot] = calloc(n > 0 ? n : 1, sizeof(uint16_t));
-    c->swa_floor[slot] = 0;
+    if (c->swa) sk_swa_cut(c->swa, slot, 0);
     if (c->kv[slot] && c->dn && sk_dn_state_alloc(c->dn, slot) != 0) { free(c->kv[slot]); c->kv[slot] = NULL; }
     return c->kv[slot] ? 0 : -1;
 }
@@ -545,8 +541,7 @@ SK_API void sk_kv_release(sk_ctx *c, int slot) {
     if (slot < 0 || slot >= c->cfg.n_seq_max) return;
     free(c->kv[slot]);
     c->kv[slot] = NULL;
-    c->swa_floor[slot] = 0;
-    sk_swa_truncate(c, slot, 0);
+    if (c->swa) sk_swa_cut(c->swa, slot, 0);
     if (c->dn) sk_dn_state_free(c->dn, slot);
 }
 
@@ -884,94 +879,37 @@ static void forward_job(void *arg, int ith, int nth) {
     phase(ith, PH_HEAD, &t);
 }
 
-/* Sliding blocks: every run of one sequence's rows finds the keys its windows need in the rings (those
- * before the run from the sequence's floor on, and none overwritten by the run's own later rows). */
-static int swa_batch_fits(const sk_ctx *c, const sk_batch *b) {
-    for (int64_t r0 = 0, r1; r0 < b->n_rows; r0 = r1) {
-        for (r1 = r0 + 1; r1 < b->n_rows && b->seq[r1] == b->seq[r0]; r1++) {}
-        const int64_t lo = row_first_key(&c->cfg, b, r0, 1);
-        if ((lo < b->pos[r0] && lo < c->swa_floor[b->seq[r0]]) || lo < (int64_t)b->pos[r1 - 1] - c->swa_ring + 1) return 0;
-    }
-    return 1;
-}
+/* ---- the sliding blocks' rings of a sequence (sk_swa.h); -2 for a context without them or a bad slot --- */
 
-/* After the forward: positions the rings' new rows overwrote are gone from each sequence's floor. */
-static void swa_advance(sk_ctx *c, const sk_batch *b) {
-    for (int64_t r = 0; r < b->n_rows; r++) {
-        int64_t *floor = &c->swa_floor[b->seq[r]], gone = (int64_t)b->pos[r] - c->swa_ring + 1;
-        if (gone > *floor) *floor = gone;
-    }
-}
-
-/* The first position from which a sequence's rings hold every written position (-2: a bad slot). */
-SK_API int64_t sk_swa_floor(const sk_ctx *c, int slot) {
-    return slot >= 0 && slot < c->cfg.n_seq_max ? c->swa_floor[slot] : -2;
-}
-
-/* A truncate to n: positions from n on are written again before anything reads them, so after going
- * back below the floor (to 0, or when no window reaches under it) the rings hold everything from n on.
- * Snapshots of longer lengths are of what those positions held: dropped. */
-SK_API void sk_swa_truncate(sk_ctx *c, int slot, int64_t n) {
-    if (slot < 0 || slot >= c->cfg.n_seq_max) return;
-    if (c->swa_floor[slot] > n) c->swa_floor[slot] = n;
-    for (int i = 0; i < SK_SWA_SNAPS; i++) {
-        struct swa_snap *sn = &c->swa_snaps[slot * SK_SWA_SNAPS + i];
-        if (sn->data && sn->len > n) { free(sn->data); sn->data = NULL; }
-    }
-}
-
-/* The window before position n of every sliding block: [max(0, n - window + 1), n). */
-static int64_t snap_first(const sk_ctx *c, int64_t n) { return n - c->cfg.swa_window + 1 > 0 ? n - c->cfg.swa_window + 1 : 0; }
-
-/* Keep a copy of the sliding blocks' window at length n (the slot's current length; the rings hold it),
- * replacing the oldest of the slot's snapshots. 0, -1 out of memory, -2 nothing to keep. */
-SK_API int sk_swa_snapshot(sk_ctx *c, int slot, int64_t n) {
-    if (!c->swa_ring || slot < 0 || slot >= c->cfg.n_seq_max || !c->kv[slot] || snap_first(c, n) < c->swa_floor[slot])
-        return -2;
-    struct swa_snap *sn = &c->swa_snaps[slot * SK_SWA_SNAPS], *use = sn;
-    for (int i = 0; i < SK_SWA_SNAPS; i++) {
-        if (sn[i].data && sn[i].len == n) return 0;
-        if (!sn[i].data || (use->data && sn[i].stamp < use->stamp)) use = &sn[i];
-    }
-    const int hd = c->cfg.head_dim;
-    const int64_t lo = snap_first(c, n), per_head = 2 * (n - lo) * hd;
-    uint16_t *data = malloc(sizeof(uint16_t) * (size_t)(per_head * c->n_kv_layers * c->cfg.n_head_kv + 1));
-    if (!data) return -1;
-    uint16_t *dst = data;
+/* c->swa_heads filled with the slot's rings, in sk_swa.h's order; their count. */
+static int swa_heads(sk_ctx *c, int slot) {
+    int n = 0;
     for (int l = 0; l < c->cfg.n_layer; l++)
-        for (int h = 0; c->layers[l].sliding && c->kv_layer[l] >= 0 && h < c->cfg.n_head_kv; h++, dst += per_head)
-            sk_swa_copy_out(kcache(c, slot, l, h), vcache(c, slot, l, h), c->kv_rows[l], hd, lo, n, dst);
-    free(use->data);
-    *use = (struct swa_snap){n, ++c->swa_stamp, data};
-    return 0;
+        for (int h = 0; c->layers[l].sliding && h < c->cfg.n_head_kv; h++) {
+            c->swa_heads[n++] = kcache(c, slot, l, h);
+            c->swa_heads[n++] = vcache(c, slot, l, h);
+        }
+    return n;
 }
 
-/* The longest snapshot length <= n of a slot, or -1. */
+static int has_rings(const sk_ctx *c, int slot) { return c->swa && slot >= 0 && slot < c->cfg.n_seq_max && c->kv[slot]; }
+
+SK_API int64_t sk_swa_floor(const sk_ctx *c, int slot) { return has_rings(c, slot) ? sk_swa_floor_of(c->swa, slot) : -2; }
+
+SK_API void sk_swa_truncate(sk_ctx *c, int slot, int64_t n) {
+    if (has_rings(c, slot)) sk_swa_cut(c->swa, slot, n);
+}
+
+SK_API int sk_swa_snapshot(sk_ctx *c, int slot, int64_t n) {
+    return has_rings(c, slot) ? sk_swa_keep(c->swa, slot, n, c->swa_heads, swa_heads(c, slot), c->cfg.head_dim) : -2;
+}
+
 SK_API int64_t sk_swa_snapshot_at(const sk_ctx *c, int slot, int64_t n) {
-    int64_t best = -1;
-    for (int i = 0; slot >= 0 && slot < c->cfg.n_seq_max && i < SK_SWA_SNAPS; i++) {
-        const struct swa_snap *sn = &c->swa_snaps[slot * SK_SWA_SNAPS + i];
-        if (sn->data && sn->len <= n && sn->len > best) best = sn->len;
-    }
-    return best;
+    return has_rings(c, slot) ? sk_swa_kept_below(c->swa, slot, n) : -2;
 }
 
-/* Put the snapshot of length n back into the rings (the caller truncates the sequence to n): 0, -2 none. */
 SK_API int sk_swa_restore(sk_ctx *c, int slot, int64_t n) {
-    for (int i = 0; slot >= 0 && slot < c->cfg.n_seq_max && i < SK_SWA_SNAPS; i++) {
-        const struct swa_snap *sn = &c->swa_snaps[slot * SK_SWA_SNAPS + i];
-        if (!sn->data || sn->len != n) continue;
-        const int hd = c->cfg.head_dim;
-        const int64_t lo = snap_first(c, n), per_head = 2 * (n - lo) * hd;
-        const uint16_t *src = sn->data;
-        for (int l = 0; l < c->cfg.n_layer; l++)
-            for (int h = 0; c->layers[l].sliding && c->kv_layer[l] >= 0 && h < c->cfg.n_head_kv; h++, src += per_head)
-                sk_swa_copy_in(kcache(c, slot, l, h), vcache(c, slot, l, h), c->kv_rows[l], hd, lo, n, src);
-        sk_swa_truncate(c, slot, n);
-        c->swa_floor[slot] = lo; /* the window is back; what the ring held below it is not known to be */
-        return 0;
-    }
-    return -2;
+    return has_rings(c, slot) ? sk_swa_bring_back(c->swa, slot, n, c->swa_heads, swa_heads(c, slot), c->cfg.head_dim) : -2;
 }
 
 /* 0 on success, -1 when scratch memory cannot be had, -2 for a bad batch (checked again here so a
@@ -989,7 +927,7 @@ SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
         if (b->out_rows[i] < 0 || b->out_rows[i] >= b->n_rows) return -2;
     for (int64_t r = 0; b->key_end && r < b->n_rows; r++) /* a row sees at least itself, never past n_ctx */
         if (b->key_end[r] <= b->pos[r] || b->key_end[r] > g->n_ctx) return -2;
-    if (c->swa_ring && (b->key_end || !swa_batch_fits(c, b))) return -2;
+    if (c->swa && (b->key_end || !sk_swa_rows_fit(c->swa, b->n_rows, b->pos, b->seq))) return -2;
     if (ensure_scratch(c, b->n_rows) != 0 || plan_attention(c, b) != 0 ||
         sk_moe_reserve(&c->moe_scratch, c->moe, g->n_layer, g->n_embd, b->n_rows) != 0)
         return -1;
@@ -1005,7 +943,7 @@ SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
     job j = {c, b};
     sk_pool_run(c->pool, forward_job, &j);
     if (c->dn) sk_dn_commit(c->dn);
-    if (c->swa_ring) swa_advance(c, b);
+    if (c->swa) sk_swa_rows_written(c->swa, b->n_rows, b->pos, b->seq);
     return 0;
 }
 

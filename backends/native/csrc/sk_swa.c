@@ -2,6 +2,7 @@
 #include "sk_swa.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "sk.h"
 
@@ -43,7 +44,7 @@ static int64_t key_at(int64_t ring, int head_dim, int64_t t, int d) {
     return (r / SK_KEY_BLOCK) * head_dim * SK_KEY_BLOCK + (int64_t)d * SK_KEY_BLOCK + r % SK_KEY_BLOCK;
 }
 
-void sk_swa_copy_out(const uint16_t *k, const uint16_t *v, int64_t ring, int head_dim, int64_t lo, int64_t hi,
+static void copy_out(const uint16_t *k, const uint16_t *v, int64_t ring, int head_dim, int64_t lo, int64_t hi,
                      uint16_t *dst) {
     uint16_t *dv = dst + (hi - lo) * head_dim;
     for (int64_t t = lo; t < hi; t++)
@@ -53,13 +54,117 @@ void sk_swa_copy_out(const uint16_t *k, const uint16_t *v, int64_t ring, int hea
         }
 }
 
-void sk_swa_copy_in(uint16_t *k, uint16_t *v, int64_t ring, int head_dim, int64_t lo, int64_t hi, const uint16_t *src) {
+static void copy_in(uint16_t *k, uint16_t *v, int64_t ring, int head_dim, int64_t lo, int64_t hi, const uint16_t *src) {
     const uint16_t *sv = src + (hi - lo) * head_dim;
     for (int64_t t = lo; t < hi; t++)
         for (int d = 0; d < head_dim; d++) {
             k[key_at(ring, head_dim, t, d)] = src[(t - lo) * head_dim + d];
             v[(t % ring) * head_dim + d] = sv[(t - lo) * head_dim + d];
         }
+}
+
+#define SK_SWA_SNAPS 2 /* snapshots kept per sequence, as the recurrent state keeps */
+
+typedef struct {
+    int64_t len, stamp; /* the length whose window it holds; higher stamps are newer */
+    uint16_t *data;     /* NULL: none */
+} snap;
+
+struct sk_swa {
+    int n_seq_max;
+    int32_t window;
+    int64_t ring, stamp;
+    int64_t *floor; /* [n_seq_max] */
+    snap *snaps;    /* [n_seq_max][SK_SWA_SNAPS] */
+};
+
+sk_swa *sk_swa_new(int n_seq_max, int32_t window, int64_t ring) {
+    sk_swa *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    *s = (sk_swa){n_seq_max, window, ring, 0, calloc((size_t)n_seq_max, sizeof(int64_t)),
+                  calloc((size_t)n_seq_max * SK_SWA_SNAPS, sizeof(snap))};
+    if (!s->floor || !s->snaps) { sk_swa_free(s); return NULL; }
+    return s;
+}
+
+void sk_swa_free(sk_swa *s) {
+    if (!s) return;
+    for (int64_t i = 0; s->snaps && i < (int64_t)s->n_seq_max * SK_SWA_SNAPS; i++) free(s->snaps[i].data);
+    free(s->snaps);
+    free(s->floor);
+    free(s);
+}
+
+static int bad_slot(const sk_swa *s, int slot) { return slot < 0 || slot >= s->n_seq_max; }
+
+int64_t sk_swa_floor_of(const sk_swa *s, int slot) { return bad_slot(s, slot) ? -2 : s->floor[slot]; }
+
+/* The window before length n: positions [max(0, n - window + 1), n). */
+static int64_t window_start(const sk_swa *s, int64_t n) { return n - s->window + 1 > 0 ? n - s->window + 1 : 0; }
+
+int sk_swa_rows_fit(const sk_swa *s, int64_t n_rows, const int32_t *pos, const int32_t *seq) {
+    for (int64_t r0 = 0, r1; r0 < n_rows; r0 = r1) {
+        for (r1 = r0 + 1; r1 < n_rows && seq[r1] == seq[r0]; r1++) {}
+        const int64_t lo = window_start(s, pos[r0]);
+        /* keys before the run from the floor on; none the run's last row overwrites */
+        if ((lo < pos[r0] && lo < s->floor[seq[r0]]) || lo < (int64_t)pos[r1 - 1] - s->ring + 1) return 0;
+    }
+    return 1;
+}
+
+void sk_swa_rows_written(sk_swa *s, int64_t n_rows, const int32_t *pos, const int32_t *seq) {
+    for (int64_t r = 0; r < n_rows; r++) {
+        const int64_t gone = (int64_t)pos[r] - s->ring + 1;
+        if (gone > s->floor[seq[r]]) s->floor[seq[r]] = gone;
+    }
+}
+
+void sk_swa_cut(sk_swa *s, int slot, int64_t n) {
+    if (bad_slot(s, slot)) return;
+    if (s->floor[slot] > n) s->floor[slot] = n;
+    for (int i = 0; i < SK_SWA_SNAPS; i++) {
+        snap *sn = &s->snaps[slot * SK_SWA_SNAPS + i];
+        if (sn->data && sn->len > n) { free(sn->data); sn->data = NULL; }
+    }
+}
+
+int sk_swa_keep(sk_swa *s, int slot, int64_t n, uint16_t *const *heads, int n_heads, int head_dim) {
+    const int64_t lo = window_start(s, n);
+    if (bad_slot(s, slot) || lo < s->floor[slot]) return -2;
+    snap *sn = &s->snaps[slot * SK_SWA_SNAPS], *use = sn;
+    for (int i = 0; i < SK_SWA_SNAPS; i++) {
+        if (sn[i].data && sn[i].len == n) return 0;
+        if (!sn[i].data || (use->data && sn[i].stamp < use->stamp)) use = &sn[i];
+    }
+    const int64_t per_head = 2 * (n - lo) * head_dim;
+    uint16_t *data = malloc(sizeof(uint16_t) * (size_t)(per_head * n_heads / 2 + 1));
+    if (!data) return -1;
+    for (int h = 0; h + 1 < n_heads; h += 2) copy_out(heads[h], heads[h + 1], s->ring, head_dim, lo, n, data + h / 2 * per_head);
+    free(use->data);
+    *use = (snap){n, ++s->stamp, data};
+    return 0;
+}
+
+int64_t sk_swa_kept_below(const sk_swa *s, int slot, int64_t n) {
+    int64_t best = -1;
+    for (int i = 0; !bad_slot(s, slot) && i < SK_SWA_SNAPS; i++) {
+        const snap *sn = &s->snaps[slot * SK_SWA_SNAPS + i];
+        if (sn->data && sn->len <= n && sn->len > best) best = sn->len;
+    }
+    return best;
+}
+
+int sk_swa_bring_back(sk_swa *s, int slot, int64_t n, uint16_t *const *heads, int n_heads, int head_dim) {
+    for (int i = 0; !bad_slot(s, slot) && i < SK_SWA_SNAPS; i++) {
+        const snap *sn = &s->snaps[slot * SK_SWA_SNAPS + i];
+        if (!sn->data || sn->len != n) continue;
+        const int64_t lo = window_start(s, n), per_head = 2 * (n - lo) * head_dim;
+        for (int h = 0; h + 1 < n_heads; h += 2) copy_in(heads[h], heads[h + 1], s->ring, head_dim, lo, n, sn->data + h / 2 * per_head);
+        sk_swa_cut(s, slot, n);
+        s->floor[slot] = lo; /* the window is back; what the ring held below it is not known to be */
+        return 0;
+    }
+    return -2;
 }
 
 /* tanh-approximated GELU as llama.cpp's graph and transformers' gelu_pytorch_tanh compute it, in float

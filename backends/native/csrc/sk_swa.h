@@ -23,12 +23,27 @@ int64_t sk_swa_ring_rows(int64_t n_ctx_pad, int32_t window, int32_t row_cap);
 int64_t sk_span_pieces(int64_t lo, int64_t hi);
 void sk_span_piece(int64_t lo, int64_t hi, int64_t k, int64_t *t0, int64_t *t1);
 
-/* Positions [lo, hi) of one kv head's ring (keys in the key-block layout, values row by row, head_dim
- * wide) out to dst ([keys | values], (hi - lo) * head_dim each), or back in from src: a snapshot of the
- * window a prompt cache comes back to. */
-void sk_swa_copy_out(const uint16_t *k, const uint16_t *v, int64_t ring, int head_dim, int64_t lo, int64_t hi,
-                     uint16_t *dst);
-void sk_swa_copy_in(uint16_t *k, uint16_t *v, int64_t ring, int head_dim, int64_t lo, int64_t hi, const uint16_t *src);
+/* What the rings of each sequence hold: its floor (every written position from there up to its length is
+ * in every sliding block's ring) and up to SK_SWA_SNAPS snapshots, copies of the window before a length
+ * (the oldest replaced first). `heads` below lists a sequence's rings: the key then value cache of every
+ * kv head of every sliding block, in one fixed order. */
+typedef struct sk_swa sk_swa;
+
+sk_swa *sk_swa_new(int n_seq_max, int32_t window, int64_t ring);
+void sk_swa_free(sk_swa *s);
+int64_t sk_swa_floor_of(const sk_swa *s, int slot);
+/* Whether one forward's rows (of each sequence in increasing position, a sequence's rows consecutive)
+ * find every key their windows need, and, after it ran, the floors moved past what it overwrote. */
+int sk_swa_rows_fit(const sk_swa *s, int64_t n_rows, const int32_t *pos, const int32_t *seq);
+void sk_swa_rows_written(sk_swa *s, int64_t n_rows, const int32_t *pos, const int32_t *seq);
+/* A truncate to n: the floor comes down to n (rows from n on are written again before read) and the
+ * snapshots of longer lengths go (they are of the rows being replaced). */
+void sk_swa_cut(sk_swa *s, int slot, int64_t n);
+/* Keep the window before length n (0, -1 out of memory, -2 the rings no longer hold it); the longest
+ * snapshot length <= n (-1: none); put the snapshot of length n back and cut to n (0, -2: none). */
+int sk_swa_keep(sk_swa *s, int slot, int64_t n, uint16_t *const *heads, int n_heads, int head_dim);
+int64_t sk_swa_kept_below(const sk_swa *s, int slot, int64_t n);
+int sk_swa_bring_back(sk_swa *s, int slot, int64_t n, uint16_t *const *heads, int n_heads, int head_dim);
 
 /* y = gelu_tanh(g) * u over n values (Gemma's gated FFN). */
 void sk_geglu(const float *g, const float *u, int64_t n, float *y);
