@@ -21,7 +21,7 @@ setup(
             sources=[f"backends/native/csrc/{name}" for name in SOURCES],
             depends=["backends/native/csrc/sk.h", "backends/native/csrc/sk_moe.h", "backends/native/csrc/sk_pool.h", "backends/native/csrc/sk_avx512.h",
                      "backends/native/csrc/sk_avx2.h", "backends/native/csrc/sk_pack.h", "backends/native/csrc/sk_deltanet.h",
-                     "backends/native/csrc/sk_dn_internal.h"],
+                     "backends/native/csrc/sk_dn_internal.h", "backends/native/csrc/sk_rope.h"],
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread", "-std=gnu11"],
             extra_link_args=["-pthread"],
             libraries=["m"],

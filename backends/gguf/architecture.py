@@ -38,10 +38,10 @@ query and a gate per head (``[q | gate]`` per head), the attention output is mul
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from spekula.backends.gguf.rope_scaling import AttnTemperature, PositionScaling, read_position_scaling
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 
@@ -92,6 +92,9 @@ class BlockRecipe:
     attn_output_gate: bool = False  # attn_q yields [q | gate] per head; output *= sigmoid(gate) (Qwen3.5)
     delta_net: bool = False  # hybrid: the file's recurrent blocks are gated delta-net (Qwen3.5)
     moe: MoERecipe | None = None  # None: every block has the dense FFN
+    # YaRN keys of rope_scaling.YARN_FILE_KEYS the graph reads from the file (others keep llama.cpp's defaults)
+    yarn_keys: frozenset[str] = frozenset()
+    attn_temperature: bool = False  # queries scaled by position (attention.temperature_scale; mistral3)
 
     @property
     def rope_neox(self) -> bool:
@@ -114,13 +117,21 @@ ARCHITECTURES: dict[str, BlockRecipe] = {
     "qwen35moe": BlockRecipe(rope="neox", qk_norm="always", attn_bias="never", ffn_norm="post_attention_norm",
                              attn_output_gate=True, delta_net=True,
                              moe=MoERecipe("softmax", True, False, frozenset({"expert_weights_scale"}), "tensors")),
+    # mistral3 (Ministral 3): llama's block, YaRN with the file's betas and log multiplier, and the queries'
+    # temperature by position (llama.cpp's dense branch; its MoE branch is not described here).
+    "mistral3": BlockRecipe(rope="norm",
+                            yarn_keys=frozenset({"yarn_beta_fast", "yarn_beta_slow", "yarn_log_multiplier"}),
+                            attn_temperature=True),
 }
 
 # Operations beyond the llama-style block that a backend runs only if it says so (read_hparams' `implements`).
 FEATURE_DELTA_NET = "gated delta-net blocks"
 FEATURE_ATTN_GATE = "gated attention output"
 FEATURE_SHARED_GATE = "gated shared expert"
-FEATURES = frozenset({FEATURE_DELTA_NET, FEATURE_ATTN_GATE, FEATURE_SHARED_GATE})
+FEATURE_ROPE_MSCALE = "YaRN rope magnitude scaling"
+FEATURE_ATTN_TEMPERATURE = "attention temperature scaling by position"
+FEATURES = frozenset({FEATURE_DELTA_NET, FEATURE_ATTN_GATE, FEATURE_SHARED_GATE, FEATURE_ROPE_MSCALE,
+                      FEATURE_ATTN_TEMPERATURE})
 
 
 @dataclass(frozen=True)
@@ -196,7 +207,7 @@ class ModelHParams:
     n_rot: int
     rms_eps: float
     n_ctx_train: int
-    rope_scale: float  # 1 / rope.scaling.factor (linear); 1.0 if absent
+    rope_scale: float  # 1 / rope.scaling.factor (linear); 1.0 if absent or YaRN (see `scaling`)
     has_qkv_bias: bool
     has_qk_norm: bool
     tied_output: bool  # no output.weight: the head is token_embd
@@ -207,6 +218,16 @@ class ModelHParams:
     attn_softcap: float = 0.0  # 0.0: attention scores are not soft-capped
     final_softcap: float = 0.0  # 0.0: logits are not soft-capped
     delta_net: DeltaNetParams | None = None  # hybrid files: the recurrent blocks' sizes
+    scaling: PositionScaling = PositionScaling()  # YaRN and the queries' temperature (gguf/rope_scaling.py)
+
+    @property
+    def rope_mscale(self) -> float:
+        """Magnitude of every rotated pair's cos and sin (YaRN; 1.0 otherwise)."""
+        return self.scaling.rope_mscale
+
+    @property
+    def attn_temperature(self) -> AttnTemperature | None:
+        return self.scaling.attn_temperature
 
     @property
     def is_hybrid(self) -> bool:
@@ -238,6 +259,10 @@ def required_features(hp: ModelHParams) -> frozenset[str]:
         out.add(FEATURE_ATTN_GATE)
     if hp.moe is not None and hp.moe.shared_gate and hp.moe.n_expert_shared:
         out.add(FEATURE_SHARED_GATE)
+    if hp.rope_mscale != 1.0:
+        out.add(FEATURE_ROPE_MSCALE)
+    if hp.attn_temperature is not None:
+        out.add(FEATURE_ATTN_TEMPERATURE)
     return frozenset(out)
 
 
@@ -279,18 +304,6 @@ def _uniform(f: GGUFFile, key: str, value: Any) -> int:
         return int(value)
     except (TypeError, ValueError):
         raise ModelFileError(f.path, f"metadata {key!r} is not an integer: {value!r}") from None
-
-
-def _rope_scale(f: GGUFFile, opt: Callable[[str, Any], Any]) -> float:
-    scaling = opt("rope.scaling.type", None)
-    factor = float(opt("rope.scaling.factor", 0.0) or 0.0)
-    if scaling not in (None, "none", "linear"):
-        raise ModelFileError(f.path, f"unsupported rope scaling {scaling!r} (only linear)")
-    if scaling == "linear" and factor > 0.0:
-        return 1.0 / factor
-    if scaling is None and float(opt("rope.scale_linear", 0.0) or 0.0) > 0.0:  # older key
-        return 1.0 / float(opt("rope.scale_linear", 1.0))
-    return 1.0
 
 
 def _present(f: GGUFFile, presence: Presence, *names: str) -> bool:
@@ -407,6 +420,8 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
     if v_dim != head_dim:
         raise ModelFileError(f.path, f"key_length {head_dim} != value_length {v_dim} is not supported")
     n_rot = _uniform(f, "rope.dimension_count", opt("rope.dimension_count", head_dim))
+    n_ctx_train = _uniform(f, "context_length", opt("context_length", 4096))
+    scaling = read_position_scaling(f, opt, n_ctx_train, recipe.yarn_keys, recipe.attn_temperature)
     if n_rot <= 0 or n_rot > head_dim or n_rot % 2:
         raise ModelFileError(f.path, f"invalid rope.dimension_count {n_rot} for head_dim {head_dim}")
 
@@ -428,8 +443,8 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
         rope_base=float(opt("rope.freq_base", 10000.0)),
         n_rot=n_rot,
         rms_eps=float(req("attention.layer_norm_rms_epsilon")),
-        n_ctx_train=_uniform(f, "context_length", opt("context_length", 4096)),
-        rope_scale=_rope_scale(f, opt),
+        n_ctx_train=n_ctx_train,
+        rope_scale=scaling.freq_scale,
         has_qkv_bias=_present(f, recipe.attn_bias, b + "attn_q.bias", b + "attn_qkv.bias"),
         has_qk_norm=_present(f, recipe.qk_norm, b + "attn_q_norm.weight"),
         tied_output=not f.has_tensor("output.weight"),
@@ -441,6 +456,7 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
         attn_softcap=float(opt("attn_logit_softcapping", 0.0) or 0.0) if recipe.logit_softcap else 0.0,
         final_softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if recipe.logit_softcap else 0.0,
         delta_net=_read_delta_net(f, n_layer, n_nextn) if recipe.delta_net else None,
+        scaling=scaling,
     )
     missing = unsupported_options(hp)
     if missing:

@@ -76,7 +76,9 @@ class Config(ctypes.Structure):
         # EAGLE-3 heads: block 0 reads [normed embedding; normed hidden] itself (WIDE_* below)
         ("wide_input", ctypes.c_int32),
         # DFlash heads' context encoder (fc, then its norm) that sk_inject_kv turns into keys and values
-        ("ctx_proj", Tensor), ("ctx_norm", ctypes.c_void_p)]
+        ("ctx_proj", Tensor), ("ctx_norm", ctypes.c_void_p),
+        # sk_rope.h: YaRN's cos/sin magnitude, the queries' temperature by position (0: none)
+        ("rope_mscale", ctypes.c_float), ("attn_temp_scale", ctypes.c_float), ("attn_temp_floor", ctypes.c_int32)]
 
 
 # sk_config.wide_input: none, or the 2 n_embd wide first block with the residual from hidden_in / its norm.

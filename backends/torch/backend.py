@@ -255,6 +255,7 @@ class TorchBackend(PooledSeqs, Backend):
             cos=self.model.rope_cos[pos_t].unsqueeze(1),
             sin=self.model.rope_sin[pos_t].unsqueeze(1),
             n_real=n_real,
+            q_scale=self.model.q_scale(pos),
         )
         r0 = 0
         while r0 < n_real:  # one segment per request: consecutive rows, consecutive positions

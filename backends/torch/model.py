@@ -61,6 +61,7 @@ class Tile:
     n_real: int
     writes: list[KVWrite] = field(default_factory=list)
     groups: list[AttnGroup] = field(default_factory=list)
+    q_scale: torch.Tensor | None = None  # [M, 1, 1]: the queries' temperature by position (TorchModel.q_scale)
 
 
 def model_gemm_shapes(hp: ModelHParams) -> list[tuple[int, int]]:
@@ -200,14 +201,15 @@ class TorchModel:
 
         cos/sin per position are laid out so rope is ``x * cos + swap(x) * sin`` in three tensor ops.
         NEOX: swap(x) = (x2, x1) and sin = (-sin, +sin). NORM: swap exchanges each (2i, 2i+1) pair and
-        sin = (-sin, +sin) interleaved. Angles are computed in float64 and rounded once.
+        sin = (-sin, +sin) interleaved. Angles are computed in float64 and rounded once, after YaRN's
+        magnitude (1.0 without YaRN) multiplies them.
         """
         have = self.rope_cos.shape[0]
         if n_pos <= have:
             return
         size = min(self._rope_max, max(n_pos, 2 * have))
         ang = np.arange(size, dtype=np.float64)[:, None] * self._rope_inv[None, :]
-        cos, sin = np.cos(ang), np.sin(ang)
+        cos, sin = np.cos(ang) * self.hp.rope_mscale, np.sin(ang) * self.hp.rope_mscale
         if self.neox:
             cos_full = np.concatenate([cos, cos], axis=1)
             sin_full = np.concatenate([-sin, sin], axis=1)
@@ -216,6 +218,14 @@ class TorchModel:
             sin_full = np.stack([-sin, sin], axis=2).reshape(size, -1)
         self.rope_cos = torch.from_numpy(cos_full.astype(np.float32)).to(self.device)
         self.rope_sin = torch.from_numpy(sin_full.astype(np.float32)).to(self.device)
+
+    def q_scale(self, positions: np.ndarray) -> torch.Tensor | None:
+        """Each row's query multiplier [M, 1, 1] for a tile's positions, or None when the file has no
+        attention temperature (gguf/rope_scaling.py)."""
+        temp = self.hp.attn_temperature
+        if temp is None:
+            return None
+        return torch.from_numpy(temp.factors(positions)).to(device=self.device, dtype=self.dtype).view(-1, 1, 1)
 
     def _gate_up_bias(self, weights: dict[str, np.ndarray], b: str) -> torch.Tensor | None:
         g, u = weights.get(b + "ffn_gate.bias"), weights.get(b + "ffn_up.bias")
@@ -308,6 +318,8 @@ class TorchModel:
                 (_rms_norm(qk[:, :nh], aw.q_norm, hp.rms_eps), _rms_norm(qk[:, nh:], aw.k_norm, hp.rms_eps)), 1
             )
         qk = self._rope(qk, tile.cos, tile.sin)
+        if tile.q_scale is not None:  # after rope, queries only (llama.cpp's mistral3 graph)
+            qk = torch.cat((qk[:, :nh] * tile.q_scale, qk[:, nh:]), 1)
         kl = aw.kv_layer
         for w in tile.writes:
             n = w.r1 - w.r0
