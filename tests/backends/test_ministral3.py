@@ -230,3 +230,26 @@ def test_onnx_refuses_by_name() -> None:
     with pytest.raises(ModelFileError, match="the onnx backend does not implement: YaRN rope magnitude scaling, "
                                              "attention temperature scaling by position"):
         open_model(model_path())
+
+
+def test_fixed_shape_path_keeps_chunks_and_batches_exact() -> None:
+    """CUDA's exact mode (every GEMM on a full tile, padded rows at position 0), run on the CPU: chunked,
+    batched and rolled-back rows past the original context are bitwise the plain ones."""
+    from unittest import mock
+
+    from spekula.backends.torch.backend import TorchBackend
+
+    with mock.patch("spekula.backends.torch.backend.FIXED_SHAPE_DEVICES", {"cpu", "cuda"}):
+        b = TorchBackend(str(model_path()), BackendOptions(n_ctx=N_CTX, n_seq_max=2, threads=1))
+    ids = tokens(50, seed=10)
+    want = fresh_logits(b, ids)
+    a, c = b.new_seq(), b.new_seq()
+    try:
+        b.forward([SeqInput(a, ids[:20], 0, np.array([], np.int64))])
+        b.forward([SeqInput(a, ids[20:27], 20, np.array([], np.int64))])
+        b.truncate(a, 23)
+        outs = b.forward([SeqInput(a, ids[23:50], 23, np.arange(27)), SeqInput(c, ids, 0, np.arange(50))])
+        assert np.array_equal(outs[0].logits, want[23:50]) and np.array_equal(outs[1].logits, want)
+    finally:
+        b.free_seq(a)
+        b.free_seq(c)
