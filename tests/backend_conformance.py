@@ -81,11 +81,9 @@ def model_path(model: str) -> str:
     if model == "smollm2":
         return str(smollm2_path())
     if model in SCALED_MODELS:
-        from llamacpp_sdist import sdist_path
-
         from spekula.fixtures.tiny_ministral3 import tiny_ministral3_gguf_path
 
-        return str(tiny_ministral3_gguf_path(sdist_path(), type_name=model.partition("-")[2] or "f32"))
+        return str(tiny_ministral3_gguf_path(type_name=model.partition("-")[2] or "f32"))
     if model in HYBRID_MODELS:
         from spekula.fixtures.tiny_qwen35 import tiny_qwen35_gguf_path
 

@@ -33,11 +33,24 @@ its output is RMS-normed per head, multiplied by ``silu(z)`` and projected by ``
 query and a gate per head (``[q | gate]`` per head), the attention output is multiplied by
 ``sigmoid(gate)`` before ``attn_output``. Backends declare which of these operations they run
 (:data:`FEATURES`); :func:`read_hparams` refuses a file whose blocks need one the caller lacks.
+
+Sliding-window attention (Gemma 3, gpt-oss), as llama.cpp sets it: a file with a positive
+``attention.sliding_window`` W has sliding blocks, where a query at position p sees the keys at
+positions ``(p - W, p]``. Which blocks slide is ``attention.sliding_window_pattern`` when the file has
+it (one flag per block, or a period n), else the architecture's period n (:attr:`BlockRecipe.swa_period`):
+block i slides unless ``i % n == n - 1`` (every n-th block, counting from the first, is global; with
+``swa_dense_first`` it is ``i % n == 0`` instead); n = 0 means every block slides. Sliding blocks rope
+with ``rope.freq_base_swa`` when the file has it, else with the architecture's own default
+(:attr:`BlockRecipe.swa_rope`). Gemma-style blocks (Gemma 3) scale the token embedding by sqrt(n_embd),
+RMS-norm the attention and FFN outputs before each residual add (``attn_post_norm``,
+``ffn_post_norm``), gate their FFN with GELU (tanh approximation), and scale attention scores by
+:attr:`BlockRecipe.kq_scale_rule`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -95,10 +108,27 @@ class BlockRecipe:
     # YaRN keys of rope_scaling.YARN_FILE_KEYS the graph reads from the file (others keep llama.cpp's defaults)
     yarn_keys: frozenset[str] = frozenset()
     attn_temperature: bool = False  # queries scaled by position (attention.temperature_scale; mistral3)
+    # Sliding blocks when the file has a window: block i slides unless i % swa_period == swa_period - 1
+    # (swa_dense_first: unless i % swa_period == 0); 0: every block. attention.sliding_window_pattern overrides.
+    swa_period: int = 0
+    swa_dense_first: bool = False
+    # Sliding blocks' rope without rope.freq_base_swa: "own" (base 10000, no scaling: llama.cpp's defaults,
+    # Gemma 3) or "shared" (the global blocks' base and scaling: gpt-oss).
+    swa_rope: Literal["own", "shared"] = "shared"
+    embd_scale_sqrt: bool = False  # token embeddings times sqrt(n_embd) (Gemma)
+    # Attention score scale from (n_layer, n_embd, n_head, head_dim) where the graph fixes it (0: the file's
+    # attention.scale, else 1/sqrt(head_dim)).
+    kq_scale_rule: Callable[[int, int, int, int], float] | None = None
 
     @property
     def rope_neox(self) -> bool:
         return self.rope == "neox"
+
+
+def _gemma3_kq_scale(n_layer: int, n_embd: int, n_head: int, head_dim: int) -> float:
+    """Gemma 3's query scale as llama.cpp fixes it: 1/sqrt(n_embd / n_head) for the 27B shape (62 blocks),
+    else 1/sqrt(head_dim) (the file carries no query_pre_attn_scalar)."""
+    return 1.0 / math.sqrt(n_embd // n_head if n_layer == 62 else head_dim)
 
 
 ARCHITECTURES: dict[str, BlockRecipe] = {
@@ -122,6 +152,10 @@ ARCHITECTURES: dict[str, BlockRecipe] = {
     "mistral3": BlockRecipe(rope="norm",
                             yarn_keys=frozenset({"yarn_beta_fast", "yarn_beta_slow", "yarn_log_multiplier"}),
                             attn_temperature=True),
+    # gemma3: every 6th block global, the rest slide (when the file has a window); q/k norms; post-norms.
+    "gemma3": BlockRecipe(rope="neox", qk_norm="always", attn_bias="never", activation="geglu", post_norms=True,
+                          sliding_window=True, logit_softcap=True, swa_period=6, swa_rope="own", embd_scale_sqrt=True,
+                          kq_scale_rule=_gemma3_kq_scale),
 }
 
 # Operations beyond the llama-style block that a backend runs only if it says so (read_hparams' `implements`).
@@ -130,7 +164,12 @@ FEATURE_ATTN_GATE = "gated attention output"
 FEATURE_SHARED_GATE = "gated shared expert"
 FEATURE_ROPE_MSCALE = "YaRN rope magnitude scaling"
 FEATURE_ATTN_TEMPERATURE = "attention temperature scaling by position"
-FEATURES = frozenset({FEATURE_DELTA_NET, FEATURE_ATTN_GATE, FEATURE_SHARED_GATE, FEATURE_ROPE_MSCALE,
+FEATURE_SLIDING_WINDOW = "sliding-window attention"
+FEATURE_POST_NORMS = "norms after the attention and FFN outputs"
+FEATURE_GEGLU = "GELU-gated FFN"
+FEATURE_EMBD_SCALE = "scaled token embeddings"
+FEATURES = frozenset({FEATURE_DELTA_NET, FEATURE_ATTN_GATE, FEATURE_SHARED_GATE, FEATURE_SLIDING_WINDOW,
+                      FEATURE_POST_NORMS, FEATURE_GEGLU, FEATURE_EMBD_SCALE, FEATURE_ROPE_MSCALE,
                       FEATURE_ATTN_TEMPERATURE})
 
 
@@ -214,7 +253,11 @@ class ModelHParams:
     kq_scale: float = 0.0  # attention score scale; 0.0 means 1/sqrt(head_dim)
     moe: MoEParams | None = None  # None: every block has the dense FFN
     n_nextn: int = 0  # MTP blocks stored after the trunk (blk.{n_layer} ..)
-    sliding_window: int = 0  # 0: every query sees all earlier keys
+    sliding_window: int = 0  # W > 0: a sliding block's query at p sees keys (p - W, p]; 0: no block slides
+    swa_layers: tuple[bool, ...] = ()  # per trunk block: slides (empty: none)
+    rope_base_swa: float = 0.0  # the sliding blocks' rope base and scaling (used only by them)
+    scaling_swa: PositionScaling = PositionScaling()
+    embd_scale: float = 1.0  # token embeddings are multiplied by this
     attn_softcap: float = 0.0  # 0.0: attention scores are not soft-capped
     final_softcap: float = 0.0  # 0.0: logits are not soft-capped
     delta_net: DeltaNetParams | None = None  # hybrid files: the recurrent blocks' sizes
@@ -236,6 +279,18 @@ class ModelHParams:
     def is_recurrent(self, layer: int) -> bool:
         """Whether trunk block `layer` is a gated delta-net block (False for attention and MTP blocks)."""
         return self.delta_net is not None and self.delta_net.is_recurrent(layer)
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether trunk block `layer` attends through the sliding window (False for MTP blocks)."""
+        return self.sliding_window > 0 and layer < len(self.swa_layers) and self.swa_layers[layer]
+
+    @property
+    def post_norms(self) -> bool:
+        return self.recipe.post_norms
+
+    @property
+    def geglu(self) -> bool:
+        return self.recipe.activation == "geglu"
 
     @property
     def attn_scale(self) -> float:
@@ -263,6 +318,14 @@ def required_features(hp: ModelHParams) -> frozenset[str]:
         out.add(FEATURE_ROPE_MSCALE)
     if hp.attn_temperature is not None:
         out.add(FEATURE_ATTN_TEMPERATURE)
+    if any(hp.swa_layers):
+        out.add(FEATURE_SLIDING_WINDOW)
+    if hp.recipe.post_norms:
+        out.add(FEATURE_POST_NORMS)
+    if hp.recipe.activation == "geglu":
+        out.add(FEATURE_GEGLU)
+    if hp.embd_scale != 1.0:
+        out.add(FEATURE_EMBD_SCALE)
     return frozenset(out)
 
 
@@ -271,18 +334,16 @@ def unsupported_options(hp: ModelHParams) -> list[str]:
     r, out = hp.recipe, list[str]()
     if r.norm != "rms":
         out.append(f"{r.norm} norm")
-    if r.activation != "swiglu":
-        out.append(f"{r.activation} activation")
-    if r.post_norms:
-        out.append("norms after the attention and FFN outputs")
-    if hp.sliding_window:
-        out.append(f"sliding-window attention ({hp.sliding_window} tokens)")
     if r.attn_sinks:
         out.append("attention sinks")
     if hp.attn_softcap:
         out.append(f"attention logit soft-capping ({hp.attn_softcap})")
     if hp.final_softcap:
         out.append(f"final logit soft-capping ({hp.final_softcap})")
+    if hp.moe is not None and (r.post_norms or r.activation != "swiglu"):
+        out.append("post-norms or a GELU-gated FFN in mixture-of-experts blocks")
+    if hp.sliding_window and (hp.delta_net is not None or hp.n_nextn):
+        out.append("sliding-window attention with recurrent or MTP blocks")
     return out
 
 
@@ -392,6 +453,27 @@ def _read_delta_net(f: GGUFFile, n_layer: int, n_nextn: int) -> DeltaNetParams:
                           recurrent=recurrent)
 
 
+def _read_swa_layers(f: GGUFFile, recipe: BlockRecipe, n_layer: int, window: int) -> tuple[bool, ...]:
+    """Which trunk blocks of `f` slide: its attention.sliding_window_pattern (flags or a period), else the
+    recipe's period (llama.cpp's rule, see the module docstring)."""
+    if window <= 0:
+        return ()
+    key = f"{f.architecture}.attention.sliding_window_pattern"
+    pattern = f.get(key, None)
+    if isinstance(pattern, list):
+        if len(pattern) < n_layer or not all(isinstance(x, (bool, int)) for x in pattern):
+            raise ModelFileError(f.path, f"{key} must list one flag per block ({n_layer}), got {pattern!r}")
+        return tuple(bool(x) for x in pattern[:n_layer])
+    period = recipe.swa_period if pattern is None else _uniform(f, key, pattern)
+    if period < 0:
+        raise ModelFileError(f.path, f"invalid {key} = {period}")
+    if period == 0:
+        return (True,) * n_layer
+    if recipe.swa_dense_first:
+        return tuple(i % period != 0 for i in range(n_layer))
+    return tuple(i % period < period - 1 for i in range(n_layer))
+
+
 def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime: str = "this backend") -> ModelHParams:
     """`f`'s decoder description; anything missing, malformed or unsupported is one ModelFileError.
 
@@ -427,6 +509,15 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
 
     if not f.has_tensor("token_embd.weight"):
         raise ModelFileError(f.path, "missing tensor 'token_embd.weight'")
+    window = _uniform(f, "attention.sliding_window", opt("attention.sliding_window", 0)) if recipe.sliding_window else 0
+    if window < 0:
+        raise ModelFileError(f.path, f"invalid {arch}.attention.sliding_window = {window}")
+    rope_base = float(opt("rope.freq_base", 10000.0))
+    own = recipe.swa_rope == "own"
+    scaling_swa = scaling.with_freq_scale(1.0) if own else scaling
+    kq_scale = float(opt("attention.scale", 0.0) or 0.0)
+    if recipe.kq_scale_rule is not None:
+        kq_scale = recipe.kq_scale_rule(n_layer, n_embd, n_head, head_dim)
     n_vocab = f.tensor("token_embd.weight").shape[0]
     # An MTP-only file (llama.cpp's --mtp output) has no trunk blocks: probe the first block it has.
     b = f"blk.{0 if f.has_tensor('blk.0.attn_norm.weight') else n_layer}."
@@ -440,7 +531,7 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
         n_head_kv=n_head_kv,
         head_dim=head_dim,
         n_ff=n_ff,
-        rope_base=float(opt("rope.freq_base", 10000.0)),
+        rope_base=rope_base,
         n_rot=n_rot,
         rms_eps=float(req("attention.layer_norm_rms_epsilon")),
         n_ctx_train=n_ctx_train,
@@ -448,16 +539,21 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
         has_qkv_bias=_present(f, recipe.attn_bias, b + "attn_q.bias", b + "attn_qkv.bias"),
         has_qk_norm=_present(f, recipe.qk_norm, b + "attn_q_norm.weight"),
         tied_output=not f.has_tensor("output.weight"),
-        kq_scale=float(opt("attention.scale", 0.0) or 0.0),
+        kq_scale=kq_scale,
         moe=_read_moe_params(f, recipe.moe) if recipe.moe is not None else None,
         n_nextn=n_nextn,
-        sliding_window=_uniform(f, "attention.sliding_window", opt("attention.sliding_window", 0))
-        if recipe.sliding_window else 0,
+        sliding_window=window,
+        swa_layers=_read_swa_layers(f, recipe, n_layer, window),
+        rope_base_swa=float(opt("rope.freq_base_swa", 10000.0 if own else rope_base)),
+        scaling_swa=scaling_swa,
+        embd_scale=math.sqrt(n_embd) if recipe.embd_scale_sqrt else 1.0,
         attn_softcap=float(opt("attn_logit_softcapping", 0.0) or 0.0) if recipe.logit_softcap else 0.0,
         final_softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if recipe.logit_softcap else 0.0,
         delta_net=_read_delta_net(f, n_layer, n_nextn) if recipe.delta_net else None,
         scaling=scaling,
     )
+    if any(hp.swa_layers) and scaling_swa.rope_mscale != scaling.rope_mscale:  # one magnitude per context
+        raise ModelFileError(f.path, f"YaRN with a sliding-window rope of its own is not supported ({arch})")
     missing = unsupported_options(hp)
     if missing:
         raise ModelFileError(f.path, f"architecture {arch!r} needs what no backend implements yet: {', '.join(missing)}")

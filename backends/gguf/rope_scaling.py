@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -100,6 +100,21 @@ class PositionScaling:
     @property
     def rope_mscale(self) -> float:
         return self.yarn.mscale if self.yarn is not None else 1.0
+
+    def with_freq_scale(self, freq_scale: float) -> PositionScaling:
+        """This scaling for blocks whose rope scales frequencies by `freq_scale` instead (sliding blocks with
+        a rope of their own): as in llama.cpp, YaRN's ramp, betas and context factor stay the file's, and
+        only the rope kernel's ``1 + 0.1 ln(1 / freq_scale)`` follows the block's scale."""
+        y = self.yarn
+        if y is None:
+            return PositionScaling(freq_scale=freq_scale, attn_temperature=self.attn_temperature)
+
+        def kernel(fs: float) -> float:
+            return 1.0 + 0.1 * math.log(1.0 / fs) if y.ext_factor != 0.0 else 1.0
+
+        mscale = y.mscale / kernel(y.freq_scale) * kernel(freq_scale)
+        return PositionScaling(yarn=replace(y, freq_scale=freq_scale, mscale=mscale),
+                               attn_temperature=self.attn_temperature)
 
 
 def _get_mscale(scale: float, m: float) -> float:

@@ -85,6 +85,8 @@ def block_shapes(hp: ModelHParams, i: int) -> dict[str, tuple[int, ...]]:
             shapes |= {b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)}
         if hp.has_qkv_bias:
             shapes |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
+    if hp.post_norms:  # the attention (or delta-net) and FFN outputs are RMS-normed before the residual add
+        shapes |= {b + "post_attention_norm.weight": (H,), b + "post_ffw_norm.weight": (H,)}
     if hp.moe is not None and hp.moe.is_moe(i):
         shapes |= moe_ffn_shapes(hp.moe, b, H)
     else:
@@ -160,10 +162,12 @@ def load_model_weights(f: GGUFFile, *, hp: ModelHParams) -> dict[str, np.ndarray
     return out
 
 
-def rope_inv_freq(hp: ModelHParams, weights: dict[str, np.ndarray]) -> np.ndarray:
+def rope_inv_freq(hp: ModelHParams, weights: dict[str, np.ndarray], *, sliding: bool = False) -> np.ndarray:
     """Per-pair angular frequency (float64, [n_rot/2]): theta_i(p) = p * inv_freq[i].
 
     Folds in the optional llama3-style ``rope_freqs`` divisor and the file's linear or YaRN scaling, as
     llama.cpp does (gguf/rope_scaling.py); YaRN's magnitude is ``hp.rope_mscale``, applied to cos and sin.
+    ``sliding``: the table of the sliding-window blocks (their own base and scaling).
     """
-    return rope_frequencies(hp.n_rot, hp.rope_base, hp.scaling, weights.get("rope_freqs.weight"))
+    base, scaling = (hp.rope_base_swa, hp.scaling_swa) if sliding else (hp.rope_base, hp.scaling)
+    return rope_frequencies(hp.n_rot, base, scaling, weights.get("rope_freqs.weight"))

@@ -16,7 +16,10 @@ the C structures). Hybrid models (Qwen3.5) run gated delta-net blocks (backends/
 whose per-sequence recurrent state lives beside the sequence's KV cache (attention blocks only); it
 follows core/backend.py's contract: a checkpoint costs nothing, a truncate back to a length from the
 checkpoint on replays the logged rows after it through the recurrence alone (bitwise the forward's
-state), and snapshots are copies. Mixture-of-experts blocks describe each expert as a view of its slice of the 3-D
+state), and snapshots are copies. Sliding-window blocks (Gemma 3) keep their keys and values in a ring of
+the window plus ``swa_row_cap`` rows per sequence (backends/native/csrc/sk_swa.h): a forward adds at most
+that many rows to a sequence (longer inputs run in rounds, backends/row_rounds.py), and a truncate may go
+back to any length whose window is still in the ring (``restorable``; 0 always), else it is refused. Mixture-of-experts blocks describe each expert as a view of its slice of the 3-D
 expert tensor (native/moe.py); the C side runs them as grouped matmuls (backends/native/csrc/sk_moe.c).
 """
 
@@ -33,6 +36,7 @@ from spekula.backends.gguf.weights import rope_inv_freq
 from spekula.backends.native import lib as nl
 from spekula.backends.native.blocks import build_layer, model_config
 from spekula.backends.native.weights import NativeWeights
+from spekula.backends.row_rounds import forward_in_rounds, needs_rounds
 from spekula.backends.seq_inputs import check_inputs
 from spekula.backends.seq_slots import PooledSeqs, SlotPool
 from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
@@ -44,6 +48,9 @@ _NO_CAPTURE = Capture()
 MAX_CTX = 1 << 26
 MAX_SEQS = 4096
 MAX_THREADS = 1024
+# The most rows one forward adds to a sequence of a model with sliding-window blocks: their rings keep
+# the window plus this many rows, so a rollback of up to this many rows (a rejected draft) stays exact.
+SWA_ROW_CAP = 512
 
 
 def check_head_options(options: BackendOptions, what: str) -> None:
@@ -84,12 +91,19 @@ class NativeBackend(PooledSeqs, Backend):
         self.info = ModelInfo(path=str(model_path), arch=hp.arch, name=str(f.get("general.name", f.path.stem)),
                               n_vocab=hp.n_vocab, n_embd=hp.n_embd, n_layer=hp.n_layer, n_ctx_train=hp.n_ctx_train,
                               recurrent=hp.is_hybrid)
+        self.sliding = any(hp.swa_layers)  # sliding blocks: bounded rings, so not every length is restorable
+        self.swa_row_cap = SWA_ROW_CAP
         self._file = f
         w = self._weights = NativeWeights(f, hp)
         self._layers = (nl.Layer * hp.n_layer)(*[build_layer(w, i) for i in range(hp.n_layer)])
         rope_freqs = w.vector("rope_freqs.weight", required=False)
         inv = np.ascontiguousarray(rope_inv_freq(hp, {} if rope_freqs is None else {"rope_freqs.weight": rope_freqs}),
                                    dtype=np.float64)
+        inv_swa = None
+        if self.sliding:
+            inv_swa = np.ascontiguousarray(rope_inv_freq(hp, {} if rope_freqs is None else {"rope_freqs.weight": rope_freqs},
+                                                         sliding=True), dtype=np.float64)
+            w.keep.append(inv_swa)
         w.keep.append(inv)
         embd = w.matrix("token_embd.weight")
         # A tied head is the embedding matrix again (its own descriptor, which may carry output.bias).
@@ -99,7 +113,8 @@ class NativeBackend(PooledSeqs, Backend):
         cfg = model_config(
             hp, n_layer=hp.n_layer, n_ff=hp.n_ff, n_ctx=options.n_ctx, n_seq_max=options.n_seq_max,
             n_threads=self.threads, rope_inv_freq=nl.ptr(inv), output_norm=nl.ptr(w.vector("output_norm.weight")),
-            token_embd=embd, output=output, layers=self._layers)
+            token_embd=embd, output=output, layers=self._layers, rope_inv_freq_swa=nl.ptr(inv_swa),
+            swa_row_cap=self.swa_row_cap if self.sliding else 0)
         self._cfg = cfg
         self._lib = nl.lib()
         self._ctx = self._lib.sk_ctx_new(ctypes.byref(cfg), nl.env_kernel_cap())
@@ -152,11 +167,21 @@ class NativeBackend(PooledSeqs, Backend):
     def restorable(self, seq_id: int, n_keep: int) -> int:
         seq = self._seqs.get(seq_id)
         n = max(0, min(int(n_keep), seq.length))
+        if self.sliding:  # the window before n must still be in the rings; below it nothing is (but 0)
+            floor = int(self._lib.sk_swa_floor(self._ctx, seq.slot))
+            return n if n == 0 or max(0, n - self.hparams.sliding_window + 1) >= floor else 0
         return int(self._lib.sk_rs_restorable(self._ctx, seq.slot, n)) if self.info.recurrent else n
 
     def truncate(self, seq_id: int, n_keep: int) -> None:
         seq = self._seqs.get(seq_id)
         n = max(0, min(int(n_keep), seq.length))
+        if self.sliding and self.restorable(seq_id, n) != n:
+            raise ConfigError(f"truncate to {n}: sequence {seq_id} keeps only the last {self.hparams.sliding_window} "
+                              f"positions' keys in its sliding-window blocks beyond what a rollback of "
+                              f"{self.swa_row_cap} rows needs (it is at {seq.length}); 0 is the longest restorable "
+                              "length below")
+        if self.sliding:
+            self._lib.sk_swa_truncate(self._ctx, seq.slot, n)
         if self.info.recurrent and n != seq.length:
             rc = self._lib.sk_rs_truncate(self._ctx, seq.slot, n)
             if rc == -1:
@@ -193,10 +218,12 @@ class NativeBackend(PooledSeqs, Backend):
         hp = self.hparams
         checked = check_inputs(inputs, capture, n_layer=hp.n_layer, n_vocab=hp.n_vocab, n_ctx=self.options.n_ctx,
                                seq_len=self.seq_len)
-        if self.info.recurrent:  # a recurrent state continues from the sequence's length: go back first
+        if self.info.recurrent or self.sliding:  # a recurrent state or a ring: go back first (or refuse)
             for c in checked:
                 if c.start != self.seq_len(c.seq_id):
                     self.truncate(c.seq_id, c.start)
+        if self.sliding and needs_rounds(checked, self.swa_row_cap):
+            return forward_in_rounds(self.forward, checked, capture, self.swa_row_cap, hp.n_vocab)
         m = sum(int(c.tokens.size) for c in checked)
         if m == 0:
             return [SeqOutput(logits=np.empty((c.logit_rows.size, hp.n_vocab), np.float32)) for c in checked]

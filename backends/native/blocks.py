@@ -4,7 +4,9 @@ The kernels run one block shape: RMSNorm before attention and FFN, optional per-
 layer's q_norm / k_norm pointers, NULL when absent), optional q/k/v biases (each matrix's bias), rope
 pairing as ``rope_neox``, an optional attention output gate (Qwen3.5: ``attn_q`` yields [q | gate] per
 head), and a SwiGLU FFN that is dense or a MoE block (native/moe.py). In hybrid models a gated
-delta-net block (native/deltanet.py) takes attention's place. Anything else a recipe can name is
+delta-net block (native/deltanet.py) takes attention's place. Gemma-style blocks add RMS norms of the
+attention and FFN outputs (``attn_post_norm``, ``ffn_post_norm``), a GELU-gated FFN and scaled
+embeddings; sliding blocks attend through the window with their own rope table (csrc/sk_swa.h). Anything else a recipe can name is
 refused when the description is read, so only this module maps it to C.
 """
 
@@ -29,6 +31,10 @@ def build_layer(w: NativeWeights, i: int) -> nl.Layer:
     if hp.delta_net is not None and hp.is_recurrent(i):
         layer.dn = delta_net_block(w, i, hp.delta_net)
         return _ffn(w, i, layer)
+    if hp.post_norms:
+        layer.attn_post_norm = nl.ptr(w.vector(b + "post_attention_norm.weight"))
+        layer.ffn_post_norm = nl.ptr(w.vector(b + "post_ffw_norm.weight"))
+    layer.sliding = int(hp.is_sliding(i))
     if hp.has_qk_norm:
         layer.q_norm = nl.ptr(w.vector(b + "attn_q_norm.weight"))
         layer.k_norm = nl.ptr(w.vector(b + "attn_k_norm.weight"))
@@ -63,11 +69,12 @@ def _ffn(w: NativeWeights, i: int, layer: nl.Layer) -> nl.Layer:
 
 def model_config(hp: ModelHParams, **fields: Any) -> nl.Config:
     """A context's config: what the description decides (sizes, rope pairing, norm epsilon, attention
-    scale, YaRN's magnitude and the queries' temperature) plus `fields`, the runtime's own (n_layer, n_ff,
-    n_ctx, threads, tensors, ...)."""
+    scale, window, FFN gate, embedding scale, YaRN's magnitude and the queries' temperature) plus `fields`,
+    the runtime's own (n_layer, n_ff, n_ctx, threads, tensors, the sliding blocks' rope table and row cap, ...)."""
     temp = hp.attn_temperature
     return nl.Config(n_vocab=hp.n_vocab, n_embd=hp.n_embd, n_head=hp.n_head, n_head_kv=hp.n_head_kv,
                      head_dim=hp.head_dim, n_rot=hp.n_rot, rope_neox=int(hp.rope_neox), rms_eps=hp.rms_eps,
-                     attn_scale=hp.attn_scale, rope_mscale=hp.rope_mscale,
-                     attn_temp_scale=temp.scale if temp is not None else 0.0,
+                     attn_scale=hp.attn_scale, swa_window=hp.sliding_window if any(hp.swa_layers) else 0,
+                     ffn_geglu=int(hp.geglu), embd_scale=0.0 if hp.embd_scale == 1.0 else hp.embd_scale,
+                     rope_mscale=hp.rope_mscale, attn_temp_scale=temp.scale if temp is not None else 0.0,
                      attn_temp_floor=temp.floor_len if temp is not None else 0, **fields)

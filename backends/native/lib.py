@@ -61,7 +61,10 @@ class Layer(ctypes.Structure):
                 ("k_norm", ctypes.c_void_p), ("wq", Tensor), ("wk", Tensor), ("wv", Tensor), ("wo", Tensor),
                 ("w_gate", Tensor), ("w_up", Tensor), ("w_down", Tensor), ("moe", ctypes.POINTER(MoE)),
                 ("attn_gate", ctypes.c_int32),  # wq yields [q | gate] per head (Qwen3.5)
-                ("dn", DeltaNet)]  # dn.qkv.data set: a gated delta-net block in place of attention
+                ("dn", DeltaNet),  # dn.qkv.data set: a gated delta-net block in place of attention
+                # Gemma: RMS-normed attention / FFN outputs before the residual add (NULL: none)
+                ("attn_post_norm", ctypes.c_void_p), ("ffn_post_norm", ctypes.c_void_p),
+                ("sliding", ctypes.c_int32)]  # the config's window, rope_inv_freq_swa, a ring of keys and values
 
 
 class Config(ctypes.Structure):
@@ -77,6 +80,9 @@ class Config(ctypes.Structure):
         ("wide_input", ctypes.c_int32),
         # DFlash heads' context encoder (fc, then its norm) that sk_inject_kv turns into keys and values
         ("ctx_proj", Tensor), ("ctx_norm", ctypes.c_void_p),
+        # sliding blocks (csrc/sk_swa.h) and Gemma-style embeddings and FFN gate
+        ("rope_inv_freq_swa", ctypes.c_void_p), ("swa_window", ctypes.c_int32), ("swa_row_cap", ctypes.c_int32),
+        ("ffn_geglu", ctypes.c_int32), ("embd_scale", ctypes.c_float),
         # sk_rope.h: YaRN's cos/sin magnitude, the queries' temperature by position (0: none)
         ("rope_mscale", ctypes.c_float), ("attn_temp_scale", ctypes.c_float), ("attn_temp_floor", ctypes.c_int32)]
 
@@ -162,6 +168,10 @@ def lib() -> ctypes.CDLL:
         getattr(so, name).argtypes = [ctypes.c_void_p, ctypes.c_int]
     so.sk_rs_truncate.restype = ctypes.c_int
     so.sk_rs_truncate.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
+    so.sk_swa_floor.restype = ctypes.c_int64
+    so.sk_swa_floor.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    so.sk_swa_truncate.restype = None
+    so.sk_swa_truncate.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
     so.sk_rs_restorable.restype = ctypes.c_int64
     so.sk_rs_restorable.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
     so.sk_rs_length.restype = ctypes.c_int64

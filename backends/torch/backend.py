@@ -110,6 +110,9 @@ class TorchBackend(PooledSeqs, Backend):
         # every operation of FEATURES: gated delta-net blocks, gated attention, the gated shared expert
         self.hparams: ModelHParams = read_hparams(f, implements=FEATURES, runtime="the torch backend")
         hp = self.hparams
+        # Sliding blocks read the window masks; the torch backend keeps every position's keys (a
+        # reference runtime: memory is not bounded by the window, every length stays restorable).
+        self._sliding = any(hp.swa_layers)
         self.info = ModelInfo(
             path=str(model_path),
             arch=hp.arch,
@@ -250,13 +253,8 @@ class TorchBackend(PooledSeqs, Backend):
             pos[i] = reqs[ri].start + j
         self.model.ensure_rope(int(pos.max()) + 1)
         pos_t = torch.from_numpy(pos).to(self.device)
-        tile = Tile(
-            tokens=torch.from_numpy(tokens).to(self.device),
-            cos=self.model.rope_cos[pos_t].unsqueeze(1),
-            sin=self.model.rope_sin[pos_t].unsqueeze(1),
-            n_real=n_real,
-            q_scale=self.model.q_scale(pos),
-        )
+        tile = Tile(tokens=torch.from_numpy(tokens).to(self.device), n_real=n_real, q_scale=self.model.q_scale(pos),
+                    **self.model.tile_rope(pos_t))
         r0 = 0
         while r0 < n_real:  # one segment per request: consecutive rows, consecutive positions
             ri = trows[r0][0]
@@ -282,16 +280,21 @@ class TorchBackend(PooledSeqs, Backend):
             n_keys = int(window[a - r0])
             q_rows = _round_up(b - a, self._attn_align)
             rows = np.concatenate([np.arange(a, b), np.full(q_rows - (b - a), b - 1)])
+            window = self._mask(pos[rows], n_keys, self.hparams.sliding_window) if self._sliding else None
             tile.groups.append(
-                AttnGroup(cache, a, b, n_keys, q_rows, self._mask(pos[rows], n_keys), self._q_index(rows))
+                AttnGroup(cache, a, b, n_keys, q_rows, self._mask(pos[rows], n_keys), self._q_index(rows), window)
             )
             a = b
 
-    def _mask(self, pos: np.ndarray, n_keys: int) -> torch.Tensor:
-        """Additive mask [g * R, n_keys] in (j, row) order: -inf on keys after each row's position."""
+    def _mask(self, pos: np.ndarray, n_keys: int, window: int = 0) -> torch.Tensor:
+        """Additive mask [g * R, n_keys] in (j, row) order: -inf on keys after each row's position (and,
+        with a `window`, on keys at or before position - window: a sliding block's)."""
         hp = self.hparams
-        future = np.arange(n_keys)[None, :] > pos[:, None]
-        add = np.where(future, -np.inf, 0.0).astype(np.float32)
+        keys = np.arange(n_keys)[None, :]
+        hidden = keys > pos[:, None]
+        if window:
+            hidden |= keys <= pos[:, None] - window
+        add = np.where(hidden, -np.inf, 0.0).astype(np.float32)
         add = np.tile(add, (hp.n_head // hp.n_head_kv, 1))
         return torch.from_numpy(add).to(device=self.device, dtype=self.dtype)
 

@@ -6,6 +6,8 @@ every operation on a tile is either row-wise (norms, rope, activations, routing)
 the planner fixed, so a row meets the same kernels wherever it sits (the FFNs, dense and MoE, are in
 ``moe.py``). A hybrid model's recurrent blocks run the gated delta-net of ``delta_net.py`` instead of
 attention (per sequence, token by token); its attention blocks may gate their output (Qwen3.5).
+Sliding-window blocks (Gemma 3) read the tile's window masks and their own rope table; Gemma-style
+blocks RMS-norm the attention and FFN outputs before each residual add, and scale the embeddings.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class AttnGroup:
     q_rows: int  # rows the attention GEMMs run on (>= r1 - r0; padding repeats the last row)
     mask: torch.Tensor  # additive [g * q_rows, n_keys]: 0 for visible keys, -inf for the row's future
     q_index: torch.Tensor  # rows of the tile's [M * (n_head + n_kv), hd] q/k view, in (kv, j, row) order
+    window_mask: torch.Tensor | None = None  # sliding blocks' mask: also -inf before each row's window
 
 
 @dataclass
@@ -60,6 +63,8 @@ class Tile:
     sin: torch.Tensor
     n_real: int
     writes: list[KVWrite] = field(default_factory=list)
+    cos_swa: torch.Tensor | None = None  # the sliding blocks' rope (None: no block slides)
+    sin_swa: torch.Tensor | None = None
     groups: list[AttnGroup] = field(default_factory=list)
     q_scale: torch.Tensor | None = None  # [M, 1, 1]: the queries' temperature by position (TorchModel.q_scale)
 
@@ -85,6 +90,7 @@ class AttnWeights:
     k_norm: torch.Tensor | None
     out: Lin
     kv_layer: int  # the layer of the sequences' KV caches this block writes
+    sliding: bool = False  # attends through the window with the sliding rope
 
 
 @dataclass
@@ -94,6 +100,8 @@ class LayerWeights:
     ffn_norm: torch.Tensor
     ffn: DenseFFN | MoEFFN
     recurrent_index: int = -1  # a delta-net block's index in the sequences' recurrent state
+    attn_post_norm: torch.Tensor | None = None  # Gemma: the sublayer outputs RMS-normed before the add
+    ffn_post_norm: torch.Tensor | None = None
 
 
 def _rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -165,7 +173,8 @@ class TorchModel:
                 ffn: DenseFFN | MoEFFN = build_moe_ffn(hp.moe, weights, b, to_tensor=dev, make_lin=self._lin)
             else:
                 gate_up = self._lin(cat(b + "ffn_gate.weight", b + "ffn_up.weight"), self._gate_up_bias(weights, b))
-                ffn = DenseFFN(gate_up, self._lin(t(b + "ffn_down.weight"), opt(b + "ffn_down.bias")), hp.n_ff)
+                ffn = DenseFFN(gate_up, self._lin(t(b + "ffn_down.weight"), opt(b + "ffn_down.bias")), hp.n_ff,
+                               geglu=hp.geglu)
             mixer: AttnWeights | DeltaNetWeights
             recurrent_index = -1
             if hp.is_recurrent(i) and i < hp.n_layer:
@@ -179,10 +188,12 @@ class TorchModel:
                     k_norm=opt(b + "attn_k_norm.weight"),
                     out=self._lin(t(b + "attn_output.weight"), opt(b + "attn_output.bias")),
                     kv_layer=self.n_kv_layers,
+                    sliding=hp.is_sliding(i),
                 )
                 self.n_kv_layers += 1
             self.layers.append(LayerWeights(t(b + "attn_norm.weight"), mixer, t(b + hp.ffn_norm_name + ".weight"), ffn,
-                                            recurrent_index))
+                                            recurrent_index, opt(b + "post_attention_norm.weight"),
+                                            opt(b + "post_ffw_norm.weight")))
         self._build_rope_tables(weights, max_pos)
 
     def _lin(self, w: torch.Tensor, b: torch.Tensor | None) -> Lin:
@@ -192,8 +203,11 @@ class TorchModel:
         """Rope tables grow on demand (doubling) up to `max_pos`: a huge -c must not allocate
         gigabytes up front. An entry depends only on its position, so growth changes no bits."""
         self._rope_inv = rope_inv_freq(self.hp, weights)
+        self._rope_inv_swa = rope_inv_freq(self.hp, weights, sliding=True) if any(self.hp.swa_layers) else None
         self._rope_max = max_pos
         self.rope_cos = self.rope_sin = torch.empty(0, device=self.device)
+        self.rope_cos_swa: torch.Tensor | None = None
+        self.rope_sin_swa: torch.Tensor | None = None
         self.ensure_rope(min(max_pos, 4096))
 
     def ensure_rope(self, n_pos: int) -> None:
@@ -208,7 +222,12 @@ class TorchModel:
         if n_pos <= have:
             return
         size = min(self._rope_max, max(n_pos, 2 * have))
-        ang = np.arange(size, dtype=np.float64)[:, None] * self._rope_inv[None, :]
+        self.rope_cos, self.rope_sin = self._rope_table(self._rope_inv, size)
+        if self._rope_inv_swa is not None:
+            self.rope_cos_swa, self.rope_sin_swa = self._rope_table(self._rope_inv_swa, size)
+
+    def _rope_table(self, inv: np.ndarray, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ang = np.arange(size, dtype=np.float64)[:, None] * inv[None, :]
         cos, sin = np.cos(ang) * self.hp.rope_mscale, np.sin(ang) * self.hp.rope_mscale
         if self.neox:
             cos_full = np.concatenate([cos, cos], axis=1)
@@ -216,8 +235,15 @@ class TorchModel:
         else:
             cos_full = np.repeat(cos, 2, axis=1)
             sin_full = np.stack([-sin, sin], axis=2).reshape(size, -1)
-        self.rope_cos = torch.from_numpy(cos_full.astype(np.float32)).to(self.device)
-        self.rope_sin = torch.from_numpy(sin_full.astype(np.float32)).to(self.device)
+        return (torch.from_numpy(cos_full.astype(np.float32)).to(self.device),
+                torch.from_numpy(sin_full.astype(np.float32)).to(self.device))
+
+    def tile_rope(self, pos: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The Tile rope fields (cos, sin and the sliding blocks' when some slide) of positions `pos`."""
+        out = {"cos": self.rope_cos[pos].unsqueeze(1), "sin": self.rope_sin[pos].unsqueeze(1)}
+        if self.rope_cos_swa is not None and self.rope_sin_swa is not None:
+            out |= {"cos_swa": self.rope_cos_swa[pos].unsqueeze(1), "sin_swa": self.rope_sin_swa[pos].unsqueeze(1)}
+        return out
 
     def q_scale(self, positions: np.ndarray) -> torch.Tensor | None:
         """Each row's query multiplier [M, 1, 1] for a tile's positions, or None when the file has no
@@ -252,7 +278,7 @@ class TorchModel:
             out = torch.addcmul(xr.float() * cos, swapped.float(), sin).to(x.dtype)
         return torch.cat((out, x[..., n_rot:]), dim=-1) if n_rot < x.shape[-1] else out
 
-    def _attention(self, tile: Tile, kv_layer: int, qk: torch.Tensor, out: torch.Tensor) -> None:
+    def _attention(self, tile: Tile, kv_layer: int, qk: torch.Tensor, out: torch.Tensor, sliding: bool = False) -> None:
         """qk: roped [M, n_head + n_kv, hd]. Writes each group's rows of ``out`` [M, n_head, hd]."""
         hp = self.hp
         n_kv, g, hd = hp.n_head_kv, hp.n_head // hp.n_head_kv, hp.head_dim
@@ -263,7 +289,8 @@ class TorchModel:
             qg = flat.index_select(0, grp.q_index).view(n_kv, g * R, hd)
             keys = grp.cache.k[kv_layer, :, : grp.n_keys]
             vals = grp.cache.v[kv_layer, :, : grp.n_keys]
-            scores = torch.baddbmm(grp.mask, qg, keys.transpose(1, 2), alpha=hp.attn_scale)
+            mask = grp.window_mask if sliding and grp.window_mask is not None else grp.mask
+            scores = torch.baddbmm(mask, qg, keys.transpose(1, 2), alpha=hp.attn_scale)
             if scores.dtype == torch.float32:
                 probs = torch.softmax(scores, dim=-1)
             else:
@@ -275,6 +302,8 @@ class TorchModel:
         """Run every block on one tile; returns (post-norm hidden [M, H], captured layer inputs)."""
         hp = self.hp
         x = F.embedding(tile.tokens, self.embd)
+        if hp.embd_scale != 1.0:
+            x = x * hp.embd_scale
         captured: dict[int, torch.Tensor] = {}
         attn_out = torch.zeros((x.shape[0], hp.n_head, hp.head_dim), dtype=self.dtype, device=self.device)
         for li in range(len(self.layers)):
@@ -293,10 +322,16 @@ class TorchModel:
         lw = self.layers[li]
         h = _rms_norm(x, lw.attn_norm, hp.rms_eps)
         if isinstance(lw.mixer, AttnWeights):
-            x = x + self._attend(tile, lw.mixer, h, attn_out)
+            mixed = self._attend(tile, lw.mixer, h, attn_out)
         else:
-            x = x + self._delta_net(tile, lw.mixer, lw.recurrent_index, h)
-        return x + lw.ffn(_rms_norm(x, lw.ffn_norm, hp.rms_eps))
+            mixed = self._delta_net(tile, lw.mixer, lw.recurrent_index, h)
+        if lw.attn_post_norm is not None:
+            mixed = _rms_norm(mixed, lw.attn_post_norm, hp.rms_eps)
+        x = x + mixed
+        ffn = lw.ffn(_rms_norm(x, lw.ffn_norm, hp.rms_eps))
+        if lw.ffn_post_norm is not None:
+            ffn = _rms_norm(ffn, lw.ffn_post_norm, hp.rms_eps)
+        return x + ffn
 
     def _attend(self, tile: Tile, aw: AttnWeights, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         hp = self.hp
@@ -317,7 +352,10 @@ class TorchModel:
             qk = torch.cat(
                 (_rms_norm(qk[:, :nh], aw.q_norm, hp.rms_eps), _rms_norm(qk[:, nh:], aw.k_norm, hp.rms_eps)), 1
             )
-        qk = self._rope(qk, tile.cos, tile.sin)
+        if aw.sliding and tile.cos_swa is not None and tile.sin_swa is not None:
+            qk = self._rope(qk, tile.cos_swa, tile.sin_swa)
+        else:
+            qk = self._rope(qk, tile.cos, tile.sin)
         if tile.q_scale is not None:  # after rope, queries only (llama.cpp's mistral3 graph)
             qk = torch.cat((qk[:, :nh] * tile.q_scale, qk[:, nh:]), 1)
         kl = aw.kv_layer
@@ -325,7 +363,7 @@ class TorchModel:
             n = w.r1 - w.r0
             w.cache.k[kl, :, w.pos0 : w.pos0 + n] = qk[w.r0 : w.r1, nh:].transpose(0, 1)
             w.cache.v[kl, :, w.pos0 : w.pos0 + n] = v[w.r0 : w.r1].transpose(0, 1)
-        self._attention(tile, kl, qk, attn_out)
+        self._attention(tile, kl, qk, attn_out, aw.sliding)
         out = attn_out if gate is None else attn_out * torch.sigmoid(gate)
         return aw.out(out.view(M, nh * hd))
 

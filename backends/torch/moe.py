@@ -51,15 +51,17 @@ def _rowwise_sigmoid(x: torch.Tensor) -> torch.Tensor:
 
 class DenseFFN:
     """down(silu(gate x) * up x), gate and up fused into one GEMM. ``gated`` (Qwen3.5-MoE's shared expert):
-    the GEMM has one more row, the logit g of the output gate, and the output is multiplied by sigmoid(g)."""
+    the GEMM has one more row, the logit g of the output gate, and the output is multiplied by sigmoid(g).
+    ``geglu`` (Gemma): GELU with the tanh approximation in place of SiLU."""
 
-    def __init__(self, gate_up: Lin, down: Lin, n_ff: int, *, gated: bool = False) -> None:
-        self.gate_up, self.down, self.n_ff, self.gated = gate_up, down, n_ff, gated
+    def __init__(self, gate_up: Lin, down: Lin, n_ff: int, *, gated: bool = False, geglu: bool = False) -> None:
+        self.gate_up, self.down, self.n_ff, self.gated, self.geglu = gate_up, down, n_ff, gated, geglu
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         gu = self.gate_up(h)
         F_ = self.n_ff
-        out = self.down(F.silu(gu[:, :F_]) * gu[:, F_ : 2 * F_])
+        act = F.gelu(gu[:, :F_], approximate="tanh") if self.geglu else F.silu(gu[:, :F_])
+        out = self.down(act * gu[:, F_ : 2 * F_])
         if self.gated:
             # [M, 1] view with the GEMM's row stride: every row's sigmoid is a scalar, whatever M is.
             out = out * torch.sigmoid(gu[:, 2 * F_ : 2 * F_ + 1])

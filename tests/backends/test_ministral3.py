@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from llamacpp_sdist import sdist_path
 from toy_backend import GarbageDrafter, RepeatDrafter, make_engine, plain_decode, run_requests
 
 from spekula.backends.gguf.architecture import FEATURES, read_hparams
@@ -45,7 +44,7 @@ SMALL_NGRAMS = {"spec-ngram-simple-size-n": 2, "spec-ngram-simple-size-m": 5, "s
 
 
 def model_path(type_name: str = "f32") -> Path:
-    return tiny_ministral3_gguf_path(sdist_path(), type_name=type_name)
+    return tiny_ministral3_gguf_path(type_name=type_name)
 
 
 @cache

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from llamacpp_sdist import sdist_path
 
 from spekula.backends.gguf.architecture import FEATURES, read_hparams
 from spekula.backends.gguf.rope_scaling import read_position_scaling, rope_frequencies
@@ -102,7 +101,7 @@ def _checkpoint(arch: str, root: Path) -> tuple[Path, Path]:
     cfg = json.loads((hf / "config.json").read_text())
     cfg.update(rope_theta=100.0, max_position_embeddings=64, rope_scaling=dict(YARN))
     (hf / "config.json").write_text(json.dumps(cfg, indent=1))
-    return hf, llamacpp_convert(hf, root / f"{arch}-yarn.gguf", sdist_path())
+    return hf, llamacpp_convert(hf, root / f"{arch}-yarn.gguf", "f32")
 
 
 @pytest.fixture(scope="module")

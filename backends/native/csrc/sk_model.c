@@ -36,6 +36,7 @@
 #include "sk_moe.h"
 #include "sk_pack.h"
 #include "sk_pool.h"
+#include "sk_swa.h"
 #include "sk_rope.h"
 
 typedef struct {
@@ -44,6 +45,8 @@ typedef struct {
     const sk_moe *moe;                                    /* non-NULL: a MoE FFN replaces w_gate/up/down */
     int32_t attn_gate; /* wq yields [q | gate] per head; the attention output is multiplied by sigmoid(gate) */
     sk_dn dn;          /* dn.qkv.data non-NULL: a gated delta-net block in place of attention (sk_deltanet.h) */
+    const float *attn_post_norm, *ffn_post_norm; /* non-NULL: RMS-normed sublayer outputs before the add (Gemma) */
+    int32_t sliding;   /* attends through the config's window, ropes with rope_inv_freq_swa, KV in a ring (sk_swa.h) */
 } sk_layer;
 
 typedef struct {
@@ -65,6 +68,12 @@ typedef struct {
      * data NULL: none. Only sk_inject_kv reads it. */
     sk_tensor ctx_proj;
     const float *ctx_norm;
+    /* Sliding blocks (sk_swa.h): window > 0, their rope table, and the most rows one forward adds to a
+     * sequence (which sizes their rings). Gemma-style blocks: embeddings times embd_scale (0: 1), FFN
+     * gate through GELU (tanh) instead of SiLU. */
+    const double *rope_inv_freq_swa;
+    int32_t swa_window, swa_row_cap, ffn_geglu;
+    float embd_scale;
     /* sk_rope.h: YaRN's cos/sin magnitude and the queries' temperature by position (0: none) */
     float rope_mscale, attn_temp_scale;
     int32_t attn_temp_floor;
@@ -109,6 +118,12 @@ struct sk_ctx {
     int32_t *kv_layer;   /* [n_layer]: a block's index among those with a KV cache (delta-net blocks: -1) */
     int32_t n_kv_layers;
     int64_t qkvd;        /* row width of qkv: [q (| gate) per head | k | v] of the widest block */
+    int64_t *kv_off, *kv_rows; /* [n_layer]: a KV block's offset in a slot's buffer and its rows (ring or n_ctx_pad) */
+    int64_t kv_slot_elems;     /* uint16 values of one slot's buffer */
+    int64_t *att_prefix_swa;   /* like att_prefix, for the sliding blocks' spans (NULL: none slide) */
+    int64_t *swa_floor;        /* [n_seq_max]: every position from here up to the length is in the rings */
+    int64_t swa_ring;          /* rows of a sliding block's ring (0: no block slides) */
+    float *rope_swa;           /* per row [cos | sin] of the sliding blocks' rope */
     atomic_int refs;     /* 1 for the creator, 1 per context made over this one */
 };
 
@@ -191,9 +206,9 @@ static int64_t q_width(const sk_config *g, const sk_layer *L) { return (int64_t)
 static int64_t max3(int64_t a, int64_t b, int64_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
 static void free_scratch(sk_ctx *c) {
-    free(c->x); free(c->h); free(c->qkv); free(c->att); free(c->gu); free(c->rope);
+    free(c->x); free(c->h); free(c->qkv); free(c->att); free(c->gu); free(c->rope); free(c->rope_swa);
     free(c->act.q); free(c->act.d); free(c->act.s); free(c->act.qs16);
-    c->x = c->h = c->qkv = c->att = c->gu = c->rope = NULL;
+    c->x = c->h = c->qkv = c->att = c->gu = c->rope = c->rope_swa = NULL;
     memset(&c->act, 0, sizeof c->act);
     c->cap_rows = 0;
 }
@@ -203,21 +218,39 @@ static int64_t n_chunks(int64_t n_keys) { return (n_keys + SK_ATTN_CHUNK - 1) / 
 /* Keys row r of a batch attends to: its own position and those before it, or up to key_end. */
 static inline int64_t row_keys(const sk_batch *b, int64_t r) { return b->key_end ? b->key_end[r] : b->pos[r] + 1; }
 
+/* The first key row r of a block sees: 0, or the window's start in a sliding block. */
+static inline int64_t row_first_key(const sk_config *g, const sk_batch *b, int64_t r, int sliding) {
+    const int64_t lo = sliding ? (int64_t)b->pos[r] - g->swa_window + 1 : 0;
+    return lo > 0 ? lo : 0;
+}
+
+/* First work item of each row in attention_plan's (row, kv head, piece) numbering, and its total. */
+static int64_t plan_spans(const sk_config *g, const sk_batch *b, int sliding, int64_t *prefix) {
+    int64_t items = 0;
+    for (int64_t r = 0; r < b->n_rows; r++) {
+        prefix[r] = items;
+        items += (int64_t)g->n_head_kv * sk_span_pieces(row_first_key(g, b, r, sliding), row_keys(b, r));
+    }
+    prefix[b->n_rows] = items;
+    return items;
+}
+
 /* Work items of a batch's attention: (row, kv head, key chunk), numbered row by row. */
 static int plan_attention(sk_ctx *c, const sk_batch *b) {
     const sk_config *g = &c->cfg;
     if (b->n_rows + 1 > c->att_rows_cap) {
         free(c->att_prefix);
+        free(c->att_prefix_swa);
         c->att_prefix = malloc(sizeof(int64_t) * (size_t)(b->n_rows + 1));
-        c->att_rows_cap = c->att_prefix ? b->n_rows + 1 : 0;
-        if (!c->att_prefix) return -1;
+        c->att_prefix_swa = g->swa_window > 0 ? malloc(sizeof(int64_t) * (size_t)(b->n_rows + 1)) : NULL;
+        c->att_rows_cap = c->att_prefix && (g->swa_window <= 0 || c->att_prefix_swa) ? b->n_rows + 1 : 0;
+        if (!c->att_rows_cap) return -1;
     }
-    int64_t items = 0;
-    for (int64_t r = 0; r < b->n_rows; r++) {
-        c->att_prefix[r] = items;
-        items += (int64_t)g->n_head_kv * n_chunks(row_keys(b, r));
+    int64_t items = plan_spans(g, b, 0, c->att_prefix);
+    if (g->swa_window > 0) {
+        int64_t items_swa = plan_spans(g, b, 1, c->att_prefix_swa);
+        if (items_swa > items) items = items_swa;
     }
-    c->att_prefix[b->n_rows] = items;
     int64_t need = items * (g->n_head / g->n_head_kv) * (g->head_dim + 2);
     if (need > c->att_parts_cap) {
         free(c->att_parts);
@@ -243,14 +276,16 @@ static int ensure_scratch(sk_ctx *c, int64_t m) {
     c->h = malloc((size_t)(m * wide) * 4);
     c->qkv = malloc((size_t)(m * c->qkvd) * 4);
     c->att = malloc((size_t)(m * qd) * 4);
-    c->gu = malloc((size_t)(m * 2 * (g->n_ff > 0 ? g->n_ff : 1)) * 4); /* n_ff 0: every block is MoE */
+    /* n_ff 0: every block is MoE; a post-normed FFN's down projection lands here too (n_embd wide) */
+    c->gu = malloc((size_t)(m * (2 * g->n_ff > g->n_embd ? 2 * g->n_ff : g->n_embd)) * 4);
     c->rope = malloc((size_t)(m * g->n_rot) * 4);
+    c->rope_swa = g->rope_inv_freq_swa ? malloc((size_t)(m * g->n_rot) * 4) : NULL;
     c->act.q = xalloc((size_t)(m * kp));
     c->act.d = xalloc((size_t)(m * kp / 8));
     c->act.s = xalloc((size_t)(m * kp / 8));
     c->act.qs16 = xalloc((size_t)(m * kp / 4));
     if (!c->x || !c->h || !c->qkv || !c->att || !c->gu || !c->rope || !c->act.q || !c->act.d || !c->act.s ||
-        !c->act.qs16) {
+        !c->act.qs16 || (g->rope_inv_freq_swa && !c->rope_swa)) {
         free_scratch(c);
         return -1;
     }
@@ -277,6 +312,10 @@ SK_API void sk_ctx_free(sk_ctx *c) {
     sk_moe_scratch_free(c->moe_scratch);
     sk_dn_ctx_free(c->dn);
     free(c->kv_layer);
+    free(c->kv_off);
+    free(c->kv_rows);
+    free(c->att_prefix_swa);
+    free(c->swa_floor);
     free_scratch(c);
     free(c->layers);
     sk_ctx *base = c->base;
@@ -393,7 +432,9 @@ static int set_up_blocks(sk_ctx *c) {
     const sk_config *g = &c->cfg;
     const sk_dn **dn = calloc((size_t)g->n_layer, sizeof(sk_dn *));
     c->kv_layer = malloc(sizeof(int32_t) * (size_t)g->n_layer);
-    if (!dn || !c->kv_layer) { free(dn); return -1; }
+    c->kv_off = calloc((size_t)g->n_layer, sizeof(int64_t));
+    c->kv_rows = calloc((size_t)g->n_layer, sizeof(int64_t));
+    if (!dn || !c->kv_layer || !c->kv_off || !c->kv_rows) { free(dn); return -1; }
     c->qkvd = (int64_t)(g->n_head + 2 * g->n_head_kv) * g->head_dim;
     for (int l = 0; l < g->n_layer; l++) {
         const sk_layer *L = &c->layers[l];
@@ -404,6 +445,11 @@ static int set_up_blocks(sk_ctx *c) {
             continue;
         }
         c->kv_layer[l] = c->n_kv_layers++;
+        if (L->sliding && (g->swa_window <= 0 || g->swa_row_cap <= 0 || !g->rope_inv_freq_swa)) { free(dn); return -1; }
+        c->kv_rows[l] = L->sliding ? sk_swa_ring_rows(c->n_ctx_pad, g->swa_window, g->swa_row_cap) : c->n_ctx_pad;
+        if (L->sliding) c->swa_ring = c->kv_rows[l];
+        c->kv_off[l] = c->kv_slot_elems;
+        c->kv_slot_elems += 2 * (int64_t)g->n_head_kv * c->kv_rows[l] * g->head_dim;
         const int64_t w = q_width(g, L) + 2 * (int64_t)g->n_head_kv * g->head_dim;
         if (L->attn_gate && (L->wq.n_rows != (L->wk.data ? q_width(g, L) : w) || g->wide_input)) { free(dn); return -1; }
         if (w > c->qkvd) c->qkvd = w;
@@ -438,9 +484,10 @@ static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int kernel_cap) {
     c->moe = calloc((size_t)cfg->n_layer, sizeof(sk_moe *));
     c->kv = calloc((size_t)cfg->n_seq_max, sizeof(uint16_t *));
     c->att_scratch = calloc((size_t)c->cfg.n_threads, sizeof(float *));
-    c->n_ctx_pad = sk_round_up(cfg->n_ctx, SK_KEY_BLOCK);
+    c->n_ctx_pad = sk_round_up(cfg->n_ctx, SK_ATTN_CHUNK); /* whole chunks: a ring's pieces map to its rows */
+    c->swa_floor = calloc((size_t)cfg->n_seq_max, sizeof(int64_t));
     c->kv_head_elems = c->n_ctx_pad * cfg->head_dim;
-    if (!c->layers || !c->moe || !c->kv || !c->att_scratch) { sk_ctx_free(c); return NULL; }
+    if (!c->layers || !c->moe || !c->kv || !c->att_scratch || !c->swa_floor) { sk_ctx_free(c); return NULL; }
     memcpy(c->layers, cfg->layers, sizeof(sk_layer) * (size_t)cfg->n_layer);
     c->cfg.layers = c->layers;
     for (int l = 0; l < cfg->n_layer; l++) {
@@ -477,8 +524,9 @@ SK_API const char *sk_ctx_kernel_name(const sk_ctx *c) { return c->kern->name; }
 SK_API int sk_kv_alloc(sk_ctx *c, int slot) {
     if (slot < 0 || slot >= c->cfg.n_seq_max) return -1;
     if (c->kv[slot]) return 0;
-    size_t n = (size_t)c->n_kv_layers * (size_t)c->cfg.n_head_kv * (size_t)c->kv_head_elems * 2;
+    size_t n = (size_t)c->kv_slot_elems;
     c->kv[slot] = calloc(n > 0 ? n : 1, sizeof(uint16_t));
+    c->swa_floor[slot] = 0;
     if (c->kv[slot] && c->dn && sk_dn_state_alloc(c->dn, slot) != 0) { free(c->kv[slot]); c->kv[slot] = NULL; }
     return c->kv[slot] ? 0 : -1;
 }
@@ -487,16 +535,17 @@ SK_API void sk_kv_release(sk_ctx *c, int slot) {
     if (slot < 0 || slot >= c->cfg.n_seq_max) return;
     free(c->kv[slot]);
     c->kv[slot] = NULL;
+    c->swa_floor[slot] = 0;
     if (c->dn) sk_dn_state_free(c->dn, slot);
 }
 
+/* A block's keys (then its values) of one slot: per kv head kv_rows[layer] rows (a ring in sliding blocks). */
 static uint16_t *kcache(sk_ctx *c, int slot, int layer, int head) {
-    int64_t per_layer = (int64_t)c->cfg.n_head_kv * c->kv_head_elems;
-    return c->kv[slot] + ((int64_t)c->kv_layer[layer] * 2) * per_layer + head * c->kv_head_elems;
+    return c->kv[slot] + c->kv_off[layer] + head * c->kv_rows[layer] * c->cfg.head_dim;
 }
 
 static uint16_t *vcache(sk_ctx *c, int slot, int layer, int head) {
-    return kcache(c, slot, layer, head) + (int64_t)c->cfg.n_head_kv * c->kv_head_elems;
+    return kcache(c, slot, layer, head) + (int64_t)c->cfg.n_head_kv * c->kv_rows[layer] * c->cfg.head_dim;
 }
 
 static const sk_kernels *kern_for(const sk_ctx *c, const sk_tensor *w) {
@@ -563,15 +612,19 @@ static void project(sk_ctx *c, const part *parts, int np, const float *x, int64_
 }
 
 /* Row r's [cos | sin] table at position p. */
+static void rope_table(const double *inv_freq, int n_rot, int64_t p, double mscale, float *cs) {
+    for (int i = 0; i < n_rot / 2; i++) {
+        double th = (double)p * inv_freq[i];
+        cs[i] = (float)(cos(th) * mscale);
+        cs[n_rot / 2 + i] = (float)(sin(th) * mscale);
+    }
+}
+
 static void rope_angles(sk_ctx *c, int64_t p, int64_t r) {
     const sk_config *g = &c->cfg;
-    float *cs = c->rope + r * g->n_rot;
-    const double ms = sk_rope_mscale(g->rope_mscale);
-    for (int i = 0; i < g->n_rot / 2; i++) {
-        double th = (double)p * g->rope_inv_freq[i];
-        cs[i] = (float)(cos(th) * ms);
-        cs[g->n_rot / 2 + i] = (float)(sin(th) * ms);
-    }
+    const double ms = sk_rope_mscale(g->rope_mscale); /* YaRN's magnitude, the same in both tables */
+    rope_table(g->rope_inv_freq, g->n_rot, p, ms, c->rope + r * g->n_rot);
+    if (g->rope_inv_freq_swa) rope_table(g->rope_inv_freq_swa, g->n_rot, p, ms, c->rope_swa + r * g->n_rot);
 }
 
 /* Rope on one head: NORM pairs (2i, 2i+1) or NEOX pairs (i, i + n_rot/2); cs = [cos | sin] per pair. */
@@ -593,7 +646,7 @@ static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int first_head, in
     const int hd = g->head_dim;
     const int64_t qkvd = c->qkvd, qs = q_stride(g, L), qw = q_width(g, L);
     for (int64_t r = r0; r < r1; r++) {
-        float *row = c->qkv + r * qkvd, *cs = c->rope + r * g->n_rot;
+        float *row = c->qkv + r * qkvd, *cs = (L->sliding ? c->rope_swa : c->rope) + r * g->n_rot;
         const float temp = sk_attn_temperature(g->attn_temp_scale, g->attn_temp_floor, b->pos[r]);
         for (int h = first_head; h < g->n_head + g->n_head_kv; h++) {
             float *v = h < g->n_head ? row + h * qs : row + qw + (int64_t)(h - g->n_head) * hd;
@@ -604,7 +657,7 @@ static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int first_head, in
                 for (int d = 0; d < hd; d++) v[d] *= temp;
         }
         int slot = b->seq[r];
-        int64_t t = b->pos[r];
+        int64_t t = b->pos[r] % c->kv_rows[layer]; /* a ring's row in sliding blocks */
         for (int h = 0; h < g->n_head_kv; h++) {
             const float *kv = row + qw + (int64_t)h * hd, *vv = kv + (int64_t)g->n_head_kv * hd;
             uint16_t *kd = kcache(c, slot, layer, h) + (t / SK_KEY_BLOCK) * hd * SK_KEY_BLOCK + t % SK_KEY_BLOCK;
@@ -621,18 +674,24 @@ static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int first_head, in
  * loads, and long contexts spread over every thread. Each item leaves one partial per query head. */
 static void attention(sk_ctx *c, const sk_batch *b, int layer, int ith, int nth) {
     const sk_config *g = &c->cfg;
-    const int hd = g->head_dim, gq = g->n_head / g->n_head_kv;
-    const int64_t qkvd = c->qkvd, ldpart = hd + 2, qs = q_stride(g, &c->layers[layer]);
+    const int hd = g->head_dim, gq = g->n_head / g->n_head_kv, sliding = c->layers[layer].sliding;
+    const int64_t qkvd = c->qkvd, ldpart = hd + 2, qs = q_stride(g, &c->layers[layer]), ring = c->kv_rows[layer];
+    const int64_t *prefix = sliding ? c->att_prefix_swa : c->att_prefix;
     int64_t i0, i1, r = 0;
-    split(c->att_prefix[b->n_rows], ith, nth, &i0, &i1);
+    split(prefix[b->n_rows], ith, nth, &i0, &i1);
     for (int64_t i = i0; i < i1; i++) {
-        while (c->att_prefix[r + 1] <= i) r++;
-        const int64_t n_keys = row_keys(b, r), nc = n_chunks(n_keys), local = i - c->att_prefix[r];
+        while (prefix[r + 1] <= i) r++;
+        const int64_t lo = row_first_key(g, b, r, sliding), hi = row_keys(b, r), nc = sk_span_pieces(lo, hi);
+        const int64_t local = i - prefix[r];
         const int kvh = (int)(local / nc);
-        const int64_t t0 = (local % nc) * SK_ATTN_CHUNK, t1 = t0 + SK_ATTN_CHUNK < n_keys ? t0 + SK_ATTN_CHUNK : n_keys;
+        int64_t t0, t1;
+        sk_span_piece(lo, hi, local % nc, &t0, &t1);
+        const int64_t base = t0 - t0 % ring; /* a piece never crosses a multiple of the ring's rows */
+        /* the SIMD kernels read whole key blocks; a window's unaligned first piece goes through the generic one */
+        const sk_kernels *k = t0 % SK_KEY_BLOCK ? &sk_generic_kernels : c->kern;
         const float *q = c->qkv + r * qkvd + (int64_t)kvh * gq * qs;
-        c->kern->attend_part(q, gq, qs, kcache(c, b->seq[r], layer, kvh), vcache(c, b->seq[r], layer, kvh), t0, t1, hd,
-                             g->attn_scale, c->att_parts + i * gq * ldpart, ldpart, c->att_scratch[ith]);
+        k->attend_part(q, gq, qs, kcache(c, b->seq[r], layer, kvh), vcache(c, b->seq[r], layer, kvh), t0 - base,
+                       t1 - base, hd, g->attn_scale, c->att_parts + i * gq * ldpart, ldpart, c->att_scratch[ith]);
     }
 }
 
@@ -644,10 +703,11 @@ static void attention_merge(sk_ctx *c, const sk_batch *b, const sk_layer *L, int
     const int64_t qd = (int64_t)g->n_head * hd, ldpart = hd + 2;
     int64_t i0, i1;
     split(b->n_rows * g->n_head, ith, nth, &i0, &i1);
+    const int64_t *prefix = L && L->sliding ? c->att_prefix_swa : c->att_prefix;
     for (int64_t i = i0; i < i1; i++) {
-        const int64_t r = i / g->n_head, nc = n_chunks(row_keys(b, r));
+        const int64_t r = i / g->n_head, nc = (prefix[r + 1] - prefix[r]) / g->n_head_kv;
         const int h = (int)(i % g->n_head), kvh = h / gq;
-        const float *p0 = c->att_parts + ((c->att_prefix[r] + (int64_t)kvh * nc) * gq + h % gq) * ldpart;
+        const float *p0 = c->att_parts + ((prefix[r] + (int64_t)kvh * nc) * gq + h % gq) * ldpart;
         const int64_t step = gq * ldpart;
         float *out = c->att + r * qd + (int64_t)h * hd;
         if (nc == 1) {
@@ -669,6 +729,16 @@ static void attention_merge(sk_ctx *c, const sk_batch *b, const sk_layer *L, int
             const float *gate = c->qkv + r * c->qkvd + (int64_t)h * 2 * hd + hd;
             for (int d = 0; d < hd; d++) out[d] *= 1.0f / (1.0f + expf(-gate[d]));
         }
+    }
+}
+
+/* x += rmsnorm(h, w) for rows [r0, r1) (a post-normed sublayer output in h; the caller's barrier follows). */
+static void add_post_normed(sk_ctx *c, const float *w, int64_t r0, int64_t r1) {
+    const int64_t E = c->cfg.n_embd;
+    for (int64_t r = r0; r < r1; r++) {
+        float *h = c->h + r * E, *x = c->x + r * E;
+        c->kern->rms_norm(h, w, E, c->cfg.rms_eps, h);
+        for (int64_t i = 0; i < E; i++) x[i] += h[i];
     }
 }
 
@@ -694,8 +764,9 @@ static void attention_block(sk_ctx *c, const sk_batch *b, const sk_layer *L, int
     attention_merge(c, b, L, ith, nth);
     barrier(c->pool, ith);
     phase(ith, PH_ATTN, &t);
-    part o = {&L->wo, c->x, E, 1};
+    part o = {&L->wo, L->attn_post_norm ? c->h : c->x, E, !L->attn_post_norm};
     project(c, &o, 1, c->att, qd, qd, m, r0, r1, ith, nth, PH_OPROJ, &t);
+    if (L->attn_post_norm) add_post_normed(c, L->attn_post_norm, r0, r1);
     *tp = t;
 }
 
@@ -744,7 +815,10 @@ static void forward_job(void *arg, int ith, int nth) {
                 memcpy(c->x + r * E, g->wide_input == SK_WIDE_RESIDUAL_NORMED ? e + E : b->hidden_in + r * E,
                        (size_t)E * 4);
         } else {
-            sk_dequant_row(&g->token_embd, b->tokens[r], c->x + r * E);
+            float *x = c->x + r * E;
+            sk_dequant_row(&g->token_embd, b->tokens[r], x);
+            if (g->embd_scale != 0.0f)
+                for (int64_t i = 0; i < E; i++) x[i] *= g->embd_scale;
         }
         rope_angles(c, b->pos[r], r);
     }
@@ -774,8 +848,16 @@ static void forward_job(void *arg, int ith, int nth) {
         }
         part gu[2] = {{&L->w_gate, c->gu, 2 * ff, 0}, {&L->w_up, c->gu + ff, 2 * ff, 0}};
         project(c, gu, 2, c->h, E, E, m, r0, r1, ith, nth, PH_FFN_UP, &t);
+        for (int64_t r = r0; r < r1; r++)
+            (g->ffn_geglu ? sk_geglu : c->kern->silu_mul)(c->gu + r * 2 * ff, c->gu + r * 2 * ff + ff, ff, c->h + r * ff);
+        if (L->ffn_post_norm) { /* down into gu (free again), then normed into the residual */
+            part dn = {&L->w_down, c->gu, E, 0};
+            project(c, &dn, 1, c->h, ff, ff, m, r0, r1, ith, nth, PH_FFN_DOWN, &t);
+            for (int64_t r = r0; r < r1; r++) memcpy(c->h + r * E, c->gu + r * E, (size_t)E * 4);
+            add_post_normed(c, L->ffn_post_norm, r0, r1);
+            continue;
+        }
         part dn = {&L->w_down, c->x, E, 1};
-        for (int64_t r = r0; r < r1; r++) c->kern->silu_mul(c->gu + r * 2 * ff, c->gu + r * 2 * ff + ff, ff, c->h + r * ff);
         project(c, &dn, 1, c->h, ff, ff, m, r0, r1, ith, nth, PH_FFN_DOWN, &t);
     }
     if (b->capture && b->capture[g->n_layer])
@@ -794,6 +876,36 @@ static void forward_job(void *arg, int ith, int nth) {
     phase(ith, PH_HEAD, &t);
 }
 
+/* Sliding blocks: every run of one sequence's rows finds the keys its windows need in the rings (those
+ * before the run from the sequence's floor on, and none overwritten by the run's own later rows). */
+static int swa_batch_fits(const sk_ctx *c, const sk_batch *b) {
+    for (int64_t r0 = 0, r1; r0 < b->n_rows; r0 = r1) {
+        for (r1 = r0 + 1; r1 < b->n_rows && b->seq[r1] == b->seq[r0]; r1++) {}
+        const int64_t lo = row_first_key(&c->cfg, b, r0, 1);
+        if ((lo < b->pos[r0] && lo < c->swa_floor[b->seq[r0]]) || lo < (int64_t)b->pos[r1 - 1] - c->swa_ring + 1) return 0;
+    }
+    return 1;
+}
+
+/* After the forward: positions the rings' new rows overwrote are gone from each sequence's floor. */
+static void swa_advance(sk_ctx *c, const sk_batch *b) {
+    for (int64_t r = 0; r < b->n_rows; r++) {
+        int64_t *floor = &c->swa_floor[b->seq[r]], gone = (int64_t)b->pos[r] - c->swa_ring + 1;
+        if (gone > *floor) *floor = gone;
+    }
+}
+
+/* The first position from which a sequence's rings hold every written position (-2: a bad slot). */
+SK_API int64_t sk_swa_floor(const sk_ctx *c, int slot) {
+    return slot >= 0 && slot < c->cfg.n_seq_max ? c->swa_floor[slot] : -2;
+}
+
+/* A truncate to n: positions from n on are written again before anything reads them, so after going
+ * back below the floor (to 0, or when no window reaches under it) the rings hold everything from n on. */
+SK_API void sk_swa_truncate(sk_ctx *c, int slot, int64_t n) {
+    if (slot >= 0 && slot < c->cfg.n_seq_max && c->swa_floor[slot] > n) c->swa_floor[slot] = n;
+}
+
 /* 0 on success, -1 when scratch memory cannot be had, -2 for a bad batch (checked again here so a
  * caller's mistake cannot write out of bounds). */
 SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
@@ -809,6 +921,7 @@ SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
         if (b->out_rows[i] < 0 || b->out_rows[i] >= b->n_rows) return -2;
     for (int64_t r = 0; b->key_end && r < b->n_rows; r++) /* a row sees at least itself, never past n_ctx */
         if (b->key_end[r] <= b->pos[r] || b->key_end[r] > g->n_ctx) return -2;
+    if (c->swa_ring && (b->key_end || !swa_batch_fits(c, b))) return -2;
     if (ensure_scratch(c, b->n_rows) != 0 || plan_attention(c, b) != 0 ||
         sk_moe_reserve(&c->moe_scratch, c->moe, g->n_layer, g->n_embd, b->n_rows) != 0)
         return -1;
@@ -824,6 +937,7 @@ SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
     job j = {c, b};
     sk_pool_run(c->pool, forward_job, &j);
     if (c->dn) sk_dn_commit(c->dn);
+    if (c->swa_ring) swa_advance(c, b);
     return 0;
 }
 
@@ -927,7 +1041,7 @@ static void inject_kv_job(void *arg, int ith, int nth) {
  * every block's keys and values there. 0, -1 out of memory, -2 no context encoder or a bad range. */
 SK_API int sk_inject_kv(sk_ctx *c, const float *features, int64_t m, int slot, int32_t start) {
     const sk_config *g = &c->cfg;
-    if (!g->ctx_proj.data || m < 1 || slot < 0 || slot >= g->n_seq_max || !c->kv[slot] || start < 0 ||
+    if (!g->ctx_proj.data || c->swa_ring || m < 1 || slot < 0 || slot >= g->n_seq_max || !c->kv[slot] || start < 0 ||
         (int64_t)start + m > g->n_ctx)
         return -2;
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)m), *seq = malloc(sizeof(int32_t) * (size_t)m);
