@@ -147,15 +147,15 @@ ARCHITECTURES: dict[str, BlockRecipe] = {
     "qwen35moe": BlockRecipe(rope="neox", qk_norm="always", attn_bias="never", ffn_norm="post_attention_norm",
                              attn_output_gate=True, delta_net=True,
                              moe=MoERecipe("softmax", True, False, frozenset({"expert_weights_scale"}), "tensors")),
+    # gemma3: every 6th block global, the rest slide (when the file has a window); q/k norms; post-norms.
+    "gemma3": BlockRecipe(rope="neox", qk_norm="always", attn_bias="never", activation="geglu", post_norms=True,
+                          sliding_window=True, logit_softcap=True, swa_period=6, swa_rope="own", embd_scale_sqrt=True,
+                          kq_scale_rule=_gemma3_kq_scale),
     # mistral3 (Ministral 3): llama's block, YaRN with the file's betas and log multiplier, and the queries'
     # temperature by position (llama.cpp's dense branch; its MoE branch is not described here).
     "mistral3": BlockRecipe(rope="norm",
                             yarn_keys=frozenset({"yarn_beta_fast", "yarn_beta_slow", "yarn_log_multiplier"}),
                             attn_temperature=True),
-    # gemma3: every 6th block global, the rest slide (when the file has a window); q/k norms; post-norms.
-    "gemma3": BlockRecipe(rope="neox", qk_norm="always", attn_bias="never", activation="geglu", post_norms=True,
-                          sliding_window=True, logit_softcap=True, swa_period=6, swa_rope="own", embd_scale_sqrt=True,
-                          kq_scale_rule=_gemma3_kq_scale),
 }
 
 # Operations beyond the llama-style block that a backend runs only if it says so (read_hparams' `implements`).
@@ -168,9 +168,10 @@ FEATURE_SLIDING_WINDOW = "sliding-window attention"
 FEATURE_POST_NORMS = "norms after the attention and FFN outputs"
 FEATURE_GEGLU = "GELU-gated FFN"
 FEATURE_EMBD_SCALE = "scaled token embeddings"
+FEATURE_FINAL_SOFTCAP = "final logit soft-capping"
 FEATURES = frozenset({FEATURE_DELTA_NET, FEATURE_ATTN_GATE, FEATURE_SHARED_GATE, FEATURE_SLIDING_WINDOW,
-                      FEATURE_POST_NORMS, FEATURE_GEGLU, FEATURE_EMBD_SCALE, FEATURE_ROPE_MSCALE,
-                      FEATURE_ATTN_TEMPERATURE})
+                      FEATURE_POST_NORMS, FEATURE_GEGLU, FEATURE_EMBD_SCALE, FEATURE_FINAL_SOFTCAP,
+                      FEATURE_ROPE_MSCALE, FEATURE_ATTN_TEMPERATURE})
 
 
 @dataclass(frozen=True)
@@ -326,6 +327,8 @@ def required_features(hp: ModelHParams) -> frozenset[str]:
         out.add(FEATURE_GEGLU)
     if hp.embd_scale != 1.0:
         out.add(FEATURE_EMBD_SCALE)
+    if hp.final_softcap:
+        out.add(FEATURE_FINAL_SOFTCAP)
     return frozenset(out)
 
 
@@ -338,8 +341,6 @@ def unsupported_options(hp: ModelHParams) -> list[str]:
         out.append("attention sinks")
     if hp.attn_softcap:
         out.append(f"attention logit soft-capping ({hp.attn_softcap})")
-    if hp.final_softcap:
-        out.append(f"final logit soft-capping ({hp.final_softcap})")
     if hp.moe is not None and (r.post_norms or r.activation != "swiglu"):
         out.append("post-norms or a GELU-gated FFN in mixture-of-experts blocks")
     if hp.sliding_window and (hp.delta_net is not None or hp.n_nextn):

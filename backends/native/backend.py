@@ -268,6 +268,9 @@ class NativeBackend(PooledSeqs, Backend):
                          capture=ctypes.cast(cap_ptrs, ctypes.c_void_p) if cap_ptrs is not None else None,
                          hidden_final=nl.ptr(hidden))
         nl.forward(self._ctx, batch, "native forward")
+        if hp.final_softcap:  # cap * tanh(logits / cap), elementwise: a row's bits stay its own
+            np.multiply(np.tanh(np.divide(logits, hp.final_softcap, out=logits), out=logits), hp.final_softcap,
+                        out=logits)
         outs, k = [], 0
         for i, c in enumerate(checked):
             self._seqs.get(c.seq_id).length = c.start + int(c.tokens.size)

@@ -12,7 +12,7 @@ blocks RMS-norm the attention and FFN outputs before each residual add, and scal
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -192,9 +192,15 @@ class TorchModel:
                 )
                 self.n_kv_layers += 1
             self.layers.append(LayerWeights(t(b + "attn_norm.weight"), mixer, t(b + hp.ffn_norm_name + ".weight"), ffn,
-                                            recurrent_index, opt(b + "post_attention_norm.weight"),
-                                            opt(b + "post_ffw_norm.weight")))
+                                            recurrent_index, *self._post_norms(t, b)))
         self._build_rope_tables(weights, max_pos)
+
+    def _post_norms(self, t: Callable[[str], torch.Tensor], b: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Block `b`'s post-sublayer norms where the description has them (GLM's post_attention_norm is its
+        pre-FFN norm, not one of these)."""
+        if not self.hp.post_norms:
+            return None, None
+        return t(b + "post_attention_norm.weight"), t(b + "post_ffw_norm.weight")
 
     def _lin(self, w: torch.Tensor, b: torch.Tensor | None) -> Lin:
         return planned_lin(self.gemm, w, b)
@@ -392,4 +398,6 @@ class TorchModel:
                 advance(dn, lw.mixer, self.hp.rms_eps, ssm[r], conv[r], rows[r], None)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        out = self.lm_head(hidden)
+        cap = self.hp.final_softcap
+        return cap * torch.tanh(out / cap) if cap else out  # row-wise: exact mode keeps its bits

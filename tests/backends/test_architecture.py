@@ -71,7 +71,7 @@ def test_unknown_architecture_names_it_and_the_supported_ones(tmp_path: Path) ->
             if k != "general.architecture"}
     path = write_gguf(tmp_path / "g.gguf", "gemma2", {}, tensors, keys)
     with pytest.raises(ModelFileError, match=r"g\.gguf: unsupported architecture 'gemma2' \(supported: llama, qwen2, "
-                                             r"qwen3, qwen3moe, glm4moe, qwen35, qwen35moe, mistral3\)"):
+                                             r"qwen3, qwen3moe, glm4moe, qwen35, qwen35moe, gemma3, mistral3\)"):
         read_hparams(GGUFFile(path))
 
 
@@ -80,11 +80,18 @@ def _with_recipe(monkeypatch: pytest.MonkeyPatch, arch: str, **changes: Any) -> 
 
 
 def test_unsupported_recipe_options_are_one_error_naming_each(monkeypatch: pytest.MonkeyPatch) -> None:
-    _with_recipe(monkeypatch, "llama", activation="geglu", post_norms=True, attn_sinks=True, norm="layer")
+    _with_recipe(monkeypatch, "llama", attn_sinks=True, norm="layer")
     with pytest.raises(ModelFileError, match=r"architecture 'llama' needs what no backend implements yet: layer norm, "
-                                             r"geglu activation, norms after the attention and FFN outputs, "
                                              r"attention sinks$"):
         read_hparams(GGUFFile(tiny_model_path("llama")))
+
+
+def test_options_a_runtime_lacks_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Post-norms and the GELU gate run on native and torch; a runtime that does not declare them refuses."""
+    _with_recipe(monkeypatch, "llama", activation="geglu", post_norms=True)
+    with pytest.raises(ModelFileError, match=r"architecture 'llama' needs what the onnx backend does not implement: "
+                                             r"GELU-gated FFN, norms after the attention and FFN outputs$"):
+        read_hparams(GGUFFile(tiny_model_path("llama")), runtime="the onnx backend")
 
 
 def test_recipe_options_read_from_the_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -95,9 +102,13 @@ def test_recipe_options_read_from_the_file(monkeypatch: pytest.MonkeyPatch, tmp_
     hp = read_hparams(GGUFFile(path))  # llama's graph has none of them: the keys are not its business
     assert (hp.sliding_window, hp.attn_softcap, hp.final_softcap) == (0, 0.0, 0.0)
     _with_recipe(monkeypatch, "llama", sliding_window=True, logit_softcap=True)
-    with pytest.raises(ModelFileError, match=r"sliding-window attention \(4096 tokens\), attention logit soft-capping "
-                                             r"\(50\.0\), final logit soft-capping \(30\.0\)"):
+    with pytest.raises(ModelFileError, match=r"needs what no backend implements yet: attention logit soft-capping "
+                                             r"\(50\.0\)$"):
         read_hparams(GGUFFile(path))
+    _with_recipe(monkeypatch, "llama", sliding_window=True, logit_softcap=True, swa_period=2)
+    del meta["llama.attn_logit_softcapping"]
+    hp = read_hparams(GGUFFile(_copy(tmp_path, tiny_model_path("llama"), meta=meta)), implements=architecture.FEATURES)
+    assert (hp.sliding_window, hp.swa_layers, hp.final_softcap) == (4096, (True, False, True, False), 30.0)
     plain = read_hparams(GGUFFile(tiny_model_path("llama")))  # the same recipe, keys absent: nothing to refuse
     assert (plain.sliding_window, plain.attn_softcap, plain.final_softcap) == (0, 0.0, 0.0)
 

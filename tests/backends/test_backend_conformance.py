@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from backend_conformance import CHECKS, HYBRID_CHECKS, HYBRID_MODELS, SCALED_MODELS, available_backends
+from backend_conformance import (
+    CHECKS,
+    HYBRID_CHECKS,
+    HYBRID_MODELS,
+    SCALED_MODELS,
+    SWA_MODELS,
+    available_backends,
+)
 
 TINY = ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe")
 # Every matrix in one block type, the embedding and the head included, on every backend (the older types:
@@ -11,7 +18,7 @@ TINY = ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe")
 # quantized (native vs torch logits measured 21 % apart for Q4_0, 11-16 % for MXFP4, beyond the suite's 10 %).
 TYPED = ("qwen3-IQ4_NL", "llama-IQ4_XS", "qwen3-MXFP4", "llama-Q3_K", "qwen3-Q2_K")
 BACKENDS = available_backends()
-# Backends that run hybrid (gated delta-net) models; the others refuse them by name.
+# Backends that run hybrid (gated delta-net) and sliding-window models; the others refuse them by name.
 HYBRID_BACKENDS = [b for b in BACKENDS if b == "torch" or b.startswith("native")]
 # Backends that run YaRN's magnitude and the queries' temperature (onnx refuses them by name).
 SCALED_BACKENDS = HYBRID_BACKENDS
@@ -33,6 +40,13 @@ def test_conformance_tiny(backend: str, model: str, check: str) -> None:
 @pytest.mark.parametrize("backend", HYBRID_BACKENDS)
 def test_conformance_hybrid(backend: str, model: str, check: str) -> None:
     (CHECKS | HYBRID_CHECKS)[check](backend, model)
+
+
+@pytest.mark.parametrize("check", sorted(CHECKS))
+@pytest.mark.parametrize("model", SWA_MODELS)
+@pytest.mark.parametrize("backend", HYBRID_BACKENDS)  # the ones that run sliding-window blocks too
+def test_conformance_sliding_window(backend: str, model: str, check: str) -> None:
+    CHECKS[check](backend, model)
 
 
 @pytest.mark.parametrize("check", sorted(CHECKS))

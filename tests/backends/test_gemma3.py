@@ -195,7 +195,7 @@ def _edited(src: Path, dst: Path, *, meta: dict[str, Any] | None = None, drop: t
      r"sliding_window_pattern must list one flag per block \(6\)"),
     ({"meta": {"gemma3.attention.sliding_window": -4}}, r"invalid gemma3\.attention\.sliding_window = -4"),
     ({"drop": ("blk.2.post_ffw_norm.weight",)}, r"missing tensor 'blk\.2\.post_ffw_norm\.weight'"),
-    ({"meta": {"gemma3.final_logit_softcapping": 30.0}}, r"final logit soft-capping \(30\.0\)"),
+    ({"meta": {"gemma3.attn_logit_softcapping": 50.0}}, r"attention logit soft-capping \(50\.0\)"),
 ])
 @pytest.mark.parametrize("name", ["native", "torch"])
 def test_malformed_files_are_clear_errors(gguf: Path, tmp_path: Path, edit: dict[str, Any], message: str,
@@ -203,6 +203,15 @@ def test_malformed_files_are_clear_errors(gguf: Path, tmp_path: Path, edit: dict
     bad = _edited(gguf, tmp_path / "bad.gguf", **edit)
     with pytest.raises(ModelFileError, match=message):
         _backend(name, bad)
+
+
+@pytest.mark.parametrize("name", ["native", "torch"])
+def test_final_logit_soft_capping(gguf: Path, tmp_path: Path, name: str) -> None:
+    capped = _edited(gguf, tmp_path / "cap.gguf", meta={"gemma3.final_logit_softcapping": 30.0})
+    tokens = _tokens(20, seed=9)
+    plain = _all_rows(_backend(name, gguf), tokens)
+    got = _all_rows(_backend(name, capped), tokens)
+    assert np.abs(got - 30.0 * np.tanh(plain / 30.0)).max() < 1e-4 and np.abs(got).max() < 30.0
 
 
 def test_a_file_pattern_overrides_the_architecture_rule(gguf: Path, tmp_path: Path) -> None:

@@ -860,6 +860,7 @@ static void forward_job(void *arg, int ith, int nth) {
         part dn = {&L->w_down, c->x, E, 1};
         project(c, &dn, 1, c->h, ff, ff, m, r0, r1, ith, nth, PH_FFN_DOWN, &t);
     }
+    if (c->layers[g->n_layer - 1].ffn_post_norm) barrier(c->pool, ith); /* the head reads rows of every thread */
     if (b->capture && b->capture[g->n_layer])
         memcpy(b->capture[g->n_layer] + r0 * E, c->x + r0 * E, (size_t)((r1 - r0) * E) * 4);
     if (b->hidden_final)
