@@ -280,9 +280,9 @@ class TorchBackend(PooledSeqs, Backend):
             n_keys = int(window[a - r0])
             q_rows = _round_up(b - a, self._attn_align)
             rows = np.concatenate([np.arange(a, b), np.full(q_rows - (b - a), b - 1)])
-            window = self._mask(pos[rows], n_keys, self.hparams.sliding_window) if self._sliding else None
+            sliding_mask = self._mask(pos[rows], n_keys, self.hparams.sliding_window) if self._sliding else None
             tile.groups.append(
-                AttnGroup(cache, a, b, n_keys, q_rows, self._mask(pos[rows], n_keys), self._q_index(rows), window)
+                AttnGroup(cache, a, b, n_keys, q_rows, self._mask(pos[rows], n_keys), self._q_index(rows), sliding_mask)
             )
             a = b
 
