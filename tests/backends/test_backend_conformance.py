@@ -20,8 +20,6 @@ TYPED = ("qwen3-IQ4_NL", "llama-IQ4_XS", "qwen3-MXFP4", "llama-Q3_K", "qwen3-Q2_
 BACKENDS = available_backends()
 # Backends that run hybrid (gated delta-net) and sliding-window models; the others refuse them by name.
 HYBRID_BACKENDS = [b for b in BACKENDS if b == "torch" or b.startswith("native")]
-# Backends that run YaRN's magnitude and the queries' temperature (onnx refuses them by name).
-SCALED_BACKENDS = HYBRID_BACKENDS
 
 
 def test_torch_backend_is_available() -> None:
@@ -51,7 +49,7 @@ def test_conformance_sliding_window(backend: str, model: str, check: str) -> Non
 
 @pytest.mark.parametrize("check", sorted(CHECKS))
 @pytest.mark.parametrize("model", SCALED_MODELS)
-@pytest.mark.parametrize("backend", SCALED_BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_conformance_scaled(backend: str, model: str, check: str) -> None:
     CHECKS[check](backend, model)
 

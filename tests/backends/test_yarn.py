@@ -4,7 +4,7 @@ The frequencies and magnitude against transformers' own YaRN (``ROPE_INIT_FUNCTI
 bases, factors, original contexts and partial rotation; which YaRN keys an architecture reads (llama.cpp's
 llama and qwen graphs ignore the betas a converter writes, mistral3 reads them); and tiny llama and qwen3
 checkpoints with ``rope_scaling = yarn``, converted by llama.cpp's converter, against transformers' fp32
-forward on the torch and native backends at positions past the original context.
+forward on the torch, native and onnx backends at positions past the original context.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from spekula.fixtures.tiny_gguf import tiny_model_path, write_gguf
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-LOGIT_TOL = {"torch": 1e-3, "native": 5e-3}  # as tests/backends/test_ministral3.py
+LOGIT_TOL = {"torch": 1e-3, "onnx": 1e-3, "native": 5e-3}  # as tests/backends/test_ministral3.py
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
 
 
@@ -109,9 +109,11 @@ def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("yarn")
 
 
-@pytest.mark.parametrize("name", ["torch", "native"])
+@pytest.mark.parametrize("name", ["torch", "native", "onnx"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_converted_yarn_checkpoint_matches_transformers(arch: str, name: str, out_dir: Path) -> None:
+    if name == "onnx":
+        pytest.importorskip("onnxruntime")
     hf, path = _checkpoint(arch, out_dir)
     f = GGUFFile(path)
     assert f.get(f"{arch}.rope.scaling.type") == "yarn"
