@@ -11,7 +11,9 @@ a recipe option no backend implements yet, is one :class:`ModelFileError` naming
 
 Rope pairing is fixed per architecture in llama.cpp (``llama_model_rope_type``), not stored in the
 file: llama's Q/K rows stay as its converter permuted them for interleaved (NORM) rope, the qwen
-and GLM families rotate halves (NEOX).
+and GLM families rotate halves (NEOX). Rope scaling (linear or YaRN, with the YaRN keys the recipe's
+graph reads) and the queries' temperature by position (mistral3) are read by gguf/rope_scaling.py into
+:attr:`ModelHParams.scaling`.
 
 MoE routing, as llama.cpp computes it: ``probs = softmax(logits)`` or ``sigmoid(logits)``; the
 ``n_expert_used`` experts with the largest ``probs + exp_probs_b`` are chosen (the bias only steers
