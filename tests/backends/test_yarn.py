@@ -52,7 +52,8 @@ def _scaling(keys: dict[str, Any], yarn_keys: frozenset[str] = frozenset(), n_ct
 
 @pytest.mark.parametrize(("head_dim", "partial", "base", "factor", "orig"), [
     (16, 1.0, 100.0, 4.0, 16), (64, 1.0, 10000.0, 8.0, 4096), (128, 1.0, 1e6, 32.0, 4096),
-    (128, 1.0, 150000.0, 32.0, 4096), (64, 0.5, 10000.0, 4.0, 2048), (32, 1.0, 500000.0, 2.0, 8192)])
+    (128, 1.0, 150000.0, 32.0, 4096), (64, 0.5, 10000.0, 4.0, 2048), (32, 1.0, 500000.0, 2.0, 8192),
+    (128, 1.0, 1e6, 4.0, 32768)])  # the last: Qwen3's published YaRN setting
 def test_frequencies_and_magnitude_match_transformers(head_dim: int, partial: float, base: float, factor: float,
                                                       orig: int) -> None:
     want_inv, want_mscale = _hf_yarn(head_dim, base, {"rope_type": "yarn", "factor": factor,
@@ -81,6 +82,20 @@ def test_log_multiplier_and_betas_are_read_only_where_the_graph_reads_them() -> 
                                                  "beta_slow": 0.5, "mscale": 1.0, "mscale_all_dim": 0.5})
     assert mistral.mscale == pytest.approx(2.0 * want_mscale)
     np.testing.assert_allclose(mistral.blend(100.0 ** (-np.arange(8) / 8.0), 16, 100.0), want_inv, rtol=2e-6)
+
+
+def test_ministral3_published_setting_has_magnitude_one() -> None:
+    """Ministral 3 ships mscale = mscale_all_dim = 1 (converted to yarn_log_multiplier 1): its YaRN magnitude is 1,
+    as transformers' attention_factor, and its blend is transformers' over the 128-wide heads."""
+    rope = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 16384, "beta_fast": 32.0,
+            "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+    want_inv, want_mscale = _hf_yarn(128, 1e6, rope)
+    keys = {"rope.scaling.type": "yarn", "rope.scaling.factor": 16.0, "rope.scaling.original_context_length": 16384,
+            "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0,
+            "rope.scaling.yarn_log_multiplier": 1.0}
+    scaling = _scaling(keys, frozenset({"yarn_beta_fast", "yarn_beta_slow", "yarn_log_multiplier"}))
+    assert scaling.rope_mscale == want_mscale == 1.0
+    np.testing.assert_allclose(rope_frequencies(128, 1e6, scaling, None), want_inv, rtol=2e-6)
 
 
 def test_linear_and_none_keep_their_meaning() -> None:
