@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from spekula.backends.gguf.architecture import FEATURES, read_hparams
-from spekula.backends.gguf.rope_scaling import read_position_scaling, rope_frequencies
+from spekula.backends.gguf.architecture import ARCHITECTURES, FEATURES, read_hparams
+from spekula.backends.gguf.rope_scaling import YARN_FILE_KEYS, read_position_scaling, rope_frequencies
 from spekula.backends.gguf.weights import dequantize
 from spekula.core.backend import BackendOptions, SeqInput, load_backend
 from spekula.core.modelfile.gguf_file import GGUFFile
@@ -96,6 +96,12 @@ def test_ministral3_published_setting_has_magnitude_one() -> None:
     scaling = _scaling(keys, frozenset({"yarn_beta_fast", "yarn_beta_slow", "yarn_log_multiplier"}))
     assert scaling.rope_mscale == want_mscale == 1.0
     np.testing.assert_allclose(rope_frequencies(128, 1e6, scaling, None), want_inv, rtol=2e-6)
+
+
+def test_recipes_name_only_yarn_keys_llamacpp_has() -> None:
+    for arch, recipe in ARCHITECTURES.items():
+        assert recipe.yarn_keys <= YARN_FILE_KEYS, arch
+    assert ARCHITECTURES["mistral3"].yarn_keys and not ARCHITECTURES["llama"].yarn_keys
 
 
 def test_linear_and_none_keep_their_meaning() -> None:
