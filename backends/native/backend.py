@@ -19,7 +19,8 @@ checkpoint on replays the logged rows after it through the recurrence alone (bit
 state), and snapshots are copies. Sliding-window blocks (Gemma 3) keep their keys and values in a ring of
 the window plus ``swa_row_cap`` rows per sequence (backends/native/csrc/sk_swa.h): a forward adds at most
 that many rows to a sequence (longer inputs run in rounds, backends/row_rounds.py), and a truncate may go
-back to any length whose window is still in the ring (``restorable``; 0 always), else it is refused. Mixture-of-experts blocks describe each expert as a view of its slice of the 3-D
+back to any length whose window is still in the ring, to a snapshot (a copy of the window: two per sequence),
+or to 0 (``restorable``); anything else is refused. Mixture-of-experts blocks describe each expert as a view of its slice of the 3-D
 expert tensor (native/moe.py); the C side runs them as grouped matmuls (backends/native/csrc/sk_moe.c).
 """
 
@@ -161,27 +162,34 @@ class NativeBackend(PooledSeqs, Backend):
             raise MemoryError(f"native checkpoint of sequence {seq_id}: out of memory for its row log")
 
     def snapshot(self, seq_id: int) -> None:
-        if self.info.recurrent and self._lib.sk_rs_snapshot(self._ctx, self._seqs.get(seq_id).slot) != 0:
+        seq = self._seqs.get(seq_id)
+        if self.info.recurrent and self._lib.sk_rs_snapshot(self._ctx, seq.slot) != 0:
             raise MemoryError(f"native snapshot of sequence {seq_id}: out of memory for the state's copy")
+        if self.sliding and self._lib.sk_swa_snapshot(self._ctx, seq.slot, seq.length) == -1:
+            raise MemoryError(f"native snapshot of sequence {seq_id}: out of memory for the window's copy")
+
+    def _in_rings(self, slot: int, n: int) -> bool:
+        """Whether the sliding blocks' rings still hold the window before length n (always for 0)."""
+        return n == 0 or max(0, n - self.hparams.sliding_window + 1) >= int(self._lib.sk_swa_floor(self._ctx, slot))
 
     def restorable(self, seq_id: int, n_keep: int) -> int:
         seq = self._seqs.get(seq_id)
         n = max(0, min(int(n_keep), seq.length))
-        if self.sliding:  # the window before n must still be in the rings; below it nothing is (but 0)
-            floor = int(self._lib.sk_swa_floor(self._ctx, seq.slot))
-            return n if n == 0 or max(0, n - self.hparams.sliding_window + 1) >= floor else 0
+        if self.sliding:  # the window before n in the rings, else the longest snapshot below, else 0
+            return n if self._in_rings(seq.slot, n) else max(0, int(self._lib.sk_swa_snapshot_at(self._ctx, seq.slot, n)))
         return int(self._lib.sk_rs_restorable(self._ctx, seq.slot, n)) if self.info.recurrent else n
 
     def truncate(self, seq_id: int, n_keep: int) -> None:
         seq = self._seqs.get(seq_id)
         n = max(0, min(int(n_keep), seq.length))
-        if self.sliding and self.restorable(seq_id, n) != n:
-            raise ConfigError(f"truncate to {n}: sequence {seq_id} keeps only the last {self.hparams.sliding_window} "
-                              f"positions' keys in its sliding-window blocks beyond what a rollback of "
-                              f"{self.swa_row_cap} rows needs (it is at {seq.length}); 0 is the longest restorable "
-                              "length below")
         if self.sliding:
-            self._lib.sk_swa_truncate(self._ctx, seq.slot, n)
+            if self._in_rings(seq.slot, n):
+                self._lib.sk_swa_truncate(self._ctx, seq.slot, n)
+            elif self._lib.sk_swa_restore(self._ctx, seq.slot, n) != 0:
+                raise ConfigError(f"truncate to {n}: sequence {seq_id} (at {seq.length}) keeps only the last "
+                                  f"{self.hparams.sliding_window} positions and {self.swa_row_cap} rows more in its "
+                                  f"sliding-window blocks and has no snapshot there; the longest restorable length "
+                                  f"below is {self.restorable(seq_id, n)}")
         if self.info.recurrent and n != seq.length:
             rc = self._lib.sk_rs_truncate(self._ctx, seq.slot, n)
             if rc == -1:

@@ -172,6 +172,12 @@ def lib() -> ctypes.CDLL:
     so.sk_swa_floor.argtypes = [ctypes.c_void_p, ctypes.c_int]
     so.sk_swa_truncate.restype = None
     so.sk_swa_truncate.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
+    so.sk_swa_snapshot.restype = ctypes.c_int
+    so.sk_swa_snapshot.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
+    so.sk_swa_snapshot_at.restype = ctypes.c_int64
+    so.sk_swa_snapshot_at.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
+    so.sk_swa_restore.restype = ctypes.c_int
+    so.sk_swa_restore.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
     so.sk_rs_restorable.restype = ctypes.c_int64
     so.sk_rs_restorable.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
     so.sk_rs_length.restype = ctypes.c_int64

@@ -13,6 +13,8 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from toy_backend import make_engine, plain_decode, run_requests
 
 from spekula.backends.gguf.architecture import FEATURES, read_hparams
@@ -141,6 +143,24 @@ def test_rollback_in_a_wrapped_ring_is_exact_and_deeper_truncation_refused(gguf:
                           _all_rows(b, prompt[:40]))
 
 
+def test_snapshots_bring_back_a_window_the_ring_lost(gguf: Path, small_rings: int) -> None:
+    b = _backend("native", gguf, n_ctx=1024)
+    tokens = _tokens(900, seed=10)
+    want = _all_rows(b, tokens)
+    s = b.new_seq()
+    for n in (300, 400, 500):  # three snapshots: the oldest (300) is dropped
+        b.forward([SeqInput(s, tokens[n - 100 if n > 300 else 0 : n], n - 100 if n > 300 else 0, NONE)])
+        b.snapshot(s)
+    b.forward([SeqInput(s, tokens[500:850], 500, NONE)])  # the ring forgot everything before ~600
+    assert [b.restorable(s, n) for n in (350, 450, 590, 700, 850)] == [0, 400, 500, 700, 850]
+    b.truncate(s, 400)
+    got = b.forward([SeqInput(s, tokens[400:900], 400, np.arange(500))])[0].logits
+    assert np.array_equal(got, want[400:])
+    assert b.restorable(s, 600) == 400  # the snapshot at 500 was of the rows the truncate dropped: gone
+    b.truncate(s, 0)
+    assert b.restorable(s, 400) == 0
+
+
 def test_q8_0_file_on_the_native_kernels_is_close_to_torch() -> None:
     path = g3.tiny_gemma3_gguf_path(type_name="Q8_0")
     tokens = _tokens(50, seed=6)
@@ -181,6 +201,27 @@ def test_speculation_is_lossless(gguf: Path, small_rings: int, types: tuple[str,
     for p, tokens in zip(prompts, got, strict=True):
         assert tokens == plain_decode(b, p, n_predict=40, sampling=sampling, seed=5, is_eog=lambda t: False,
                                       n_ctx=n_ctx, ignore_eos=True)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(segment=st.lists(st.integers(3, 299), min_size=2, max_size=10), repeats=st.integers(1, 45),
+       types=st.lists(st.sampled_from(("ngram-simple", "ngram-map-k", "suffix", "draft-simple")), min_size=1,
+                      max_size=3, unique=True),
+       temperature=st.sampled_from([0.0, 0.0, 0.8]), seed=st.integers(0, 2**31 - 1))
+def test_speculation_is_lossless_hypothesis(segment: list[int], repeats: int, types: list[str], temperature: float,
+                                            seed: int) -> None:
+    """Random prompts (up to ~450 tokens: past the 256-row rings of a 16-row cap) and drafter sets: the
+    engine's tokens are plain decoding's."""
+    gguf = g3.tiny_gemma3_gguf_path()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native_backend, "SWA_ROW_CAP", 16)
+        b = _backend("native", gguf, n_ctx=1024)
+        tok = Tokenizer.from_gguf(GGUFFile(gguf))
+        prompt = (segment * repeats)[:450]
+        sampling = SamplingParams(temperature=temperature, seed=seed)
+        (got,) = _engine_output(b, tok, gguf, tuple(types), [prompt], sampling, 1024)
+    assert got == plain_decode(b, prompt, n_predict=40, sampling=sampling, seed=seed, is_eog=lambda t: False,
+                               n_ctx=1024, ignore_eos=True)
 
 
 def _edited(src: Path, dst: Path, *, meta: dict[str, Any] | None = None, drop: tuple[str, ...] = ()) -> Path:

@@ -123,6 +123,10 @@ struct sk_ctx {
     int64_t *att_prefix_swa;   /* like att_prefix, for the sliding blocks' spans (NULL: none slide) */
     int64_t *swa_floor;        /* [n_seq_max]: every position from here up to the length is in the rings */
     int64_t swa_ring;          /* rows of a sliding block's ring (0: no block slides) */
+    /* [n_seq_max][SK_SWA_SNAPS]: copies of the sliding blocks' windows at a length (data NULL: none), the
+     * newest with the highest stamp */
+    struct swa_snap { int64_t len, stamp; uint16_t *data; } *swa_snaps;
+    int64_t swa_stamp;
     float *rope_swa;           /* per row [cos | sin] of the sliding blocks' rope */
     atomic_int refs;     /* 1 for the creator, 1 per context made over this one */
 };
@@ -131,6 +135,8 @@ typedef struct {
     sk_ctx *c;
     const sk_batch *b;
 } job;
+
+SK_API void sk_swa_truncate(sk_ctx *c, int slot, int64_t n);
 
 /* Phase timing of thread 0 (SPEKULA_NATIVE_PROFILE=1): where a forward's time goes, for tuning. Thread 0's
  * waits at the barriers are a phase of their own ("wait"), so that one thread's share of a phase running
@@ -212,6 +218,8 @@ static void free_scratch(sk_ctx *c) {
     memset(&c->act, 0, sizeof c->act);
     c->cap_rows = 0;
 }
+
+#define SK_SWA_SNAPS 2 /* window snapshots kept per sequence (the oldest is dropped), as the recurrent state keeps */
 
 static int64_t n_chunks(int64_t n_keys) { return (n_keys + SK_ATTN_CHUNK - 1) / SK_ATTN_CHUNK; }
 
@@ -316,6 +324,8 @@ SK_API void sk_ctx_free(sk_ctx *c) {
     free(c->kv_rows);
     free(c->att_prefix_swa);
     free(c->swa_floor);
+    for (int64_t i = 0; c->swa_snaps && i < (int64_t)c->cfg.n_seq_max * SK_SWA_SNAPS; i++) free(c->swa_snaps[i].data);
+    free(c->swa_snaps);
     free_scratch(c);
     free(c->layers);
     sk_ctx *base = c->base;
@@ -486,8 +496,12 @@ static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int kernel_cap) {
     c->att_scratch = calloc((size_t)c->cfg.n_threads, sizeof(float *));
     c->n_ctx_pad = sk_round_up(cfg->n_ctx, SK_ATTN_CHUNK); /* whole chunks: a ring's pieces map to its rows */
     c->swa_floor = calloc((size_t)cfg->n_seq_max, sizeof(int64_t));
+    c->swa_snaps = calloc((size_t)cfg->n_seq_max * SK_SWA_SNAPS, sizeof *c->swa_snaps);
     c->kv_head_elems = c->n_ctx_pad * cfg->head_dim;
-    if (!c->layers || !c->moe || !c->kv || !c->att_scratch || !c->swa_floor) { sk_ctx_free(c); return NULL; }
+    if (!c->layers || !c->moe || !c->kv || !c->att_scratch || !c->swa_floor || !c->swa_snaps) {
+        sk_ctx_free(c);
+        return NULL;
+    }
     memcpy(c->layers, cfg->layers, sizeof(sk_layer) * (size_t)cfg->n_layer);
     c->cfg.layers = c->layers;
     for (int l = 0; l < cfg->n_layer; l++) {
@@ -536,6 +550,7 @@ SK_API void sk_kv_release(sk_ctx *c, int slot) {
     free(c->kv[slot]);
     c->kv[slot] = NULL;
     c->swa_floor[slot] = 0;
+    sk_swa_truncate(c, slot, 0);
     if (c->dn) sk_dn_state_free(c->dn, slot);
 }
 
@@ -902,9 +917,69 @@ SK_API int64_t sk_swa_floor(const sk_ctx *c, int slot) {
 }
 
 /* A truncate to n: positions from n on are written again before anything reads them, so after going
- * back below the floor (to 0, or when no window reaches under it) the rings hold everything from n on. */
+ * back below the floor (to 0, or when no window reaches under it) the rings hold everything from n on.
+ * Snapshots of longer lengths are of what those positions held: dropped. */
 SK_API void sk_swa_truncate(sk_ctx *c, int slot, int64_t n) {
-    if (slot >= 0 && slot < c->cfg.n_seq_max && c->swa_floor[slot] > n) c->swa_floor[slot] = n;
+    if (slot < 0 || slot >= c->cfg.n_seq_max) return;
+    if (c->swa_floor[slot] > n) c->swa_floor[slot] = n;
+    for (int i = 0; i < SK_SWA_SNAPS; i++) {
+        struct swa_snap *sn = &c->swa_snaps[slot * SK_SWA_SNAPS + i];
+        if (sn->data && sn->len > n) { free(sn->data); sn->data = NULL; }
+    }
+}
+
+/* The window before position n of every sliding block: [max(0, n - window + 1), n). */
+static int64_t snap_first(const sk_ctx *c, int64_t n) { return n - c->cfg.swa_window + 1 > 0 ? n - c->cfg.swa_window + 1 : 0; }
+
+/* Keep a copy of the sliding blocks' window at length n (the slot's current length; the rings hold it),
+ * replacing the oldest of the slot's snapshots. 0, -1 out of memory, -2 nothing to keep. */
+SK_API int sk_swa_snapshot(sk_ctx *c, int slot, int64_t n) {
+    if (!c->swa_ring || slot < 0 || slot >= c->cfg.n_seq_max || !c->kv[slot] || snap_first(c, n) < c->swa_floor[slot])
+        return -2;
+    struct swa_snap *sn = &c->swa_snaps[slot * SK_SWA_SNAPS], *use = sn;
+    for (int i = 0; i < SK_SWA_SNAPS; i++) {
+        if (sn[i].data && sn[i].len == n) return 0;
+        if (!sn[i].data || (use->data && sn[i].stamp < use->stamp)) use = &sn[i];
+    }
+    const int hd = c->cfg.head_dim;
+    const int64_t lo = snap_first(c, n), per_head = 2 * (n - lo) * hd;
+    uint16_t *data = malloc(sizeof(uint16_t) * (size_t)(per_head * c->n_kv_layers * c->cfg.n_head_kv + 1));
+    if (!data) return -1;
+    uint16_t *dst = data;
+    for (int l = 0; l < c->cfg.n_layer; l++)
+        for (int h = 0; c->layers[l].sliding && c->kv_layer[l] >= 0 && h < c->cfg.n_head_kv; h++, dst += per_head)
+            sk_swa_copy_out(kcache(c, slot, l, h), vcache(c, slot, l, h), c->kv_rows[l], hd, lo, n, dst);
+    free(use->data);
+    *use = (struct swa_snap){n, ++c->swa_stamp, data};
+    return 0;
+}
+
+/* The longest snapshot length <= n of a slot, or -1. */
+SK_API int64_t sk_swa_snapshot_at(const sk_ctx *c, int slot, int64_t n) {
+    int64_t best = -1;
+    for (int i = 0; slot >= 0 && slot < c->cfg.n_seq_max && i < SK_SWA_SNAPS; i++) {
+        const struct swa_snap *sn = &c->swa_snaps[slot * SK_SWA_SNAPS + i];
+        if (sn->data && sn->len <= n && sn->len > best) best = sn->len;
+    }
+    return best;
+}
+
+/* Put the snapshot of length n back into the rings (the caller truncates the sequence to n): 0, -2 none. */
+SK_API int sk_swa_restore(sk_ctx *c, int slot, int64_t n) {
+    for (int i = 0; slot >= 0 && slot < c->cfg.n_seq_max && i < SK_SWA_SNAPS; i++) {
+        const struct swa_snap *sn = &c->swa_snaps[slot * SK_SWA_SNAPS + i];
+        if (!sn->data || sn->len != n) continue;
+        const int hd = c->cfg.head_dim;
+        const int64_t lo = snap_first(c, n), per_head = 2 * (n - lo) * hd;
+        const uint16_t *src = sn->data;
+        for (int l = 0; l < c->cfg.n_layer; l++)
+            for (int h = 0; c->layers[l].sliding && c->kv_layer[l] >= 0 && h < c->cfg.n_head_kv; h++, src += per_head)
+                sk_swa_copy_in(kcache(c, slot, l, h), vcache(c, slot, l, h), c->kv_rows[l], hd, lo, n, src);
+        sk_swa_truncate(c, slot, n);
+        c->swa_floor[slot] = lo; /* the window is back; what the ring held below it is not known to be */
+        return 0;
+    }
+    return -2;
 }
 
 /* 0 on success, -1 when scratch memory cannot be had, -2 for a bad batch (checked again here so a

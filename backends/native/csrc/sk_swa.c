@@ -37,6 +37,31 @@ void sk_span_piece(int64_t lo, int64_t hi, int64_t k, int64_t *t0, int64_t *t1) 
     *t1 = e < hi ? e : hi;
 }
 
+/* Where position t's dimension d lives in a ring's key layout ([t / 16][head_dim][16]). */
+static int64_t key_at(int64_t ring, int head_dim, int64_t t, int d) {
+    const int64_t r = t % ring;
+    return (r / SK_KEY_BLOCK) * head_dim * SK_KEY_BLOCK + (int64_t)d * SK_KEY_BLOCK + r % SK_KEY_BLOCK;
+}
+
+void sk_swa_copy_out(const uint16_t *k, const uint16_t *v, int64_t ring, int head_dim, int64_t lo, int64_t hi,
+                     uint16_t *dst) {
+    uint16_t *dv = dst + (hi - lo) * head_dim;
+    for (int64_t t = lo; t < hi; t++)
+        for (int d = 0; d < head_dim; d++) {
+            dst[(t - lo) * head_dim + d] = k[key_at(ring, head_dim, t, d)];
+            dv[(t - lo) * head_dim + d] = v[(t % ring) * head_dim + d];
+        }
+}
+
+void sk_swa_copy_in(uint16_t *k, uint16_t *v, int64_t ring, int head_dim, int64_t lo, int64_t hi, const uint16_t *src) {
+    const uint16_t *sv = src + (hi - lo) * head_dim;
+    for (int64_t t = lo; t < hi; t++)
+        for (int d = 0; d < head_dim; d++) {
+            k[key_at(ring, head_dim, t, d)] = src[(t - lo) * head_dim + d];
+            v[(t % ring) * head_dim + d] = sv[(t - lo) * head_dim + d];
+        }
+}
+
 /* tanh-approximated GELU as llama.cpp's graph and transformers' gelu_pytorch_tanh compute it, in float
  * with tanhf: one scalar sequence per value, the same wherever the row sits. */
 void sk_geglu(const float *g, const float *u, int64_t n, float *y) {

@@ -23,6 +23,13 @@ int64_t sk_swa_ring_rows(int64_t n_ctx_pad, int32_t window, int32_t row_cap);
 int64_t sk_span_pieces(int64_t lo, int64_t hi);
 void sk_span_piece(int64_t lo, int64_t hi, int64_t k, int64_t *t0, int64_t *t1);
 
+/* Positions [lo, hi) of one kv head's ring (keys in the key-block layout, values row by row, head_dim
+ * wide) out to dst ([keys | values], (hi - lo) * head_dim each), or back in from src: a snapshot of the
+ * window a prompt cache comes back to. */
+void sk_swa_copy_out(const uint16_t *k, const uint16_t *v, int64_t ring, int head_dim, int64_t lo, int64_t hi,
+                     uint16_t *dst);
+void sk_swa_copy_in(uint16_t *k, uint16_t *v, int64_t ring, int head_dim, int64_t lo, int64_t hi, const uint16_t *src);
+
 /* y = gelu_tanh(g) * u over n values (Gemma's gated FFN). */
 void sk_geglu(const float *g, const float *u, int64_t n, float *y);
 
