@@ -76,6 +76,9 @@ HYBRID_MODELS = ("qwen35", "qwen35moe", "qwen35-q8_0", "qwen35moe-q8_0")
 # The tiny Gemma 3 (sliding-window and global blocks, llama.cpp's converter): float32 and Q8_0.
 SWA_MODELS = ("gemma3", "gemma3-Q8_0")
 
+# The tiny Ministral 3 (YaRN rope, queries' temperature by position; llama.cpp's converter): float32 and Q8_0.
+SCALED_MODELS = ("ministral3", "ministral3-q8_0")
+
 
 def model_path(model: str) -> str:
     if model == "smollm2":
@@ -84,6 +87,10 @@ def model_path(model: str) -> str:
         from spekula.fixtures.tiny_gemma3 import tiny_gemma3_gguf_path
 
         return str(tiny_gemma3_gguf_path(type_name=model.partition("-")[2] or "F32"))
+    if model in SCALED_MODELS:
+        from spekula.fixtures.tiny_ministral3 import tiny_ministral3_gguf_path
+
+        return str(tiny_ministral3_gguf_path(type_name=model.partition("-")[2] or "f32"))
     if model in HYBRID_MODELS:
         from spekula.fixtures.tiny_qwen35 import tiny_qwen35_gguf_path
 

@@ -11,7 +11,9 @@ a recipe option no backend implements yet, is one :class:`ModelFileError` naming
 
 Rope pairing is fixed per architecture in llama.cpp (``llama_model_rope_type``), not stored in the
 file: llama's Q/K rows stay as its converter permuted them for interleaved (NORM) rope, the qwen
-and GLM families rotate halves (NEOX).
+and GLM families rotate halves (NEOX). Rope scaling (linear or YaRN, with the YaRN keys the recipe's
+graph reads) and the queries' temperature by position (mistral3) are read by gguf/rope_scaling.py into
+:attr:`ModelHParams.scaling`.
 
 MoE routing, as llama.cpp computes it: ``probs = softmax(logits)`` or ``sigmoid(logits)``; the
 ``n_expert_used`` experts with the largest ``probs + exp_probs_b`` are chosen (the bias only steers
@@ -54,6 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from spekula.backends.gguf.rope_scaling import AttnTemperature, PositionScaling, read_position_scaling
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 
@@ -104,6 +107,9 @@ class BlockRecipe:
     attn_output_gate: bool = False  # attn_q yields [q | gate] per head; output *= sigmoid(gate) (Qwen3.5)
     delta_net: bool = False  # hybrid: the file's recurrent blocks are gated delta-net (Qwen3.5)
     moe: MoERecipe | None = None  # None: every block has the dense FFN
+    # YaRN keys of rope_scaling.YARN_FILE_KEYS the graph reads from the file (others keep llama.cpp's defaults)
+    yarn_keys: frozenset[str] = frozenset()
+    attn_temperature: bool = False  # queries scaled by position (attention.temperature_scale; mistral3)
     # Sliding blocks when the file has a window: block i slides unless i % swa_period == swa_period - 1
     # (swa_dense_first: unless i % swa_period == 0); 0: every block. attention.sliding_window_pattern overrides.
     swa_period: int = 0
@@ -147,19 +153,27 @@ ARCHITECTURES: dict[str, BlockRecipe] = {
     "gemma3": BlockRecipe(rope="neox", qk_norm="always", attn_bias="never", activation="geglu", post_norms=True,
                           sliding_window=True, logit_softcap=True, swa_period=6, swa_rope="own", embd_scale_sqrt=True,
                           kq_scale_rule=_gemma3_kq_scale),
+    # mistral3 (Ministral 3): llama's block, YaRN with the file's betas and log multiplier, and the queries'
+    # temperature by position (llama.cpp's dense branch; its MoE branch is not described here).
+    "mistral3": BlockRecipe(rope="norm",
+                            yarn_keys=frozenset({"yarn_beta_fast", "yarn_beta_slow", "yarn_log_multiplier"}),
+                            attn_temperature=True),
 }
 
 # Operations beyond the llama-style block that a backend runs only if it says so (read_hparams' `implements`).
 FEATURE_DELTA_NET = "gated delta-net blocks"
 FEATURE_ATTN_GATE = "gated attention output"
 FEATURE_SHARED_GATE = "gated shared expert"
+FEATURE_ROPE_MSCALE = "YaRN rope magnitude scaling"
+FEATURE_ATTN_TEMPERATURE = "attention temperature scaling by position"
 FEATURE_SLIDING_WINDOW = "sliding-window attention"
 FEATURE_POST_NORMS = "norms after the attention and FFN outputs"
 FEATURE_GEGLU = "GELU-gated FFN"
 FEATURE_EMBD_SCALE = "scaled token embeddings"
 FEATURE_FINAL_SOFTCAP = "final logit soft-capping"
 FEATURES = frozenset({FEATURE_DELTA_NET, FEATURE_ATTN_GATE, FEATURE_SHARED_GATE, FEATURE_SLIDING_WINDOW,
-                      FEATURE_POST_NORMS, FEATURE_GEGLU, FEATURE_EMBD_SCALE, FEATURE_FINAL_SOFTCAP})
+                      FEATURE_POST_NORMS, FEATURE_GEGLU, FEATURE_EMBD_SCALE, FEATURE_FINAL_SOFTCAP,
+                      FEATURE_ROPE_MSCALE, FEATURE_ATTN_TEMPERATURE})
 
 
 @dataclass(frozen=True)
@@ -235,7 +249,7 @@ class ModelHParams:
     n_rot: int
     rms_eps: float
     n_ctx_train: int
-    rope_scale: float  # 1 / rope.scaling.factor (linear); 1.0 if absent
+    rope_scale: float  # 1 / rope.scaling.factor (linear); 1.0 if absent or YaRN (see `scaling`)
     has_qkv_bias: bool
     has_qk_norm: bool
     tied_output: bool  # no output.weight: the head is token_embd
@@ -244,12 +258,22 @@ class ModelHParams:
     n_nextn: int = 0  # MTP blocks stored after the trunk (blk.{n_layer} ..)
     sliding_window: int = 0  # W > 0: a sliding block's query at p sees keys (p - W, p]; 0: no block slides
     swa_layers: tuple[bool, ...] = ()  # per trunk block: slides (empty: none)
-    rope_base_swa: float = 0.0  # the sliding blocks' rope base and linear scale (used only by them)
-    rope_scale_swa: float = 1.0
+    rope_base_swa: float = 0.0  # the sliding blocks' rope base and scaling (used only by them)
+    scaling_swa: PositionScaling = PositionScaling()
     embd_scale: float = 1.0  # token embeddings are multiplied by this
     attn_softcap: float = 0.0  # 0.0: attention scores are not soft-capped
     final_softcap: float = 0.0  # 0.0: logits are not soft-capped
     delta_net: DeltaNetParams | None = None  # hybrid files: the recurrent blocks' sizes
+    scaling: PositionScaling = PositionScaling()  # YaRN and the queries' temperature (gguf/rope_scaling.py)
+
+    @property
+    def rope_mscale(self) -> float:
+        """Magnitude of every rotated pair's cos and sin (YaRN; 1.0 otherwise)."""
+        return self.scaling.rope_mscale
+
+    @property
+    def attn_temperature(self) -> AttnTemperature | None:
+        return self.scaling.attn_temperature
 
     @property
     def is_hybrid(self) -> bool:
@@ -293,6 +317,10 @@ def required_features(hp: ModelHParams) -> frozenset[str]:
         out.add(FEATURE_ATTN_GATE)
     if hp.moe is not None and hp.moe.shared_gate and hp.moe.n_expert_shared:
         out.add(FEATURE_SHARED_GATE)
+    if hp.rope_mscale != 1.0:
+        out.add(FEATURE_ROPE_MSCALE)
+    if hp.attn_temperature is not None:
+        out.add(FEATURE_ATTN_TEMPERATURE)
     if any(hp.swa_layers):
         out.add(FEATURE_SLIDING_WINDOW)
     if hp.recipe.post_norms:
@@ -340,18 +368,6 @@ def _uniform(f: GGUFFile, key: str, value: Any) -> int:
         return int(value)
     except (TypeError, ValueError):
         raise ModelFileError(f.path, f"metadata {key!r} is not an integer: {value!r}") from None
-
-
-def _rope_scale(f: GGUFFile, opt: Callable[[str, Any], Any]) -> float:
-    scaling = opt("rope.scaling.type", None)
-    factor = float(opt("rope.scaling.factor", 0.0) or 0.0)
-    if scaling not in (None, "none", "linear"):
-        raise ModelFileError(f.path, f"unsupported rope scaling {scaling!r} (only linear)")
-    if scaling == "linear" and factor > 0.0:
-        return 1.0 / factor
-    if scaling is None and float(opt("rope.scale_linear", 0.0) or 0.0) > 0.0:  # older key
-        return 1.0 / float(opt("rope.scale_linear", 1.0))
-    return 1.0
 
 
 def _present(f: GGUFFile, presence: Presence, *names: str) -> bool:
@@ -489,6 +505,8 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
     if v_dim != head_dim:
         raise ModelFileError(f.path, f"key_length {head_dim} != value_length {v_dim} is not supported")
     n_rot = _uniform(f, "rope.dimension_count", opt("rope.dimension_count", head_dim))
+    n_ctx_train = _uniform(f, "context_length", opt("context_length", 4096))
+    scaling = read_position_scaling(f, opt, n_ctx_train, recipe.yarn_keys, recipe.attn_temperature)
     if n_rot <= 0 or n_rot > head_dim or n_rot % 2:
         raise ModelFileError(f.path, f"invalid rope.dimension_count {n_rot} for head_dim {head_dim}")
 
@@ -497,8 +515,9 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
     window = _uniform(f, "attention.sliding_window", opt("attention.sliding_window", 0)) if recipe.sliding_window else 0
     if window < 0:
         raise ModelFileError(f.path, f"invalid {arch}.attention.sliding_window = {window}")
-    rope_base, rope_scale = float(opt("rope.freq_base", 10000.0)), _rope_scale(f, opt)
+    rope_base = float(opt("rope.freq_base", 10000.0))
     own = recipe.swa_rope == "own"
+    scaling_swa = scaling.with_freq_scale(1.0) if own else scaling
     kq_scale = float(opt("attention.scale", 0.0) or 0.0)
     if recipe.kq_scale_rule is not None:
         kq_scale = recipe.kq_scale_rule(n_layer, n_embd, n_head, head_dim)
@@ -518,8 +537,8 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
         rope_base=rope_base,
         n_rot=n_rot,
         rms_eps=float(req("attention.layer_norm_rms_epsilon")),
-        n_ctx_train=_uniform(f, "context_length", opt("context_length", 4096)),
-        rope_scale=rope_scale,
+        n_ctx_train=n_ctx_train,
+        rope_scale=scaling.freq_scale,
         has_qkv_bias=_present(f, recipe.attn_bias, b + "attn_q.bias", b + "attn_qkv.bias"),
         has_qk_norm=_present(f, recipe.qk_norm, b + "attn_q_norm.weight"),
         tied_output=not f.has_tensor("output.weight"),
@@ -529,12 +548,15 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
         sliding_window=window,
         swa_layers=_read_swa_layers(f, recipe, n_layer, window),
         rope_base_swa=float(opt("rope.freq_base_swa", 10000.0 if own else rope_base)),
-        rope_scale_swa=1.0 if own else rope_scale,
+        scaling_swa=scaling_swa,
         embd_scale=math.sqrt(n_embd) if recipe.embd_scale_sqrt else 1.0,
         attn_softcap=float(opt("attn_logit_softcapping", 0.0) or 0.0) if recipe.logit_softcap else 0.0,
         final_softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if recipe.logit_softcap else 0.0,
         delta_net=_read_delta_net(f, n_layer, n_nextn) if recipe.delta_net else None,
+        scaling=scaling,
     )
+    if any(hp.swa_layers) and scaling_swa.rope_mscale != scaling.rope_mscale:  # one magnitude per context
+        raise ModelFileError(f.path, f"YaRN with a sliding-window rope of its own is not supported ({arch})")
     missing = unsupported_options(hp)
     if missing:
         raise ModelFileError(f.path, f"architecture {arch!r} needs what no backend implements yet: {', '.join(missing)}")

@@ -12,6 +12,7 @@ import numpy as np
 
 from spekula.backends.gguf.architecture import DeltaNetParams, ModelHParams
 from spekula.backends.gguf.moe import moe_ffn_shapes
+from spekula.backends.gguf.rope_scaling import rope_frequencies
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile, TensorEntry
 
@@ -164,13 +165,9 @@ def load_model_weights(f: GGUFFile, *, hp: ModelHParams) -> dict[str, np.ndarray
 def rope_inv_freq(hp: ModelHParams, weights: dict[str, np.ndarray], *, sliding: bool = False) -> np.ndarray:
     """Per-pair angular frequency (float64, [n_rot/2]): theta_i(p) = p * inv_freq[i].
 
-    Folds in linear scaling and the optional llama3-style ``rope_freqs`` divisor, as llama.cpp does.
-    ``sliding``: the table of the sliding-window blocks (their own base and scale).
+    Folds in the optional llama3-style ``rope_freqs`` divisor and the file's linear or YaRN scaling, as
+    llama.cpp does (gguf/rope_scaling.py); YaRN's magnitude is ``hp.rope_mscale``, applied to cos and sin.
+    ``sliding``: the table of the sliding-window blocks (their own base and scaling).
     """
-    i = np.arange(hp.n_rot // 2, dtype=np.float64)
-    base, scale = (hp.rope_base_swa, hp.rope_scale_swa) if sliding else (hp.rope_base, hp.rope_scale)
-    inv = scale * base ** (-2.0 * i / hp.n_rot)
-    ff = weights.get("rope_freqs.weight")
-    if ff is not None:
-        inv = inv / ff.astype(np.float64)
-    return inv
+    base, scaling = (hp.rope_base_swa, hp.scaling_swa) if sliding else (hp.rope_base, hp.scaling)
+    return rope_frequencies(hp.n_rot, base, scaling, weights.get("rope_freqs.weight"))

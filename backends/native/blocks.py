@@ -69,9 +69,12 @@ def _ffn(w: NativeWeights, i: int, layer: nl.Layer) -> nl.Layer:
 
 def model_config(hp: ModelHParams, **fields: Any) -> nl.Config:
     """A context's config: what the description decides (sizes, rope pairing, norm epsilon, attention
-    scale, window, FFN gate, embedding scale) plus `fields`, the runtime's own (n_layer, n_ff, n_ctx,
-    threads, tensors, the sliding blocks' rope table and row cap, ...)."""
+    scale, window, FFN gate, embedding scale, YaRN's magnitude and the queries' temperature) plus `fields`,
+    the runtime's own (n_layer, n_ff, n_ctx, threads, tensors, the sliding blocks' rope table and row cap, ...)."""
+    temp = hp.attn_temperature
     return nl.Config(n_vocab=hp.n_vocab, n_embd=hp.n_embd, n_head=hp.n_head, n_head_kv=hp.n_head_kv,
                      head_dim=hp.head_dim, n_rot=hp.n_rot, rope_neox=int(hp.rope_neox), rms_eps=hp.rms_eps,
                      attn_scale=hp.attn_scale, swa_window=hp.sliding_window if any(hp.swa_layers) else 0,
-                     ffn_geglu=int(hp.geglu), embd_scale=0.0 if hp.embd_scale == 1.0 else hp.embd_scale, **fields)
+                     ffn_geglu=int(hp.geglu), embd_scale=0.0 if hp.embd_scale == 1.0 else hp.embd_scale,
+                     rope_mscale=hp.rope_mscale, attn_temp_scale=temp.scale if temp is not None else 0.0,
+                     attn_temp_floor=temp.floor_len if temp is not None else 0, **fields)

@@ -82,7 +82,9 @@ class Config(ctypes.Structure):
         ("ctx_proj", Tensor), ("ctx_norm", ctypes.c_void_p),
         # sliding blocks (csrc/sk_swa.h) and Gemma-style embeddings and FFN gate
         ("rope_inv_freq_swa", ctypes.c_void_p), ("swa_window", ctypes.c_int32), ("swa_row_cap", ctypes.c_int32),
-        ("ffn_geglu", ctypes.c_int32), ("embd_scale", ctypes.c_float)]
+        ("ffn_geglu", ctypes.c_int32), ("embd_scale", ctypes.c_float),
+        # sk_rope.h: YaRN's cos/sin magnitude, the queries' temperature by position (0: none)
+        ("rope_mscale", ctypes.c_float), ("attn_temp_scale", ctypes.c_float), ("attn_temp_floor", ctypes.c_int32)]
 
 
 # sk_config.wide_input: none, or the 2 n_embd wide first block with the residual from hidden_in / its norm.

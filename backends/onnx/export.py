@@ -18,7 +18,12 @@ import onnx
 import structlog
 from onnx import TensorProto, helper, numpy_helper
 
-from spekula.backends.gguf.architecture import ModelHParams, read_hparams
+from spekula.backends.gguf.architecture import (
+    FEATURE_ATTN_TEMPERATURE,
+    FEATURE_ROPE_MSCALE,
+    ModelHParams,
+    read_hparams,
+)
 from spekula.backends.gguf.weights import load_model_weights
 from spekula.backends.onnx import cache as onnx_cache
 from spekula.backends.onnx.builder import LinearFn, linear_f32
@@ -50,7 +55,9 @@ class Export:
 def open_model(model_path: str | os.PathLike[str]) -> tuple[GGUFFile, ModelHParams]:
     """Open and validate the GGUF (ModelFileError on damage or an unsupported architecture)."""
     f = GGUFFile(model_path)
-    return f, read_hparams(f, runtime="the onnx backend")
+    # YaRN's magnitude and the queries' temperature are in the graph (graph.py); the other FEATURES are not.
+    return f, read_hparams(f, implements=frozenset({FEATURE_ROPE_MSCALE, FEATURE_ATTN_TEMPERATURE}),
+                           runtime="the onnx backend")
 
 
 def write_model(built: BuiltGraph, onnx_path: Path) -> Path:

@@ -66,14 +66,19 @@ def _rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
 
 
 class _Rope:
-    """cos/sin of every (row, pair) computed once per forward in float64, then used by all layers."""
+    """cos/sin of every (row, pair) computed once per forward in float64 (times YaRN's magnitude, when the
+    file has one, before rounding), then used by all layers."""
 
     def __init__(self, g: GraphBuilder, hp: ModelHParams, positions: str, inv_freq: np.ndarray) -> None:
         self.hp = hp
         pos = g.op("Unsqueeze", [g.op("Cast", [positions], to=TensorProto.DOUBLE), g.const([-1])])
         ang = g.op("Mul", [pos, g.init("rope_inv_freq", inv_freq.astype(np.float64))])  # [B, T, n_half]
-        cos = g.op("Cast", [g.op("Cos", [ang])], to=TensorProto.FLOAT)
-        sin = g.op("Cast", [g.op("Sin", [ang])], to=TensorProto.FLOAT)
+        cos, sin = g.op("Cos", [ang]), g.op("Sin", [ang])
+        if hp.rope_mscale != 1.0:
+            ms = g.const(hp.rope_mscale, np.float64)
+            cos, sin = g.op("Mul", [cos, ms]), g.op("Mul", [sin, ms])
+        cos = g.op("Cast", [cos], to=TensorProto.FLOAT)
+        sin = g.op("Cast", [sin], to=TensorProto.FLOAT)
         # Broadcast over heads: [B, T, 1, n_half]; NORM rope pairs need one more trailing axis.
         self.cos4 = g.op("Unsqueeze", [cos, g.const([2])])
         self.sin4 = g.op("Unsqueeze", [sin, g.const([2])])
@@ -101,6 +106,19 @@ class _Rope:
         if rest is not None:
             out = g.op("Concat", [out, rest], axis=-1)
         return out
+
+
+def _query_temperature(g: GraphBuilder, hp: ModelHParams, positions: str) -> str | None:
+    """[B, T, 1, 1]: each row's query multiplier ``1 + scale * ln(floor(p / floor_len) + 1)`` (float64, rounded
+    once, as the other runtimes compute it), or None when the file has no attention temperature."""
+    temp = hp.attn_temperature
+    if temp is None:
+        return None
+    pos = g.op("Cast", [positions], to=TensorProto.DOUBLE)
+    steps = g.op("Floor", [g.op("Div", [pos, g.const(float(temp.floor_len), np.float64)])])
+    log = g.op("Log", [g.op("Add", [steps, g.const(1.0, np.float64)])])
+    factor = g.op("Add", [g.op("Mul", [log, g.const(temp.scale, np.float64)]), g.const(1.0, np.float64)])
+    return g.op("Unsqueeze", [g.op("Cast", [factor], to=TensorProto.FLOAT), g.const([2, 3])])
 
 
 def _value_info(name: str, elem: int, shape: Sequence[str | int]) -> onnx.ValueInfoProto:
@@ -135,6 +153,7 @@ def build_graph(hp: ModelHParams, weights: dict[str, np.ndarray], linear: Linear
     emb = g.init("token_embd.weight", weights["token_embd.weight"].astype(np.float32))
     x = g.op("Gather", [emb, "input_ids"], axis=0)  # [B, T, H]
     rope = _Rope(g, hp, "position_ids", rope_inv_freq(hp, weights))
+    q_temperature = _query_temperature(g, hp, "position_ids")
     n_group = hp.n_head // hp.n_head_kv
     scale = g.const(hp.attn_scale, np.float32)
     for i in range(hp.n_layer):
@@ -151,6 +170,8 @@ def build_graph(hp: ModelHParams, weights: dict[str, np.ndarray], linear: Linear
             q = _rms_norm(g, q, w(p + "attn_q_norm.weight"), hp.rms_eps)
             k = _rms_norm(g, k, w(p + "attn_k_norm.weight"), hp.rms_eps)
         q = rope.apply(g, q)
+        if q_temperature is not None:  # after rope, queries only (llama.cpp's mistral3 graph)
+            q = g.op("Mul", [q, q_temperature])
         k = rope.apply(g, k)
         g.rename_output(k, f"new_k_{i}")
         g.rename_output(v, f"new_v_{i}")

@@ -253,7 +253,8 @@ class TorchBackend(PooledSeqs, Backend):
             pos[i] = reqs[ri].start + j
         self.model.ensure_rope(int(pos.max()) + 1)
         pos_t = torch.from_numpy(pos).to(self.device)
-        tile = Tile(tokens=torch.from_numpy(tokens).to(self.device), n_real=n_real, **self.model.tile_rope(pos_t))
+        tile = Tile(tokens=torch.from_numpy(tokens).to(self.device), n_real=n_real, q_scale=self.model.q_scale(pos),
+                    **self.model.tile_rope(pos_t))
         r0 = 0
         while r0 < n_real:  # one segment per request: consecutive rows, consecutive positions
             ri = trows[r0][0]

@@ -66,6 +66,7 @@ class Tile:
     cos_swa: torch.Tensor | None = None  # the sliding blocks' rope (None: no block slides)
     sin_swa: torch.Tensor | None = None
     groups: list[AttnGroup] = field(default_factory=list)
+    q_scale: torch.Tensor | None = None  # [M, 1, 1]: the queries' temperature by position (TorchModel.q_scale)
 
 
 def model_gemm_shapes(hp: ModelHParams) -> list[tuple[int, int]]:
@@ -220,7 +221,8 @@ class TorchModel:
 
         cos/sin per position are laid out so rope is ``x * cos + swap(x) * sin`` in three tensor ops.
         NEOX: swap(x) = (x2, x1) and sin = (-sin, +sin). NORM: swap exchanges each (2i, 2i+1) pair and
-        sin = (-sin, +sin) interleaved. Angles are computed in float64 and rounded once.
+        sin = (-sin, +sin) interleaved. Angles are computed in float64 and rounded once, after YaRN's
+        magnitude (1.0 without YaRN) multiplies them.
         """
         have = self.rope_cos.shape[0]
         if n_pos <= have:
@@ -232,7 +234,7 @@ class TorchModel:
 
     def _rope_table(self, inv: np.ndarray, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         ang = np.arange(size, dtype=np.float64)[:, None] * inv[None, :]
-        cos, sin = np.cos(ang), np.sin(ang)
+        cos, sin = np.cos(ang) * self.hp.rope_mscale, np.sin(ang) * self.hp.rope_mscale
         if self.neox:
             cos_full = np.concatenate([cos, cos], axis=1)
             sin_full = np.concatenate([-sin, sin], axis=1)
@@ -248,6 +250,14 @@ class TorchModel:
         if self.rope_cos_swa is not None and self.rope_sin_swa is not None:
             out |= {"cos_swa": self.rope_cos_swa[pos].unsqueeze(1), "sin_swa": self.rope_sin_swa[pos].unsqueeze(1)}
         return out
+
+    def q_scale(self, positions: np.ndarray) -> torch.Tensor | None:
+        """Each row's query multiplier [M, 1, 1] for a tile's positions, or None when the file has no
+        attention temperature (gguf/rope_scaling.py)."""
+        temp = self.hp.attn_temperature
+        if temp is None:
+            return None
+        return torch.from_numpy(temp.factors(positions)).to(device=self.device, dtype=self.dtype).view(-1, 1, 1)
 
     def _gate_up_bias(self, weights: dict[str, np.ndarray], b: str) -> torch.Tensor | None:
         g, u = weights.get(b + "ffn_gate.bias"), weights.get(b + "ffn_up.bias")
@@ -352,6 +362,8 @@ class TorchModel:
             qk = self._rope(qk, tile.cos_swa, tile.sin_swa)
         else:
             qk = self._rope(qk, tile.cos, tile.sin)
+        if tile.q_scale is not None:  # after rope, queries only (llama.cpp's mistral3 graph)
+            qk = torch.cat((qk[:, :nh] * tile.q_scale, qk[:, nh:]), 1)
         kl = aw.kv_layer
         for w in tile.writes:
             n = w.r1 - w.r0

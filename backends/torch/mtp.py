@@ -199,7 +199,7 @@ class TorchMtpRuntime(PooledSeqs, MtpRuntime):
         self.model.ensure_rope(int(positions.max()) + 1)
         pos_t = torch.from_numpy(positions).to(self.device)
         tile = Tile(tokens=torch.zeros(len(positions), dtype=torch.int64, device=self.device),
-                    n_real=len(positions), **self.model.tile_rope(pos_t))
+                    n_real=len(positions), q_scale=self.model.q_scale(positions), **self.model.tile_rope(pos_t))
         caches = []
         group = hp.n_head // hp.n_head_kv
         r0 = 0

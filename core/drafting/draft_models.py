@@ -159,6 +159,9 @@ def read_draft_attention(f: GGUFFile, arch: str, n_embd: int) -> DraftAttention:
     n_head = int(f.require(f"{arch}.attention.head_count"))
     head_dim = int(f.get(f"{arch}.attention.key_length", n_embd // n_head))
     scale = float(f.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+    kind = f.get(f"{arch}.rope.scaling.type")
+    if kind not in (None, "none", "linear"):  # the draft runtimes rope with one frequency scale only
+        raise ModelFileError(f.path, f"draft heads with {kind!r} rope scaling are not supported (only linear)")
     return DraftAttention(
         n_head=n_head, n_head_kv=int(f.get(f"{arch}.attention.head_count_kv", n_head)), head_dim=head_dim,
         n_rot=int(f.get(f"{arch}.rope.dimension_count", head_dim)),

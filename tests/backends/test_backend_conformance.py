@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from backend_conformance import CHECKS, HYBRID_CHECKS, HYBRID_MODELS, SWA_MODELS, available_backends
+from backend_conformance import (
+    CHECKS,
+    HYBRID_CHECKS,
+    HYBRID_MODELS,
+    SCALED_MODELS,
+    SWA_MODELS,
+    available_backends,
+)
 
 TINY = ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe")
 # Every matrix in one block type, the embedding and the head included, on every backend (the older types:
@@ -37,6 +44,13 @@ def test_conformance_hybrid(backend: str, model: str, check: str) -> None:
 @pytest.mark.parametrize("model", SWA_MODELS)
 @pytest.mark.parametrize("backend", HYBRID_BACKENDS)  # the ones that run sliding-window blocks too
 def test_conformance_sliding_window(backend: str, model: str, check: str) -> None:
+    CHECKS[check](backend, model)
+
+
+@pytest.mark.parametrize("check", sorted(CHECKS))
+@pytest.mark.parametrize("model", SCALED_MODELS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_conformance_scaled(backend: str, model: str, check: str) -> None:
     CHECKS[check](backend, model)
 
 

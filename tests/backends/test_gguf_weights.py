@@ -9,7 +9,7 @@ import gguf
 import numpy as np
 import pytest
 
-from spekula.backends.gguf.architecture import read_hparams
+from spekula.backends.gguf.architecture import FEATURES, read_hparams
 from spekula.backends.gguf.weights import dequantize, load_model_weights, rope_inv_freq
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile, TensorEntry
@@ -209,9 +209,18 @@ def test_linear_rope_scaling_and_rope_freqs(tmp_path: Path) -> None:
     assert np.allclose(rope_inv_freq(hp, {"rope_freqs.weight": ff}), base / 2)
 
 
-def test_yarn_scaling_is_refused(tmp_path: Path) -> None:
+def test_yarn_needs_a_runtime_with_its_magnitude(tmp_path: Path) -> None:
     f = GGUFFile(_rewrite(tmp_path, meta={"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}))
-    with pytest.raises(ModelFileError, match="unsupported rope scaling 'yarn'"):
+    with pytest.raises(ModelFileError, match="does not implement: YaRN rope magnitude scaling"):
+        read_hparams(f)
+    hp = read_hparams(f, implements=FEATURES)
+    assert hp.scaling.yarn is not None and hp.rope_scale == 1.0  # the blend is YaRN's, not linear
+    assert hp.rope_mscale == pytest.approx(1.0 + 0.1 * np.log(4.0))
+
+
+def test_unknown_rope_scaling_is_refused(tmp_path: Path) -> None:
+    f = GGUFFile(_rewrite(tmp_path, meta={"llama.rope.scaling.type": "longrope", "llama.rope.scaling.factor": 4.0}))
+    with pytest.raises(ModelFileError, match="unsupported rope scaling 'longrope' \\(supported: none, linear, yarn\\)"):
         read_hparams(f)
 
 

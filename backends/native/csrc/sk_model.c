@@ -37,6 +37,7 @@
 #include "sk_pack.h"
 #include "sk_pool.h"
 #include "sk_swa.h"
+#include "sk_rope.h"
 
 typedef struct {
     const float *attn_norm, *ffn_norm, *q_norm, *k_norm; /* q_norm / k_norm: NULL unless the arch has them */
@@ -73,6 +74,9 @@ typedef struct {
     const double *rope_inv_freq_swa;
     int32_t swa_window, swa_row_cap, ffn_geglu;
     float embd_scale;
+    /* sk_rope.h: YaRN's cos/sin magnitude and the queries' temperature by position (0: none) */
+    float rope_mscale, attn_temp_scale;
+    int32_t attn_temp_floor;
 } sk_config;
 
 enum { SK_WIDE_NONE = 0, SK_WIDE_RESIDUAL_HIDDEN = 1, SK_WIDE_RESIDUAL_NORMED = 2 };
@@ -618,18 +622,19 @@ static void project(sk_ctx *c, const part *parts, int np, const float *x, int64_
 }
 
 /* Row r's [cos | sin] table at position p. */
-static void rope_table(const double *inv_freq, int n_rot, int64_t p, float *cs) {
+static void rope_table(const double *inv_freq, int n_rot, int64_t p, double mscale, float *cs) {
     for (int i = 0; i < n_rot / 2; i++) {
         double th = (double)p * inv_freq[i];
-        cs[i] = (float)cos(th);
-        cs[n_rot / 2 + i] = (float)sin(th);
+        cs[i] = (float)(cos(th) * mscale);
+        cs[n_rot / 2 + i] = (float)(sin(th) * mscale);
     }
 }
 
 static void rope_angles(sk_ctx *c, int64_t p, int64_t r) {
     const sk_config *g = &c->cfg;
-    rope_table(g->rope_inv_freq, g->n_rot, p, c->rope + r * g->n_rot);
-    if (g->rope_inv_freq_swa) rope_table(g->rope_inv_freq_swa, g->n_rot, p, c->rope_swa + r * g->n_rot);
+    const double ms = sk_rope_mscale(g->rope_mscale); /* YaRN's magnitude, the same in both tables */
+    rope_table(g->rope_inv_freq, g->n_rot, p, ms, c->rope + r * g->n_rot);
+    if (g->rope_inv_freq_swa) rope_table(g->rope_inv_freq_swa, g->n_rot, p, ms, c->rope_swa + r * g->n_rot);
 }
 
 /* Rope on one head: NORM pairs (2i, 2i+1) or NEOX pairs (i, i + n_rot/2); cs = [cos | sin] per pair. */
@@ -652,11 +657,14 @@ static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int first_head, in
     const int64_t qkvd = c->qkvd, qs = q_stride(g, L), qw = q_width(g, L);
     for (int64_t r = r0; r < r1; r++) {
         float *row = c->qkv + r * qkvd, *cs = (L->sliding ? c->rope_swa : c->rope) + r * g->n_rot;
+        const float temp = sk_attn_temperature(g->attn_temp_scale, g->attn_temp_floor, b->pos[r]);
         for (int h = first_head; h < g->n_head + g->n_head_kv; h++) {
             float *v = h < g->n_head ? row + h * qs : row + qw + (int64_t)(h - g->n_head) * hd;
             const float *nw = h < g->n_head ? L->q_norm : L->k_norm;
             if (nw) c->kern->rms_norm(v, nw, hd, g->rms_eps, v);
             rope_head(v, cs, g->n_rot, g->rope_neox);
+            if (h < g->n_head && temp != 1.0f)
+                for (int d = 0; d < hd; d++) v[d] *= temp;
         }
         int slot = b->seq[r];
         int64_t t = b->pos[r] % c->kv_rows[layer]; /* a ring's row in sliding blocks */
