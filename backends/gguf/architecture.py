@@ -21,7 +21,9 @@ the choice: GLM's "expert score correction"); their weights are the unbiased ``p
 their sum when ``norm_weights`` (clamped below, see gguf/moe.py), then multiplied by
 ``weights_scale`` when != 1; the block's output is ``sum_e weight_e * expert_e(x)`` plus the shared
 expert's output (times ``sigmoid(x @ ffn_gate_inp_shexp)`` where the recipe gates it: Qwen3.5-MoE).
-Blocks ``[0, n_dense_lead)`` keep the dense FFN.
+Blocks ``[0, n_dense_lead)`` keep the dense FFN. gpt-oss routes otherwise (``softmax_weight``): the
+``n_expert_used`` largest logits (the router has a bias) are chosen and their weights are a softmax over
+those logits alone; its experts have biases and the clamped SwiGLU ``swiglu_oai``.
 
 Hybrid models (Qwen3.5) interleave gated delta-net blocks with full-attention blocks: the file marks
 which blocks are recurrent (``attention.recurrent_layers``, else every ``full_attention_interval``-th
@@ -63,7 +65,10 @@ from spekula.core.modelfile.gguf_file import GGUFFile
 NormKind = Literal["rms", "layer"]
 Activation = Literal["swiglu", "geglu"]
 RopeKind = Literal["norm", "neox"]  # NORM: pairs (2i, 2i+1); NEOX: pairs (i, i + n_rot/2)
-Gating = Literal["softmax", "sigmoid"]
+# softmax_weight (gpt-oss): the top-k of the raw logits are chosen, their weights a softmax over those k.
+Gating = Literal["softmax", "sigmoid", "softmax_weight"]
+# swiglu: silu(gate) * up; swiglu_oai (gpt-oss): min(gate, 7) * sigmoid(1.702 min(gate, 7)) * (clamp(up, +-7) + 1).
+ExpertActivation = Literal["swiglu", "swiglu_oai"]
 # Whether a block has an optional group of tensors: never (ignored if the file has them), when the
 # file has them (probed on the first block), or always (a missing one is a missing-tensor error).
 Presence = Literal["never", "optional", "always"]
@@ -88,6 +93,9 @@ class MoERecipe:
     # "tensors" (one shared expert when the blocks have ffn_up_shexp, expert_shared_feed_forward_length
     # rows, its output gated by sigmoid(x @ ffn_gate_inp_shexp)).
     shared: Literal["count", "tensors"] = "count"
+    # The router and every expert matrix have biases (ffn_gate_inp.bias, ffn_{gate,up,down}_exps.bias).
+    expert_bias: bool = False
+    activation: ExpertActivation = "swiglu"
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,7 @@ class BlockRecipe:
     # (swa_dense_first: unless i % swa_period == 0); 0: every block. attention.sliding_window_pattern overrides.
     swa_period: int = 0
     swa_dense_first: bool = False
+    swa_required: bool = False  # the graph needs attention.sliding_window (gpt-oss); else a file may omit it
     # Sliding blocks' rope without rope.freq_base_swa: "own" (base 10000, no scaling: llama.cpp's defaults,
     # Gemma 3) or "shared" (the global blocks' base and scaling: gpt-oss).
     swa_rope: Literal["own", "shared"] = "shared"
@@ -158,6 +167,12 @@ ARCHITECTURES: dict[str, BlockRecipe] = {
     "mistral3": BlockRecipe(rope="norm",
                             yarn_keys=frozenset({"yarn_beta_fast", "yarn_beta_slow", "yarn_log_multiplier"}),
                             attn_temperature=True),
+    # gpt-oss: biased q/k/v/o, a sink logit per head, alternating sliding-window / full blocks (block 0
+    # slides), the FFN norm named post_attention_norm, biased experts routed by a softmax over the top-k logits.
+    "gpt-oss": BlockRecipe(rope="neox", attn_bias="always", ffn_norm="post_attention_norm", sliding_window=True,
+                           swa_period=2, swa_required=True, attn_sinks=True,
+                           moe=MoERecipe("softmax_weight", False, False, frozenset({"expert_weights_scale"}),
+                                         expert_bias=True, activation="swiglu_oai")),
 }
 
 # Operations beyond the llama-style block that a backend runs only if it says so (read_hparams' `implements`).
@@ -171,8 +186,11 @@ FEATURE_POST_NORMS = "norms after the attention and FFN outputs"
 FEATURE_GEGLU = "GELU-gated FFN"
 FEATURE_EMBD_SCALE = "scaled token embeddings"
 FEATURE_FINAL_SOFTCAP = "final logit soft-capping"
+FEATURE_ATTN_SINKS = "attention sinks"
+FEATURE_OAI_EXPERTS = "biased experts with the clamped SwiGLU (swiglu_oai) and softmax over the chosen logits"
 FEATURES = frozenset({FEATURE_DELTA_NET, FEATURE_ATTN_GATE, FEATURE_SHARED_GATE, FEATURE_SLIDING_WINDOW,
-                      FEATURE_POST_NORMS, FEATURE_GEGLU, FEATURE_EMBD_SCALE, FEATURE_FINAL_SOFTCAP,
+                      FEATURE_POST_NORMS, FEATURE_GEGLU, FEATURE_EMBD_SCALE, FEATURE_FINAL_SOFTCAP, FEATURE_ATTN_SINKS,
+                      FEATURE_OAI_EXPERTS,
                       FEATURE_ROPE_MSCALE, FEATURE_ATTN_TEMPERATURE})
 
 
@@ -223,6 +241,8 @@ class MoEParams:
     selection_bias: bool  # blk.N.exp_probs_b.bias present
     shared_ff: int = 0  # rows of the shared expert when the file gives them (0: n_ff_exp * n_expert_shared)
     shared_gate: bool = False  # the shared expert's output is gated by sigmoid(x @ ffn_gate_inp_shexp)
+    expert_bias: bool = False  # the router and the expert matrices have biases
+    activation: ExpertActivation = "swiglu"
 
     @property
     def n_ff_shexp(self) -> int:
@@ -331,6 +351,10 @@ def required_features(hp: ModelHParams) -> frozenset[str]:
         out.add(FEATURE_EMBD_SCALE)
     if hp.final_softcap:
         out.add(FEATURE_FINAL_SOFTCAP)
+    if hp.recipe.attn_sinks:
+        out.add(FEATURE_ATTN_SINKS)
+    if hp.moe is not None and (hp.moe.expert_bias or hp.moe.activation != "swiglu" or hp.moe.gating == "softmax_weight"):
+        out.add(FEATURE_OAI_EXPERTS)
     return frozenset(out)
 
 
@@ -339,8 +363,6 @@ def unsupported_options(hp: ModelHParams) -> list[str]:
     r, out = hp.recipe, list[str]()
     if r.norm != "rms":
         out.append(f"{r.norm} norm")
-    if r.attn_sinks:
-        out.append("attention sinks")
     if hp.attn_softcap:
         out.append(f"attention logit soft-capping ({hp.attn_softcap})")
     if hp.moe is not None and (r.post_norms or r.activation != "swiglu"):
@@ -419,6 +441,8 @@ def _read_moe_params(f: GGUFFile, moe: MoERecipe) -> MoEParams:
         selection_bias=moe.selection_bias,
         shared_ff=shared_ff,
         shared_gate=moe.shared == "tensors",
+        expert_bias=moe.expert_bias,
+        activation=moe.activation,
     )
 
 
@@ -512,7 +536,8 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
 
     if not f.has_tensor("token_embd.weight"):
         raise ModelFileError(f.path, "missing tensor 'token_embd.weight'")
-    window = _uniform(f, "attention.sliding_window", opt("attention.sliding_window", 0)) if recipe.sliding_window else 0
+    window_key = req("attention.sliding_window") if recipe.swa_required else opt("attention.sliding_window", 0)
+    window = _uniform(f, "attention.sliding_window", window_key) if recipe.sliding_window else 0
     if window < 0:
         raise ModelFileError(f.path, f"invalid {arch}.attention.sliding_window = {window}")
     rope_base = float(opt("rope.freq_base", 10000.0))

@@ -30,6 +30,9 @@ def moe_ffn_shapes(moe: MoEParams, prefix: str, n_embd: int) -> dict[str, tuple[
     }
     if moe.selection_bias:
         shapes[prefix + "exp_probs_b.bias"] = (E,)
+    if moe.expert_bias:
+        shapes |= {prefix + "ffn_gate_inp.bias": (E,), prefix + "ffn_gate_exps.bias": (E, F),
+                   prefix + "ffn_up_exps.bias": (E, F), prefix + "ffn_down_exps.bias": (E, H)}
     if moe.n_expert_shared:
         S = moe.n_ff_shexp
         shapes |= {prefix + "ffn_gate_shexp.weight": (S, H), prefix + "ffn_up_shexp.weight": (S, H),

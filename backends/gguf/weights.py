@@ -85,6 +85,8 @@ def block_shapes(hp: ModelHParams, i: int) -> dict[str, tuple[int, ...]]:
             shapes |= {b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)}
         if hp.has_qkv_bias:
             shapes |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
+        if hp.recipe.attn_sinks:
+            shapes[b + "attn_sinks.weight"] = (hp.n_head,)
     if hp.post_norms:  # the attention (or delta-net) and FFN outputs are RMS-normed before the residual add
         shapes |= {b + "post_attention_norm.weight": (H,), b + "post_ffw_norm.weight": (H,)}
     if hp.moe is not None and hp.moe.is_moe(i):

@@ -3,7 +3,8 @@
 The kernels run one block shape: RMSNorm before attention and FFN, optional per-head q/k norm (a
 layer's q_norm / k_norm pointers, NULL when absent), optional q/k/v biases (each matrix's bias), rope
 pairing as ``rope_neox``, an optional attention output gate (Qwen3.5: ``attn_q`` yields [q | gate] per
-head), and a SwiGLU FFN that is dense or a MoE block (native/moe.py). In hybrid models a gated
+head), optional attention sinks (gpt-oss: a logit per head in every softmax), and a SwiGLU FFN that is
+dense or a MoE block (native/moe.py). In hybrid models a gated
 delta-net block (native/deltanet.py) takes attention's place. Gemma-style blocks add RMS norms of the
 attention and FFN outputs (``attn_post_norm``, ``ffn_post_norm``), a GELU-gated FFN and scaled
 embeddings; sliding blocks attend through the window with their own rope table (csrc/sk_swa.h). Anything else a recipe can name is
@@ -51,6 +52,8 @@ def build_layer(w: NativeWeights, i: int) -> nl.Layer:
     else:
         layer.wq, layer.wk, layer.wv = qkv("attn_q", (q_rows, hp.n_embd)), qkv("attn_k"), qkv("attn_v")
     layer.wo = w.matrix(b + "attn_output.weight", b + "attn_output.bias")
+    if hp.recipe.attn_sinks:
+        layer.attn_sinks = nl.ptr(w.vector(b + "attn_sinks.weight"))
     return _ffn(w, i, layer)
 
 

@@ -33,7 +33,9 @@ class Tensor(ctypes.Structure):
 
 
 # sk_moe's gating ids.
-GATING_IDS = {"softmax": 0, "sigmoid": 1}
+GATING_IDS = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}
+# sk_moe's expert activations.
+ACTIVATION_IDS = {"swiglu": 0, "swiglu_oai": 1}
 
 
 class MoE(ctypes.Structure):
@@ -44,7 +46,8 @@ class MoE(ctypes.Structure):
                 ("selection_bias", ctypes.c_void_p), ("router", Tensor), ("gate", ctypes.POINTER(Tensor)),
                 ("up", ctypes.POINTER(Tensor)), ("down", ctypes.POINTER(Tensor)), ("shared_gate", Tensor),
                 ("shared_up", Tensor), ("shared_down", Tensor),
-                ("shared_inp", Tensor)]  # data NULL: the shared expert's output is not gated
+                ("shared_inp", Tensor),  # data NULL: the shared expert's output is not gated
+                ("activation", ctypes.c_int32)]  # ACTIVATION_IDS of the routed experts
 
 
 class DeltaNet(ctypes.Structure):
@@ -64,7 +67,8 @@ class Layer(ctypes.Structure):
                 ("dn", DeltaNet),  # dn.qkv.data set: a gated delta-net block in place of attention
                 # Gemma: RMS-normed attention / FFN outputs before the residual add (NULL: none)
                 ("attn_post_norm", ctypes.c_void_p), ("ffn_post_norm", ctypes.c_void_p),
-                ("sliding", ctypes.c_int32)]  # the config's window, rope_inv_freq_swa, a ring of keys and values
+                ("sliding", ctypes.c_int32),  # the config's window, rope_inv_freq_swa, a ring of keys and values
+                ("attn_sinks", ctypes.c_void_p)]  # [n_head] sink logits (gpt-oss), or NULL
 
 
 class Config(ctypes.Structure):

@@ -12,12 +12,15 @@ from spekula.backends.native import lib as nl
 from spekula.backends.native.weights import NativeWeights
 
 
-def _experts(w: NativeWeights, name: str) -> ctypes.Array[nl.Tensor]:
-    """One Tensor per expert of a 3-D [n_expert, out, in] tensor, each pointing into the mapped data."""
+def _experts(w: NativeWeights, name: str, bias: str | None) -> ctypes.Array[nl.Tensor]:
+    """One Tensor per expert of a 3-D [n_expert, out, in] tensor, each pointing into the mapped data, with
+    its row of the [n_expert, out] bias tensor `bias` when there is one."""
     e = w.typed_entry(name)
     data = w.keep_data(e)
     n_expert, n_out, n_in = e.shape
-    views = (nl.Tensor * n_expert)(*[nl.tensor(data[k], e.type_name, n_out, n_in) for k in range(n_expert)])
+    b = w.vector(bias).reshape(n_expert, n_out) if bias else None  # type: ignore[union-attr]
+    views = (nl.Tensor * n_expert)(*[nl.tensor(data[k], e.type_name, n_out, n_in, None if b is None else b[k])
+                                     for k in range(n_expert)])
     w.structs.append(views)
     return views
 
@@ -27,11 +30,17 @@ def moe_block(w: NativeWeights, i: int) -> ctypes._Pointer[nl.MoE]:
     moe, b = w.hp.moe, f"blk.{i}."
     assert moe is not None and moe.is_moe(i)
     bias = w.vector(b + "exp_probs_b.bias") if moe.selection_bias else None
+
+    def exps(kind: str) -> ctypes.Array[nl.Tensor]:
+        return _experts(w, f"{b}ffn_{kind}_exps.weight", f"{b}ffn_{kind}_exps.bias" if moe.expert_bias else None)
+
+    router_bias = b + "ffn_gate_inp.bias" if moe.expert_bias else None
     block = nl.MoE(n_expert=moe.n_expert, n_expert_used=moe.n_expert_used, gating=nl.GATING_IDS[moe.gating],
                    norm_weights=int(moe.norm_weights), weights_scale=moe.weights_scale,
-                   selection_bias=nl.ptr(bias), router=w.matrix(b + "ffn_gate_inp.weight"),
-                   gate=_experts(w, b + "ffn_gate_exps.weight"), up=_experts(w, b + "ffn_up_exps.weight"),
-                   down=_experts(w, b + "ffn_down_exps.weight"))
+                   selection_bias=nl.ptr(bias),
+                   router=w.matrix(b + "ffn_gate_inp.weight", router_bias, bias_required=True),
+                   gate=exps("gate"), up=exps("up"), down=exps("down"),
+                   activation=nl.ACTIVATION_IDS[moe.activation])
     if moe.n_expert_shared:
         block.shared_gate = w.matrix(b + "ffn_gate_shexp.weight")
         block.shared_up = w.matrix(b + "ffn_up_shexp.weight")

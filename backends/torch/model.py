@@ -91,6 +91,7 @@ class AttnWeights:
     out: Lin
     kv_layer: int  # the layer of the sequences' KV caches this block writes
     sliding: bool = False  # attends through the window with the sliding rope
+    sinks: torch.Tensor | None = None  # [n_head] float32 sink logits (gpt-oss), in every softmax
 
 
 @dataclass
@@ -189,6 +190,8 @@ class TorchModel:
                     out=self._lin(t(b + "attn_output.weight"), opt(b + "attn_output.bias")),
                     kv_layer=self.n_kv_layers,
                     sliding=hp.is_sliding(i),
+                    sinks=torch.from_numpy(weights[b + "attn_sinks.weight"]).to(device=device, dtype=torch.float32)
+                    if hp.recipe.attn_sinks else None,
                 )
                 self.n_kv_layers += 1
             self.layers.append(LayerWeights(t(b + "attn_norm.weight"), mixer, t(b + hp.ffn_norm_name + ".weight"), ffn,
@@ -284,8 +287,10 @@ class TorchModel:
             out = torch.addcmul(xr.float() * cos, swapped.float(), sin).to(x.dtype)
         return torch.cat((out, x[..., n_rot:]), dim=-1) if n_rot < x.shape[-1] else out
 
-    def _attention(self, tile: Tile, kv_layer: int, qk: torch.Tensor, out: torch.Tensor, sliding: bool = False) -> None:
-        """qk: roped [M, n_head + n_kv, hd]. Writes each group's rows of ``out`` [M, n_head, hd]."""
+    def _attention(self, tile: Tile, kv_layer: int, qk: torch.Tensor, out: torch.Tensor, sliding: bool = False,
+                   sinks: torch.Tensor | None = None) -> None:
+        """qk: roped [M, n_head + n_kv, hd]. Writes each group's rows of ``out`` [M, n_head, hd].
+        ``sinks``: one more logit per head in each row's softmax, whose probability weighs no value."""
         hp = self.hp
         n_kv, g, hd = hp.n_head_kv, hp.n_head // hp.n_head_kv, hp.head_dim
         flat = qk.view(-1, hd)
@@ -297,10 +302,15 @@ class TorchModel:
             vals = grp.cache.v[kv_layer, :, : grp.n_keys]
             mask = grp.window_mask if sliding and grp.window_mask is not None else grp.mask
             scores = torch.baddbmm(mask, qg, keys.transpose(1, 2), alpha=hp.attn_scale)
+            if sinks is not None:  # rows (j, row) of kv head kv belong to head kv * g + j
+                sink = sinks.view(n_kv, g, 1, 1).expand(n_kv, g, R, 1).reshape(n_kv, g * R, 1)
+                scores = torch.cat((scores.float(), sink), dim=-1)
             if scores.dtype == torch.float32:
                 probs = torch.softmax(scores, dim=-1)
             else:
                 probs = torch.softmax(scores.float(), dim=-1).to(vals.dtype)
+            if sinks is not None:
+                probs = probs[..., : grp.n_keys].to(vals.dtype)
             o = torch.bmm(probs, vals).view(hp.n_head, R, hd)
             out[grp.r0 : grp.r1] = o[:, :n].transpose(0, 1)
 
@@ -369,7 +379,7 @@ class TorchModel:
             n = w.r1 - w.r0
             w.cache.k[kl, :, w.pos0 : w.pos0 + n] = qk[w.r0 : w.r1, nh:].transpose(0, 1)
             w.cache.v[kl, :, w.pos0 : w.pos0 + n] = v[w.r0 : w.r1].transpose(0, 1)
-        self._attention(tile, kl, qk, attn_out, aw.sliding)
+        self._attention(tile, kl, qk, attn_out, aw.sliding, aw.sinks)
         out = attn_out if gate is None else attn_out * torch.sigmoid(gate)
         return aw.out(out.view(M, nh * hd))
 

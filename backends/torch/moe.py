@@ -1,7 +1,8 @@
 """The feed-forward part of a decoder block: dense SwiGLU, or a routed mixture of SwiGLU experts.
 
 Routing follows the model's description (gguf/architecture.py): softmax or sigmoid probabilities,
-top-k on probabilities plus the optional selection bias, weights renormalised and scaled. Each expert
+top-k on probabilities plus the optional selection bias, weights renormalised and scaled; or (gpt-oss)
+top-k on the logits and a softmax over the chosen ones, experts with biases and the clamped SwiGLU. Each expert
 runs as two GEMMs over the rows routed to it, never per token.
 
 Exact mode (see ``torch.py``): a row's output must not depend on the other rows of the tile. The expert
@@ -49,19 +50,41 @@ def _rowwise_sigmoid(x: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(spaced[:, :E])
 
 
+# gpt-oss's swiglu_oai constants (llama.cpp's graph fixes them too).
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0
+
+
+def _swiglu_oai(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """min(gate, 7) * sigmoid(1.702 min(gate, 7)) * (clamp(up, -7, 7) + 1) of [M, F] views, row-wise exact.
+
+    The sigmoid (the only operation whose vector and scalar paths round differently) runs on a view
+    whose rows are not adjacent, as in :func:`_rowwise_sigmoid`; clamps, products and sums are
+    correctly rounded whichever path computes them."""
+    M, F_ = gate.shape
+    x = gate.clamp(max=SWIGLU_OAI_LIMIT)
+    spaced = x.new_empty((M, F_ + 1))
+    spaced[:, :F_] = x * SWIGLU_OAI_ALPHA
+    return x * torch.sigmoid(spaced[:, :F_]) * (up.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT) + 1.0)
+
+
 class DenseFFN:
     """down(silu(gate x) * up x), gate and up fused into one GEMM. ``gated`` (Qwen3.5-MoE's shared expert):
     the GEMM has one more row, the logit g of the output gate, and the output is multiplied by sigmoid(g).
-    ``geglu`` (Gemma): GELU with the tanh approximation in place of SiLU."""
+    ``geglu`` (Gemma): GELU with the tanh approximation in place of SiLU. ``oai``: gpt-oss's clamped
+    swiglu_oai in place of silu(gate) * up."""
 
-    def __init__(self, gate_up: Lin, down: Lin, n_ff: int, *, gated: bool = False, geglu: bool = False) -> None:
-        self.gate_up, self.down, self.n_ff, self.gated, self.geglu = gate_up, down, n_ff, gated, geglu
+    def __init__(self, gate_up: Lin, down: Lin, n_ff: int, *, gated: bool = False, geglu: bool = False,
+                 oai: bool = False) -> None:
+        self.gate_up, self.down, self.n_ff, self.gated, self.geglu, self.oai = gate_up, down, n_ff, gated, geglu, oai
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         gu = self.gate_up(h)
         F_ = self.n_ff
-        act = F.gelu(gu[:, :F_], approximate="tanh") if self.geglu else F.silu(gu[:, :F_])
-        out = self.down(act * gu[:, F_ : 2 * F_])
+        gate, up = gu[:, :F_], gu[:, F_ : 2 * F_]
+        if self.oai:
+            out = self.down(_swiglu_oai(gate, up))
+        else:
+            out = self.down((F.gelu(gate, approximate="tanh") if self.geglu else F.silu(gate)) * up)
         if self.gated:
             # [M, 1] view with the GEMM's row stride: every row's sigmoid is a scalar, whatever M is.
             out = out * torch.sigmoid(gu[:, 2 * F_ : 2 * F_ + 1])
@@ -89,6 +112,10 @@ class MoEFFN:
         """(expert ids [M, k] int64 in rank order, their weights [M, k] float32)."""
         moe = self.moe
         logits = self.router(h.float())
+        if moe.gating == "softmax_weight":  # top-k of the logits, softmax over the chosen (row-wise)
+            ids = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, : moe.n_expert_used]
+            weights = torch.softmax(logits.gather(1, ids), dim=-1)
+            return ids, weights * moe.weights_scale if moe.weights_scale != 1.0 else weights
         probs = torch.softmax(logits, dim=-1) if moe.gating == "softmax" else _rowwise_sigmoid(logits)
         choice = probs + self.selection_bias if self.selection_bias is not None else probs
         ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, : moe.n_expert_used]
@@ -148,7 +175,15 @@ def build_moe_ffn(
     gate_up = to_tensor(np.concatenate([weights[prefix + "ffn_gate_exps.weight"],
                                         weights[prefix + "ffn_up_exps.weight"]], axis=1))
     down = to_tensor(weights[prefix + "ffn_down_exps.weight"])
-    experts = [DenseFFN(make_lin(gate_up[e], None), make_lin(down[e], None), F_exp) for e in range(moe.n_expert)]
+    gate_up_b = down_b = None
+    if moe.expert_bias:  # [E, 2F] and [E, H]: each expert's row of them
+        gate_up_b = to_tensor(np.concatenate([weights[prefix + "ffn_gate_exps.bias"],
+                                              weights[prefix + "ffn_up_exps.bias"]], axis=1))
+        down_b = to_tensor(weights[prefix + "ffn_down_exps.bias"])
+    oai = moe.activation == "swiglu_oai"
+    experts = [DenseFFN(make_lin(gate_up[e], None if gate_up_b is None else gate_up_b[e]),
+                        make_lin(down[e], None if down_b is None else down_b[e]), F_exp, oai=oai)
+               for e in range(moe.n_expert)]
     shared = None
     if moe.n_expert_shared:
         parts = [weights[prefix + "ffn_gate_shexp.weight"], weights[prefix + "ffn_up_shexp.weight"]]
@@ -162,4 +197,5 @@ def build_moe_ffn(
         return torch.from_numpy(weights[prefix + name]).to(device=gate_up.device, dtype=torch.float32).contiguous()
 
     bias = routing_tensor("exp_probs_b.bias") if moe.selection_bias else None
-    return MoEFFN(moe, make_lin(routing_tensor("ffn_gate_inp.weight"), None), bias, experts, shared)
+    router_bias = routing_tensor("ffn_gate_inp.bias") if moe.expert_bias else None
+    return MoEFFN(moe, make_lin(routing_tensor("ffn_gate_inp.weight"), router_bias), bias, experts, shared)

@@ -71,7 +71,7 @@ def test_unknown_architecture_names_it_and_the_supported_ones(tmp_path: Path) ->
             if k != "general.architecture"}
     path = write_gguf(tmp_path / "g.gguf", "gemma2", {}, tensors, keys)
     with pytest.raises(ModelFileError, match=r"g\.gguf: unsupported architecture 'gemma2' \(supported: llama, qwen2, "
-                                             r"qwen3, qwen3moe, glm4moe, qwen35, qwen35moe, gemma3, mistral3\)"):
+                                             r"qwen3, qwen3moe, glm4moe, qwen35, qwen35moe, gemma3, mistral3, gpt-oss\)"):
         read_hparams(GGUFFile(path))
 
 
@@ -80,17 +80,17 @@ def _with_recipe(monkeypatch: pytest.MonkeyPatch, arch: str, **changes: Any) -> 
 
 
 def test_unsupported_recipe_options_are_one_error_naming_each(monkeypatch: pytest.MonkeyPatch) -> None:
-    _with_recipe(monkeypatch, "llama", attn_sinks=True, norm="layer")
-    with pytest.raises(ModelFileError, match=r"architecture 'llama' needs what no backend implements yet: layer norm, "
-                                             r"attention sinks$"):
+    _with_recipe(monkeypatch, "llama", norm="layer")
+    with pytest.raises(ModelFileError, match=r"architecture 'llama' needs what no backend implements yet: layer norm$"):
         read_hparams(GGUFFile(tiny_model_path("llama")))
 
 
 def test_options_a_runtime_lacks_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Post-norms and the GELU gate run on native and torch; a runtime that does not declare them refuses."""
-    _with_recipe(monkeypatch, "llama", activation="geglu", post_norms=True)
+    """Post-norms, the GELU gate and sinks run on native and torch; a runtime that does not declare them refuses."""
+    _with_recipe(monkeypatch, "llama", activation="geglu", post_norms=True, attn_sinks=True)
     with pytest.raises(ModelFileError, match=r"architecture 'llama' needs what the onnx backend does not implement: "
-                                             r"GELU-gated FFN, norms after the attention and FFN outputs$"):
+                                             r"GELU-gated FFN, attention sinks, norms after the attention and FFN "
+                                             r"outputs$"):
         read_hparams(GGUFFile(tiny_model_path("llama")), runtime="the onnx backend")
 
 

@@ -34,6 +34,7 @@
 #include "sk.h"
 #include "sk_deltanet.h"
 #include "sk_moe.h"
+#include "sk_oai.h"
 #include "sk_pack.h"
 #include "sk_pool.h"
 #include "sk_swa.h"
@@ -47,6 +48,7 @@ typedef struct {
     sk_dn dn;          /* dn.qkv.data non-NULL: a gated delta-net block in place of attention (sk_deltanet.h) */
     const float *attn_post_norm, *ffn_post_norm; /* non-NULL: RMS-normed sublayer outputs before the add (Gemma) */
     int32_t sliding;   /* attends through the config's window, ropes with rope_inv_freq_swa, KV in a ring (sk_swa.h) */
+    const float *attn_sinks; /* [n_head]: a sink logit per query head in every softmax (gpt-oss), or NULL */
 } sk_layer;
 
 typedef struct {
@@ -720,7 +722,9 @@ static void attention_merge(sk_ctx *c, const sk_batch *b, const sk_layer *L, int
         const float *p0 = c->att_parts + ((prefix[r] + (int64_t)kvh * nc) * gq + h % gq) * ldpart;
         const int64_t step = gq * ldpart;
         float *out = c->att + r * qd + (int64_t)h * hd;
-        if (nc == 1) {
+        if (L && L->attn_sinks) {
+            sk_oai_sink_merge(p0, nc, step, hd, L->attn_sinks[h], out);
+        } else if (nc == 1) {
             const float inv = 1.0f / p0[1];
             for (int d = 0; d < hd; d++) out[d] = p0[2 + d] * inv;
         } else {

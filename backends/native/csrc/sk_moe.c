@@ -22,6 +22,7 @@
  * thread count.
  */
 #include "sk_moe.h"
+#include "sk_oai.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -86,7 +87,9 @@ static int expert_fits(const sk_tensor *g, const sk_tensor *u, const sk_tensor *
 sk_moe *sk_moe_clone(const sk_moe *src, int64_t n_embd) {
     const int32_t ne = src->n_expert;
     if (ne < 1 || src->n_expert_used < 1 || src->n_expert_used > ne || !src->gate || !src->up || !src->down ||
-        (src->gating != SK_GATING_SOFTMAX && src->gating != SK_GATING_SIGMOID) || !src->router.data ||
+        (src->gating != SK_GATING_SOFTMAX && src->gating != SK_GATING_SIGMOID &&
+         src->gating != SK_GATING_SOFTMAX_WEIGHT) ||
+        (src->activation != SK_ACT_SWIGLU && src->activation != SK_ACT_SWIGLU_OAI) || !src->router.data ||
         src->router.n_rows != ne || src->router.n_cols != n_embd)
         return NULL;
     for (int32_t e = 0; e < ne; e++)
@@ -215,6 +218,12 @@ int sk_moe_reserve(sk_moe_scratch **sp, sk_moe *const *blocks, int n_layer, int6
 /* One row: p holds its logits and is left holding the probabilities. */
 static void route_row(const sk_moe *moe, float *p, int32_t *chosen, float *weight) {
     const int ne = moe->n_expert, k = moe->n_expert_used;
+    if (moe->gating == SK_GATING_SOFTMAX_WEIGHT) { /* no selection bias, weights already sum to 1 */
+        sk_oai_route(p, ne, k, chosen, weight);
+        if (moe->weights_scale != 1.0f)
+            for (int j = 0; j < k; j++) weight[j] *= moe->weights_scale;
+        return;
+    }
     if (moe->gating == SK_GATING_SOFTMAX) {
         float mx = p[0], sum = 0.0f;
         for (int e = 1; e < ne; e++) mx = p[e] > mx ? p[e] : mx;
@@ -375,7 +384,8 @@ void sk_moe_ffn(const sk_moe_env *env, const sk_moe *moe, const float *h, float 
         const sk_tensor *down = group_tensor(moe, grp, 2);
         const int64_t f = down->n_cols;
         float *xr = s->xg + g * s->ldx, *gu = s->gu + g * s->ldgu;
-        kern->silu_mul(gu, gu + f, f, xr);
+        if (grp < ne && moe->activation == SK_ACT_SWIGLU_OAI) sk_oai_swiglu(gu, gu + f, f, xr);
+        else kern->silu_mul(gu, gu + f, f, xr);
         if (sk_is_quant(down->type)) kern->quantize_rows(xr, s->ldx, 1, f, &s->act_mid, g);
     }
     sk_pool_barrier(env->pool);

@@ -1,9 +1,11 @@
-/* Mixture-of-experts FFN blocks (qwen3moe, glm4moe) for sk_model.c's forward pass.
+/* Mixture-of-experts FFN blocks (qwen3moe, glm4moe, qwen35moe, gpt-oss) for sk_model.c's forward pass.
  *
  * A MoE block's FFN: a router scores every expert per row, the n_expert_used best (after an optional
  * selection bias) run, and the row receives their outputs weighted by the router's probabilities,
  * plus an always-on shared expert when the model has one (gated per row by a sigmoid in Qwen3.5-MoE). Experts are views into the file's 3-D
- * expert tensors (one [out, in] matrix per expert), so weights are never copied per expert.
+ * expert tensors (one [out, in] matrix per expert), so weights are never copied per expert. gpt-oss
+ * chooses by the raw logits and weighs by a softmax over the chosen, its experts carry biases (each
+ * view's bias) and use the clamped swiglu_oai (sk_oai.h).
  */
 #ifndef SK_MOE_H
 #define SK_MOE_H
@@ -11,7 +13,10 @@
 #include "sk.h"
 #include "sk_pool.h"
 
-enum { SK_GATING_SOFTMAX = 0, SK_GATING_SIGMOID = 1 };
+/* SOFTMAX_WEIGHT (gpt-oss): the top-k logits are chosen, their weights a softmax over them (sk_oai.h). */
+enum { SK_GATING_SOFTMAX = 0, SK_GATING_SIGMOID = 1, SK_GATING_SOFTMAX_WEIGHT = 2 };
+/* The experts' activation: silu(gate) * up, or gpt-oss's clamped swiglu_oai (sk_oai.h). */
+enum { SK_ACT_SWIGLU = 0, SK_ACT_SWIGLU_OAI = 1 };
 
 typedef struct {
     int32_t n_expert, n_expert_used;
@@ -23,6 +28,7 @@ typedef struct {
     sk_tensor *gate, *up, *down; /* [n_expert] each: gate/up [n_ff_exp, n_embd], down [n_embd, n_ff_exp] */
     sk_tensor shared_gate, shared_up, shared_down; /* data NULL: no shared expert */
     sk_tensor shared_inp; /* [1, n_embd]: the shared expert's output is gated by sigmoid(shared_inp . x); data NULL: not gated */
+    int32_t activation;   /* SK_ACT_* of the routed experts (the shared one is always SK_ACT_SWIGLU) */
 } sk_moe;
 
 typedef struct sk_moe_scratch sk_moe_scratch;
