@@ -76,6 +76,10 @@ HYBRID_MODELS = ("qwen35", "qwen35moe", "qwen35-q8_0", "qwen35moe-q8_0")
 # The tiny Gemma 3 (sliding-window and global blocks, llama.cpp's converter): float32 and Q8_0.
 SWA_MODELS = ("gemma3", "gemma3-Q8_0")
 
+# The tiny gpt-oss (sinks, biased swiglu_oai experts, sliding windows, YaRN; llama.cpp's converter): float32,
+# and llama-quantize's MXFP4_MOE (experts in MXFP4 blocks, other matrices Q8_0).
+GPTOSS_MODELS = ("gpt-oss", "gpt-oss-mxfp4")
+
 # The tiny Ministral 3 (YaRN rope, queries' temperature by position; llama.cpp's converter): float32 and Q8_0.
 SCALED_MODELS = ("ministral3", "ministral3-q8_0")
 
@@ -83,6 +87,10 @@ SCALED_MODELS = ("ministral3", "ministral3-q8_0")
 def model_path(model: str) -> str:
     if model == "smollm2":
         return str(smollm2_path())
+    if model in GPTOSS_MODELS:
+        from gptoss_helpers import gptoss_path
+
+        return gptoss_path(model.removeprefix("gpt-oss").removeprefix("-") or "f32")
     if model in SWA_MODELS:
         from spekula.fixtures.tiny_gemma3 import tiny_gemma3_gguf_path
 
@@ -165,6 +173,15 @@ def check_logits_match_reference(name: str, model: str) -> None:
         tol = HYBRID_QUANT_REL_TOL * max(1.0, float(np.abs(want).max()))
         agree = float(np.mean(got.argmax(axis=1) == want.argmax(axis=1)))
         assert agree >= 0.9, f"{name} vs torch: greedy choice agrees on {agree:.0%} of rows"
+    if model == "gpt-oss-mxfp4" and base_backend(name) == "native":
+        # A row whose second and third router logits nearly tie may swap those experts when the int8
+        # rounding of the activations moves them (measured: the only two rows beyond the tolerance, out of
+        # 37, have gaps of 0.009 and 0.022 there while the others' are 0.06 to 1.6): the rest must match.
+        within = np.abs(got - want).max(axis=1) <= tol
+        agree = float(np.mean(got.argmax(axis=1) == want.argmax(axis=1)))
+        assert within.mean() >= 0.9 and agree >= 0.9, (f"{name} vs torch: {within.mean():.0%} of rows within "
+                                                        f"{tol:.3g}, greedy choice agrees on {agree:.0%}")
+        return
     assert_close(got, want, tol, f"{name} vs torch logits")
 
 

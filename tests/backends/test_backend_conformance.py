@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from backend_conformance import (
     CHECKS,
+    GPTOSS_MODELS,
     HYBRID_CHECKS,
     HYBRID_MODELS,
     SCALED_MODELS,
@@ -51,6 +52,14 @@ def test_conformance_sliding_window(backend: str, model: str, check: str) -> Non
 @pytest.mark.parametrize("model", SCALED_MODELS)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_conformance_scaled(backend: str, model: str, check: str) -> None:
+    CHECKS[check](backend, model)
+
+
+# gpt-oss (sinks, biased swiglu_oai experts, sliding windows, YaRN) on the backends that run it (onnx refuses).
+@pytest.mark.parametrize("check", sorted(CHECKS))
+@pytest.mark.parametrize("model", GPTOSS_MODELS)
+@pytest.mark.parametrize("backend", HYBRID_BACKENDS)
+def test_conformance_gptoss(backend: str, model: str, check: str) -> None:
     CHECKS[check](backend, model)
 
 
