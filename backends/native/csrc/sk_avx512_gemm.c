@@ -9,7 +9,11 @@
  *     acc  = fma(float(isum - offset * qsum), dw * da, acc)             dw, da: weight, activation scale
  *     acc  = fma(mw, s, acc)              types with a minimum (s = da * sum of the block's activations)
  *
- * (Q6_K does the first step per 16 values, as its scales are per 16.) Each lane is one element, and
+ * (Q6_K does the first step per 16 values, as its scales are per 16.) The codebook types (IQ4_NL,
+ * IQ4_XS, MXFP4) keep their 4-bit codes and look each up in their 16-entry table with one byte shuffle
+ * (the table's integers + 128, as Q8_0's bytes are), Q3_K keeps 3 bits and Q2_K 2 per value: the
+ * integers multiplied, and so the sums, are the same as if they were stored as bytes. Each lane is one
+ * element, and
  * tiles of up to 4 rows x 4 column groups only share loads, so the row count, the tile shape and
  * the thread split never change a bit of the result.
  */
@@ -20,6 +24,7 @@
 
 #include "sk.h"
 #include "sk_avx512.h"
+#include "sk_codebooks.h"
 #include "sk_pack.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -30,7 +35,13 @@ enum { GROUP = SK_GROUP, NIB = SK_NIB, HB5 = SK_HB5, HB6 = SK_HB6, DVEC = SK_DVE
 
 /* ---- kernels ----------------------------------------------------------------------------------- */
 
-enum { K_NIB4, K_NIB5, K_BYTES, K_NIB6 };
+/* K_IQ4, K_MXFP4: nibble codes through their table; K_Q2: 2-bit values; K_Q3: 3-bit values (Q3_K's + 4). */
+enum { K_NIB4, K_NIB5, K_BYTES, K_NIB6, K_IQ4, K_MXFP4, K_Q2, K_Q3 };
+
+/* A 16-entry table of signed values as unsigned bytes (value + 128), in every 128-bit lane. */
+INLINE __m512i table_u8(const int8_t *values) {
+    return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)values)), _mm512_set1_epi8((char)0x80));
+}
 
 /* Value groups j and j+4 of one block of one column group, as unsigned bytes. */
 INLINE void pair(const int kind, const uint8_t *qp, const int j, __m512i *lo, __m512i *hi) {
@@ -38,6 +49,20 @@ INLINE void pair(const int kind, const uint8_t *qp, const int j, __m512i *lo, __
     if (kind == K_BYTES) {
         *lo = _mm512_loadu_si512((const void *)(qp + 64 * j));
         *hi = _mm512_loadu_si512((const void *)(qp + 64 * (j + 4)));
+        return;
+    }
+    if (kind == K_Q2 || kind == K_Q3) {
+        /* bits 2j..2j+1 of each byte to bits 0..1 (16-bit shifts; the mask drops what crossed bytes) */
+        const __m512i m3 = _mm512_set1_epi8(3);
+        __m512i l = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512((const void *)qp), 2 * j), m3);
+        __m512i h = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512((const void *)(qp + 64)), 2 * j), m3);
+        if (kind == K_Q3) { /* the third bit: bit j (value 4j+i) and j+4 (value 16+4j+i) of the plane */
+            const __m512i bits = _mm512_loadu_si512((const void *)(qp + HB6)), four = _mm512_set1_epi8(4);
+            l = _mm512_or_si512(l, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, _mm512_set1_epi8((char)(1 << j))), four));
+            h = _mm512_or_si512(h, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, _mm512_set1_epi8((char)(16 << j))), four));
+        }
+        *lo = l;
+        *hi = h;
         return;
     }
     const int hb = kind == K_NIB5 ? HB5 : kind == K_NIB6 ? HB6 : 0;
@@ -57,6 +82,10 @@ INLINE void pair(const int kind, const uint8_t *qp, const int j, __m512i *lo, __
         else if (j == 3) { p0 = _mm512_srli_epi16(p0, 2); p1 = _mm512_srli_epi16(p1, 2); }
         l = _mm512_or_si512(l, _mm512_and_si512(p0, m30));
         h = _mm512_or_si512(h, _mm512_and_si512(p1, m30));
+    } else if (kind == K_IQ4 || kind == K_MXFP4) {
+        const __m512i tab = table_u8(kind == K_IQ4 ? sk_iq4nl_values : sk_mxfp4_values);
+        l = _mm512_shuffle_epi8(tab, l);
+        h = _mm512_shuffle_epi8(tab, h);
     }
     *lo = l;
     *hi = h;
@@ -101,15 +130,15 @@ INLINE void add_block(const int OFF, __m512i lo[4][4], __m512i hi[4][4], const _
     }
 }
 
-/* Q6_K: two 16-value halves with their own scales; offset 32. */
-INLINE void add_block6(__m512i lo[4][4], __m512i hi[4][4], const __m512 dw0[4], const __m512 dw1[4], const sk_act *a,
+/* Q6_K (OFF 32) and Q3_K (OFF 4): two 16-value halves with their own scales. */
+INLINE void add_block6(const int OFF, __m512i lo[4][4], __m512i hi[4][4], const __m512 dw0[4], const __m512 dw1[4], const sk_act *a,
                        int64_t r0, int64_t b, const int MR, const int NG, __m512 acc[4][4]) {
     const int64_t kb = a->kp / 32, k16 = a->kp / 16;
     for (int r = 0; r < MR; r++) {
         const int64_t row = r0 + r;
         const __m512 da = _mm512_set1_ps(a->d[row * kb + b]);
-        const __m512i off0 = _mm512_set1_epi32(32 * a->qs16[row * k16 + 2 * b]);
-        const __m512i off1 = _mm512_set1_epi32(32 * a->qs16[row * k16 + 2 * b + 1]);
+        const __m512i off0 = _mm512_set1_epi32(OFF * a->qs16[row * k16 + 2 * b]);
+        const __m512i off1 = _mm512_set1_epi32(OFF * a->qs16[row * k16 + 2 * b + 1]);
         for (int n = 0; n < NG; n++) {
             acc[r][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo[r][n], off0)), _mm512_mul_ps(dw0[n], da), acc[r][n]);
             acc[r][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi[r][n], off1)), _mm512_mul_ps(dw1[n], da), acc[r][n]);
@@ -136,8 +165,14 @@ INLINE void add_block2(__m512i lo[4][4], __m512i hi[4][4], const __m512 dw[2][4]
     }
 }
 
-INLINE __m512 u8x16(const uint8_t *p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+INLINE __m512i u8x16i(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+
+/* MXFP4's 16 E8M0 exponents as the floats sk_e8m0_half makes of them: 2^(e - 128), subnormal below e = 2. */
+INLINE __m512 e8m0x16(const uint8_t *p) {
+    const __m512i e = u8x16i(p);
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, subnormal));
 }
 
 /* One tile: MR rows from r0, NG column groups from g (group base pointers g0 + n * gb). */
@@ -148,18 +183,20 @@ INLINE void tile(const int type, const uint8_t *g0, int64_t gb, int64_t k, const
     __m512i lo[4][4], hi[4][4];
     __m512 dw[4], mw[4];
     const uint8_t *qp[4];
-    if (type == SK_Q4_K || type == SK_Q5_K || type == SK_Q6_K) {
-        const int64_t st = sk_super_tile_bytes(type), bt = type == SK_Q4_K ? NIB : type == SK_Q5_K ? HB5 + NIB : HB6 + NIB;
-        const int kind = type == SK_Q4_K ? K_NIB4 : type == SK_Q5_K ? K_NIB5 : K_NIB6;
+    if (type == SK_Q4_K || type == SK_Q5_K || type == SK_Q6_K || type == SK_Q3_K) {
+        const int six = type == SK_Q6_K || type == SK_Q3_K; /* Q3_K: Q6_K's scales, its own values */
+        const int64_t st = sk_super_tile_bytes(type);
+        const int64_t bt = type == SK_Q4_K ? NIB : type == SK_Q5_K ? HB5 + NIB : type == SK_Q3_K ? SK_Q3BLK : HB6 + NIB;
+        const int kind = type == SK_Q4_K ? K_NIB4 : type == SK_Q5_K ? K_NIB5 : type == SK_Q3_K ? K_Q3 : K_NIB6;
         for (int64_t sb = 0; sb < k / 256; sb++) {
             const uint8_t *hdr[4];
             for (int n = 0; n < NG; n++) hdr[n] = g0 + n * gb + sb * st;
             for (int j = 0; j < 8; j++) {
                 const int64_t b = sb * 8 + j;
-                const int hl = type == SK_Q6_K ? Q6HDR : KHDR;
+                const int hl = six ? Q6HDR : KHDR;
                 for (int n = 0; n < NG; n++) qp[n] = hdr[n] + hl + j * bt;
                 dot_block(kind, qp, a, r0, b, MR, NG, lo, hi);
-                if (type == SK_Q6_K) {
+                if (six) {
                     __m512 dw1[4];
                     for (int n = 0; n < NG; n++) {
                         __m512 d = f16x16(hdr[n]);
@@ -167,7 +204,7 @@ INLINE void tile(const int type, const uint8_t *g0, int64_t gb, int64_t k, const
                         dw[n] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc))));
                         dw1[n] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + GROUP)))));
                     }
-                    add_block6(lo, hi, dw, dw1, a, r0, b, MR, NG, acc);
+                    add_block6(type == SK_Q3_K ? 4 : 32, lo, hi, dw, dw1, a, r0, b, MR, NG, acc);
                 } else {
                     for (int n = 0; n < NG; n++) {
                         const uint8_t *sc = hdr[n] + 2 * DVEC + GROUP * j, *mn = sc + 8 * GROUP;
@@ -181,53 +218,55 @@ INLINE void tile(const int type, const uint8_t *g0, int64_t gb, int64_t k, const
         }
         return;
     }
-    if (type == SK_Q2_K) { /* values as Q6_K's, scales and minima per 16 values */
+    if (type == SK_Q2_K) { /* scales and minima per 16 values, 4 bits each in one byte */
         for (int64_t sb = 0; sb < k / 256; sb++) {
             const uint8_t *hdr[4];
             for (int n = 0; n < NG; n++) hdr[n] = g0 + n * gb + sb * sk_super_tile_bytes(type);
             for (int j = 0; j < 8; j++) {
                 __m512 dw2[2][4], mw2[2][4];
                 for (int n = 0; n < NG; n++) {
-                    qp[n] = hdr[n] + SK_Q2HDR + j * (HB6 + NIB);
+                    qp[n] = hdr[n] + SK_Q2HDR + j * SK_Q2BLK;
                     const __m512 d = f16x16(hdr[n]), dmin = f16x16(hdr[n] + DVEC);
                     for (int h = 0; h < 2; h++) {
-                        const uint8_t *sc = hdr[n] + 2 * DVEC + GROUP * (2 * j + h), *mn = sc + 16 * GROUP;
-                        dw2[h][n] = _mm512_mul_ps(d, u8x16(sc));
-                        mw2[h][n] = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, u8x16(mn)));
+                        const __m512i sm = u8x16i(hdr[n] + 2 * DVEC + GROUP * (2 * j + h));
+                        const __m512 sc = _mm512_cvtepi32_ps(_mm512_and_si512(sm, _mm512_set1_epi32(15)));
+                        dw2[h][n] = _mm512_mul_ps(d, sc);
+                        mw2[h][n] = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 4))));
                     }
                 }
-                dot_block(K_NIB6, qp, a, r0, sb * 8 + j, MR, NG, lo, hi);
+                dot_block(K_Q2, qp, a, r0, sb * 8 + j, MR, NG, lo, hi);
                 add_block2(lo, hi, dw2, mw2, a, r0, sb * 8 + j, MR, NG, acc);
             }
         }
         return;
     }
-    if (type == SK_IQ4_XS) { /* Q8_0's bytes with a signed scale per block, d * sc */
+    if (type == SK_IQ4_XS) { /* IQ4_NL's codes with a signed scale per block, d * sc */
         for (int64_t sb = 0; sb < k / 256; sb++) {
             const uint8_t *hdr[4];
             for (int n = 0; n < NG; n++) hdr[n] = g0 + n * gb + sb * sk_super_tile_bytes(type);
             for (int j = 0; j < 8; j++) {
                 for (int n = 0; n < NG; n++) {
-                    qp[n] = hdr[n] + SK_XSHDR + j * SK_BYTES8;
+                    qp[n] = hdr[n] + SK_XSHDR + j * NIB;
                     const __m128i sc = _mm_loadu_si128((const __m128i *)(hdr[n] + DVEC + GROUP * j));
                     dw[n] = _mm512_mul_ps(f16x16(hdr[n]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
                 }
-                dot_block(K_BYTES, qp, a, r0, sb * 8 + j, MR, NG, lo, hi);
+                dot_block(K_IQ4, qp, a, r0, sb * 8 + j, MR, NG, lo, hi);
                 add_block(128, lo, hi, dw, mw, a, r0, sb * 8 + j, MR, NG, acc);
             }
         }
         return;
     }
-    const int asym = type == SK_Q4_1 || type == SK_Q5_1, f32d = type == SK_MXFP4; /* MXFP4: float32 scales */
-    const int kind = type == SK_Q8_0 || f32d ? K_BYTES : (type == SK_Q5_0 || type == SK_Q5_1) ? K_NIB5 : K_NIB4;
-    const int off = type == SK_Q4_0 ? 8 : type == SK_Q5_0 ? 16 : type == SK_Q8_0 || f32d ? 128 : 0;
+    const int asym = type == SK_Q4_1 || type == SK_Q5_1, mx = type == SK_MXFP4; /* MXFP4: E8M0 scales */
+    const int kind = type == SK_Q8_0 ? K_BYTES : type == SK_IQ4_NL ? K_IQ4 : mx ? K_MXFP4
+                   : (type == SK_Q5_0 || type == SK_Q5_1) ? K_NIB5 : K_NIB4;
+    const int off = type == SK_Q4_0 ? 8 : type == SK_Q5_0 ? 16 : type == SK_Q8_0 || type == SK_IQ4_NL || mx ? 128 : 0;
     const int64_t bt = sk_block_tile_bytes(type);
     for (int64_t b = 0; b < k / 32; b++) {
         for (int n = 0; n < NG; n++) {
             const uint8_t *t = g0 + n * gb + b * bt;
-            dw[n] = f32d ? _mm512_loadu_ps(t) : f16x16(t);
+            dw[n] = mx ? e8m0x16(t) : f16x16(t);
             if (asym) mw[n] = f16x16(t + DVEC);
-            qp[n] = t + (asym || f32d ? 2 : 1) * DVEC;
+            qp[n] = t + (mx ? SK_E8M0 : (asym ? 2 : 1) * DVEC);
         }
         dot_block(kind, qp, a, r0, b, MR, NG, lo, hi);
         add_block(off, lo, hi, dw, mw, a, r0, b, MR, NG, acc);
@@ -294,6 +333,8 @@ DEF_GEMM(gemm_q6_k, SK_Q6_K)
 DEF_GEMM(gemm_iq4_xs, SK_IQ4_XS)
 DEF_GEMM(gemm_mxfp4, SK_MXFP4)
 DEF_GEMM(gemm_q2_k, SK_Q2_K)
+DEF_GEMM(gemm_q3_k, SK_Q3_K)
+DEF_GEMM(gemm_iq4_nl, SK_IQ4_NL)
 
 /* Columns [n0, n1) with n0 a multiple of 16 (the callers split work in whole groups). */
 void sk_avx512_gemm_q(const sk_tensor *w, int64_t n0, int64_t n1, const sk_act *a, int64_t m, float *out, int64_t ldo,
@@ -303,10 +344,12 @@ void sk_avx512_gemm_q(const sk_tensor *w, int64_t n0, int64_t n1, const sk_act *
     case SK_Q4_1: gemm_q4_1(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q5_0: gemm_q5_0(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q5_1: gemm_q5_1(w, n0, n1, a, m, out, ldo, accumulate); break;
-    case SK_Q8_0: case SK_IQ4_NL: gemm_q8_0(w, n0, n1, a, m, out, ldo, accumulate); break; /* packed as Q8_0 */
+    case SK_Q8_0: gemm_q8_0(w, n0, n1, a, m, out, ldo, accumulate); break;
+    case SK_IQ4_NL: gemm_iq4_nl(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q4_K: gemm_q4_k(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q5_K: gemm_q5_k(w, n0, n1, a, m, out, ldo, accumulate); break;
-    case SK_Q6_K: case SK_Q3_K: gemm_q6_k(w, n0, n1, a, m, out, ldo, accumulate); break; /* Q3_K: packed as Q6_K */
+    case SK_Q6_K: gemm_q6_k(w, n0, n1, a, m, out, ldo, accumulate); break;
+    case SK_Q3_K: gemm_q3_k(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_IQ4_XS: gemm_iq4_xs(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_MXFP4: gemm_mxfp4(w, n0, n1, a, m, out, ldo, accumulate); break;
     case SK_Q2_K: gemm_q2_k(w, n0, n1, a, m, out, ldo, accumulate); break;

@@ -29,7 +29,8 @@ int sk_packed_supported(const sk_tensor *w) {
 
 /* ---- packing ----------------------------------------------------------------------------------- */
 
-/* Values of GGUF block b (32 values) of one row as unsigned integers (Q8_0: value + 128). */
+/* Values of GGUF block b (32 values) of one row as unsigned integers (Q8_0: value + 128; IQ4_NL, IQ4_XS,
+ * MXFP4: their 4-bit codes; Q3_K: value + 4). */
 static void gguf_values(int type, const uint8_t *row, int64_t b, uint8_t v[32]) {
     const uint8_t *p, *qs;
     uint32_t qh = 0;
@@ -42,23 +43,9 @@ static void gguf_values(int type, const uint8_t *row, int64_t b, uint8_t v[32]) 
         p = row + b * 34;
         for (int l = 0; l < 32; l++) v[l] = (uint8_t)(p[2 + l] ^ 0x80);
         return;
-    case SK_IQ4_NL: /* the table's integers, stored as Q8_0's are */
-    case SK_IQ4_XS:
-    case SK_MXFP4:
-        if (type == SK_MXFP4) {
-            qs = row + b * 17 + 1;
-            for (int l = 0; l < 16; l++) {
-                v[l] = (uint8_t)(sk_mxfp4_values[qs[l] & 15] ^ 0x80);
-                v[l + 16] = (uint8_t)(sk_mxfp4_values[qs[l] >> 4] ^ 0x80);
-            }
-            return;
-        }
-        qs = type == SK_IQ4_NL ? row + b * 18 + 2 : row + (b / 8) * 136 + 8 + 16 * (b % 8);
-        for (int l = 0; l < 16; l++) {
-            v[l] = (uint8_t)(sk_iq4nl_values[qs[l] & 15] ^ 0x80);
-            v[l + 16] = (uint8_t)(sk_iq4nl_values[qs[l] >> 4] ^ 0x80);
-        }
-        return;
+    case SK_IQ4_NL: p = row + b * 18; qs = p + 2; break;
+    case SK_MXFP4: p = row + b * 17; qs = p + 1; break;
+    case SK_IQ4_XS: qs = row + (b / 8) * 136 + 8 + 16 * (b % 8); break;
     case SK_Q4_K:
     case SK_Q5_K: {
         int five = type == SK_Q5_K, j = (int)(b % 8);
@@ -77,11 +64,11 @@ static void gguf_values(int type, const uint8_t *row, int64_t b, uint8_t v[32]) 
         for (int l = 0; l < 32; l++) v[l] = (uint8_t)((qs[l] >> (2 * (j % 4))) & 3);
         return;
     }
-    case SK_Q3_K: { /* -4..3, plus 32: Q6_K's unsigned 6-bit values */
+    case SK_Q3_K: { /* -4..3, plus 4: 2 low bits in qs, the third (set: no -4) in hmask */
         p = row + (b / 8) * 110;
         int j = (int)(b % 8);
         qs = p + 32 + 32 * (j / 4);
-        for (int l = 0; l < 32; l++) v[l] = (uint8_t)(32 + ((qs[l] >> (2 * (j % 4))) & 3) - (((p[l] >> j) & 1) ? 0 : 4));
+        for (int l = 0; l < 32; l++) v[l] = (uint8_t)(((qs[l] >> (2 * (j % 4))) & 3) | (((p[l] >> j) & 1) << 2));
         return;
     }
     default: { /* Q6_K */
@@ -108,21 +95,23 @@ static void put_nibbles(uint8_t *dst, uint8_t v[SK_GROUP][32]) {
                 dst[64 * j + 4 * c + i] = (uint8_t)((v[c][4 * j + i] & 15) | ((v[c][16 + 4 * j + i] & 15) << 4));
 }
 
-static void put_high5(uint8_t *dst, uint8_t v[SK_GROUP][32]) {
+/* Bit `bit` of each value as Q5's high bits (Q3_K: its third bit). */
+static void put_bit_plane(uint8_t *dst, uint8_t v[SK_GROUP][32], int bit) {
     for (int c = 0; c < SK_GROUP; c++)
         for (int i = 0; i < 4; i++) {
             int byte = 0;
-            for (int t = 0; t < 8; t++) byte |= ((v[c][4 * t + i] >> 4) & 1) << t;
+            for (int t = 0; t < 8; t++) byte |= ((v[c][4 * t + i] >> bit) & 1) << t;
             dst[4 * c + i] = (uint8_t)byte;
         }
 }
 
-static void put_high6(uint8_t *dst, uint8_t v[SK_GROUP][32]) {
+/* Bits `bit`, `bit` + 1 of each value in two planes (Q6_K's high bits; Q2_K's and Q3_K's low bits). */
+static void put_2bit_planes(uint8_t *dst, uint8_t v[SK_GROUP][32], int bit) {
     for (int p = 0; p < 2; p++)
         for (int c = 0; c < SK_GROUP; c++)
             for (int i = 0; i < 4; i++) {
                 int byte = 0;
-                for (int u = 0; u < 4; u++) byte |= ((v[c][4 * (4 * p + u) + i] >> 4) & 3) << (2 * u);
+                for (int u = 0; u < 4; u++) byte |= ((v[c][4 * (4 * p + u) + i] >> bit) & 3) << (2 * u);
                 dst[64 * p + 4 * c + i] = (uint8_t)byte;
             }
 }
@@ -136,9 +125,11 @@ static void put_bytes(uint8_t *dst, uint8_t v[SK_GROUP][32]) {
 /* The block's quantized values after its scales, as the kernels read them. */
 static uint8_t *put_values(int type, uint8_t *dst, uint8_t v[SK_GROUP][32]) {
     switch (type) {
-    case SK_Q8_0: case SK_IQ4_NL: case SK_IQ4_XS: case SK_MXFP4: put_bytes(dst, v); return dst + SK_BYTES8;
-    case SK_Q5_0: case SK_Q5_1: case SK_Q5_K: put_high5(dst, v); put_nibbles(dst + SK_HB5, v); return dst + SK_HB5 + SK_NIB;
-    case SK_Q2_K: case SK_Q3_K: case SK_Q6_K: put_high6(dst, v); put_nibbles(dst + SK_HB6, v); return dst + SK_HB6 + SK_NIB;
+    case SK_Q8_0: put_bytes(dst, v); return dst + SK_BYTES8;
+    case SK_Q5_0: case SK_Q5_1: case SK_Q5_K: put_bit_plane(dst, v, 4); put_nibbles(dst + SK_HB5, v); return dst + SK_HB5 + SK_NIB;
+    case SK_Q6_K: put_2bit_planes(dst, v, 4); put_nibbles(dst + SK_HB6, v); return dst + SK_HB6 + SK_NIB;
+    case SK_Q2_K: put_2bit_planes(dst, v, 0); return dst + SK_Q2BLK;
+    case SK_Q3_K: put_2bit_planes(dst, v, 0); put_bit_plane(dst + SK_HB6, v, 2); return dst + SK_Q3BLK;
     default: put_nibbles(dst, v); return dst + SK_NIB;
     }
 }
@@ -155,11 +146,12 @@ static void put_f16s(uint8_t *dst, const sk_tensor *w, int64_t col0, int64_t blk
 static void gather_values(const sk_tensor *w, int64_t col0, int64_t b, uint8_t v[SK_GROUP][32]) {
     for (int c = 0; c < SK_GROUP; c++) {
         if (col0 + c < w->n_rows) gguf_values(w->type, w->data + (col0 + c) * w->row_bytes, b, v[c]);
-        else memset(v[c], sk_packs_bytes(w->type) ? 0x80 : 0, 32); /* zero weights (bytes store value + 128) */
+        else memset(v[c], w->type == SK_Q8_0 ? 0x80 : 0, 32); /* zero scales; Q8_0's bytes store value + 128 */
     }
 }
 
-/* Q4_0, Q4_1 and Q8_0 store a block's values in the order the layout reads them, 4 bytes at a time:
+/* Q4_0, Q4_1, Q8_0 and the codebook types (IQ4_NL, IQ4_XS, MXFP4) store a block's values in the order
+ * the layout reads them, 4 bytes at a time:
  * nibble vector j, lane c holds the block's quant bytes 4j..4j+3 (value 4j+i low, 16+4j+i high), and
  * Q8_0's byte vector t, lane c its bytes 4t..4t+3 (+ 128). So their values are copied 4 bytes per
  * column (`flip` 0x80808080 adds Q8_0's 128) instead of unpacked and repacked one by one: the same
@@ -182,23 +174,21 @@ static void pack_group32(const sk_tensor *w, int64_t col0, uint8_t *dst, int by_
     static const int16_t bytes_of[] = {[SK_Q4_0] = 18, [SK_Q4_1] = 20, [SK_Q5_0] = 22, [SK_Q5_1] = 24, [SK_Q8_0] = 34, [SK_IQ4_NL] = 18, [SK_MXFP4] = 17};
     const int asym = w->type == SK_Q4_1 || w->type == SK_Q5_1;
     const int64_t bb = bytes_of[w->type];
-    const int copy = !by_value && (w->type == SK_Q4_0 || w->type == SK_Q4_1 || w->type == SK_Q8_0);
+    const int copy = !by_value && w->type != SK_Q5_0 && w->type != SK_Q5_1;
     uint8_t v[SK_GROUP][32];
     for (int64_t b = 0; b < w->n_cols / 32; b++) {
-        if (w->type == SK_MXFP4) {
-            for (int c = 0; c < SK_GROUP; c++) {
-                const float d = col0 + c < w->n_rows ? sk_e8m0_half(w->data[(col0 + c) * w->row_bytes + b * bb]) : 0.0f;
-                memcpy(dst + 4 * c, &d, 4);
-            }
+        if (w->type == SK_MXFP4) { /* the exponent bytes (the kernels make them floats) */
+            for (int c = 0; c < SK_GROUP; c++) dst[c] = col0 + c < w->n_rows ? w->data[(col0 + c) * w->row_bytes + b * bb] : 0;
+            dst += SK_E8M0;
         } else {
             put_f16s(dst, w, col0, bb, b, 0);
             if (asym) put_f16s(dst + SK_DVEC, w, col0, bb, b, 2);
+            dst += (asym ? 2 : 1) * SK_DVEC;
         }
-        dst += (asym || w->type == SK_MXFP4 ? 2 : 1) * SK_DVEC;
         if (copy && w->type == SK_Q8_0) {
             dst = copy_values(w, col0, bb, b, 2, SK_BYTES8 / 64, 0x80808080u, dst);
         } else if (copy) {
-            dst = copy_values(w, col0, bb, b, asym ? 4 : 2, SK_NIB / 64, 0, dst);
+            dst = copy_values(w, col0, bb, b, asym ? 4 : w->type == SK_MXFP4 ? 1 : 2, SK_NIB / 64, 0, dst);
         } else {
             gather_values(w, col0, b, v);
             dst = put_values(w->type, dst, v);
@@ -206,7 +196,7 @@ static void pack_group32(const sk_tensor *w, int64_t col0, uint8_t *dst, int by_
     }
 }
 
-static void pack_group_k(const sk_tensor *w, int64_t col0, uint8_t *dst) {
+static void pack_group_k(const sk_tensor *w, int64_t col0, uint8_t *dst, int by_value) {
     const int six = w->type == SK_Q6_K, xs = w->type == SK_IQ4_XS, q3 = w->type == SK_Q3_K, q2 = w->type == SK_Q2_K;
     const int64_t sbb = six ? 210 : xs ? 136 : q3 ? 110 : q2 ? 84 : w->type == SK_Q5_K ? 176 : 144;
     uint8_t v[SK_GROUP][32];
@@ -222,13 +212,10 @@ static void pack_group_k(const sk_tensor *w, int64_t col0, uint8_t *dst) {
             put_f16s(dst, w, col0, sbb, sb, 80);
             put_f16s(dst + SK_DVEC, w, col0, sbb, sb, 82);
             for (int s = 0; s < 16; s++)
-                for (int c = 0; c < SK_GROUP; c++) {
-                    const uint8_t sm = col0 + c < w->n_rows ? w->data[(col0 + c) * w->row_bytes + sb * sbb + s] : 0;
-                    dst[2 * SK_DVEC + SK_GROUP * s + c] = sm & 15;
-                    dst[2 * SK_DVEC + 16 * SK_GROUP + SK_GROUP * s + c] = sm >> 4;
-                }
+                for (int c = 0; c < SK_GROUP; c++)
+                    dst[2 * SK_DVEC + SK_GROUP * s + c] = col0 + c < w->n_rows ? w->data[(col0 + c) * w->row_bytes + sb * sbb + s] : 0;
             dst += SK_Q2HDR;
-        } else if (q3) { /* as Q6_K: its d and 16 int8 scales */
+        } else if (q3) { /* as Q6_K's: its d and 16 int8 scales */
             put_f16s(dst, w, col0, sbb, sb, 108);
             for (int s = 0; s < 16; s++)
                 for (int c = 0; c < SK_GROUP; c++)
@@ -254,6 +241,10 @@ static void pack_group_k(const sk_tensor *w, int64_t col0, uint8_t *dst) {
             dst += SK_KHDR;
         }
         for (int j = 0; j < 8; j++) {
+            if (xs && !by_value) { /* its codes copied as IQ4_NL's (see copy_values) */
+                dst = copy_values(w, col0, sbb, sb, 8 + 16 * j, SK_NIB / 64, 0, dst);
+                continue;
+            }
             gather_values(w, col0, sb * 8 + j, v);
             dst = put_values(w->type, dst, v);
         }
@@ -263,7 +254,7 @@ static void pack_group_k(const sk_tensor *w, int64_t col0, uint8_t *dst) {
 static void pack_groups(const sk_tensor *w, int64_t g0, int64_t g1, uint8_t *dst, int by_value) {
     int64_t gb = sk_packed_group_bytes(w);
     for (int64_t g = g0; g < g1; g++, dst += gb) {
-        if (sk_super_tile_bytes(w->type)) pack_group_k(w, g * SK_GROUP, dst);
+        if (sk_super_tile_bytes(w->type)) pack_group_k(w, g * SK_GROUP, dst, by_value);
         else pack_group32(w, g * SK_GROUP, dst, by_value);
     }
 }
