@@ -6,7 +6,8 @@ JOB.json: {"workloads": {name: [token ids]}, "n_predict": N, "specs": ["none", "
 "prompt_512": [token ids], "sampling": {SamplingParams fields}}. Prints one JSON object: per spec and workload the generated tokens and
 tok/s, the engine's own time per round next to the forward's, the workloads' tok/s at the job's
 sampling (to n_predict tokens), the 512-token prompt's tok/s, the load
-time and the process's peak RSS (VmHWM). A fresh Engine per spec (drafter state carries across the
+time, the process's peak RSS (VmHWM) and (native) the bytes of its packed weights. `--native-library
+SO` runs the native path on another build of the kernels library (an older one, to compare against). A fresh Engine per spec (drafter state carries across the
 workloads of one spec, as it does across requests on one llama-server).
 """
 
@@ -34,6 +35,26 @@ def peak_rss_mb() -> float:
     return 0.0
 
 
+def packed_by_type(model: str) -> dict[str, list[int]]:
+    """Per block type of the blocks' matrices: [bytes in the native kernels' packed layout, bytes in the
+    file] (the layout's size asked of the library; nothing is packed here)."""
+    import ctypes
+
+    from spekula.backends.native import lib as nl
+    from spekula.core.modelfile.gguf_file import GGUFFile
+
+    sizes: dict[str, list[int]] = {}
+    for entry in GGUFFile(model).tensors():
+        if not entry.name.startswith("blk.") or len(entry.shape) != 2 or entry.type_name not in nl.TYPE_IDS:
+            continue
+        t = nl.tensor(entry.data, entry.type_name, entry.shape[0], entry.shape[1])
+        packed = int(nl.lib().sk_test_pack(ctypes.byref(t), 0, None))
+        pair = sizes.setdefault(entry.type_name, [0, 0])
+        pair[0] += packed if packed > 0 else entry.data.nbytes  # not packed: read as stored
+        pair[1] += entry.data.nbytes
+    return sizes
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -41,12 +62,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--job", required=True)
     p.add_argument("--n-ctx", type=int, default=2048)
+    p.add_argument("--native-library", metavar="SO", help="the native kernels library to load (default: the package's)")
     args = p.parse_args(argv)
     job = json.loads(Path(args.job).read_text())
     # Only the result goes to stdout: anything the runtimes print (exporter progress) goes to stderr.
     result_out, sys.stdout = sys.stdout, sys.stderr
 
     import anyio
+
+    from spekula.backends.native import lib as native_lib
+
+    if args.native_library:
+        native_lib.library_path = lambda: Path(args.native_library)  # before the first call loads it
 
     from spekula.core.backend import BackendOptions, load_backend
     from spekula.core.drafting.registry import parse_spec_types
@@ -123,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     for spec_name in job["specs"]:
         out["specs"][spec_name] = anyio.run(run_spec, spec_name)
     out["peak_rss_mb"] = peak_rss_mb()
+    context = getattr(backend, "context", None)
+    if args.path == "native" and context:
+        out["packed_mb"] = native_lib.lib().sk_ctx_packed_bytes(context) / 2**20
+        out["packed_by_type"] = packed_by_type(args.model)
     backend.close()
     json.dump(out, result_out)
     result_out.write("\n")

