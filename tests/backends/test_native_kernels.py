@@ -83,8 +83,8 @@ def test_dequant_row_is_ggufs(type_name: str) -> None:
 @pytest.mark.parametrize("type_name", QUANT_TYPES)
 @pytest.mark.parametrize("n", [1, 16, 37])
 def test_loading_packs_the_bytes_of_the_value_by_value_layout(type_name: str, n: int) -> None:
-    """Q4_0, Q4_1 and Q8_0 are packed by copying their stored bytes (sk_pack.c): bitwise the layout
-    that moving every value one by one gives, ragged last column group included."""
+    """Q4_0, Q4_1, Q8_0, IQ4_NL, IQ4_XS and MXFP4 are packed by copying their stored bytes (sk_pack.c):
+    bitwise the layout that moving every value one by one gives, ragged last column group included."""
     raw, _ = make_weight(type_name, n, 512, seed=n)
     t = nl.tensor(raw, type_name, n, 512)
     fast, reference = nl.packed(t), nl.packed(t, by_value=True)

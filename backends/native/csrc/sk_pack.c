@@ -43,8 +43,8 @@ static void gguf_values(int type, const uint8_t *row, int64_t b, uint8_t v[32]) 
         p = row + b * 34;
         for (int l = 0; l < 32; l++) v[l] = (uint8_t)(p[2 + l] ^ 0x80);
         return;
-    case SK_IQ4_NL: p = row + b * 18; qs = p + 2; break;
-    case SK_MXFP4: p = row + b * 17; qs = p + 1; break;
+    case SK_IQ4_NL: qs = row + b * 18 + 2; break;
+    case SK_MXFP4: qs = row + b * 17 + 1; break;
     case SK_IQ4_XS: qs = row + (b / 8) * 136 + 8 + 16 * (b % 8); break;
     case SK_Q4_K:
     case SK_Q5_K: {
