@@ -3,8 +3,9 @@ Q3_K's and Q2_K's own bit planes: about the file's bytes) against the wide ones 
 table values as Q8_0 bytes, Q3_K as Q6_K, Q2_K in Q6_K's value planes).
 
 The kernels form the same integer dot products and the same float sequence on both, so every output is
-bitwise the same. The wide layouts are the kernels library as of WIDE_LAYOUT_COMMIT, built here from the
-repository's history with the package's compiler flags; both libraries run the same inputs
+bitwise the same. The wide layouts are this checkout's kernels library with the layout's files (the
+packer and the SIMD matmuls: LAYOUT_FILES) as of WIDE_LAYOUT_COMMIT, taken from the repository's
+history and built with the package's compiler flags; both libraries run the same inputs
 (native_layout_outputs.py: matmuls in several shapes, a MoE model's prefill and decode logits) on every
 SIMD kernel set this CPU runs. The generic kernels read GGUF blocks unpacked, so they are not involved.
 Without that history, IQ4_NL, MXFP4, IQ4_XS and Q3_K are also checked against a twin type that holds
@@ -27,25 +28,30 @@ from spekula.backends.native import lib as nl
 from spekula.fixtures.tiny_gguf import quantize_fixture
 
 WIDE_LAYOUT_COMMIT = "9fcb0b6df0234fb92480e3bd252a9f89fb94e40a"  # the last with the wide layouts
+LAYOUT_FILES = ("sk_pack.h", "sk_pack.c", "sk_avx2_gemm.c", "sk_avx512_gemm.c")
 REPO = Path(__file__).resolve().parents[2]
 CSRC = "backends/native/csrc"
 HERE = Path(__file__).resolve().parent
 
 
 def build_wide_library(folder: Path) -> Path:
-    """The kernels library of WIDE_LAYOUT_COMMIT in `folder` (skips the test where it cannot be built)."""
+    """This checkout's kernels library with LAYOUT_FILES as of WIDE_LAYOUT_COMMIT, in `folder` (skips
+    the test where it cannot be built)."""
     if shutil.which("git") is None or shutil.which("gcc") is None:
         pytest.skip("needs git and gcc to build the wide-layout kernels")
     have = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{WIDE_LAYOUT_COMMIT}^{{commit}}"], check=False)
     if have.returncode != 0:
         pytest.skip(f"commit {WIDE_LAYOUT_COMMIT[:12]} is not in this checkout's history")
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", WIDE_LAYOUT_COMMIT, CSRC], check=True, capture_output=True)
-    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
-    sources = sorted(str(p) for p in (folder / CSRC).glob("*.c"))
+    csrc = folder / "csrc"
+    shutil.copytree(REPO / CSRC, csrc)
+    for name in LAYOUT_FILES:
+        old = subprocess.run(["git", "-C", str(REPO), "show", f"{WIDE_LAYOUT_COMMIT}:{CSRC}/{name}"], check=True,
+                             capture_output=True)
+        (csrc / name).write_bytes(old.stdout)
     library = folder / "_sk_wide.so"
     # setup.py's flags: -ffp-contract=off keeps the compiler from fusing a*b+c on its own
     subprocess.run(["gcc", "-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread", "-std=gnu11", "-fPIC", "-shared",
-                    *sources, "-lm", "-o", str(library)], check=True)
+                    *sorted(str(p) for p in csrc.glob("*.c")), "-lm", "-o", str(library)], check=True)
     return library
 
 
