@@ -8,7 +8,14 @@ draft-mtp, alternating in every repetition; reported: tokens/s (a tiny model: pe
 bandwidth), acceptance, mean accepted length, and whether each output equals that engine's plain output
 and llama-server's plain output.
 
-    .venv/bin/python bench/qwen35_mtp.py [--moe] [-n 64] [--reps 3] [--n-max 3] [--llama-server PATH]
+`--head random` takes the tiny fixture whose MTP layer has random weights instead (a head that does not
+agree: nearly every draft is rejected), `-m FILE` any Qwen3.5 GGUF with MTP layers (e.g. the synthetic
+0.8B of bench/synthetic_qwen35.py, whose random head does not agree either); `--adaptive` turns on
+adaptive draft lengths (spekula's default; the back-off then rests a head that does not pay), which
+the implementation check leaves off so that every round drafts n_max tokens.
+
+    .venv/bin/python bench/qwen35_mtp.py [--moe] [--head agreeing|random | -m FILE] [--adaptive] [-n 64]
+                                         [--reps 3] [--n-max 3] [--llama-server PATH | --no-llama-server]
 """
 
 from __future__ import annotations
@@ -53,15 +60,26 @@ def main() -> int:
     p.add_argument("-n", "--n-predict", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--n-max", type=int, default=3)
+    p.add_argument("--head", choices=("agreeing", "random"), default="agreeing",
+                   help="the tiny fixture's MTP layer: built to agree with the target, or random weights")
+    p.add_argument("-m", "--model", help="a Qwen3.5 GGUF with MTP layers instead of the tiny fixture")
+    p.add_argument("--adaptive", action="store_true", help="adaptive draft lengths (spekula's default)")
     p.add_argument("--llama-server", metavar="PATH")
+    p.add_argument("--no-llama-server", action="store_true", help="measure spekula alone")
     args = p.parse_args()
     from spekula.fixtures.tiny_mtp import agreeing_qwen35_gguf
+    from spekula.fixtures.tiny_qwen35 import tiny_qwen35_gguf_path
 
-    path = str(agreeing_qwen35_gguf(moe=args.moe, n_mtp=1))
-    binary, why = find_llama_server(args.llama_server)
+    if args.model:
+        path = args.model
+    elif args.head == "agreeing":
+        path = str(agreeing_qwen35_gguf(moe=args.moe, n_mtp=1))
+    else:
+        path = str(tiny_qwen35_gguf_path(moe=args.moe, n_mtp=1))
+    binary, why = (None, "--no-llama-server") if args.no_llama_server else find_llama_server(args.llama_server)
     if binary is None:
         print(f"llama-server not found ({why}); measuring spekula alone", file=sys.stderr)
-    spec = SpecParams(types=("draft-mtp",), n_max=args.n_max, adaptive=False)
+    spec = SpecParams(types=("draft-mtp",), n_max=args.n_max, adaptive=args.adaptive)
     rows: dict[str, list[tuple[list[int], float, int, int, float]]] = {}
     for rep in range(args.reps):
         for name in (["llama-server plain", "llama-server draft-mtp"] if binary else []) + ["spekula plain",
@@ -79,8 +97,10 @@ def main() -> int:
             rows.setdefault(name, []).append((c.tokens, c.predicted_per_second, c.draft_n, c.draft_n_accepted,
                                               c.mean_len or float("nan")))
     ref = rows.get("llama-server plain", rows["spekula plain"])[0][0]
-    print(f"\n## draft-mtp on the agreeing Qwen3.5{'-MoE' if args.moe else ''} head ({Path(path).name}), "
-          f"greedy, n_predict {args.n_predict}, n_max {args.n_max}, {args.reps} reps, 1 thread\n")
+    head = "" if args.model else f" {args.head}"
+    print(f"\n## draft-mtp on the{head} Qwen3.5{'-MoE' if args.moe else ''} head ({Path(path).name}), "
+          f"greedy, n_predict {args.n_predict}, n_max {args.n_max}, adaptive {'on' if args.adaptive else 'off'}, "
+          f"{args.reps} reps, 1 thread\n")
     print("| engine | tok/s (median) | x its plain | acceptance | mean length | = its plain | = llama-server plain |")
     print("|---|---:|---:|---:|---:|---|---|")
     for name, runs in rows.items():

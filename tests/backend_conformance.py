@@ -69,8 +69,10 @@ def smollm2_path() -> Path:
     pytest.skip(f"SmolLM2 unavailable: ensure_default_model failed ({reason})")
 
 
-# The tiny Qwen3.5 fixtures: float32, and with every matrix in Q8_0 (spekula convert --outtype q8_0).
-HYBRID_MODELS = ("qwen35", "qwen35moe", "qwen35-q8_0", "qwen35moe-q8_0")
+# The tiny Qwen3.5 fixtures: float32, with every matrix in Q8_0 (spekula convert --outtype q8_0), and
+# their wide variants (rows of whole K-quant super-blocks) in Q4_K_M by llama-quantize.
+HYBRID_MODELS = ("qwen35", "qwen35moe", "qwen35-q8_0", "qwen35moe-q8_0", "qwen35-q4_k_m", "qwen35moe-q4_k_m")
+HYBRID_QUANTIZED = ("q8_0", "q4_k_m")
 
 
 # The tiny Gemma 3 (sliding-window and global blocks, llama.cpp's converter): float32 and Q8_0.
@@ -103,6 +105,13 @@ def model_path(model: str) -> str:
         from spekula.fixtures.tiny_qwen35 import tiny_qwen35_gguf_path
 
         arch, _, outtype = model.partition("-")
+        if outtype == "q4_k_m":
+            from spekula.fixtures.tiny_qwen35_quant import LlamaQuantizeMissing, qwen35_q4_k_m_path
+
+            try:
+                return str(qwen35_q4_k_m_path(moe=arch == "qwen35moe"))
+            except LlamaQuantizeMissing as exc:
+                pytest.skip(str(exc))
         return str(tiny_qwen35_gguf_path(moe=arch == "qwen35moe", outtype=outtype or "f32"))
     from spekula.fixtures.tiny_moe import MOE_ARCHS, tiny_moe_gguf_path
 
@@ -166,7 +175,7 @@ def check_logits_match_reference(name: str, model: str) -> None:
     want = run_fresh(ref, tokens).logits
     got = run_fresh(b, tokens).logits
     tol = ref_tol(name, want, REF_TOL)
-    if b.info.recurrent and model.endswith("-q8_0") and base_backend(name) == "native":
+    if b.info.recurrent and model.endswith(HYBRID_QUANTIZED) and base_backend(name) == "native":
         # The delta-net blocks normalise per head (L2 norms of q and k, the RMS norm of the rule's output):
         # where a head's output is small they magnify the int8 rounding of the activations a quantized
         # matmul reads (here up to ~20 % of the largest logit in one row of the random fixture).

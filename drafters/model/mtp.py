@@ -16,6 +16,13 @@ around the input projection they share.) Each head
 has its own cache, so step i decodes the whole draft prefix [x, d_1 .. d_i] under head i with the
 hidden states [pending h, hout_0 .. hout_{i-1}] (its cache holds nothing past x's position).
 Sampling follows the other model drafters: best (or sampled) of the top 10, p_min, n_min, n_max.
+
+While the adaptive policy rests the heads (core/policy/backoff.py) the engine captures nothing for
+them and they observe nothing (``resumes``). The first forward observed after such a gap has no h
+for its first row (its predecessor was missed), so its entries start at its second row, and the
+heads' caches go on after the gap as if the missed positions were not there (``HiddenSlot.offset``:
+target position minus cache position), as EAGLE-3's draft KV does. The next forward pairs normally,
+so a probe a couple of forwards later drafts from the target's current hidden state.
 """
 
 from __future__ import annotations
@@ -76,6 +83,7 @@ def check_heads(target_path: str, draft_path: str | None) -> None:
 
 class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
     name: ClassVar[str] = "draft-mtp"
+    resumes: ClassVar[bool] = True  # may miss forwards (core/drafting/drafter.py)
     description: ClassVar[DrafterDescription] = DrafterDescription(
         summary="the target's own multi-token-prediction heads draft from its final hidden states "
                 "(or an MTP GGUF given with -md)",
@@ -115,14 +123,14 @@ class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
                               "hidden states after output_norm, which the MTP heads read")
         st = self._slots.get(slot)
         if inp.start == 0:  # a new sequence in this slot
-            self.runtime.truncate(st.seq, 0)
+            self._cut(st, 0)
             st.pending_h, st.pending_pos = self._zero_h, -1
         h = np.array(out.hidden_final, dtype=np.float32)  # a copy: kept for accept()
-        if st.pending_h is not None and self.runtime.seq_len(st.seq) >= inp.start:
-            tokens = np.asarray(inp.tokens, dtype=np.int32)
-            paired = np.concatenate([st.pending_h[None], h[:-1]])  # row k pairs with h_{k-1}
-            self.runtime.decode([MtpRows(st.seq, head, tokens, paired, inp.start, want_last=False)
-                                 for head in range(self.n_heads)])
+        tokens = np.asarray(inp.tokens, dtype=np.int32)
+        if st.pending_h is not None and st.pending_pos == inp.start - 1:
+            self._write(st, tokens, np.concatenate([st.pending_h[None], h[:-1]]), inp.start)  # row k pairs with h_{k-1}
+        elif n > 1:  # after missed forwards: the first row's predecessor h is unknown
+            self._write(st, tokens[1:], h[:-1], inp.start + 1)
         st.pending_h, st.pending_pos = h[-1], inp.start + n - 1
         st.verify_h, st.verify_pos = h, inp.start
 
@@ -133,7 +141,30 @@ class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
         i = min(int(n_accepted), len(st.verify_h) - 1)
         st.pending_h, st.pending_pos = st.verify_h[i], st.verify_pos + i
         # Entries after the last accepted position pair rejected tokens: drop them.
-        self.runtime.truncate(st.seq, st.pending_pos + 1)
+        self._cut(st, st.pending_pos + 1)
+
+    # --- the heads' caches, in target positions ----------------------------------------------------
+    def _length(self, st: _Slot) -> int:
+        """The target position the heads' caches reach."""
+        return self.runtime.seq_len(st.seq) + st.offset
+
+    def _cut(self, st: _Slot, n_keep: int) -> None:
+        """Keep target positions [0, n_keep) in every head's cache (a cut into a gap keeps nothing after it)."""
+        if n_keep >= self._length(st):
+            return
+        keep = max(n_keep - st.offset, 0)
+        self.runtime.truncate(st.seq, keep)
+        st.offset = n_keep - keep
+
+    def _write(self, st: _Slot, tokens: np.ndarray, hidden: np.ndarray, start: int) -> None:
+        """Entries for target positions start.. in every head: a write there drops what came after it; a
+        start past the caches' end follows forwards the heads missed, and they go on after the gap."""
+        missed = start - self._length(st)
+        if missed > 0:
+            st.offset += missed
+        self._cut(st, start)
+        self.runtime.decode([MtpRows(st.seq, head, tokens, hidden, start - st.offset, want_last=False)
+                             for head in range(self.n_heads)])
 
     # --- drafting --------------------------------------------------------------------------------
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
@@ -141,16 +172,17 @@ class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
         for i, r in enumerate(requests):
             st = self._slots.peek(r.slot)
             pos0 = len(r.history)  # x's position; the pending h is the target's at pos0 - 1
-            if st is None or st.pending_h is None or st.pending_pos != pos0 - 1 or self.runtime.seq_len(st.seq) < pos0:
+            if st is None or st.pending_h is None or st.pending_pos != pos0 - 1 or self._length(st) < pos0:
                 continue  # the heads' caches do not cover the committed history: no draft this round
-            cap = min(int(r.spec.n_max), int(r.n_max), self.runtime.n_ctx - pos0)
+            start = pos0 - st.offset  # x's position in the heads' caches
+            cap = min(int(r.spec.n_max), int(r.n_max), self.runtime.n_ctx - start)
             if self.chained:
                 cap = min(cap, self.n_heads)
             if cap <= 0:
                 continue
-            self.runtime.truncate(st.seq, pos0)
+            self.runtime.truncate(st.seq, start)
             prob = self.probabilistic(st, r)
-            runs.append(_Run(i, st, int(r.last), pos0, cap, float(r.spec.p_min), float(r.temperature), prob,
+            runs.append(_Run(i, st, int(r.last), start, cap, float(r.spec.p_min), float(r.temperature), prob,
                              chain_h=[st.pending_h]))
         active, step = runs, 0
         while active:
