@@ -15,7 +15,8 @@ BACKENDS = ("native", "torch")  # the ONNX backend refuses gpt-oss by name
 
 
 def gptoss_path(variant: str = "f32") -> str:
-    """The fixture's GGUF ("f32" or "mxfp4"); skips, saying why, where llama.cpp's tools are missing."""
+    """The fixture's GGUF ("f32" or "mxfp4": llama-quantize's MXFP4_MOE, or the fixtures' writers' where the
+    tool is missing); skips, saying why, where llama.cpp's converter is missing."""
     try:
         return str(tiny_gptoss_gguf_path(variant))
     except (LlamaCppUnavailable, LlamaQuantizeUnavailable) as exc:
