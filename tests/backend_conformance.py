@@ -86,9 +86,20 @@ GPTOSS_MODELS = ("gpt-oss", "gpt-oss-mxfp4")
 SCALED_MODELS = ("ministral3", "ministral3-q8_0")
 
 
+def matrix_model(arch: str, type_name: str) -> str:
+    """The conformance name of `arch`'s wide fixture with its matrices in `type_name` (fixtures/quant_routes.py)."""
+    return f"{arch}@{type_name}"
+
+
 def model_path(model: str) -> str:
     if model == "smollm2":
         return str(smollm2_path())
+    if "@" in model:  # the architecture x tensor-type matrix: llama-quantize's file, else the fixtures' writers'
+        from spekula.fixtures.quant_routes import quantized_path
+        from spekula.fixtures.wide_archs import wide_f32_path
+
+        arch, _, type_name = model.partition("@")
+        return str(quantized_path(wide_f32_path(arch), type_name))
     if model in GPTOSS_MODELS:
         from gptoss_helpers import gptoss_path
 
@@ -182,7 +193,7 @@ def check_logits_match_reference(name: str, model: str) -> None:
         tol = HYBRID_QUANT_REL_TOL * max(1.0, float(np.abs(want).max()))
         agree = float(np.mean(got.argmax(axis=1) == want.argmax(axis=1)))
         assert agree >= 0.9, f"{name} vs torch: greedy choice agrees on {agree:.0%} of rows"
-    if model == "gpt-oss-mxfp4" and base_backend(name) == "native":
+    if model.startswith("gpt-oss") and model != "gpt-oss" and base_backend(name) == "native":
         # A row whose second and third router logits nearly tie may swap those experts when the int8
         # rounding of the activations moves them (measured: the only two rows beyond the tolerance, out of
         # 37, have gaps of 0.009 and 0.022 there while the others' are 0.06 to 1.6): the rest must match.
