@@ -192,6 +192,30 @@ def test_native_rows_are_bitwise_independent_of_batch_chunks_and_threads(variant
         assert np.array_equal(got, want), t.size
 
 
+@pytest.mark.parametrize("name", BACKENDS)
+def test_wrapped_rings_give_full_attention_with_the_window_mask(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """700 tokens, far past the window: native's sliding blocks keep rings of the window plus 16 rows (so
+    they wrap ten times; the other tests' rings never wrap), torch keeps every key and masks; both against
+    transformers' eager attention (every key, the window mask). Native's rows are also the same bits when
+    the sequence comes in chunks and decode steps."""
+    from spekula.backends.native import backend as native_backend
+
+    monkeypatch.setattr(native_backend, "SWA_ROW_CAP", 16)
+    ids = tokens(700, seed=7)
+    b = load_gptoss(name, n_ctx=1024, threads=1)
+    got = fresh_logits(b, ids)
+    assert np.abs(got - hf_logits(ids, f16_kv=name == "native")).max() < LOGIT_TOL
+    if name != "native":
+        return
+    s = b.new_seq()
+    parts = [b.forward([SeqInput(s, ids[:300], 0, np.arange(300))])[0].logits]
+    parts += [b.forward([SeqInput(s, ids[i : i + 1], i, np.arange(1))])[0].logits for i in range(300, 310)]
+    parts += [b.forward([SeqInput(s, ids[310 + 16 * j : 326 + 16 * j], 310 + 16 * j, np.arange(16))])[0].logits
+              for j in range(24)]
+    parts += [b.forward([SeqInput(s, ids[694:], 694, np.arange(6))])[0].logits]
+    assert np.array_equal(np.concatenate(parts), got)
+
+
 # ---- malformed files -------------------------------------------------------------------------------------
 
 
