@@ -91,15 +91,25 @@ def matrix_model(arch: str, type_name: str) -> str:
     return f"{arch}@{type_name}"
 
 
+def wide_f32_path_or_skip(arch: str) -> Path:
+    """fixtures/wide_archs.py's float file of `arch`; skips, saying why, where llama.cpp's converter is missing."""
+    from spekula.fixtures.llamacpp_convert import LlamaCppUnavailable
+    from spekula.fixtures.wide_archs import wide_f32_path
+
+    try:
+        return wide_f32_path(arch)
+    except LlamaCppUnavailable as exc:
+        pytest.skip(str(exc))
+
+
 def model_path(model: str) -> str:
     if model == "smollm2":
         return str(smollm2_path())
     if "@" in model:  # the architecture x tensor-type matrix: llama-quantize's file, else the fixtures' writers'
         from spekula.fixtures.quant_routes import quantized_path
-        from spekula.fixtures.wide_archs import wide_f32_path
 
         arch, _, type_name = model.partition("@")
-        return str(quantized_path(wide_f32_path(arch), type_name))
+        return str(quantized_path(wide_f32_path_or_skip(arch), type_name))
     if model in GPTOSS_MODELS:
         from gptoss_helpers import gptoss_path
 
