@@ -14,14 +14,12 @@ import pytest
 from backend_conformance import (
     CHECKS,
     available_backends,
-    get_backend,
     matrix_model,
-    random_tokens,
     run_fresh,
     wide_f32_path_or_skip,
 )
 
-from spekula.fixtures.quant_routes import TYPES
+from spekula.fixtures.quant_routes import ROUTES, TYPES, llama_quantize_available, quantized_path
 from spekula.fixtures.wide_archs import ARCHS
 
 NATIVE = [b for b in available_backends() if b.startswith("native")]
@@ -50,15 +48,18 @@ def test_conformance(backend: str, arch: str, type_name: str, check: str) -> Non
 
 @pytest.mark.parametrize(("arch", "type_name"), matrix_params())
 def test_logits_near_the_float_file(arch: str, type_name: str) -> None:
+    """Both routes' files where llama-quantize is installed (the writers' alone elsewhere), on native."""
     from spekula.core.backend import BackendOptions, load_backend
 
-    quantized = get_backend("native", matrix_model(arch, type_name))
-    float_ref = load_backend("torch", str(wide_f32_path_or_skip(arch)),
-                             BackendOptions(n_ctx=64, n_seq_max=1, exact=True))
-    tokens = random_tokens(quantized, 37, seed=10)
-    want, got = run_fresh(float_ref, tokens).logits, run_fresh(quantized, tokens).logits
-    row = np.abs(got - want).max(axis=1) / float(np.abs(want).max())
+    src = wide_f32_path_or_skip(arch)
+    opts = BackendOptions(n_ctx=64, n_seq_max=1, threads=1, exact=True)
+    float_ref = load_backend("torch", str(src), opts)
+    tokens = np.random.default_rng(10).integers(0, float_ref.info.n_vocab, 37).astype(np.int32)
+    want = run_fresh(float_ref, tokens).logits
     tol = TOL[type_name]
-    assert np.median(row) <= tol and np.quantile(row, 0.9) <= 2 * tol, (
-        f"{arch} {type_name}: median row {np.median(row):.3f}, 90th percentile {np.quantile(row, 0.9):.3f} of the "
-        f"largest logit (allowed {tol}, {2 * tol})")
+    for route in ROUTES if llama_quantize_available() else ("writers",):
+        got = run_fresh(load_backend("native", str(quantized_path(src, type_name, route)), opts), tokens).logits
+        row = np.abs(got - want).max(axis=1) / float(np.abs(want).max())
+        assert np.median(row) <= tol and np.quantile(row, 0.9) <= 2 * tol, (
+            f"{arch} {type_name} by {route}: median row {np.median(row):.3f}, 90th percentile "
+            f"{np.quantile(row, 0.9):.3f} of the largest logit (allowed {tol}, {2 * tol})")
