@@ -58,6 +58,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from spekula.backends.gguf.block_layout import BlockLayout, read_block_layout
 from spekula.backends.gguf.rope_scaling import AttnTemperature, PositionScaling, read_position_scaling
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
@@ -130,6 +131,10 @@ class BlockRecipe:
     # Attention score scale from (n_layer, n_embd, n_head, head_dim) where the graph fixes it (0: the file's
     # attention.scale, else 1/sqrt(head_dim)).
     kq_scale_rule: Callable[[int, int, int, int], float] | None = None
+    # Gemma 4 (gguf/block_layout.py): per-block head sizes, shared KV, per-layer inputs, output scales, read
+    # from the file (which must carry attention.sliding_window_pattern); rope_freqs only in the global blocks.
+    block_layout: bool = False
+    value_norm: bool = False  # values RMS-normed per head (no weight) before they are cached
 
     @property
     def rope_neox(self) -> bool:
@@ -140,6 +145,11 @@ def _gemma3_kq_scale(n_layer: int, n_embd: int, n_head: int, head_dim: int) -> f
     """Gemma 3's query scale as llama.cpp fixes it: 1/sqrt(n_embd / n_head) for the 27B shape (62 blocks),
     else 1/sqrt(head_dim) (the file carries no query_pre_attn_scalar)."""
     return 1.0 / math.sqrt(n_embd // n_head if n_layer == 62 else head_dim)
+
+
+def _unit_kq_scale(n_layer: int, n_embd: int, n_head: int, head_dim: int) -> float:
+    """Gemma 4's attention scale: 1 (its q/k norms set the scores' magnitude)."""
+    return 1.0
 
 
 ARCHITECTURES: dict[str, BlockRecipe] = {
@@ -162,6 +172,12 @@ ARCHITECTURES: dict[str, BlockRecipe] = {
     "gemma3": BlockRecipe(rope="neox", qk_norm="always", attn_bias="never", activation="geglu", post_norms=True,
                           sliding_window=True, logit_softcap=True, swa_period=6, swa_rope="own", embd_scale_sqrt=True,
                           kq_scale_rule=_gemma3_kq_scale),
+    # gemma4 (dense): gemma3's block with the file's sliding pattern, per-block head sizes, shared KV, per-layer
+    # inputs and output scales (gguf/block_layout.py), value norms and attention scale 1. Its MoE blocks
+    # (ffn_gate_inp) are not described here.
+    "gemma4": BlockRecipe(rope="neox", qk_norm="always", attn_bias="never", activation="geglu", post_norms=True,
+                          sliding_window=True, logit_softcap=True, swa_rope="own", embd_scale_sqrt=True,
+                          kq_scale_rule=_unit_kq_scale, block_layout=True, value_norm=True, swa_required=True),
     # mistral3 (Ministral 3): llama's block, YaRN with the file's betas and log multiplier, and the queries'
     # temperature by position (llama.cpp's dense branch; its MoE branch is not described here).
     "mistral3": BlockRecipe(rope="norm",
@@ -188,10 +204,18 @@ FEATURE_EMBD_SCALE = "scaled token embeddings"
 FEATURE_FINAL_SOFTCAP = "final logit soft-capping"
 FEATURE_ATTN_SINKS = "attention sinks"
 FEATURE_OAI_EXPERTS = "biased experts with the clamped SwiGLU (swiglu_oai) and softmax over the chosen logits"
+FEATURE_BLOCK_HEAD_DIMS = "per-block head sizes"
+FEATURE_SHARED_KV = "keys and values shared between blocks"
+FEATURE_PER_LAYER_INPUTS = "per-layer token embeddings"
+FEATURE_VALUE_NORM = "value norms"
+FEATURE_OUT_SCALE = "per-block output scales"
+# Gemma 4's operations (gguf/block_layout.py), which the native backend does not run yet.
+BLOCK_LAYOUT_FEATURES = frozenset({FEATURE_BLOCK_HEAD_DIMS, FEATURE_SHARED_KV, FEATURE_PER_LAYER_INPUTS,
+                                   FEATURE_VALUE_NORM, FEATURE_OUT_SCALE})
 FEATURES = frozenset({FEATURE_DELTA_NET, FEATURE_ATTN_GATE, FEATURE_SHARED_GATE, FEATURE_SLIDING_WINDOW,
                       FEATURE_POST_NORMS, FEATURE_GEGLU, FEATURE_EMBD_SCALE, FEATURE_FINAL_SOFTCAP, FEATURE_ATTN_SINKS,
                       FEATURE_OAI_EXPERTS,
-                      FEATURE_ROPE_MSCALE, FEATURE_ATTN_TEMPERATURE})
+                      FEATURE_ROPE_MSCALE, FEATURE_ATTN_TEMPERATURE}) | BLOCK_LAYOUT_FEATURES
 
 
 @dataclass(frozen=True)
@@ -285,6 +309,20 @@ class ModelHParams:
     final_softcap: float = 0.0  # 0.0: logits are not soft-capped
     delta_net: DeltaNetParams | None = None  # hybrid files: the recurrent blocks' sizes
     scaling: PositionScaling = PositionScaling()  # YaRN and the queries' temperature (gguf/rope_scaling.py)
+    layout: BlockLayout = BlockLayout()  # per-block head sizes, shared KV, per-layer inputs (gguf/block_layout.py)
+
+    def block_head_dim(self, layer: int) -> int:
+        """Head size (keys, values and queries) of trunk block `layer`."""
+        return self.layout.head_dim_swa if self.layout.head_dim_swa and self.is_sliding(layer) else self.head_dim
+
+    @property
+    def max_head_dim(self) -> int:
+        return max(self.head_dim, self.layout.head_dim_swa)
+
+    @property
+    def n_rot_swa(self) -> int:
+        """Rope width of the sliding blocks."""
+        return self.layout.n_rot_swa or self.n_rot
 
     @property
     def rope_mscale(self) -> float:
@@ -355,6 +393,17 @@ def required_features(hp: ModelHParams) -> frozenset[str]:
         out.add(FEATURE_ATTN_SINKS)
     if hp.moe is not None and (hp.moe.expert_bias or hp.moe.activation != "swiglu" or hp.moe.gating == "softmax_weight"):
         out.add(FEATURE_OAI_EXPERTS)
+    lay = hp.layout
+    if lay.head_dim_swa and any(hp.swa_layers):
+        out.add(FEATURE_BLOCK_HEAD_DIMS)
+    if lay.kv_source:
+        out.add(FEATURE_SHARED_KV)
+    if lay.n_embd_per_layer:
+        out.add(FEATURE_PER_LAYER_INPUTS)
+    if lay.out_scale:
+        out.add(FEATURE_OUT_SCALE)
+    if hp.recipe.value_norm:
+        out.add(FEATURE_VALUE_NORM)
     return frozenset(out)
 
 
@@ -540,6 +589,16 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
     window = _uniform(f, "attention.sliding_window", window_key) if recipe.sliding_window else 0
     if window < 0:
         raise ModelFileError(f.path, f"invalid {arch}.attention.sliding_window = {window}")
+    if recipe.block_layout:
+        req("attention.sliding_window_pattern")  # llama.cpp requires the flags for these files
+        moe_block = next((i for i in range(n_layer) if f.has_tensor(f"blk.{i}.ffn_gate_inp.weight")), None)
+        if moe_block is not None:
+            raise ModelFileError(f.path, f"architecture {arch!r} with mixture-of-experts blocks (blk.{moe_block}."
+                                         "ffn_gate_inp) is not supported")
+    swa_layers = _read_swa_layers(f, recipe, n_layer, window)
+    layout = BlockLayout()
+    if recipe.block_layout:
+        layout = read_block_layout(f, opt, lambda key, v: _uniform(f, key, v), n_layer, swa_layers, head_dim, n_rot)
     rope_base = float(opt("rope.freq_base", 10000.0))
     own = recipe.swa_rope == "own"
     scaling_swa = scaling.with_freq_scale(1.0) if own else scaling
@@ -571,7 +630,7 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
         moe=_read_moe_params(f, recipe.moe) if recipe.moe is not None else None,
         n_nextn=n_nextn,
         sliding_window=window,
-        swa_layers=_read_swa_layers(f, recipe, n_layer, window),
+        swa_layers=swa_layers,
         rope_base_swa=float(opt("rope.freq_base_swa", 10000.0 if own else rope_base)),
         scaling_swa=scaling_swa,
         embd_scale=math.sqrt(n_embd) if recipe.embd_scale_sqrt else 1.0,
@@ -579,6 +638,7 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
         final_softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if recipe.logit_softcap else 0.0,
         delta_net=_read_delta_net(f, n_layer, n_nextn) if recipe.delta_net else None,
         scaling=scaling,
+        layout=layout,
     )
     if any(hp.swa_layers) and scaling_swa.rope_mscale != scaling.rope_mscale:  # one magnitude per context
         raise ModelFileError(f.path, f"YaRN with a sliding-window rope of its own is not supported ({arch})")

@@ -71,7 +71,7 @@ def delta_net_shapes(dn: DeltaNetParams, prefix: str, n_embd: int) -> dict[str, 
 def block_shapes(hp: ModelHParams, i: int) -> dict[str, tuple[int, ...]]:
     """Required tensors of decoder block ``i`` (trunk or MTP block): attention (or the gated delta-net of
     a hybrid's recurrent block), norms, FFN or MoE."""
-    H, hd = hp.n_embd, hp.head_dim
+    H, hd = hp.n_embd, hp.block_head_dim(i) if i < hp.n_layer else hp.head_dim
     q, kv = hp.n_head * hd, hp.n_head_kv * hd
     b = f"blk.{i}."
     shapes: dict[str, tuple[int, ...]] = {b + "attn_norm.weight": (H,), b + hp.ffn_norm_name + ".weight": (H,)}
@@ -79,10 +79,12 @@ def block_shapes(hp: ModelHParams, i: int) -> dict[str, tuple[int, ...]]:
         shapes |= delta_net_shapes(hp.delta_net, b, H)
     else:
         q_rows = 2 * q if hp.recipe.attn_output_gate else q  # [q | gate] per head
-        shapes |= {b + "attn_q.weight": (q_rows, H), b + "attn_k.weight": (kv, H), b + "attn_v.weight": (kv, H),
-                   b + "attn_output.weight": (H, q)}
+        shapes |= {b + "attn_q.weight": (q_rows, H), b + "attn_output.weight": (H, q)}
+        owns_kv = hp.layout.owns_kv(i)  # a block reading another's KV has no k/v projections (Gemma 4)
+        if owns_kv:
+            shapes |= {b + "attn_k.weight": (kv, H), b + "attn_v.weight": (kv, H)}
         if hp.has_qk_norm:
-            shapes |= {b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)}
+            shapes |= {b + "attn_q_norm.weight": (hd,)} | ({b + "attn_k_norm.weight": (hd,)} if owns_kv else {})
         if hp.has_qkv_bias:
             shapes |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
         if hp.recipe.attn_sinks:
@@ -94,6 +96,11 @@ def block_shapes(hp: ModelHParams, i: int) -> dict[str, tuple[int, ...]]:
     else:
         shapes |= {b + "ffn_gate.weight": (hp.n_ff, H), b + "ffn_up.weight": (hp.n_ff, H),
                    b + "ffn_down.weight": (H, hp.n_ff)}
+    P = hp.layout.n_embd_per_layer
+    if P and i < hp.n_layer:  # the per-layer input's gate, projection and norm (gguf/block_layout.py)
+        shapes |= {b + "inp_gate.weight": (P, H), b + "proj.weight": (H, P), b + "post_norm.weight": (H,)}
+    if hp.layout.out_scale and i < hp.n_layer:
+        shapes |= {b + "layer_output_scale.weight": (1,)}
     return shapes
 
 
@@ -103,6 +110,10 @@ def expected_shapes(hp: ModelHParams) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (hp.n_vocab, H), "output_norm.weight": (H,)}
     for i in range(hp.n_layer):
         shapes |= block_shapes(hp, i)
+    P = hp.layout.n_embd_per_layer
+    if P:
+        shapes |= {"per_layer_token_embd.weight": (hp.n_vocab, hp.n_layer * P),
+                   "per_layer_model_proj.weight": (hp.n_layer * P, H), "per_layer_proj_norm.weight": (P,)}
     return shapes
 
 
@@ -172,4 +183,6 @@ def rope_inv_freq(hp: ModelHParams, weights: dict[str, np.ndarray], *, sliding: 
     ``sliding``: the table of the sliding-window blocks (their own base and scaling).
     """
     base, scaling = (hp.rope_base_swa, hp.scaling_swa) if sliding else (hp.rope_base, hp.scaling)
+    if sliding and hp.recipe.block_layout:  # Gemma 4: rope_freqs belong to the global blocks only
+        return rope_frequencies(hp.n_rot_swa, base, scaling, None)
     return rope_frequencies(hp.n_rot, base, scaling, weights.get("rope_freqs.weight"))

@@ -144,7 +144,9 @@ class TorchBackend(PooledSeqs, Backend):
                                       "so the torch backend cannot be exact here; use --backend native")
                 self.gemm_plan[shape] = (packed, align)
             group = hp.n_head // hp.n_head_kv
-            attn = [attention_align(n, hp.head_dim, group, hp.attn_scale) for n in (KEY_GRANULE, 4 * KEY_GRANULE)]
+            head_dims = sorted({hp.block_head_dim(i) for i in range(hp.n_layer)})
+            attn = [attention_align(n, hd, group, hp.attn_scale) for n in (KEY_GRANULE, 4 * KEY_GRANULE)
+                    for hd in head_dims]
             if None in attn:
                 raise ConfigError("no fp32 attention GEMM of this torch build is row-invariant on this CPU; "
                                   "use --backend native")
@@ -156,9 +158,9 @@ class TorchBackend(PooledSeqs, Backend):
         weights = load_model_weights(f, hp=hp)
         with torch.inference_mode():
             self.kv = self._seqs = KVPool(
-                n_layer=sum(not hp.is_recurrent(i) for i in range(hp.n_layer)),
+                n_layer=sum(not hp.is_recurrent(i) and hp.layout.owns_kv(i) for i in range(hp.n_layer)),
                 n_head_kv=hp.n_head_kv,
-                head_dim=hp.head_dim,
+                head_dim=hp.max_head_dim,  # blocks with smaller heads use the first columns (Gemma 4)
                 n_ctx=options.n_ctx,
                 n_seq_max=options.n_seq_max,
                 granule=KEY_GRANULE,

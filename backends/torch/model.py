@@ -8,6 +8,10 @@ the planner fixed, so a row meets the same kernels wherever it sits (the FFNs, d
 attention (per sequence, token by token); its attention blocks may gate their output (Qwen3.5).
 Sliding-window blocks (Gemma 3) read the tile's window masks and their own rope table; Gemma-style
 blocks RMS-norm the attention and FFN outputs before each residual add, and scale the embeddings.
+Gemma 4's blocks (gguf/block_layout.py) have their own head size (the KV buffers are as wide as the
+widest head; a block uses its first head-size columns), may attend another block's KV instead of
+computing their own, RMS-norm their values, add a per-layer input (``PerLayerInputs``) and scale
+their output.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from spekula.backends.torch.delta_net import (
 from spekula.backends.torch.kv import SeqCache
 from spekula.backends.torch.linear import GemmPlan, Lin, plain_gemm, planned_lin
 from spekula.backends.torch.moe import DenseFFN, MoEFFN, build_moe_ffn, moe_gemm_shapes
+from spekula.backends.torch.per_layer import PerLayerInputs
 
 
 @dataclass
@@ -67,13 +72,20 @@ class Tile:
     sin_swa: torch.Tensor | None = None
     groups: list[AttnGroup] = field(default_factory=list)
     q_scale: torch.Tensor | None = None  # [M, 1, 1]: the queries' temperature by position (TorchModel.q_scale)
+    per_layer: torch.Tensor | None = None  # [M, n_layer, P]: Gemma 4's per-layer inputs (set by run_tile)
 
 
 def model_gemm_shapes(hp: ModelHParams) -> list[tuple[int, int]]:
     """[n, k] of every linear the model runs (fused qkv and gate/up, as built below)."""
     q_heads = 2 * hp.n_head if hp.recipe.attn_output_gate else hp.n_head  # [q | gate] per head
-    qkv = (q_heads + 2 * hp.n_head_kv) * hp.head_dim
-    shapes = [(qkv, hp.n_embd), (hp.n_embd, hp.n_head * hp.head_dim), (hp.n_vocab, hp.n_embd)]
+    shapes = [(hp.n_vocab, hp.n_embd)]
+    for i in range(hp.n_layer):
+        hd = hp.block_head_dim(i)
+        kv_heads = 2 * hp.n_head_kv if hp.layout.owns_kv(i) else 0
+        shapes += [((q_heads + kv_heads) * hd, hp.n_embd), (hp.n_embd, hp.n_head * hd)]
+    P = hp.layout.n_embd_per_layer
+    if P:
+        shapes += [(hp.n_layer * P, hp.n_embd), (P, hp.n_embd), (hp.n_embd, P)]
     if hp.delta_net is not None:
         shapes += delta_net_gemm_shapes(hp.delta_net, hp.n_embd)
     if hp.moe is None or hp.moe.n_dense_lead > 0:
@@ -89,9 +101,21 @@ class AttnWeights:
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     out: Lin
-    kv_layer: int  # the layer of the sequences' KV caches this block writes
+    kv_layer: int  # the layer of the sequences' KV caches this block writes (or reads, when not owns_kv)
     sliding: bool = False  # attends through the window with the sliding rope
     sinks: torch.Tensor | None = None  # [n_head] float32 sink logits (gpt-oss), in every softmax
+    head_dim: int = 0
+    owns_kv: bool = True  # False: qkv projects queries only, the keys and values are kv_layer's (Gemma 4)
+    value_norm: bool = False  # values RMS-normed per head, no weight
+
+
+@dataclass
+class PerLayerInput:
+    """One block's share of Gemma 4's per-layer inputs: x += rms_norm(proj(gelu(gate(x)) * inp), norm)."""
+
+    gate: Lin
+    proj: Lin
+    norm: torch.Tensor
 
 
 @dataclass
@@ -103,7 +127,8 @@ class LayerWeights:
     recurrent_index: int = -1  # a delta-net block's index in the sequences' recurrent state
     attn_post_norm: torch.Tensor | None = None  # Gemma: the sublayer outputs RMS-normed before the add
     ffn_post_norm: torch.Tensor | None = None
-
+    per_layer: PerLayerInput | None = None
+    out_scale: torch.Tensor | None = None  # the block's output is multiplied by this scalar
 
 def _rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
     if x.dtype == torch.float32:
@@ -168,6 +193,7 @@ class TorchModel:
         self.out_norm = t("output_norm.weight")
         self.layers: list[LayerWeights] = []
         self.n_kv_layers = self.n_recurrent = 0
+        kv_layer_of: dict[int, int] = {}  # block id -> the KV layer it writes
         for i in block_ids:
             b = f"blk.{i}."
             if hp.moe is not None and hp.moe.is_moe(i):
@@ -182,20 +208,32 @@ class TorchModel:
                 mixer = build_delta_net(weights, b, device=device, to_tensor=dev, make_lin=self._lin)
                 recurrent_index, self.n_recurrent = self.n_recurrent, self.n_recurrent + 1
             else:
-                bias = cat(b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias") if hp.has_qkv_bias else None
+                owns_kv = hp.layout.owns_kv(i)
+                parts = ("attn_q", "attn_k", "attn_v") if owns_kv else ("attn_q",)
+                bias = cat(*(b + p + ".bias" for p in parts)) if hp.has_qkv_bias else None
+                if owns_kv:
+                    kv_layer_of[i], self.n_kv_layers = self.n_kv_layers, self.n_kv_layers + 1
                 mixer = AttnWeights(
-                    qkv=self._lin(cat(b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"), bias),
+                    qkv=self._lin(cat(*(b + p + ".weight" for p in parts)), bias),
                     q_norm=opt(b + "attn_q_norm.weight"),
                     k_norm=opt(b + "attn_k_norm.weight"),
                     out=self._lin(t(b + "attn_output.weight"), opt(b + "attn_output.bias")),
-                    kv_layer=self.n_kv_layers,
+                    kv_layer=kv_layer_of[hp.layout.kv_of(i)],
                     sliding=hp.is_sliding(i),
                     sinks=torch.from_numpy(weights[b + "attn_sinks.weight"]).to(device=device, dtype=torch.float32)
                     if hp.recipe.attn_sinks else None,
+                    head_dim=hp.block_head_dim(i) if i < hp.n_layer else hp.head_dim,
+                    owns_kv=owns_kv,
+                    value_norm=hp.recipe.value_norm,
                 )
-                self.n_kv_layers += 1
+            per_layer = None
+            if hp.layout.n_embd_per_layer and i < hp.n_layer:
+                per_layer = PerLayerInput(self._lin(t(b + "inp_gate.weight"), None),
+                                          self._lin(t(b + "proj.weight"), None), t(b + "post_norm.weight"))
             self.layers.append(LayerWeights(t(b + "attn_norm.weight"), mixer, t(b + hp.ffn_norm_name + ".weight"), ffn,
-                                            recurrent_index, *self._post_norms(t, b)))
+                                            recurrent_index, *self._post_norms(t, b), per_layer=per_layer,
+                                            out_scale=opt(b + "layer_output_scale.weight")))
+        self.per_layer_inputs = PerLayerInputs(hp, t, self._lin) if hp.layout.n_embd_per_layer else None
         self._build_rope_tables(weights, max_pos)
 
     def _post_norms(self, t: Callable[[str], torch.Tensor], b: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -274,7 +312,7 @@ class TorchModel:
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: [M, heads, hd]; cos/sin: [M, 1, n_rot]. Dims >= n_rot pass through."""
-        n_rot = self.hp.n_rot
+        n_rot = cos.shape[-1]
         xr = x[..., :n_rot] if n_rot < x.shape[-1] else x
         if self.neox:
             half = n_rot // 2
@@ -289,17 +327,18 @@ class TorchModel:
 
     def _attention(self, tile: Tile, kv_layer: int, qk: torch.Tensor, out: torch.Tensor, sliding: bool = False,
                    sinks: torch.Tensor | None = None) -> None:
-        """qk: roped [M, n_head + n_kv, hd]. Writes each group's rows of ``out`` [M, n_head, hd].
+        """qk: roped [M, n_head + n_kv, hd] (a block reading another's KV: its queries in the first n_head of
+        those rows). Writes each group's rows of ``out`` [M, n_head, hd].
         ``sinks``: one more logit per head in each row's softmax, whose probability weighs no value."""
         hp = self.hp
-        n_kv, g, hd = hp.n_head_kv, hp.n_head // hp.n_head_kv, hp.head_dim
+        n_kv, g, hd = hp.n_head_kv, hp.n_head // hp.n_head_kv, qk.shape[-1]
         flat = qk.view(-1, hd)
         for grp in tile.groups:
             n, R = grp.r1 - grp.r0, grp.q_rows
             # heads h = kv*g + j share kv head `kv`: fold (j, row) into the GEMM's M dimension.
             qg = flat.index_select(0, grp.q_index).view(n_kv, g * R, hd)
-            keys = grp.cache.k[kv_layer, :, : grp.n_keys]
-            vals = grp.cache.v[kv_layer, :, : grp.n_keys]
+            keys = grp.cache.k[kv_layer, :, : grp.n_keys, :hd]
+            vals = grp.cache.v[kv_layer, :, : grp.n_keys, :hd]
             mask = grp.window_mask if sliding and grp.window_mask is not None else grp.mask
             scores = torch.baddbmm(mask, qg, keys.transpose(1, 2), alpha=hp.attn_scale)
             if sinks is not None:  # rows (j, row) of kv head kv belong to head kv * g + j
@@ -320,6 +359,8 @@ class TorchModel:
         x = F.embedding(tile.tokens, self.embd)
         if hp.embd_scale != 1.0:
             x = x * hp.embd_scale
+        if self.per_layer_inputs is not None:
+            tile.per_layer = self.per_layer_inputs(tile.tokens, x)
         captured: dict[int, torch.Tensor] = {}
         attn_out = torch.zeros((x.shape[0], hp.n_head, hp.head_dim), dtype=self.dtype, device=self.device)
         for li in range(len(self.layers)):
@@ -347,13 +388,33 @@ class TorchModel:
         ffn = lw.ffn(_rms_norm(x, lw.ffn_norm, hp.rms_eps))
         if lw.ffn_post_norm is not None:
             ffn = _rms_norm(ffn, lw.ffn_post_norm, hp.rms_eps)
-        return x + ffn
+        x = x + ffn
+        if lw.per_layer is not None and tile.per_layer is not None:
+            pl = lw.per_layer
+            gated = F.gelu(pl.gate(x), approximate="tanh") * tile.per_layer[:, li]
+            x = x + _rms_norm(pl.proj(gated), pl.norm, hp.rms_eps)
+        return x * lw.out_scale if lw.out_scale is not None else x
 
     def _attend(self, tile: Tile, aw: AttnWeights, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         hp = self.hp
-        nh, nkv, hd = hp.n_head, hp.n_head_kv, hp.head_dim
+        nh, nkv, hd = hp.n_head, hp.n_head_kv, aw.head_dim or hp.head_dim
         M = h.shape[0]
+        if attn_out.shape[-1] != hd:  # a block with its own head size (Gemma 4)
+            attn_out = torch.zeros((M, nh, hd), dtype=self.dtype, device=self.device)
         proj = aw.qkv(h)
+        if not aw.owns_kv:  # queries only: the keys and values are another block's (already in the caches)
+            q = proj.view(M, nh, hd)
+            if aw.q_norm is not None:
+                q = _rms_norm(q, aw.q_norm, hp.rms_eps)
+            cos, sin = (tile.cos_swa, tile.sin_swa) if aw.sliding else (tile.cos, tile.sin)
+            assert cos is not None and sin is not None
+            q = self._rope(q, cos, sin)
+            if tile.q_scale is not None:
+                q = q * tile.q_scale
+            # the groups' q_index addresses [n_head + n_kv] heads per row: the kv part stays unused
+            qk = torch.cat((q, q.new_zeros((M, nkv, hd))), 1)
+            self._attention(tile, aw.kv_layer, qk, attn_out, aw.sliding, aw.sinks)
+            return aw.out(attn_out.view(M, nh * hd))
         gate = None
         if hp.recipe.attn_output_gate:  # [q | gate] per head, then k, v
             qg = proj[:, : 2 * nh * hd].view(M, nh, 2 * hd)
@@ -364,6 +425,8 @@ class TorchModel:
         else:
             qkv = proj.view(M, nh + 2 * nkv, hd)
             qk, v = qkv[:, : nh + nkv], qkv[:, nh + nkv :]
+        if aw.value_norm:
+            v = _rms_norm(v, None, hp.rms_eps)
         if aw.q_norm is not None and aw.k_norm is not None:
             qk = torch.cat(
                 (_rms_norm(qk[:, :nh], aw.q_norm, hp.rms_eps), _rms_norm(qk[:, nh:], aw.k_norm, hp.rms_eps)), 1
@@ -377,8 +440,8 @@ class TorchModel:
         kl = aw.kv_layer
         for w in tile.writes:
             n = w.r1 - w.r0
-            w.cache.k[kl, :, w.pos0 : w.pos0 + n] = qk[w.r0 : w.r1, nh:].transpose(0, 1)
-            w.cache.v[kl, :, w.pos0 : w.pos0 + n] = v[w.r0 : w.r1].transpose(0, 1)
+            w.cache.k[kl, :, w.pos0 : w.pos0 + n, :hd] = qk[w.r0 : w.r1, nh:].transpose(0, 1)
+            w.cache.v[kl, :, w.pos0 : w.pos0 + n, :hd] = v[w.r0 : w.r1].transpose(0, 1)
         self._attention(tile, kl, qk, attn_out, aw.sliding, aw.sinks)
         out = attn_out if gate is None else attn_out * torch.sigmoid(gate)
         return aw.out(out.view(M, nh * hd))
