@@ -82,6 +82,9 @@ SWA_MODELS = ("gemma3", "gemma3-Q8_0")
 # and llama-quantize's MXFP4_MOE (experts in MXFP4 blocks, other matrices Q8_0).
 GPTOSS_MODELS = ("gpt-oss", "gpt-oss-mxfp4")
 
+# The tiny Gemma 4 (per-block head sizes, shared KV, per-layer inputs; llama.cpp's converter): float32 and Q8_0.
+GEMMA4_MODELS = ("gemma4", "gemma4-Q8_0")
+
 # The tiny Ministral 3 (YaRN rope, queries' temperature by position; llama.cpp's converter): float32 and Q8_0.
 SCALED_MODELS = ("ministral3", "ministral3-q8_0")
 
@@ -118,6 +121,10 @@ def model_path(model: str) -> str:
         from spekula.fixtures.tiny_gemma3 import tiny_gemma3_gguf_path
 
         return str(tiny_gemma3_gguf_path(type_name=model.partition("-")[2] or "F32"))
+    if model in GEMMA4_MODELS:
+        from spekula.fixtures.tiny_gemma4 import tiny_gemma4_gguf_path
+
+        return str(tiny_gemma4_gguf_path(type_name=model.partition("-")[2] or "F32"))
     if model in SCALED_MODELS:
         from spekula.fixtures.tiny_ministral3 import tiny_ministral3_gguf_path
 

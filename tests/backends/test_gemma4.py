@@ -1,0 +1,191 @@
+"""Gemma 4, dense (backends/gguf/block_layout.py): the tiny checkpoint made by transformers'
+Gemma4ForCausalLM and converted by llama.cpp's converter (fixtures/tiny_gemma4.py) reads as llama.cpp
+reads it (per-block head sizes, shared KV, per-layer inputs, proportional rope), runs within today's
+tolerance of transformers' fp32 forward and greedily identical to it past the window, stays lossless
+under speculation, and malformed files are clear errors. Backends that do not run its blocks refuse
+them by name."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from toy_backend import make_engine, plain_decode, run_requests
+
+from spekula.backends.gguf.architecture import FEATURES, read_hparams
+from spekula.backends.gguf.weights import dequantize
+from spekula.core.backend import Backend, BackendOptions, SeqInput, load_backend
+from spekula.core.drafting.drafter import DrafterContext
+from spekula.core.errors import ModelFileError
+from spekula.core.modelfile.gguf_file import GGUFFile
+from spekula.core.modelfile.tokenizer import Tokenizer
+from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
+from spekula.drafters.model.draft_simple import DraftSimpleDrafter
+from spekula.fixtures import tiny_gemma4 as g4
+from spekula.fixtures.tiny_gguf import write_gguf
+
+LOGIT_TOL = 1e-3  # torch fp32 vs transformers fp32 (tests/backends/test_vs_transformers.py)
+RUNS = ["torch"]  # the backends that run Gemma 4's blocks; native refuses them by name (below)
+
+
+@pytest.fixture(scope="module")
+def gguf() -> Path:
+    return g4.tiny_gemma4_gguf_path()
+
+
+def _backend(name: str, path: Path, n_ctx: int = 512, n_seq: int = 3) -> Backend:
+    return load_backend(name, str(path), BackendOptions(n_ctx=n_ctx, n_seq_max=n_seq, threads=2))
+
+
+def _tokens(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(3, 300, n).astype(np.int32)
+
+
+def _all_rows(b: Backend, tokens: np.ndarray) -> np.ndarray:
+    s = b.new_seq()
+    try:
+        return b.forward([SeqInput(s, tokens, 0, np.arange(tokens.size))])[0].logits
+    finally:
+        b.free_seq(s)
+
+
+def test_the_file_reads_as_llamacpp_reads_it(gguf: Path) -> None:
+    hp = read_hparams(GGUFFile(gguf), implements=FEATURES)
+    assert hp.swa_layers == tuple(t == "sliding_attention" for t in g4.LAYER_TYPES)
+    assert [hp.block_head_dim(i) for i in range(hp.n_layer)] == [16, 16, 16, 32, 16, 32]
+    assert (hp.n_rot, hp.n_rot_swa) == (g4.HEAD_DIM, g4.HEAD_DIM_SWA)  # global: whole head, rope_freqs unrotate
+    assert hp.layout.kv_source == (0, 1, 2, 3, 2, 3)  # the shared blocks read the last sliding / global owner
+    assert hp.layout.n_embd_per_layer == g4.N_EMBD_PER_LAYER and hp.layout.out_scale
+    assert (hp.sliding_window, hp.rope_base, hp.rope_base_swa) == (g4.WINDOW, g4.ROPE_GLOBAL, g4.ROPE_SLIDING)
+    assert hp.embd_scale == math.sqrt(64) and hp.attn_scale == 1.0 and hp.final_softcap == g4.SOFTCAP
+    assert hp.post_norms and hp.geglu and hp.has_qk_norm and hp.recipe.value_norm and hp.tied_output
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_logits_match_transformers(gguf: Path, name: str) -> None:
+    tokens = _tokens(60, seed=1)  # far past the window of 8
+    want = g4.reference_logits(tokens)
+    got = _all_rows(_backend(name, gguf), tokens)
+    assert np.abs(got - want).max() < LOGIT_TOL
+
+
+def _hf_greedy(ids: list[int], n_new: int) -> list[int]:
+    import torch
+
+    model = g4.gemma4_model(g4.tiny_gemma4_hf_path())
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), use_cache=True)
+        gen = [int(out.logits[0, -1].argmax())]
+        for _ in range(n_new - 1):
+            out = model(torch.tensor([gen[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+            gen.append(int(out.logits[0, -1].argmax()))
+    return gen
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_greedy_matches_transformers(gguf: Path, name: str) -> None:
+    ids = _tokens(12, seed=2).tolist()
+    b = _backend(name, gguf)
+    got = plain_decode(b, ids, n_predict=40, sampling=SamplingParams(temperature=0.0), seed=0,
+                       is_eog=lambda t: False, n_ctx=512, ignore_eos=True)
+    assert got == _hf_greedy(ids, 40)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_chunked_and_decoded_rows_equal_one_pass(gguf: Path, name: str) -> None:
+    b = _backend(name, gguf, n_ctx=256)
+    tokens = _tokens(90, seed=3)  # the shared blocks read windows the owners wrote in earlier forwards
+    want = _all_rows(b, tokens)
+    s = b.new_seq()
+    got = [b.forward([SeqInput(s, tokens[:30], 0, np.arange(30))])[0].logits]
+    got += [b.forward([SeqInput(s, tokens[i : i + 1], i)])[0].logits for i in range(30, 40)]
+    got += [b.forward([SeqInput(s, tokens[40:], 40, np.arange(50))])[0].logits]
+    assert np.abs(np.concatenate(got) - want).max() < 1e-4
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_q8_0_file_is_close_to_f32(name: str, gguf: Path) -> None:
+    tokens = _tokens(50, seed=6)
+    want = _all_rows(_backend(name, gguf), tokens)
+    got = _all_rows(_backend(name, g4.tiny_gemma4_gguf_path(type_name="Q8_0")), tokens)
+    assert np.abs(got - want).max() < 0.1 * float(np.abs(want).max())
+
+
+def _engine_output(b: Backend, tok: Tokenizer, path: Path, types: tuple[str, ...], prompt: list[int],
+                   sampling: SamplingParams, n_ctx: int) -> list[int]:
+    spec = SpecParams(types=types, n_max=4, adaptive=False,
+                      drafter_options={"spec-ngram-simple-size-n": 2, "spec-ngram-simple-size-m": 6})
+    drafters: list[Any] = []
+    if "draft-simple" in types:
+        ctx = DrafterContext(spec=spec, target=b, tokenizer=tok, n_seq_max=2, draft_model_path=str(path))
+        drafters.append(DraftSimpleDrafter.create(ctx))
+    engine = make_engine(b, tok, n_slots=1, n_ctx=n_ctx, n_batch=64, spec=spec, drafters=drafters)
+    req = CompletionRequest(prompt=prompt, n_predict=30, sampling=sampling, ignore_eos=True)
+    (final,) = anyio.run(run_requests, engine, [req], 300.0)
+    assert final.error is None
+    return final.tokens
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(segment=st.lists(st.integers(3, 299), min_size=2, max_size=10), repeats=st.integers(1, 20),
+       types=st.lists(st.sampled_from(("ngram-simple", "ngram-map-k", "suffix", "draft-simple")), min_size=1,
+                      max_size=3, unique=True),
+       temperature=st.sampled_from([0.0, 0.0, 0.8]), seed=st.integers(0, 2**31 - 1))
+def test_speculation_is_lossless_hypothesis(segment: list[int], repeats: int, types: list[str], temperature: float,
+                                            seed: int) -> None:
+    """Random prompts (up to ~150 tokens, many windows long) and drafter sets on the exact torch backend: the
+    engine's tokens are plain decoding's."""
+    gguf = g4.tiny_gemma4_gguf_path()
+    b = load_backend("torch", str(gguf), BackendOptions(n_ctx=512, n_seq_max=3, threads=2, exact=True))
+    tok = Tokenizer.from_gguf(GGUFFile(gguf))
+    prompt = (segment * repeats)[:150]
+    sampling = SamplingParams(temperature=temperature, seed=seed)
+    got = _engine_output(b, tok, gguf, tuple(types), prompt, sampling, 512)
+    assert got == plain_decode(b, prompt, n_predict=30, sampling=sampling, seed=seed, is_eog=lambda t: False,
+                               n_ctx=512, ignore_eos=True)
+
+
+def _edited(src: Path, dst: Path, *, meta: dict[str, Any] | None = None, drop: tuple[str, ...] = (),
+            add: dict[str, np.ndarray] | None = None) -> Path:
+    f = GGUFFile(src)
+    tensors = {e.name: dequantize(e) for e in f.tensors() if e.name not in drop} | (add or {})
+    keys = {k: v for k, v in f.metadata.items() if k != "general.architecture" and k not in drop} | (meta or {})
+    return write_gguf(dst, f.architecture, {}, tensors, keys)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ({"drop": ("gemma4.attention.sliding_window_pattern",)},
+     r"missing metadata key 'gemma4\.attention\.sliding_window_pattern'"),
+    ({"meta": {"gemma4.attention.sliding_window_pattern": [True, True, True, True, False, False]}},
+     r"inconsistent gemma4\.attention\.sliding_window_pattern: the shared KV of blocks 4\.\."),
+    ({"meta": {"gemma4.attention.shared_kv_layers": 5}}, r"invalid gemma4\.attention\.shared_kv_layers = 5"),
+    ({"meta": {"gemma4.attention.value_length_swa": 8}}, r"key_length_swa 16 != value_length_swa 8"),
+    ({"meta": {"gemma4.attention.head_count_kv": [2, 2, 2, 1, 2, 1]}}, r"per-layer varying 'attention\.head_count_kv'"),
+    ({"drop": ("blk.1.attn_v.weight",)}, r"block 1 has no attn_v"),
+    ({"drop": ("per_layer_proj_norm.weight",)}, r"missing tensor 'per_layer_proj_norm\.weight'"),
+    ({"drop": ("blk.2.proj.weight",)}, r"missing tensor 'blk\.2\.proj\.weight'"),
+    ({"add": {"blk.0.ffn_gate_inp.weight": np.zeros((4, 64), np.float32)}},
+     r"mixture-of-experts blocks \(blk\.0\.ffn_gate_inp\) is not supported"),
+])
+def test_malformed_files_are_clear_errors(gguf: Path, tmp_path: Path, edit: dict[str, Any], message: str) -> None:
+    bad = _edited(gguf, tmp_path / "bad.gguf", **edit)
+    with pytest.raises(ModelFileError, match=message):
+        _backend("torch", bad)
+
+
+def test_native_refuses_the_blocks_by_name(gguf: Path) -> None:
+    with pytest.raises(ModelFileError, match=r"needs what the native backend does not implement: "
+                                             r".*keys and values shared between blocks.*per-block head sizes"):
+        _backend("native", gguf)
+
+
+def test_onnx_refuses_the_blocks_by_name(gguf: Path) -> None:
+    with pytest.raises(ModelFileError, match=r"needs what the onnx backend does not implement: .*per-layer token "
+                                             r"embeddings.*value norms"):
+        read_hparams(GGUFFile(gguf), runtime="the onnx backend")
