@@ -71,7 +71,7 @@ def test_unknown_architecture_names_it_and_the_supported_ones(tmp_path: Path) ->
             if k != "general.architecture"}
     path = write_gguf(tmp_path / "g.gguf", "gemma2", {}, tensors, keys)
     with pytest.raises(ModelFileError, match=r"g\.gguf: unsupported architecture 'gemma2' \(supported: llama, qwen2, "
-                                             r"qwen3, qwen3moe, glm4moe, qwen35, qwen35moe, gemma3, mistral3, gpt-oss\)"):
+                                             r"qwen3, qwen3moe, glm4moe, qwen35, qwen35moe, gemma3, gemma4, mistral3, gpt-oss\)"):
         read_hparams(GGUFFile(path))
 
 
