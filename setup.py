@@ -11,7 +11,7 @@ after a CPU check, so the build stays portable.
 
 from setuptools import Extension, setup
 
-SOURCES = ["sk_model.c", "sk_swa.c", "sk_deltanet.c", "sk_dn_state.c", "sk_moe.c", "sk_oai.c", "sk_pool.c", "sk_pack.c", "sk_generic.c",
+SOURCES = ["sk_model.c", "sk_swa.c", "sk_gemma4.c", "sk_deltanet.c", "sk_dn_state.c", "sk_moe.c", "sk_oai.c", "sk_pool.c", "sk_pack.c", "sk_generic.c",
            "sk_avx2.c", "sk_avx2_gemm.c", "sk_avx2_dn.c", "sk_avx512.c", "sk_avx512_gemm.c", "sk_avx512_dn.c"]
 
 setup(

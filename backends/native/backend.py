@@ -32,10 +32,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spekula.backends.gguf.architecture import BLOCK_LAYOUT_FEATURES, FEATURES, read_hparams
+from spekula.backends.gguf.architecture import FEATURES, read_hparams
 from spekula.backends.gguf.weights import rope_inv_freq
 from spekula.backends.native import lib as nl
-from spekula.backends.native.blocks import build_layer, model_config
+from spekula.backends.native.blocks import build_layer, model_config, per_layer_input_fields
 from spekula.backends.native.weights import NativeWeights
 from spekula.backends.row_rounds import forward_in_rounds, needs_rounds
 from spekula.backends.seq_inputs import check_inputs
@@ -87,8 +87,8 @@ class NativeBackend(PooledSeqs, Backend):
             raise ConfigError(f"the native backend supports --ctx-size up to {MAX_CTX}, up to {MAX_SEQS} sequences "
                               f"and {MAX_THREADS} threads (got {options.n_ctx}, {options.n_seq_max}, {options.threads})")
         f = GGUFFile.shared(model_path)
-        # every operation of FEATURES but Gemma 4's per-block layout (gguf/block_layout.py), not in the kernels yet
-        hp = self.hparams = read_hparams(f, implements=FEATURES - BLOCK_LAYOUT_FEATURES, runtime="the native backend")
+        # every operation of FEATURES: gated delta-net blocks, gated attention, the gated shared expert, Gemma 4's blocks
+        hp = self.hparams = read_hparams(f, implements=FEATURES, runtime="the native backend")
         self.info = ModelInfo(path=str(model_path), arch=hp.arch, name=str(f.get("general.name", f.path.stem)),
                               n_vocab=hp.n_vocab, n_embd=hp.n_embd, n_layer=hp.n_layer, n_ctx_train=hp.n_ctx_train,
                               recurrent=hp.is_hybrid)
@@ -115,7 +115,7 @@ class NativeBackend(PooledSeqs, Backend):
             hp, n_layer=hp.n_layer, n_ff=hp.n_ff, n_ctx=options.n_ctx, n_seq_max=options.n_seq_max,
             n_threads=self.threads, rope_inv_freq=nl.ptr(inv), output_norm=nl.ptr(w.vector("output_norm.weight")),
             token_embd=embd, output=output, layers=self._layers, rope_inv_freq_swa=nl.ptr(inv_swa),
-            swa_row_cap=self.swa_row_cap if self.sliding else 0)
+            swa_row_cap=self.swa_row_cap if self.sliding else 0, **per_layer_input_fields(w))
         self._cfg = cfg
         self._lib = nl.lib()
         self._ctx = self._lib.sk_ctx_new(ctypes.byref(cfg), nl.env_kernel_cap())

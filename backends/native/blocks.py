@@ -7,8 +7,10 @@ head), optional attention sinks (gpt-oss: a logit per head in every softmax), an
 dense or a MoE block (native/moe.py). In hybrid models a gated
 delta-net block (native/deltanet.py) takes attention's place. Gemma-style blocks add RMS norms of the
 attention and FFN outputs (``attn_post_norm``, ``ffn_post_norm``), a GELU-gated FFN and scaled
-embeddings; sliding blocks attend through the window with their own rope table (csrc/sk_swa.h). Anything else a recipe can name is
-refused when the description is read, so only this module maps it to C.
+embeddings; sliding blocks attend through the window with their own rope table (csrc/sk_swa.h). Gemma 4's
+blocks (gguf/block_layout.py, csrc/sk_gemma4.h) may have their own head size, attend another block's keys
+and values, norm their values, add a per-layer input and scale their output. Anything else a recipe can
+name is refused when the description is read, so only this module maps it to C.
 """
 
 from __future__ import annotations
@@ -36,18 +38,24 @@ def build_layer(w: NativeWeights, i: int) -> nl.Layer:
         layer.attn_post_norm = nl.ptr(w.vector(b + "post_attention_norm.weight"))
         layer.ffn_post_norm = nl.ptr(w.vector(b + "post_ffw_norm.weight"))
     layer.sliding = int(hp.is_sliding(i))
+    owns_kv = hp.layout.owns_kv(i)
     if hp.has_qk_norm:
         layer.q_norm = nl.ptr(w.vector(b + "attn_q_norm.weight"))
-        layer.k_norm = nl.ptr(w.vector(b + "attn_k_norm.weight"))
+        if owns_kv:
+            layer.k_norm = nl.ptr(w.vector(b + "attn_k_norm.weight"))
+    if i < hp.n_layer:
+        _block_layout(w, i, layer)
     def qkv(name: str, shape: tuple[int, ...] | None = None) -> nl.Tensor:
         # q/k/v biases are read when the description says the blocks have them, and then required
         bias = b + name + ".bias" if hp.has_qkv_bias else None
         return w.matrix(b + name + ".weight", bias, shape, bias_required=True)
 
     gate = hp.recipe.attn_output_gate  # q rows: [q | gate] per head
-    q_rows = hp.n_head * hp.head_dim * (2 if gate else 1)
+    q_rows = hp.n_head * (layer.head_dim or hp.head_dim) * (2 if gate else 1)
     layer.attn_gate = int(gate)
-    if w.f.has_tensor(b + "attn_qkv.weight") and not w.f.has_tensor(b + "attn_q.weight"):
+    if not owns_kv:  # queries only: the keys and values are another block's
+        layer.wq = qkv("attn_q", (q_rows, hp.n_embd))
+    elif w.f.has_tensor(b + "attn_qkv.weight") and not w.f.has_tensor(b + "attn_q.weight"):
         layer.wq = qkv("attn_qkv", (q_rows + 2 * hp.n_head_kv * hp.head_dim, hp.n_embd))
     else:
         layer.wq, layer.wk, layer.wv = qkv("attn_q", (q_rows, hp.n_embd)), qkv("attn_k"), qkv("attn_v")
@@ -55,6 +63,35 @@ def build_layer(w: NativeWeights, i: int) -> nl.Layer:
     if hp.recipe.attn_sinks:
         layer.attn_sinks = nl.ptr(w.vector(b + "attn_sinks.weight"))
     return _ffn(w, i, layer)
+
+
+def _block_layout(w: NativeWeights, i: int, layer: nl.Layer) -> None:
+    """Trunk block i's Gemma 4 fields (gguf/block_layout.py): head size, shared KV, value norm, output scale,
+    per-layer input (all left at "none" for other architectures)."""
+    hp, b = w.hp, f"blk.{i}."
+    assert hp is not None
+    lay = hp.layout
+    layer.head_dim = hp.block_head_dim(i)
+    layer.kv_shared = 0 if lay.owns_kv(i) else lay.kv_of(i) + 1
+    layer.value_norm = int(hp.recipe.value_norm)
+    if lay.out_scale:
+        layer.out_scale = float(w.vector(b + "layer_output_scale.weight")[0])
+    if lay.n_embd_per_layer:
+        layer.ple_gate = w.matrix(b + "inp_gate.weight")
+        layer.ple_proj = w.matrix(b + "proj.weight")
+        layer.ple_norm = nl.ptr(w.vector(b + "post_norm.weight"))
+
+
+def per_layer_input_fields(w: NativeWeights) -> dict[str, Any]:
+    """The config fields of Gemma 4's per-layer inputs (none when the file has none)."""
+    hp = w.hp
+    assert hp is not None
+    P = hp.layout.n_embd_per_layer
+    if not P:
+        return {}
+    return {"n_embd_per_layer": P, "ple_embd": w.matrix("per_layer_token_embd.weight"),
+            "ple_model_proj": w.matrix("per_layer_model_proj.weight"),
+            "ple_proj_norm": nl.ptr(w.vector("per_layer_proj_norm.weight"))}
 
 
 def _ffn(w: NativeWeights, i: int, layer: nl.Layer) -> nl.Layer:
@@ -80,4 +117,5 @@ def model_config(hp: ModelHParams, **fields: Any) -> nl.Config:
                      attn_scale=hp.attn_scale, swa_window=hp.sliding_window if any(hp.swa_layers) else 0,
                      ffn_geglu=int(hp.geglu), embd_scale=0.0 if hp.embd_scale == 1.0 else hp.embd_scale,
                      rope_mscale=hp.rope_mscale, attn_temp_scale=temp.scale if temp is not None else 0.0,
-                     attn_temp_floor=temp.floor_len if temp is not None else 0, **fields)
+                     attn_temp_floor=temp.floor_len if temp is not None else 0,
+                     n_rot_swa=hp.n_rot_swa if hp.n_rot_swa != hp.n_rot else 0, **fields)

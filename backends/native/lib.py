@@ -68,7 +68,11 @@ class Layer(ctypes.Structure):
                 # Gemma: RMS-normed attention / FFN outputs before the residual add (NULL: none)
                 ("attn_post_norm", ctypes.c_void_p), ("ffn_post_norm", ctypes.c_void_p),
                 ("sliding", ctypes.c_int32),  # the config's window, rope_inv_freq_swa, a ring of keys and values
-                ("attn_sinks", ctypes.c_void_p)]  # [n_head] sink logits (gpt-oss), or NULL
+                ("attn_sinks", ctypes.c_void_p),  # [n_head] sink logits (gpt-oss), or NULL
+                # Gemma 4 (csrc/sk_gemma4.h): own head size (0: the config's), 1 + the block whose KV it attends
+                # (0: its own), weightless value norm, output scale (0: none), the per-layer input's weights
+                ("head_dim", ctypes.c_int32), ("kv_shared", ctypes.c_int32), ("value_norm", ctypes.c_int32),
+                ("out_scale", ctypes.c_float), ("ple_gate", Tensor), ("ple_proj", Tensor), ("ple_norm", ctypes.c_void_p)]
 
 
 class Config(ctypes.Structure):
@@ -88,7 +92,10 @@ class Config(ctypes.Structure):
         ("rope_inv_freq_swa", ctypes.c_void_p), ("swa_window", ctypes.c_int32), ("swa_row_cap", ctypes.c_int32),
         ("ffn_geglu", ctypes.c_int32), ("embd_scale", ctypes.c_float),
         # sk_rope.h: YaRN's cos/sin magnitude, the queries' temperature by position (0: none)
-        ("rope_mscale", ctypes.c_float), ("attn_temp_scale", ctypes.c_float), ("attn_temp_floor", ctypes.c_int32)]
+        ("rope_mscale", ctypes.c_float), ("attn_temp_scale", ctypes.c_float), ("attn_temp_floor", ctypes.c_int32),
+        # Gemma 4: the sliding blocks' rope width (0: n_rot); per-layer inputs (n_embd_per_layer 0: none)
+        ("n_rot_swa", ctypes.c_int32), ("n_embd_per_layer", ctypes.c_int32), ("ple_embd", Tensor),
+        ("ple_model_proj", Tensor), ("ple_proj_norm", ctypes.c_void_p)]
 
 
 # sk_config.wide_input: none, or the 2 n_embd wide first block with the residual from hidden_in / its norm.

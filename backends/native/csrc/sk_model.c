@@ -33,6 +33,7 @@
 
 #include "sk.h"
 #include "sk_deltanet.h"
+#include "sk_gemma4.h"
 #include "sk_moe.h"
 #include "sk_oai.h"
 #include "sk_pack.h"
@@ -49,6 +50,13 @@ typedef struct {
     const float *attn_post_norm, *ffn_post_norm; /* non-NULL: RMS-normed sublayer outputs before the add (Gemma) */
     int32_t sliding;   /* attends through the config's window, ropes with rope_inv_freq_swa, KV in a ring (sk_swa.h) */
     const float *attn_sinks; /* [n_head]: a sink logit per query head in every softmax (gpt-oss), or NULL */
+    /* Gemma 4 (sk_gemma4.h): the block's head size (0: the config's); 1 + the block whose keys and values it
+     * attends (0: its own; else wq projects queries only); values RMS-normed without weight; the output times
+     * out_scale (0: none); its per-layer input's gate, projection and norm (ple_gate.data NULL: none). */
+    int32_t head_dim, kv_shared, value_norm;
+    float out_scale;
+    sk_tensor ple_gate, ple_proj;
+    const float *ple_norm;
 } sk_layer;
 
 typedef struct {
@@ -79,6 +87,11 @@ typedef struct {
     /* sk_rope.h: YaRN's cos/sin magnitude and the queries' temperature by position (0: none) */
     float rope_mscale, attn_temp_scale;
     int32_t attn_temp_floor;
+    /* Gemma 4: the sliding blocks' rope width (0: n_rot); per-layer inputs of n_embd_per_layer values per block
+     * (0: none) from ple_embd [n_vocab rows of n_layer P] and ple_model_proj [n_layer P, n_embd] with its norm. */
+    int32_t n_rot_swa, n_embd_per_layer;
+    sk_tensor ple_embd, ple_model_proj;
+    const float *ple_proj_norm;
 } sk_config;
 
 enum { SK_WIDE_NONE = 0, SK_WIDE_RESIDUAL_HIDDEN = 1, SK_WIDE_RESIDUAL_NORMED = 2 };
@@ -128,6 +141,8 @@ struct sk_ctx {
     uint16_t **swa_heads;      /* scratch [2 n_sliding_blocks n_head_kv]: a slot's rings (sk_swa.h) */
     int n_swa_heads;
     float *rope_swa;           /* per row [cos | sin] of the sliding blocks' rope */
+    int32_t max_hd, swa_hd;    /* the widest block's head size; the sliding blocks' (their rings' rows) */
+    float *ple, *ple_tmp;      /* per row: the per-layer inputs [n_layer P] and a block's gate [n_layer P] */
     atomic_int refs;     /* 1 for the creator, 1 per context made over this one */
 };
 
@@ -203,14 +218,24 @@ SK_API const char *sk_kernel_name(int cap) { return pick_kernels(cap)->name; }
 /* 64-byte aligned memory (aligned_alloc wants the size rounded to the alignment). */
 static void *xalloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
 
+/* A block's head size: its own (Gemma 4) or the config's. */
+static int hd_of(const sk_config *g, const sk_layer *L) { return L && L->head_dim ? L->head_dim : g->head_dim; }
+
+/* The block whose keys and values block `layer` attends (itself unless it shares another's). */
+static int kv_owner(const sk_ctx *c, int layer) { return c->layers[layer].kv_shared ? c->layers[layer].kv_shared - 1 : layer; }
+
+static int n_rot_swa(const sk_config *g) { return g->n_rot_swa ? g->n_rot_swa : g->n_rot; }
+
 /* A block's q region in a qkv row: per head q, or q then its gate (head stride 2 head_dim). */
-static int64_t q_stride(const sk_config *g, const sk_layer *L) { return (int64_t)g->head_dim * (L->attn_gate ? 2 : 1); }
+static int64_t q_stride(const sk_config *g, const sk_layer *L) { return (int64_t)hd_of(g, L) * (L->attn_gate ? 2 : 1); }
 static int64_t q_width(const sk_config *g, const sk_layer *L) { return (int64_t)g->n_head * q_stride(g, L); }
 
 static int64_t max3(int64_t a, int64_t b, int64_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
 static void free_scratch(sk_ctx *c) {
     free(c->x); free(c->h); free(c->qkv); free(c->att); free(c->gu); free(c->rope); free(c->rope_swa);
+    free(c->ple); free(c->ple_tmp);
+    c->ple = c->ple_tmp = NULL;
     free(c->act.q); free(c->act.d); free(c->act.s); free(c->act.qs16);
     c->x = c->h = c->qkv = c->att = c->gu = c->rope = c->rope_swa = NULL;
     memset(&c->act, 0, sizeof c->act);
@@ -255,7 +280,8 @@ static int plan_attention(sk_ctx *c, const sk_batch *b) {
         int64_t items_swa = plan_spans(g, b, 1, c->att_prefix_swa);
         if (items_swa > items) items = items_swa;
     }
-    int64_t need = items * (g->n_head / g->n_head_kv) * (g->head_dim + 2);
+    const int64_t hd = c->max_hd > g->head_dim ? c->max_hd : g->head_dim; /* sk_test_attend sets only the latter */
+    int64_t need = items * (g->n_head / g->n_head_kv) * (hd + 2);
     if (need > c->att_parts_cap) {
         free(c->att_parts);
         c->att_parts = xalloc((size_t)need * 4);
@@ -269,7 +295,7 @@ static int ensure_scratch(sk_ctx *c, int64_t m) {
     if (m <= c->cap_rows) return 0;
     free_scratch(c);
     const sk_config *g = &c->cfg;
-    int64_t qd = (int64_t)g->n_head * g->head_dim, wide = max3(g->n_embd, qd, g->n_ff);
+    int64_t qd = (int64_t)g->n_head * c->max_hd, wide = max3(g->n_embd, qd, g->n_ff);
     if ((g->in_proj.data || g->wide_input) && 2 * (int64_t)g->n_embd > wide) wide = 2 * (int64_t)g->n_embd; /* [e; h] */
     if (g->wide_input && g->in_proj.data && g->in_proj.n_cols > wide) wide = g->in_proj.n_cols; /* the encoder's input */
     if (g->ctx_proj.data && g->ctx_proj.n_cols > wide) wide = g->ctx_proj.n_cols; /* the context encoder's input */
@@ -283,7 +309,13 @@ static int ensure_scratch(sk_ctx *c, int64_t m) {
     /* n_ff 0: every block is MoE; a post-normed FFN's down projection lands here too (n_embd wide) */
     c->gu = malloc((size_t)(m * (2 * g->n_ff > g->n_embd ? 2 * g->n_ff : g->n_embd)) * 4);
     c->rope = malloc((size_t)(m * g->n_rot) * 4);
-    c->rope_swa = g->rope_inv_freq_swa ? malloc((size_t)(m * g->n_rot) * 4) : NULL;
+    c->rope_swa = g->rope_inv_freq_swa ? malloc((size_t)(m * n_rot_swa(g)) * 4) : NULL;
+    const int64_t ple_w = (int64_t)g->n_layer * g->n_embd_per_layer;
+    if (ple_w) {
+        c->ple = malloc((size_t)(m * ple_w) * 4);
+        c->ple_tmp = malloc((size_t)(m * ple_w) * 4);
+        if (!c->ple || !c->ple_tmp) { free_scratch(c); return -1; }
+    }
     c->act.q = xalloc((size_t)(m * kp));
     c->act.d = xalloc((size_t)(m * kp / 8));
     c->act.s = xalloc((size_t)(m * kp / 8));
@@ -378,12 +410,13 @@ static int64_t for_each_weight(sk_ctx *c, int64_t (*fn)(sk_ctx *, sk_tensor *)) 
     int64_t total = 0;
     for (int l = 0; l < c->cfg.n_layer; l++) {
         sk_layer *L = &c->layers[l];
-        sk_tensor *ts[12] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
-                             &L->dn.qkv, &L->dn.z, &L->dn.beta, &L->dn.alpha, &L->dn.out};
-        for (int i = 0; i < 12; i++) total += fn(c, ts[i]);
+        sk_tensor *ts[14] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
+                             &L->dn.qkv, &L->dn.z, &L->dn.beta, &L->dn.alpha, &L->dn.out, &L->ple_gate, &L->ple_proj};
+        for (int i = 0; i < 14; i++) total += fn(c, ts[i]);
         for (int64_t i = 0; c->moe[l] && i < sk_moe_n_tensors(c->moe[l]); i++) total += fn(c, sk_moe_tensor(c->moe[l], i));
     }
-    return total + fn(c, &c->cfg.in_proj) + fn(c, &c->cfg.ctx_proj) + fn(c, &c->cfg.output);
+    return total + fn(c, &c->cfg.in_proj) + fn(c, &c->cfg.ctx_proj) + fn(c, &c->cfg.output) +
+           fn(c, &c->cfg.ple_model_proj);
 }
 
 /* The packed weights live in one anonymous mapping that asks for transparent huge pages: a decode
@@ -441,8 +474,19 @@ static int set_up_blocks(sk_ctx *c) {
     c->kv_rows = calloc((size_t)g->n_layer, sizeof(int64_t));
     if (!dn || !c->kv_layer || !c->kv_off || !c->kv_rows) { free(dn); return -1; }
     c->qkvd = (int64_t)(g->n_head + 2 * g->n_head_kv) * g->head_dim;
+    c->max_hd = g->head_dim;
     for (int l = 0; l < g->n_layer; l++) {
         const sk_layer *L = &c->layers[l];
+        const int hd = hd_of(g, L);
+        if (hd > c->max_hd) c->max_hd = hd;
+        if (L->kv_shared) { /* another block's keys and values: an earlier one of the same kind and head size */
+            const int o = L->kv_shared - 1;
+            if (o >= l || L->dn.qkv.data || c->layers[o].kv_shared || c->layers[o].dn.qkv.data ||
+                c->layers[o].sliding != L->sliding || hd_of(g, &c->layers[o]) != hd || L->attn_gate) { free(dn); return -1; }
+            c->kv_layer[l] = c->kv_layer[o];
+            if (q_width(g, L) > c->qkvd) c->qkvd = q_width(g, L);
+            continue;
+        }
         if (L->dn.qkv.data) {
             if (L->attn_gate || L->dn.qkv.n_cols != g->n_embd || L->dn.out.n_rows != g->n_embd) { free(dn); return -1; }
             dn[l] = &L->dn;
@@ -453,12 +497,14 @@ static int set_up_blocks(sk_ctx *c) {
         if (L->sliding && (g->swa_window <= 0 || g->swa_row_cap <= 0 || !g->rope_inv_freq_swa)) { free(dn); return -1; }
         c->kv_rows[l] = L->sliding ? sk_swa_ring_rows(c->n_ctx_pad, g->swa_window, g->swa_row_cap) : c->n_ctx_pad;
         if (L->sliding) {
+            if (c->swa_hd && c->swa_hd != hd) { free(dn); return -1; } /* one ring row size (sk_swa.h) */
+            c->swa_hd = hd;
             c->swa_ring = c->kv_rows[l];
             c->n_swa_heads += 2 * g->n_head_kv;
         }
         c->kv_off[l] = c->kv_slot_elems;
-        c->kv_slot_elems += 2 * (int64_t)g->n_head_kv * c->kv_rows[l] * g->head_dim;
-        const int64_t w = q_width(g, L) + 2 * (int64_t)g->n_head_kv * g->head_dim;
+        c->kv_slot_elems += 2 * (int64_t)g->n_head_kv * c->kv_rows[l] * hd;
+        const int64_t w = q_width(g, L) + 2 * (int64_t)g->n_head_kv * hd;
         if (L->attn_gate && (L->wq.n_rows != (L->wk.data ? q_width(g, L) : w) || g->wide_input)) { free(dn); return -1; }
         if (w > c->qkvd) c->qkvd = w;
     }
@@ -553,11 +599,13 @@ SK_API void sk_kv_release(sk_ctx *c, int slot) {
 
 /* A block's keys (then its values) of one slot: per kv head kv_rows[layer] rows (a ring in sliding blocks). */
 static uint16_t *kcache(sk_ctx *c, int slot, int layer, int head) {
-    return c->kv[slot] + c->kv_off[layer] + head * c->kv_rows[layer] * c->cfg.head_dim;
+    const int o = kv_owner(c, layer), hd = hd_of(&c->cfg, &c->layers[o]);
+    return c->kv[slot] + c->kv_off[o] + head * c->kv_rows[o] * hd;
 }
 
 static uint16_t *vcache(sk_ctx *c, int slot, int layer, int head) {
-    return kcache(c, slot, layer, head) + (int64_t)c->cfg.n_head_kv * c->kv_rows[layer] * c->cfg.head_dim;
+    const int o = kv_owner(c, layer);
+    return kcache(c, slot, layer, head) + (int64_t)c->cfg.n_head_kv * c->kv_rows[o] * hd_of(&c->cfg, &c->layers[o]);
 }
 
 static const sk_kernels *kern_for(const sk_ctx *c, const sk_tensor *w) {
@@ -636,7 +684,7 @@ static void rope_angles(sk_ctx *c, int64_t p, int64_t r) {
     const sk_config *g = &c->cfg;
     const double ms = sk_rope_mscale(g->rope_mscale); /* YaRN's magnitude, the same in both tables */
     rope_table(g->rope_inv_freq, g->n_rot, p, ms, c->rope + r * g->n_rot);
-    if (g->rope_inv_freq_swa) rope_table(g->rope_inv_freq_swa, g->n_rot, p, ms, c->rope_swa + r * g->n_rot);
+    if (g->rope_inv_freq_swa) rope_table(g->rope_inv_freq_swa, n_rot_swa(g), p, ms, c->rope_swa + r * n_rot_swa(g));
 }
 
 /* Rope on one head: NORM pairs (2i, 2i+1) or NEOX pairs (i, i + n_rot/2); cs = [cos | sin] per pair. */
@@ -655,23 +703,26 @@ static void rope_head(float *v, const float *cs, int n_rot, int neox) {
 static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int first_head, int64_t r0, int64_t r1) {
     const sk_config *g = &c->cfg;
     const sk_layer *L = &c->layers[layer];
-    const int hd = g->head_dim;
+    const int hd = hd_of(g, L), n_rot = L->sliding ? n_rot_swa(g) : g->n_rot;
     const int64_t qkvd = c->qkvd, qs = q_stride(g, L), qw = q_width(g, L);
     for (int64_t r = r0; r < r1; r++) {
-        float *row = c->qkv + r * qkvd, *cs = (L->sliding ? c->rope_swa : c->rope) + r * g->n_rot;
+        float *row = c->qkv + r * qkvd, *cs = (L->sliding ? c->rope_swa : c->rope) + r * n_rot;
         const float temp = sk_attn_temperature(g->attn_temp_scale, g->attn_temp_floor, b->pos[r]);
-        for (int h = first_head; h < g->n_head + g->n_head_kv; h++) {
+        /* a block attending another's keys and values has queries only */
+        for (int h = first_head; h < g->n_head + (L->kv_shared ? 0 : g->n_head_kv); h++) {
             float *v = h < g->n_head ? row + h * qs : row + qw + (int64_t)(h - g->n_head) * hd;
             const float *nw = h < g->n_head ? L->q_norm : L->k_norm;
             if (nw) c->kern->rms_norm(v, nw, hd, g->rms_eps, v);
-            rope_head(v, cs, g->n_rot, g->rope_neox);
+            rope_head(v, cs, n_rot, g->rope_neox);
             if (h < g->n_head && temp != 1.0f)
                 for (int d = 0; d < hd; d++) v[d] *= temp;
         }
+        if (L->kv_shared) continue;
         int slot = b->seq[r];
         int64_t t = b->pos[r] % c->kv_rows[layer]; /* a ring's row in sliding blocks */
         for (int h = 0; h < g->n_head_kv; h++) {
-            const float *kv = row + qw + (int64_t)h * hd, *vv = kv + (int64_t)g->n_head_kv * hd;
+            float *kv = row + qw + (int64_t)h * hd, *vv = kv + (int64_t)g->n_head_kv * hd;
+            if (L->value_norm) sk_value_norm(vv, hd, g->rms_eps);
             uint16_t *kd = kcache(c, slot, layer, h) + (t / SK_KEY_BLOCK) * hd * SK_KEY_BLOCK + t % SK_KEY_BLOCK;
             uint16_t *vd = vcache(c, slot, layer, h) + t * hd;
             for (int d = 0; d < hd; d++) {
@@ -686,8 +737,9 @@ static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int first_head, in
  * loads, and long contexts spread over every thread. Each item leaves one partial per query head. */
 static void attention(sk_ctx *c, const sk_batch *b, int layer, int ith, int nth) {
     const sk_config *g = &c->cfg;
-    const int hd = g->head_dim, gq = g->n_head / g->n_head_kv, sliding = c->layers[layer].sliding;
-    const int64_t qkvd = c->qkvd, ldpart = hd + 2, qs = q_stride(g, &c->layers[layer]), ring = c->kv_rows[layer];
+    const int hd = hd_of(g, &c->layers[layer]), gq = g->n_head / g->n_head_kv, sliding = c->layers[layer].sliding;
+    const int64_t qkvd = c->qkvd, ldpart = hd + 2, qs = q_stride(g, &c->layers[layer]);
+    const int64_t ring = c->kv_rows[kv_owner(c, layer)];
     const int64_t *prefix = sliding ? c->att_prefix_swa : c->att_prefix;
     int64_t i0, i1, r = 0;
     split(prefix[b->n_rows], ith, nth, &i0, &i1);
@@ -711,7 +763,7 @@ static void attention(sk_ctx *c, const sk_batch *b, int layer, int ith, int nth)
  * times sigmoid(gate) when the block has an output gate. */
 static void attention_merge(sk_ctx *c, const sk_batch *b, const sk_layer *L, int ith, int nth) {
     const sk_config *g = &c->cfg;
-    const int hd = g->head_dim, gq = g->n_head / g->n_head_kv;
+    const int hd = hd_of(g, L), gq = g->n_head / g->n_head_kv;
     const int64_t qd = (int64_t)g->n_head * hd, ldpart = hd + 2;
     int64_t i0, i1;
     split(b->n_rows * g->n_head, ith, nth, &i0, &i1);
@@ -760,11 +812,11 @@ static void add_post_normed(sk_ctx *c, const float *w, int64_t r0, int64_t r1) {
 static void attention_block(sk_ctx *c, const sk_batch *b, const sk_layer *L, int l, int64_t r0, int64_t r1, int ith,
                             int nth, double *tp) {
     const sk_config *g = &c->cfg;
-    const int64_t m = b->n_rows, E = g->n_embd, qd = (int64_t)g->n_head * g->head_dim, qkvd = c->qkvd;
+    const int64_t m = b->n_rows, E = g->n_embd, qd = (int64_t)g->n_head * hd_of(g, L), qkvd = c->qkvd;
     const int64_t qw = q_width(g, L);
     double t = *tp;
     part qkv[3] = {{&L->wq, c->qkv, qkvd, 0}, {&L->wk, c->qkv + qw, qkvd, 0},
-                   {&L->wv, c->qkv + qw + (int64_t)g->n_head_kv * g->head_dim, qkvd, 0}};
+                   {&L->wv, c->qkv + qw + (int64_t)g->n_head_kv * hd_of(g, L), qkvd, 0}};
     int nq = L->wk.data ? 3 : 1;
     const int64_t in_w = g->wide_input && l == 0 ? 2 * E : E; /* a wide input is already in h */
     if (in_w == E)
@@ -809,6 +861,37 @@ static void delta_net_block(sk_ctx *c, const sk_layer *L, int l, int64_t m, int6
     *tp = t;
 }
 
+/* Gemma 4's per-layer inputs of the batch into c->ple (sk_gemma4.h), from the scaled embeddings in c->x. */
+static void per_layer_inputs(sk_ctx *c, const sk_batch *b, int64_t r0, int64_t r1, int ith, int nth, double *t) {
+    const sk_config *g = &c->cfg;
+    const int P = g->n_embd_per_layer;
+    const int64_t w = (int64_t)g->n_layer * P, E = g->n_embd;
+    part proj = {&g->ple_model_proj, c->ple, w, 0};
+    project(c, &proj, 1, c->x, E, E, b->n_rows, r0, r1, ith, nth, PH_EMBED, t);
+    for (int64_t r = r0; r < r1; r++)
+        sk_per_layer_inputs(c->ple + r * w, &g->ple_embd, b->tokens[r], g->ple_proj_norm, g->n_layer, P, (int)E,
+                            g->rms_eps, c->ple_tmp + r * w);
+}
+
+/* Gemma 4's end of block l: x += rms_norm(proj(gelu(gate(x)) * input_l), norm), then x *= out_scale. */
+static void block_tail(sk_ctx *c, const sk_batch *b, const sk_layer *L, int l, int64_t r0, int64_t r1, int ith,
+                       int nth, double *t) {
+    const sk_config *g = &c->cfg;
+    const int64_t E = g->n_embd, m = b->n_rows;
+    if (L->ple_gate.data) {
+        const int P = g->n_embd_per_layer;
+        const int64_t w = (int64_t)g->n_layer * P;
+        part gate = {&L->ple_gate, c->ple_tmp, P, 0};
+        project(c, &gate, 1, c->x, E, E, m, r0, r1, ith, nth, PH_FFN_UP, t);
+        for (int64_t r = r0; r < r1; r++) sk_per_layer_gate(c->ple_tmp + r * P, c->ple + r * w + (int64_t)l * P, P);
+        part proj = {&L->ple_proj, c->h, E, 0};
+        project(c, &proj, 1, c->ple_tmp, P, P, m, r0, r1, ith, nth, PH_FFN_DOWN, t);
+        add_post_normed(c, L->ple_norm, r0, r1);
+    }
+    if (L->out_scale != 0.0f)
+        for (int64_t r = r0; r < r1; r++) sk_scale_row(c->x + r * E, E, L->out_scale);
+}
+
 static void forward_job(void *arg, int ith, int nth) {
     job *j = arg;
     sk_ctx *c = j->c;
@@ -842,6 +925,7 @@ static void forward_job(void *arg, int ith, int nth) {
         barrier(c->pool, ith);
         gemm_parts(c, &in, 1, c->h, 2 * E, m, ith, nth);
     }
+    if (g->n_embd_per_layer) per_layer_inputs(c, b, r0, r1, ith, nth, &t);
     barrier(c->pool, ith);
     phase(ith, PH_EMBED, &t);
 
@@ -869,12 +953,15 @@ static void forward_job(void *arg, int ith, int nth) {
             project(c, &dn, 1, c->h, ff, ff, m, r0, r1, ith, nth, PH_FFN_DOWN, &t);
             for (int64_t r = r0; r < r1; r++) memcpy(c->h + r * E, c->gu + r * E, (size_t)E * 4);
             add_post_normed(c, L->ffn_post_norm, r0, r1);
-            continue;
+        } else {
+            part dn = {&L->w_down, c->x, E, 1};
+            project(c, &dn, 1, c->h, ff, ff, m, r0, r1, ith, nth, PH_FFN_DOWN, &t);
         }
-        part dn = {&L->w_down, c->x, E, 1};
-        project(c, &dn, 1, c->h, ff, ff, m, r0, r1, ith, nth, PH_FFN_DOWN, &t);
+        block_tail(c, b, L, l, r0, r1, ith, nth, &t);
     }
-    if (c->layers[g->n_layer - 1].ffn_post_norm) barrier(c->pool, ith); /* the head reads rows of every thread */
+    const sk_layer *last = &c->layers[g->n_layer - 1];
+    if (last->ffn_post_norm || last->ple_gate.data || last->out_scale != 0.0f)
+        barrier(c->pool, ith); /* the head reads rows of every thread */
     if (b->capture && b->capture[g->n_layer])
         memcpy(b->capture[g->n_layer] + r0 * E, c->x + r0 * E, (size_t)((r1 - r0) * E) * 4);
     if (b->hidden_final)
@@ -897,7 +984,7 @@ static void forward_job(void *arg, int ith, int nth) {
 static int swa_heads(sk_ctx *c, int slot) {
     int n = 0;
     for (int l = 0; l < c->cfg.n_layer; l++)
-        for (int h = 0; c->layers[l].sliding && h < c->cfg.n_head_kv; h++) {
+        for (int h = 0; c->layers[l].sliding && !c->layers[l].kv_shared && h < c->cfg.n_head_kv; h++) {
             c->swa_heads[n++] = kcache(c, slot, l, h);
             c->swa_heads[n++] = vcache(c, slot, l, h);
         }
@@ -913,7 +1000,7 @@ SK_API void sk_swa_truncate(sk_ctx *c, int slot, int64_t n) {
 }
 
 SK_API int sk_swa_snapshot(sk_ctx *c, int slot, int64_t n) {
-    return has_rings(c, slot) ? sk_swa_keep(c->swa, slot, n, c->swa_heads, swa_heads(c, slot), c->cfg.head_dim) : -2;
+    return has_rings(c, slot) ? sk_swa_keep(c->swa, slot, n, c->swa_heads, swa_heads(c, slot), c->swa_hd) : -2;
 }
 
 SK_API int64_t sk_swa_snapshot_at(const sk_ctx *c, int slot, int64_t n) {
@@ -921,7 +1008,7 @@ SK_API int64_t sk_swa_snapshot_at(const sk_ctx *c, int slot, int64_t n) {
 }
 
 SK_API int sk_swa_restore(sk_ctx *c, int slot, int64_t n) {
-    return has_rings(c, slot) ? sk_swa_bring_back(c->swa, slot, n, c->swa_heads, swa_heads(c, slot), c->cfg.head_dim) : -2;
+    return has_rings(c, slot) ? sk_swa_bring_back(c->swa, slot, n, c->swa_heads, swa_heads(c, slot), c->swa_hd) : -2;
 }
 
 /* 0 on success, -1 when scratch memory cannot be had, -2 for a bad batch (checked again here so a
