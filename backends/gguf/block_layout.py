@@ -38,7 +38,7 @@ class BlockLayout:
     out_scale: bool = False  # blocks multiply their output by layer_output_scale
 
     def owns_kv(self, layer: int) -> bool:
-        return not self.kv_source or self.kv_source[layer] == layer
+        return layer >= len(self.kv_source) or self.kv_source[layer] == layer
 
     def kv_of(self, layer: int) -> int:
         return self.kv_source[layer] if self.kv_source and layer < len(self.kv_source) else layer
