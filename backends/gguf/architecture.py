@@ -69,7 +69,7 @@ RopeKind = Literal["norm", "neox"]  # NORM: pairs (2i, 2i+1); NEOX: pairs (i, i 
 # softmax_weight (gpt-oss): the top-k of the raw logits are chosen, their weights a softmax over those k.
 Gating = Literal["softmax", "sigmoid", "softmax_weight"]
 # swiglu: silu(gate) * up; swiglu_oai (gpt-oss): min(gate, 7) * sigmoid(1.702 min(gate, 7)) * (clamp(up, +-7) + 1).
-ExpertActivation = Literal["swiglu", "swiglu_oai"]
+ExpertActivation = Literal["swiglu", "swiglu_oai", "geglu"]
 # Whether a block has an optional group of tensors: never (ignored if the file has them), when the
 # file has them (probed on the first block), or always (a missing one is a missing-tensor error).
 Presence = Literal["never", "optional", "always"]
@@ -97,6 +97,11 @@ class MoERecipe:
     # The router and every expert matrix have biases (ffn_gate_inp.bias, ffn_{gate,up,down}_exps.bias).
     expert_bias: bool = False
     activation: ExpertActivation = "swiglu"
+    # Gemma 4: the block's dense FFN runs beside the experts, each half with its own norms; the router reads
+    # rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale of the residual x, and each expert's output is multiplied
+    # by its ffn_down_exps.scale where the file has one (gguf/block_layout.py).
+    beside_dense: bool = False
+    optional: bool = False  # only files with expert_count have MoE blocks (else every block is dense)
 
 
 @dataclass(frozen=True)
@@ -172,12 +177,13 @@ ARCHITECTURES: dict[str, BlockRecipe] = {
     "gemma3": BlockRecipe(rope="neox", qk_norm="always", attn_bias="never", activation="geglu", post_norms=True,
                           sliding_window=True, logit_softcap=True, swa_period=6, swa_rope="own", embd_scale_sqrt=True,
                           kq_scale_rule=_gemma3_kq_scale),
-    # gemma4 (dense): gemma3's block with the file's sliding pattern, per-block head sizes, shared KV, per-layer
-    # inputs and output scales (gguf/block_layout.py), value norms and attention scale 1. Its MoE blocks
-    # (ffn_gate_inp) are not described here.
+    # gemma4: gemma3's block with the file's sliding pattern, per-block head sizes, shared KV, per-layer inputs and
+    # output scales (gguf/block_layout.py), value norms and attention scale 1; files with experts run them beside
+    # the dense FFN (softmax over all, top-k, weights renormalised, GELU-gated experts).
     "gemma4": BlockRecipe(rope="neox", qk_norm="always", attn_bias="never", activation="geglu", post_norms=True,
                           sliding_window=True, logit_softcap=True, swa_rope="own", embd_scale_sqrt=True,
-                          kq_scale_rule=_unit_kq_scale, block_layout=True, value_norm=True, swa_required=True),
+                          kq_scale_rule=_unit_kq_scale, block_layout=True, value_norm=True, swa_required=True,
+                          moe=MoERecipe("softmax", True, False, activation="geglu", beside_dense=True, optional=True)),
     # mistral3 (Ministral 3): llama's block, YaRN with the file's betas and log multiplier, and the queries'
     # temperature by position (llama.cpp's dense branch; its MoE branch is not described here).
     "mistral3": BlockRecipe(rope="norm",
@@ -209,13 +215,14 @@ FEATURE_SHARED_KV = "keys and values shared between blocks"
 FEATURE_PER_LAYER_INPUTS = "per-layer token embeddings"
 FEATURE_VALUE_NORM = "value norms"
 FEATURE_OUT_SCALE = "per-block output scales"
+FEATURE_DENSE_BESIDE_EXPERTS = "a dense FFN beside the experts (Gemma 4's mixture-of-experts blocks)"
 # Gemma 4's operations (gguf/block_layout.py), which the native backend does not run yet.
 BLOCK_LAYOUT_FEATURES = frozenset({FEATURE_BLOCK_HEAD_DIMS, FEATURE_SHARED_KV, FEATURE_PER_LAYER_INPUTS,
                                    FEATURE_VALUE_NORM, FEATURE_OUT_SCALE})
 FEATURES = frozenset({FEATURE_DELTA_NET, FEATURE_ATTN_GATE, FEATURE_SHARED_GATE, FEATURE_SLIDING_WINDOW,
                       FEATURE_POST_NORMS, FEATURE_GEGLU, FEATURE_EMBD_SCALE, FEATURE_FINAL_SOFTCAP, FEATURE_ATTN_SINKS,
                       FEATURE_OAI_EXPERTS,
-                      FEATURE_ROPE_MSCALE, FEATURE_ATTN_TEMPERATURE}) | BLOCK_LAYOUT_FEATURES
+                      FEATURE_ROPE_MSCALE, FEATURE_ATTN_TEMPERATURE, FEATURE_DENSE_BESIDE_EXPERTS}) | BLOCK_LAYOUT_FEATURES
 
 
 @dataclass(frozen=True)
@@ -267,6 +274,7 @@ class MoEParams:
     shared_gate: bool = False  # the shared expert's output is gated by sigmoid(x @ ffn_gate_inp_shexp)
     expert_bias: bool = False  # the router and the expert matrices have biases
     activation: ExpertActivation = "swiglu"
+    beside_dense: bool = False  # Gemma 4's dense FFN beside the experts (MoERecipe.beside_dense)
 
     @property
     def n_ff_shexp(self) -> int:
@@ -404,6 +412,8 @@ def required_features(hp: ModelHParams) -> frozenset[str]:
         out.add(FEATURE_OUT_SCALE)
     if hp.recipe.value_norm:
         out.add(FEATURE_VALUE_NORM)
+    if hp.moe is not None and hp.moe.beside_dense:
+        out.add(FEATURE_DENSE_BESIDE_EXPERTS)
     return frozenset(out)
 
 
@@ -414,7 +424,7 @@ def unsupported_options(hp: ModelHParams) -> list[str]:
         out.append(f"{r.norm} norm")
     if hp.attn_softcap:
         out.append(f"attention logit soft-capping ({hp.attn_softcap})")
-    if hp.moe is not None and (r.post_norms or r.activation != "swiglu"):
+    if hp.moe is not None and not hp.moe.beside_dense and (r.post_norms or r.activation != "swiglu"):
         out.append("post-norms or a GELU-gated FFN in mixture-of-experts blocks")
     if hp.sliding_window and (hp.delta_net is not None or hp.n_nextn):
         out.append("sliding-window attention with recurrent or MTP blocks")
@@ -492,6 +502,7 @@ def _read_moe_params(f: GGUFFile, moe: MoERecipe) -> MoEParams:
         shared_gate=moe.shared == "tensors",
         expert_bias=moe.expert_bias,
         activation=moe.activation,
+        beside_dense=moe.beside_dense,
     )
 
 
@@ -568,9 +579,11 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
     n_head_kv = _uniform(f, "attention.head_count_kv", opt("attention.head_count_kv", n_head))
     n_nextn = _uniform(f, "nextn_predict_layers", opt("nextn_predict_layers", 0))
     n_layer = _uniform(f, "block_count", req("block_count")) - n_nextn
-    # An all-MoE model needs no dense FFN width (qwen3moe files may still carry one).
-    n_ff = _uniform(f, "feed_forward_length",
-                    opt("feed_forward_length", 0) if recipe.moe is not None else req("feed_forward_length"))
+    moe = recipe.moe
+    has_moe = moe is not None and (not moe.optional or f"{arch}.expert_count" in f.metadata)
+    # An all-MoE model needs no dense FFN width (qwen3moe files may still carry one); Gemma 4's does.
+    dense_ff = not has_moe or (moe is not None and moe.beside_dense)
+    n_ff = _uniform(f, "feed_forward_length", req("feed_forward_length") if dense_ff else opt("feed_forward_length", 0))
     if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv != 0 or n_layer <= 0:
         raise ModelFileError(f.path, f"invalid head counts n_head={n_head} n_head_kv={n_head_kv} or n_layer={n_layer}")
     head_dim = _uniform(f, "attention.key_length", opt("attention.key_length", n_embd // n_head))
@@ -591,10 +604,6 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
         raise ModelFileError(f.path, f"invalid {arch}.attention.sliding_window = {window}")
     if recipe.block_layout:
         req("attention.sliding_window_pattern")  # llama.cpp requires the flags for these files
-        moe_block = next((i for i in range(n_layer) if f.has_tensor(f"blk.{i}.ffn_gate_inp.weight")), None)
-        if moe_block is not None:
-            raise ModelFileError(f.path, f"architecture {arch!r} with mixture-of-experts blocks (blk.{moe_block}."
-                                         "ffn_gate_inp) is not supported")
     swa_layers = _read_swa_layers(f, recipe, n_layer, window)
     layout = BlockLayout()
     if recipe.block_layout:
@@ -627,7 +636,7 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
         has_qk_norm=_present(f, recipe.qk_norm, b + "attn_q_norm.weight"),
         tied_output=not f.has_tensor("output.weight"),
         kq_scale=kq_scale,
-        moe=_read_moe_params(f, recipe.moe) if recipe.moe is not None else None,
+        moe=_read_moe_params(f, recipe.moe) if has_moe else None,
         n_nextn=n_nextn,
         sliding_window=window,
         swa_layers=swa_layers,

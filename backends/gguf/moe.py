@@ -33,6 +33,9 @@ def moe_ffn_shapes(moe: MoEParams, prefix: str, n_embd: int) -> dict[str, tuple[
     if moe.expert_bias:
         shapes |= {prefix + "ffn_gate_inp.bias": (E,), prefix + "ffn_gate_exps.bias": (E, F),
                    prefix + "ffn_up_exps.bias": (E, F), prefix + "ffn_down_exps.bias": (E, H)}
+    if moe.beside_dense:  # Gemma 4: the router's input scale and the two halves' own norms
+        shapes |= {prefix + "ffn_gate_inp.scale": (H,), prefix + "pre_ffw_norm_2.weight": (H,),
+                   prefix + "post_ffw_norm_1.weight": (H,), prefix + "post_ffw_norm_2.weight": (H,)}
     if moe.n_expert_shared:
         S = moe.n_ff_shexp
         shapes |= {prefix + "ffn_gate_shexp.weight": (S, H), prefix + "ffn_up_shexp.weight": (S, H),

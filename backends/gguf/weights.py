@@ -91,9 +91,10 @@ def block_shapes(hp: ModelHParams, i: int) -> dict[str, tuple[int, ...]]:
             shapes[b + "attn_sinks.weight"] = (hp.n_head,)
     if hp.post_norms:  # the attention (or delta-net) and FFN outputs are RMS-normed before the residual add
         shapes |= {b + "post_attention_norm.weight": (H,), b + "post_ffw_norm.weight": (H,)}
-    if hp.moe is not None and hp.moe.is_moe(i):
+    moe_block = hp.moe is not None and hp.moe.is_moe(i)
+    if moe_block:
         shapes |= moe_ffn_shapes(hp.moe, b, H)
-    else:
+    if not moe_block or hp.moe.beside_dense:  # the dense FFN (Gemma 4's MoE blocks have it too)
         shapes |= {b + "ffn_gate.weight": (hp.n_ff, H), b + "ffn_up.weight": (hp.n_ff, H),
                    b + "ffn_down.weight": (H, hp.n_ff)}
     P = hp.layout.n_embd_per_layer
@@ -126,6 +127,8 @@ def optional_shapes(hp: ModelHParams) -> dict[str, tuple[int, ...]]:
     }
     for i in range(hp.n_layer):
         b = f"blk.{i}."
+        if hp.moe is not None and hp.moe.beside_dense:  # Gemma 4: each expert's output scale
+            shapes[b + "ffn_down_exps.scale"] = (hp.moe.n_expert,)
         shapes |= {
             b + "attn_output.bias": (H,),
             b + "ffn_gate.bias": (hp.n_ff,),
@@ -153,10 +156,26 @@ def _split_fused_qkv(f: GGUFFile, hp: ModelHParams, out: dict[str, np.ndarray]) 
             out[f"blk.{i}.attn_v.{suffix}"] = fused[q + kv :]
 
 
+def _split_fused_gate_up_exps(f: GGUFFile, hp: ModelHParams, out: dict[str, np.ndarray]) -> None:
+    """Experts stored as one [E, 2F, H] gate/up tensor (Gemma 4's converter): split back into gate and up."""
+    if hp.moe is None:
+        return
+    F = hp.moe.n_ff_exp
+    for i in range(hp.n_layer):
+        name = f"blk.{i}.ffn_gate_up_exps.weight"
+        if not f.has_tensor(name) or f.has_tensor(f"blk.{i}.ffn_gate_exps.weight"):
+            continue
+        fused = dequantize(f.tensor(name), f.path)
+        if fused.ndim != 3 or fused.shape[1] != 2 * F:
+            raise ModelFileError(f.path, f"tensor {name!r} has shape {fused.shape}, expected (E, {2 * F}, H)")
+        out[f"blk.{i}.ffn_gate_exps.weight"], out[f"blk.{i}.ffn_up_exps.weight"] = fused[:, :F], fused[:, F:]
+
+
 def load_model_weights(f: GGUFFile, *, hp: ModelHParams) -> dict[str, np.ndarray]:
     """GGUF tensor names -> float32 arrays (PyTorch order). ``output.weight`` is absent when tied."""
     out: dict[str, np.ndarray] = {}
     _split_fused_qkv(f, hp, out)
+    _split_fused_gate_up_exps(f, hp, out)
     for name, shape in expected_shapes(hp).items():
         if name not in out:
             if not f.has_tensor(name):

@@ -33,6 +33,7 @@ from spekula.backends.torch.delta_net import (
     gated_output,
     recurrence_width,
 )
+from spekula.backends.torch.dense_experts import DenseBesideExperts
 from spekula.backends.torch.kv import SeqCache
 from spekula.backends.torch.linear import GemmPlan, Lin, plain_gemm, planned_lin
 from spekula.backends.torch.moe import DenseFFN, MoEFFN, build_moe_ffn, moe_gemm_shapes
@@ -88,7 +89,7 @@ def model_gemm_shapes(hp: ModelHParams) -> list[tuple[int, int]]:
         shapes += [(hp.n_layer * P, hp.n_embd), (P, hp.n_embd), (hp.n_embd, P)]
     if hp.delta_net is not None:
         shapes += delta_net_gemm_shapes(hp.delta_net, hp.n_embd)
-    if hp.moe is None or hp.moe.n_dense_lead > 0:
+    if hp.moe is None or hp.moe.n_dense_lead > 0 or hp.moe.beside_dense:
         shapes += [(2 * hp.n_ff, hp.n_embd), (hp.n_embd, hp.n_ff)]
     if hp.moe is not None:
         shapes += moe_gemm_shapes(hp.moe, hp.n_embd)
@@ -123,7 +124,7 @@ class LayerWeights:
     attn_norm: torch.Tensor
     mixer: AttnWeights | DeltaNetWeights
     ffn_norm: torch.Tensor
-    ffn: DenseFFN | MoEFFN
+    ffn: DenseFFN | MoEFFN | DenseBesideExperts
     recurrent_index: int = -1  # a delta-net block's index in the sequences' recurrent state
     attn_post_norm: torch.Tensor | None = None  # Gemma: the sublayer outputs RMS-normed before the add
     ffn_post_norm: torch.Tensor | None = None
@@ -196,12 +197,20 @@ class TorchModel:
         kv_layer_of: dict[int, int] = {}  # block id -> the KV layer it writes
         for i in block_ids:
             b = f"blk.{i}."
-            if hp.moe is not None and hp.moe.is_moe(i):
-                ffn: DenseFFN | MoEFFN = build_moe_ffn(hp.moe, weights, b, to_tensor=dev, make_lin=self._lin)
+            ffn: DenseFFN | MoEFFN | DenseBesideExperts
+            moe_block = hp.moe is not None and hp.moe.is_moe(i)
+            if moe_block and hp.moe is not None and not hp.moe.beside_dense:
+                ffn = build_moe_ffn(hp.moe, weights, b, to_tensor=dev, make_lin=self._lin)
             else:
                 gate_up = self._lin(cat(b + "ffn_gate.weight", b + "ffn_up.weight"), self._gate_up_bias(weights, b))
                 ffn = DenseFFN(gate_up, self._lin(t(b + "ffn_down.weight"), opt(b + "ffn_down.bias")), hp.n_ff,
                                geglu=hp.geglu)
+                if moe_block and hp.moe is not None:  # Gemma 4: the experts beside the dense FFN
+                    ffn = DenseBesideExperts(
+                        ffn, build_moe_ffn(hp.moe, weights, b, to_tensor=dev, make_lin=self._lin),
+                        router_scale=t(b + "ffn_gate_inp.scale"), pre_norm_2=t(b + "pre_ffw_norm_2.weight"),
+                        post_norm_1=t(b + "post_ffw_norm_1.weight"), post_norm_2=t(b + "post_ffw_norm_2.weight"),
+                        n_embd=hp.n_embd, eps=hp.rms_eps)
             mixer: AttnWeights | DeltaNetWeights
             recurrent_index = -1
             if hp.is_recurrent(i) and i < hp.n_layer:
@@ -385,7 +394,8 @@ class TorchModel:
         if lw.attn_post_norm is not None:
             mixed = _rms_norm(mixed, lw.attn_post_norm, hp.rms_eps)
         x = x + mixed
-        ffn = lw.ffn(_rms_norm(x, lw.ffn_norm, hp.rms_eps))
+        h = _rms_norm(x, lw.ffn_norm, hp.rms_eps)
+        ffn = lw.ffn(h, x) if isinstance(lw.ffn, DenseBesideExperts) else lw.ffn(h)
         if lw.ffn_post_norm is not None:
             ffn = _rms_norm(ffn, lw.ffn_post_norm, hp.rms_eps)
         x = x + ffn

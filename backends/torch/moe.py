@@ -101,15 +101,17 @@ class MoEFFN:
         selection_bias: torch.Tensor | None,
         experts: list[DenseFFN],
         shared: DenseFFN | None,
+        expert_scale: torch.Tensor | None = None,
     ) -> None:
         self.moe = moe
+        self.expert_scale = expert_scale  # [E] float32: each expert's output multiplier (Gemma 4), or None
         self.router = router  # float32 weights: routing is decided in float32 whatever the model dtype
         self.selection_bias = selection_bias
         self.experts = experts
         self.shared = shared
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(expert ids [M, k] int64 in rank order, their weights [M, k] float32)."""
+        """(expert ids [M, k] int64 in rank order, their weights [M, k] float32) for router inputs h."""
         moe = self.moe
         logits = self.router(h.float())
         if moe.gating == "softmax_weight":  # top-k of the logits, softmax over the chosen (row-wise)
@@ -127,12 +129,15 @@ class MoEFFN:
             weights = weights / total.clamp_min(WEIGHT_SUM_MIN).unsqueeze(1)
         if moe.weights_scale != 1.0:
             weights = weights * moe.weights_scale
+        if self.expert_scale is not None:
+            weights = weights * self.expert_scale[ids]
         return ids, weights
 
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+    def __call__(self, h: torch.Tensor, route_input: torch.Tensor | None = None) -> torch.Tensor:
+        """The experts over rows h, routed on h or on ``route_input`` (Gemma 4 routes on its own input)."""
         M, H = h.shape
         k = self.moe.n_expert_used
-        ids, weights = self.route(h)
+        ids, weights = self.route(h if route_input is None else route_input)
         flat_ids = ids.reshape(-1)  # slot s = row * k + rank
         flat_w = weights.reshape(-1, 1).to(h.dtype)
         # Slots grouped by expert, each group in slot order; one host sync for the group sizes.
@@ -180,9 +185,9 @@ def build_moe_ffn(
         gate_up_b = to_tensor(np.concatenate([weights[prefix + "ffn_gate_exps.bias"],
                                               weights[prefix + "ffn_up_exps.bias"]], axis=1))
         down_b = to_tensor(weights[prefix + "ffn_down_exps.bias"])
-    oai = moe.activation == "swiglu_oai"
+    oai, geglu = moe.activation == "swiglu_oai", moe.activation == "geglu"
     experts = [DenseFFN(make_lin(gate_up[e], None if gate_up_b is None else gate_up_b[e]),
-                        make_lin(down[e], None if down_b is None else down_b[e]), F_exp, oai=oai)
+                        make_lin(down[e], None if down_b is None else down_b[e]), F_exp, oai=oai, geglu=geglu)
                for e in range(moe.n_expert)]
     shared = None
     if moe.n_expert_shared:
@@ -198,4 +203,5 @@ def build_moe_ffn(
 
     bias = routing_tensor("exp_probs_b.bias") if moe.selection_bias else None
     router_bias = routing_tensor("ffn_gate_inp.bias") if moe.expert_bias else None
-    return MoEFFN(moe, make_lin(routing_tensor("ffn_gate_inp.weight"), router_bias), bias, experts, shared)
+    scale = routing_tensor("ffn_down_exps.scale") if prefix + "ffn_down_exps.scale" in weights else None
+    return MoEFFN(moe, make_lin(routing_tensor("ffn_gate_inp.weight"), router_bias), bias, experts, shared, scale)

@@ -232,8 +232,6 @@ def _edited(src: Path, dst: Path, *, meta: dict[str, Any] | None = None, drop: t
     ({"drop": ("blk.1.attn_v.weight",)}, r"block 1 has no attn_v"),
     ({"drop": ("per_layer_proj_norm.weight",)}, r"missing tensor 'per_layer_proj_norm\.weight'"),
     ({"drop": ("blk.2.proj.weight",)}, r"missing tensor 'blk\.2\.proj\.weight'"),
-    ({"add": {"blk.0.ffn_gate_inp.weight": np.zeros((4, 64), np.float32)}},
-     r"mixture-of-experts blocks \(blk\.0\.ffn_gate_inp\) is not supported"),
 ])
 def test_malformed_files_are_clear_errors(gguf: Path, tmp_path: Path, edit: dict[str, Any], message: str,
                                           name: str) -> None:
@@ -246,3 +244,72 @@ def test_onnx_refuses_the_blocks_by_name(gguf: Path) -> None:
     with pytest.raises(ModelFileError, match=r"needs what the onnx backend does not implement: .*per-layer token "
                                              r"embeddings.*value norms"):
         read_hparams(GGUFFile(gguf), runtime="the onnx backend")
+
+
+# ---- the mixture-of-experts variant (the dense FFN beside the experts) ----------------------------------
+
+MOE_RUNS = ["torch"]  # native refuses it by name (below)
+
+
+@pytest.fixture(scope="module")
+def moe_gguf() -> Path:
+    return g4.tiny_gemma4_gguf_path(moe=True)
+
+
+def test_the_moe_file_reads_as_llamacpp_reads_it(moe_gguf: Path) -> None:
+    hp = read_hparams(GGUFFile(moe_gguf), implements=FEATURES)
+    assert hp.moe is not None and hp.moe.beside_dense and hp.n_ff == 128
+    assert (hp.moe.n_expert, hp.moe.n_expert_used, hp.moe.n_ff_exp) == (g4.N_EXPERT, g4.N_EXPERT_USED, g4.N_FF_EXP)
+    assert (hp.moe.gating, hp.moe.norm_weights, hp.moe.activation) == ("softmax", True, "geglu")
+    assert not hp.layout.kv_source and not hp.layout.n_embd_per_layer
+
+
+@pytest.mark.parametrize("name", MOE_RUNS)
+def test_moe_logits_and_greedy_match_transformers(moe_gguf: Path, name: str) -> None:
+    import torch
+
+    tokens = _tokens(60, seed=13)
+    b = _backend(name, moe_gguf)
+    assert np.abs(_all_rows(b, tokens) - g4.reference_logits(tokens, moe=True)).max() < LOGIT_TOL
+    ids = _tokens(12, seed=14).tolist()
+    got = plain_decode(b, ids, n_predict=30, sampling=SamplingParams(temperature=0.0), seed=0,
+                       is_eog=lambda t: False, n_ctx=512, ignore_eos=True)
+    model = g4.gemma4_model(g4.tiny_gemma4_hf_path(moe=True))
+    with torch.no_grad():
+        want = model.generate(torch.tensor([ids]), max_new_tokens=30, do_sample=False)[0, len(ids):].tolist()
+    assert got == want
+
+
+@pytest.mark.parametrize("name", MOE_RUNS)
+def test_moe_q8_0_file_is_close_to_f32(moe_gguf: Path, name: str) -> None:
+    tokens = _tokens(50, seed=15)
+    want = _all_rows(_backend(name, moe_gguf), tokens)
+    got = _all_rows(_backend(name, g4.tiny_gemma4_gguf_path(moe=True, type_name="Q8_0")), tokens)
+    assert np.abs(got - want).max() < 0.1 * float(np.abs(want).max())
+
+
+def test_moe_speculation_is_lossless_on_exact_torch(moe_gguf: Path) -> None:
+    b = load_backend("torch", str(moe_gguf), BackendOptions(n_ctx=512, n_seq_max=3, threads=2, exact=True))
+    tok = Tokenizer.from_gguf(GGUFFile(moe_gguf))
+    prompt = (_tokens(6, seed=16).tolist() * 15)[:80]
+    sampling = SamplingParams(temperature=0.8, seed=4)
+    got = _engine_output(b, tok, moe_gguf, ("ngram-simple", "draft-simple"), prompt, sampling, 512)
+    assert got == plain_decode(b, prompt, n_predict=30, sampling=sampling, seed=4, is_eog=lambda t: False,
+                               n_ctx=512, ignore_eos=True)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ({"drop": ("blk.1.pre_ffw_norm_2.weight",)}, r"missing tensor 'blk\.1\.pre_ffw_norm_2\.weight'"),
+    ({"drop": ("blk.0.ffn_gate_inp.scale",)}, r"missing tensor 'blk\.0\.ffn_gate_inp\.scale'"),
+    ({"meta": {"gemma4.expert_used_count": 9}}, r"invalid expert counts"),
+])
+def test_malformed_moe_files_are_clear_errors(moe_gguf: Path, tmp_path: Path, edit: dict[str, Any],
+                                              message: str) -> None:
+    with pytest.raises(ModelFileError, match=message):
+        _backend("torch", _edited(moe_gguf, tmp_path / "bad.gguf", **edit))
+
+
+def test_native_refuses_the_moe_blocks_by_name(moe_gguf: Path) -> None:
+    with pytest.raises(ModelFileError, match=r"needs what the native backend does not implement: a dense FFN beside "
+                                             r"the experts"):
+        _backend("native", moe_gguf)
