@@ -82,8 +82,11 @@ SWA_MODELS = ("gemma3", "gemma3-Q8_0")
 # and llama-quantize's MXFP4_MOE (experts in MXFP4 blocks, other matrices Q8_0).
 GPTOSS_MODELS = ("gpt-oss", "gpt-oss-mxfp4")
 
-# The tiny Gemma 4 (per-block head sizes, shared KV, per-layer inputs; llama.cpp's converter): float32 and Q8_0.
-GEMMA4_MODELS = ("gemma4", "gemma4-Q8_0")
+# The tiny Gemma 4 (per-block head sizes, shared KV, per-layer inputs; llama.cpp's converter), float32 and Q8_0,
+# and its mixture-of-experts variant in float32. Not the MoE's Q8_0 file: there the router is Q8_0 too, and the
+# native kernels' int8 activations swap a near-tied second choice of some rows (seen: probabilities 0.284 and
+# 0.279), which the torch reference does not; tests/backends/test_gemma4.py checks that file against its F32 one.
+GEMMA4_MODELS = ("gemma4", "gemma4-Q8_0", "gemma4moe")
 
 # The tiny Ministral 3 (YaRN rope, queries' temperature by position; llama.cpp's converter): float32 and Q8_0.
 SCALED_MODELS = ("ministral3", "ministral3-q8_0")
@@ -124,7 +127,8 @@ def model_path(model: str) -> str:
     if model in GEMMA4_MODELS:
         from spekula.fixtures.tiny_gemma4 import tiny_gemma4_gguf_path
 
-        return str(tiny_gemma4_gguf_path(type_name=model.partition("-")[2] or "F32"))
+        arch, _, type_name = model.partition("-")
+        return str(tiny_gemma4_gguf_path(type_name=type_name or "F32", moe=arch == "gemma4moe"))
     if model in SCALED_MODELS:
         from spekula.fixtures.tiny_ministral3 import tiny_ministral3_gguf_path
 

@@ -399,7 +399,7 @@ def required_features(hp: ModelHParams) -> frozenset[str]:
         out.add(FEATURE_FINAL_SOFTCAP)
     if hp.recipe.attn_sinks:
         out.add(FEATURE_ATTN_SINKS)
-    if hp.moe is not None and (hp.moe.expert_bias or hp.moe.activation != "swiglu" or hp.moe.gating == "softmax_weight"):
+    if hp.moe is not None and (hp.moe.expert_bias or hp.moe.activation == "swiglu_oai" or hp.moe.gating == "softmax_weight"):
         out.add(FEATURE_OAI_EXPERTS)
     lay = hp.layout
     if lay.head_dim_swa and any(hp.swa_layers):

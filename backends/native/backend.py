@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spekula.backends.gguf.architecture import FEATURE_DENSE_BESIDE_EXPERTS, FEATURES, read_hparams
+from spekula.backends.gguf.architecture import FEATURES, read_hparams
 from spekula.backends.gguf.weights import rope_inv_freq
 from spekula.backends.native import lib as nl
 from spekula.backends.native.blocks import build_layer, model_config, per_layer_input_fields
@@ -87,10 +87,8 @@ class NativeBackend(PooledSeqs, Backend):
             raise ConfigError(f"the native backend supports --ctx-size up to {MAX_CTX}, up to {MAX_SEQS} sequences "
                               f"and {MAX_THREADS} threads (got {options.n_ctx}, {options.n_seq_max}, {options.threads})")
         f = GGUFFile.shared(model_path)
-        # every operation of FEATURES but Gemma 4's experts beside the dense FFN: gated delta-net blocks, gated
-        # attention, the gated shared expert, Gemma 4's dense blocks
-        hp = self.hparams = read_hparams(f, implements=FEATURES - {FEATURE_DENSE_BESIDE_EXPERTS},
-                                         runtime="the native backend")
+        # every operation of FEATURES: gated delta-net blocks, gated attention, the gated shared expert, Gemma 4's blocks
+        hp = self.hparams = read_hparams(f, implements=FEATURES, runtime="the native backend")
         self.info = ModelInfo(path=str(model_path), arch=hp.arch, name=str(f.get("general.name", f.path.stem)),
                               n_vocab=hp.n_vocab, n_embd=hp.n_embd, n_layer=hp.n_layer, n_ctx_train=hp.n_ctx_train,
                               recurrent=hp.is_hybrid)

@@ -100,7 +100,12 @@ def _ffn(w: NativeWeights, i: int, layer: nl.Layer) -> nl.Layer:
     assert hp is not None
     if hp.moe is not None and hp.moe.is_moe(i):
         layer.moe = moe_block(w, i)
-        return layer
+        if not hp.moe.beside_dense:
+            return layer
+        layer.moe_pre_norm = nl.ptr(w.vector(b + "pre_ffw_norm_2.weight"))  # Gemma 4: the dense FFN beside them
+        layer.router_scale = nl.ptr(w.vector(b + "ffn_gate_inp.scale"))
+        layer.dense_post_norm = nl.ptr(w.vector(b + "post_ffw_norm_1.weight"))
+        layer.moe_post_norm = nl.ptr(w.vector(b + "post_ffw_norm_2.weight"))
     layer.w_gate = w.matrix(b + "ffn_gate.weight", b + "ffn_gate.bias")
     layer.w_up = w.matrix(b + "ffn_up.weight", b + "ffn_up.bias")
     layer.w_down = w.matrix(b + "ffn_down.weight", b + "ffn_down.bias")

@@ -35,7 +35,7 @@ class Tensor(ctypes.Structure):
 # sk_moe's gating ids.
 GATING_IDS = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}
 # sk_moe's expert activations.
-ACTIVATION_IDS = {"swiglu": 0, "swiglu_oai": 1}
+ACTIVATION_IDS = {"swiglu": 0, "swiglu_oai": 1, "geglu": 2}
 
 
 class MoE(ctypes.Structure):
@@ -47,7 +47,8 @@ class MoE(ctypes.Structure):
                 ("up", ctypes.POINTER(Tensor)), ("down", ctypes.POINTER(Tensor)), ("shared_gate", Tensor),
                 ("shared_up", Tensor), ("shared_down", Tensor),
                 ("shared_inp", Tensor),  # data NULL: the shared expert's output is not gated
-                ("activation", ctypes.c_int32)]  # ACTIVATION_IDS of the routed experts
+                ("activation", ctypes.c_int32),  # ACTIVATION_IDS of the routed experts
+                ("expert_scale", ctypes.c_void_p)]  # [n_expert] multipliers of the chosen weights (Gemma 4), or NULL
 
 
 class DeltaNet(ctypes.Structure):
@@ -72,7 +73,10 @@ class Layer(ctypes.Structure):
                 # Gemma 4 (csrc/sk_gemma4.h): own head size (0: the config's), 1 + the block whose KV it attends
                 # (0: its own), weightless value norm, output scale (0: none), the per-layer input's weights
                 ("head_dim", ctypes.c_int32), ("kv_shared", ctypes.c_int32), ("value_norm", ctypes.c_int32),
-                ("out_scale", ctypes.c_float), ("ple_gate", Tensor), ("ple_proj", Tensor), ("ple_norm", ctypes.c_void_p)]
+                ("out_scale", ctypes.c_float), ("ple_gate", Tensor), ("ple_proj", Tensor), ("ple_norm", ctypes.c_void_p),
+                # Gemma 4's MoE blocks (moe_pre_norm set): the dense FFN beside the experts, each half post-normed
+                ("moe_pre_norm", ctypes.c_void_p), ("router_scale", ctypes.c_void_p), ("dense_post_norm", ctypes.c_void_p),
+                ("moe_post_norm", ctypes.c_void_p)]
 
 
 class Config(ctypes.Structure):

@@ -25,6 +25,21 @@ def _experts(w: NativeWeights, name: str, bias: str | None) -> ctypes.Array[nl.T
     return views
 
 
+def _fused_gate_up(w: NativeWeights, name: str) -> tuple[ctypes.Array[nl.Tensor], ctypes.Array[nl.Tensor]]:
+    """Gate and up views of each expert's [2F, in] slice of a fused [n_expert, 2F, in] tensor (Gemma 4's
+    converter writes ffn_gate_up_exps): its first F rows are the gate, the next F the up projection."""
+    moe = w.hp.moe
+    assert moe is not None
+    F = moe.n_ff_exp
+    e = w.typed_entry(name, (moe.n_expert, 2 * F, w.hp.n_embd))
+    data = w.keep_data(e)
+    n_expert, _, n_in = e.shape
+    gate = (nl.Tensor * n_expert)(*[nl.tensor(data[k][:F], e.type_name, F, n_in) for k in range(n_expert)])
+    up = (nl.Tensor * n_expert)(*[nl.tensor(data[k][F:], e.type_name, F, n_in) for k in range(n_expert)])
+    w.structs += [gate, up]
+    return gate, up
+
+
 def moe_block(w: NativeWeights, i: int) -> ctypes._Pointer[nl.MoE]:
     """blk.i's router, experts and shared expert (the layer's moe field)."""
     moe, b = w.hp.moe, f"blk.{i}."
@@ -35,12 +50,15 @@ def moe_block(w: NativeWeights, i: int) -> ctypes._Pointer[nl.MoE]:
         return _experts(w, f"{b}ffn_{kind}_exps.weight", f"{b}ffn_{kind}_exps.bias" if moe.expert_bias else None)
 
     router_bias = b + "ffn_gate_inp.bias" if moe.expert_bias else None
+    fused = w.f.has_tensor(b + "ffn_gate_up_exps.weight") and not w.f.has_tensor(b + "ffn_gate_exps.weight")
+    gate, up = _fused_gate_up(w, b + "ffn_gate_up_exps.weight") if fused else (exps("gate"), exps("up"))
+    scale = w.vector(b + "ffn_down_exps.scale", required=False) if moe.beside_dense else None
     block = nl.MoE(n_expert=moe.n_expert, n_expert_used=moe.n_expert_used, gating=nl.GATING_IDS[moe.gating],
                    norm_weights=int(moe.norm_weights), weights_scale=moe.weights_scale,
                    selection_bias=nl.ptr(bias),
                    router=w.matrix(b + "ffn_gate_inp.weight", router_bias, bias_required=True),
-                   gate=exps("gate"), up=exps("up"), down=exps("down"),
-                   activation=nl.ACTIVATION_IDS[moe.activation])
+                   gate=gate, up=up, down=exps("down"),
+                   activation=nl.ACTIVATION_IDS[moe.activation], expert_scale=nl.ptr(scale))
     if moe.n_expert_shared:
         block.shared_gate = w.matrix(b + "ffn_gate_shexp.weight")
         block.shared_up = w.matrix(b + "ffn_up_shexp.weight")

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spekula.backends.gguf.architecture import FEATURE_DENSE_BESIDE_EXPERTS, FEATURES, read_hparams
+from spekula.backends.gguf.architecture import FEATURES, read_hparams
 from spekula.backends.gguf.moe import head_sources, nextn_shapes
 from spekula.backends.gguf.weights import block_shapes, rope_inv_freq
 from spekula.backends.native import lib as nl
@@ -45,9 +45,8 @@ class NativeMtpRuntime(PooledSeqs, MtpRuntime):
     def __init__(self, f: GGUFFile, info: MtpInfo, target: Backend, options: BackendOptions) -> None:
         check_head_options(options, "MTP")
         self.info, self.options = info, options
-        # what the native backend runs (every operation of FEATURES but Gemma 4's experts beside the dense FFN)
-        hp = self.hp = read_hparams(f, implements=FEATURES - {FEATURE_DENSE_BESIDE_EXPERTS},
-                                runtime="the native MTP runtime")
+        # every operation of FEATURES, as the native backend: gated attention, the gated shared expert
+        hp = self.hp = read_hparams(f, implements=FEATURES, runtime="the native MTP runtime")
         if hp.n_nextn != info.n_heads:
             raise ModelFileError(f.path, f"{hp.arch} MTP heads need nextn_predict_layers = {info.n_heads}")
         self._lib = nl.lib()

@@ -30,6 +30,11 @@ void sk_per_layer_inputs(float *row, const sk_tensor *embd, int32_t token, const
 
 void sk_per_layer_gate(float *gate, const float *inp, int P) { sk_geglu(gate, inp, P, gate); }
 
+void sk_router_input(const float *x, const float *scale, int64_t n, float eps, float *out) {
+    const float s = inv_rms(x, n, eps), root = 1.0f / sqrtf((float)n);
+    for (int64_t i = 0; i < n; i++) out[i] = ((x[i] * s) * root) * scale[i];
+}
+
 void sk_scale_row(float *x, int64_t n, float s) {
     for (int64_t i = 0; i < n; i++) x[i] *= s;
 }

@@ -19,6 +19,9 @@ void sk_per_layer_inputs(float *row, const sk_tensor *embd, int32_t token, const
 /* gate = gelu_tanh(gate) * inp over P values (a block's per-layer input through its gate). */
 void sk_per_layer_gate(float *gate, const float *inp, int P);
 
+/* The router's input of one row of the residual x (n values): rms_norm(x) / sqrt(n) * scale. */
+void sk_router_input(const float *x, const float *scale, int64_t n, float eps, float *out);
+
 /* x *= s over n values. */
 void sk_scale_row(float *x, int64_t n, float s);
 

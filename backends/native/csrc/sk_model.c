@@ -57,6 +57,9 @@ typedef struct {
     float out_scale;
     sk_tensor ple_gate, ple_proj;
     const float *ple_norm;
+    /* Gemma 4's MoE blocks (moe_pre_norm non-NULL): the dense FFN beside the experts, post-normed by dense_post_norm;
+     * the experts read moe_pre_norm(x), are routed on sk_router_input(x, router_scale), post-normed by moe_post_norm. */
+    const float *moe_pre_norm, *router_scale, *dense_post_norm, *moe_post_norm;
 } sk_layer;
 
 typedef struct {
@@ -143,6 +146,7 @@ struct sk_ctx {
     float *rope_swa;           /* per row [cos | sin] of the sliding blocks' rope */
     int32_t max_hd, swa_hd;    /* the widest block's head size; the sliding blocks' (their rings' rows) */
     float *ple, *ple_tmp;      /* per row: the per-layer inputs [n_layer P] and a block's gate [n_layer P] */
+    float *beside;             /* per row [router input | experts' input | experts' output] (Gemma 4's MoE blocks) */
     atomic_int refs;     /* 1 for the creator, 1 per context made over this one */
 };
 
@@ -234,8 +238,8 @@ static int64_t max3(int64_t a, int64_t b, int64_t c) { return a > b ? (a > c ? a
 
 static void free_scratch(sk_ctx *c) {
     free(c->x); free(c->h); free(c->qkv); free(c->att); free(c->gu); free(c->rope); free(c->rope_swa);
-    free(c->ple); free(c->ple_tmp);
-    c->ple = c->ple_tmp = NULL;
+    free(c->ple); free(c->ple_tmp); free(c->beside);
+    c->ple = c->ple_tmp = c->beside = NULL;
     free(c->act.q); free(c->act.d); free(c->act.s); free(c->act.qs16);
     c->x = c->h = c->qkv = c->att = c->gu = c->rope = c->rope_swa = NULL;
     memset(&c->act, 0, sizeof c->act);
@@ -310,6 +314,11 @@ static int ensure_scratch(sk_ctx *c, int64_t m) {
     c->gu = malloc((size_t)(m * (2 * g->n_ff > g->n_embd ? 2 * g->n_ff : g->n_embd)) * 4);
     c->rope = malloc((size_t)(m * g->n_rot) * 4);
     c->rope_swa = g->rope_inv_freq_swa ? malloc((size_t)(m * n_rot_swa(g)) * 4) : NULL;
+    for (int l = 0; l < g->n_layer; l++)
+        if (g->layers[l].moe_pre_norm && !c->beside && !(c->beside = malloc((size_t)(3 * m * g->n_embd) * 4))) {
+            free_scratch(c);
+            return -1;
+        }
     const int64_t ple_w = (int64_t)g->n_layer * g->n_embd_per_layer;
     if (ple_w) {
         c->ple = malloc((size_t)(m * ple_w) * 4);
@@ -478,6 +487,11 @@ static int set_up_blocks(sk_ctx *c) {
     for (int l = 0; l < g->n_layer; l++) {
         const sk_layer *L = &c->layers[l];
         const int hd = hd_of(g, L);
+        if (L->moe_pre_norm && (!L->moe || L->moe->shared_inp.data || !L->router_scale || !L->dense_post_norm ||
+                                !L->moe_post_norm || !L->ffn_post_norm || !L->w_gate.data || g->n_ff < 1)) {
+            free(dn);
+            return -1;
+        }
         if (hd > c->max_hd) c->max_hd = hd;
         if (L->kv_shared) { /* another block's keys and values: an earlier one of the same kind and head size */
             const int o = L->kv_shared - 1;
@@ -892,6 +906,35 @@ static void block_tail(sk_ctx *c, const sk_batch *b, const sk_layer *L, int l, i
         for (int64_t r = r0; r < r1; r++) sk_scale_row(c->x + r * E, E, L->out_scale);
 }
 
+/* Gemma 4's MoE FFN half (sk_gemma4.h): h = dense_post_norm(dense(h)) + moe_post_norm(experts(moe_pre_norm(x)))
+ * with h = ffn_norm(x) on entry, then x += ffn_post_norm(h). */
+static void dense_beside_experts(sk_ctx *c, const sk_batch *b, const sk_layer *L, int64_t r0, int64_t r1, int ith,
+                                 int nth, double *t) {
+    const sk_config *g = &c->cfg;
+    const int64_t m = b->n_rows, E = g->n_embd, ff = g->n_ff;
+    float *route = c->beside, *moe_in = c->beside + m * E, *moe_out = c->beside + 2 * m * E;
+    for (int64_t r = r0; r < r1; r++) {
+        sk_router_input(c->x + r * E, L->router_scale, E, g->rms_eps, route + r * E);
+        c->kern->rms_norm(c->x + r * E, L->moe_pre_norm, E, g->rms_eps, moe_in + r * E);
+        memset(moe_out + r * E, 0, (size_t)E * 4);
+    }
+    part gu[2] = {{&L->w_gate, c->gu, 2 * ff, 0}, {&L->w_up, c->gu + ff, 2 * ff, 0}};
+    project(c, gu, 2, c->h, E, E, m, r0, r1, ith, nth, PH_FFN_UP, t);
+    for (int64_t r = r0; r < r1; r++) sk_geglu(c->gu + r * 2 * ff, c->gu + r * 2 * ff + ff, ff, c->h + r * ff);
+    part dn = {&L->w_down, c->gu, E, 0};
+    project(c, &dn, 1, c->h, ff, ff, m, r0, r1, ith, nth, PH_FFN_DOWN, t);
+    const sk_moe_env env = {c->kern, c->pool, c->moe_scratch};
+    sk_moe_ffn_routed(&env, L->moe, route, moe_in, moe_out, E, m, ith, nth); /* set_up_blocks checked it fits */
+    phase(ith, PH_MOE, t);
+    for (int64_t r = r0; r < r1; r++) {
+        float *d = c->gu + r * E, *o = moe_out + r * E, *h = c->h + r * E;
+        c->kern->rms_norm(d, L->dense_post_norm, E, g->rms_eps, d);
+        c->kern->rms_norm(o, L->moe_post_norm, E, g->rms_eps, o);
+        for (int64_t i = 0; i < E; i++) h[i] = d[i] + o[i];
+    }
+    add_post_normed(c, L->ffn_post_norm, r0, r1);
+}
+
 static void forward_job(void *arg, int ith, int nth) {
     job *j = arg;
     sk_ctx *c = j->c;
@@ -938,6 +981,11 @@ static void forward_job(void *arg, int ith, int nth) {
             attention_block(c, b, L, l, r0, r1, ith, nth, &t);
         }
         for (int64_t r = r0; r < r1; r++) c->kern->rms_norm(c->x + r * E, L->ffn_norm, E, g->rms_eps, c->h + r * E);
+        if (L->moe && L->moe_pre_norm) {
+            dense_beside_experts(c, b, L, r0, r1, ith, nth, &t);
+            block_tail(c, b, L, l, r0, r1, ith, nth, &t);
+            continue;
+        }
         if (L->moe) {
             const sk_moe_env env = {c->kern, c->pool, c->moe_scratch};
             sk_moe_ffn(&env, L->moe, c->h, c->x, E, m, ith, nth);
@@ -960,7 +1008,7 @@ static void forward_job(void *arg, int ith, int nth) {
         block_tail(c, b, L, l, r0, r1, ith, nth, &t);
     }
     const sk_layer *last = &c->layers[g->n_layer - 1];
-    if (last->ffn_post_norm || last->ple_gate.data || last->out_scale != 0.0f)
+    if (last->ffn_post_norm || last->ple_gate.data || last->out_scale != 0.0f || last->moe_pre_norm)
         barrier(c->pool, ith); /* the head reads rows of every thread */
     if (b->capture && b->capture[g->n_layer])
         memcpy(b->capture[g->n_layer] + r0 * E, c->x + r0 * E, (size_t)((r1 - r0) * E) * 4);

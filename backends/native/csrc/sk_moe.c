@@ -22,6 +22,7 @@
  * thread count.
  */
 #include "sk_moe.h"
+#include "sk_swa.h" /* sk_geglu */
 #include "sk_oai.h"
 
 #include <math.h>
@@ -89,7 +90,8 @@ sk_moe *sk_moe_clone(const sk_moe *src, int64_t n_embd) {
     if (ne < 1 || src->n_expert_used < 1 || src->n_expert_used > ne || !src->gate || !src->up || !src->down ||
         (src->gating != SK_GATING_SOFTMAX && src->gating != SK_GATING_SIGMOID &&
          src->gating != SK_GATING_SOFTMAX_WEIGHT) ||
-        (src->activation != SK_ACT_SWIGLU && src->activation != SK_ACT_SWIGLU_OAI) || !src->router.data ||
+        (src->activation != SK_ACT_SWIGLU && src->activation != SK_ACT_SWIGLU_OAI && src->activation != SK_ACT_GEGLU) ||
+        !src->router.data ||
         src->router.n_rows != ne || src->router.n_cols != n_embd)
         return NULL;
     for (int32_t e = 0; e < ne; e++)
@@ -259,6 +261,8 @@ static void route_row(const sk_moe *moe, float *p, int32_t *chosen, float *weigh
     }
     if (moe->weights_scale != 1.0f)
         for (int j = 0; j < k; j++) weight[j] *= moe->weights_scale;
+    if (moe->expert_scale)
+        for (int j = 0; j < k; j++) weight[j] *= moe->expert_scale[chosen[j]];
 }
 
 static const sk_tensor *group_tensor(const sk_moe *moe, int g, int which) {
@@ -346,8 +350,23 @@ static void run_parts(const sk_kernels *kern, const moe_part *parts, int np, int
 
 /* ---- the block -------------------------------------------------------------------------------- */
 
+static void moe_ffn(const sk_moe_env *env, const sk_moe *moe, const float *route_in, const float *h, float *x,
+                    int64_t n_embd, int64_t m, int ith, int nth);
+
 void sk_moe_ffn(const sk_moe_env *env, const sk_moe *moe, const float *h, float *x, int64_t n_embd, int64_t m,
                 int ith, int nth) {
+    moe_ffn(env, moe, h, h, x, n_embd, m, ith, nth);
+}
+
+int sk_moe_ffn_routed(const sk_moe_env *env, const sk_moe *moe, const float *route_in, const float *h, float *x,
+                      int64_t n_embd, int64_t m, int ith, int nth) {
+    if (moe->shared_inp.data) return -1; /* its gate logit is computed beside the router's, from the same input */
+    moe_ffn(env, moe, route_in, h, x, n_embd, m, ith, nth);
+    return 0;
+}
+
+static void moe_ffn(const sk_moe_env *env, const sk_moe *moe, const float *route_in, const float *h, float *x,
+                    int64_t n_embd, int64_t m, int ith, int nth) {
     sk_moe_scratch *s = env->scratch;
     const sk_kernels *kern = env->kern;
     const int ne = moe->n_expert, k = moe->n_expert_used;
@@ -359,10 +378,10 @@ void sk_moe_ffn(const sk_moe_env *env, const sk_moe *moe, const float *h, float 
 
     /* The router's logits, and the shared expert's gate logit in the spare column ne of each row. */
     const int gated = moe->shared_inp.data != NULL;
-    moe_part router[2] = {{&moe->router, act_rows(&s->act_in, 0, m), h, n_embd, m, s->logits, ldl},
+    moe_part router[2] = {{&moe->router, act_rows(&s->act_in, 0, m), route_in, n_embd, m, s->logits, ldl},
                           {&moe->shared_inp, act_rows(&s->act_in, 0, m), h, n_embd, m, s->logits + ne, ldl}};
     if (sk_is_quant(moe->router.type) || (gated && sk_is_quant(moe->shared_inp.type))) {
-        if (r1 > r0) kern->quantize_rows(h + r0 * n_embd, n_embd, r1 - r0, n_embd, &s->act_in, r0);
+        if (r1 > r0) kern->quantize_rows(route_in + r0 * n_embd, n_embd, r1 - r0, n_embd, &s->act_in, r0);
         sk_pool_barrier(env->pool);
     }
     run_parts(kern, router, 1 + gated, ith, nth);
@@ -385,6 +404,7 @@ void sk_moe_ffn(const sk_moe_env *env, const sk_moe *moe, const float *h, float 
         const int64_t f = down->n_cols;
         float *xr = s->xg + g * s->ldx, *gu = s->gu + g * s->ldgu;
         if (grp < ne && moe->activation == SK_ACT_SWIGLU_OAI) sk_oai_swiglu(gu, gu + f, f, xr);
+        else if (grp < ne && moe->activation == SK_ACT_GEGLU) sk_geglu(gu, gu + f, f, xr);
         else kern->silu_mul(gu, gu + f, f, xr);
         if (sk_is_quant(down->type)) kern->quantize_rows(xr, s->ldx, 1, f, &s->act_mid, g);
     }

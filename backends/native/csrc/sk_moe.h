@@ -15,8 +15,9 @@
 
 /* SOFTMAX_WEIGHT (gpt-oss): the top-k logits are chosen, their weights a softmax over them (sk_oai.h). */
 enum { SK_GATING_SOFTMAX = 0, SK_GATING_SIGMOID = 1, SK_GATING_SOFTMAX_WEIGHT = 2 };
-/* The experts' activation: silu(gate) * up, or gpt-oss's clamped swiglu_oai (sk_oai.h). */
-enum { SK_ACT_SWIGLU = 0, SK_ACT_SWIGLU_OAI = 1 };
+/* The experts' activation: silu(gate) * up, gpt-oss's clamped swiglu_oai (sk_oai.h), or gelu_tanh(gate) * up
+ * (Gemma 4). */
+enum { SK_ACT_SWIGLU = 0, SK_ACT_SWIGLU_OAI = 1, SK_ACT_GEGLU = 2 };
 
 typedef struct {
     int32_t n_expert, n_expert_used;
@@ -29,6 +30,7 @@ typedef struct {
     sk_tensor shared_gate, shared_up, shared_down; /* data NULL: no shared expert */
     sk_tensor shared_inp; /* [1, n_embd]: the shared expert's output is gated by sigmoid(shared_inp . x); data NULL: not gated */
     int32_t activation;   /* SK_ACT_* of the routed experts (the shared one is always SK_ACT_SWIGLU) */
+    const float *expert_scale; /* [n_expert]: multiplies each chosen expert's weight (Gemma 4), or NULL */
 } sk_moe;
 
 typedef struct sk_moe_scratch sk_moe_scratch;
@@ -61,5 +63,9 @@ SK_API int64_t sk_moe_experts_run(void);
 
 void sk_moe_ffn(const sk_moe_env *env, const sk_moe *moe, const float *h, float *x, int64_t n_embd, int64_t m,
                 int ith, int nth);
+/* The same with the router reading route_in [m, n_embd] instead of h (Gemma 4); a block whose shared
+ * expert is gated is refused (-1, nothing done), else 0. */
+int sk_moe_ffn_routed(const sk_moe_env *env, const sk_moe *moe, const float *route_in, const float *h, float *x,
+                      int64_t n_embd, int64_t m, int ith, int nth);
 
 #endif
