@@ -2,8 +2,11 @@
 
 Accepted layouts: SpecForge ``LlamaForCausalLMEagle3`` and vLLM/AngelSlim ``Eagle3LlamaForCausalLM``
 (layer under ``midlayer.``), speculators ``Eagle3Speculator`` (``layers.0.``, Llama fields nested in
-``transformer_layer_config``), and any of them with a leading ``model.``. The draft layer is a Llama
-layer, so its Q/K rows get the llama permutation; ``d2t`` offsets become absolute I64 target ids.
+``transformer_layer_config``), and any of them with a leading ``model.``. The heads published for
+gpt-oss (SpecForge's, NVIDIA Model Optimizer's) keep the layer ids and ``norm_before_fc`` in a nested
+``eagle_config``; the ids are layer-input (boundary) indices in [0, N], N being the residual after the
+target's last block, as vLLM and llama.cpp read them. The draft layer is a Llama layer, so its Q/K rows
+get the llama permutation; ``d2t`` offsets become absolute I64 target ids.
 """
 
 from __future__ import annotations
@@ -21,11 +24,23 @@ from spekula.core.errors import ModelFileError
 EAGLE3_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator", "Eagle3DraftModel")
 _LAYER_PREFIXES = ("midlayer.", "model.midlayer.", "layers.0.", "model.layers.0.")
 _TOP = {"fc.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight", "d2t", "t2d", "input_norm.weight"}
+# What a nested ``eagle_config`` may say; a field at the top wins.
+_EAGLE_CONFIG_FIELDS = ("eagle_aux_hidden_state_layer_ids", "norm_before_fc", "norm_before_residual")
+# EAGLE-3.1 changes the head's forward; spekula runs EAGLE-3 heads only.
+_EAGLE31_FIELDS = ("fc_norm", "norm_output")
 
 
 def eagle3_config(config: dict[str, Any]) -> dict[str, Any]:
     nested = config.get("transformer_layer_config")
-    return {**config, **nested} if isinstance(nested, dict) else dict(config)
+    cfg = {**config, **nested} if isinstance(nested, dict) else dict(config)
+    eagle = config.get("eagle_config")
+    if isinstance(eagle, dict):
+        for key in _EAGLE_CONFIG_FIELDS:
+            if cfg.get(key) is None and eagle.get(key) is not None:
+                cfg[key] = eagle[key]
+        for key in _EAGLE31_FIELDS:
+            cfg.setdefault(key, eagle.get(key))
+    return cfg
 
 
 def is_eagle3(config: dict[str, Any]) -> bool:
@@ -45,8 +60,17 @@ def convert_eagle3(ckpt: HFCheckpoint, target: TargetSource, outfile: Path, outt
     n_head_kv = int(cfg.get("num_key_value_heads") or n_head)
     n_vocab_t = int(need(tcfg, "vocab_size", target.path))
     n_layer_t = int(need(tcfg, "num_hidden_layers", target.path))
+    on31 = [key for key in _EAGLE31_FIELDS if cfg.get(key)]
+    if on31:
+        raise ModelFileError(where, f"is an EAGLE-3.1 head ({', '.join(on31)} set); spekula runs EAGLE-3 heads "
+                             "(unsupported: per-feature fc norms, post-norm outputs fed back)")
     if int(cfg.get("vocab_size", n_vocab_t)) != n_vocab_t:
-        raise ModelFileError(where, f"vocab_size {cfg['vocab_size']} differs from the target's {n_vocab_t}")
+        raise ModelFileError(where, f"vocab_size {cfg['vocab_size']} differs from the target's {n_vocab_t} "
+                             f"({target.path}): this head was made for another target")
+    declared_hidden = cfg.get("target_hidden_size")
+    if declared_hidden is not None and int(declared_hidden) != int(need(tcfg, "hidden_size", target.path)):
+        raise ModelFileError(where, f"target_hidden_size {declared_hidden} differs from the hidden size "
+                             f"{tcfg['hidden_size']} of the target {target.path}: this head was made for another target")
     layers = cfg.get("eagle_aux_hidden_state_layer_ids") or [2, n_layer_t // 2, n_layer_t - 3]
     layers = [int(x) for x in layers]
     if len(layers) != 3 or len(set(layers)) != 3 or not all(0 <= x <= n_layer_t for x in layers):
@@ -70,8 +94,9 @@ def convert_eagle3(ckpt: HFCheckpoint, target: TargetSource, outfile: Path, outt
         if short not in top:
             raise ModelFileError(where, f"missing tensor {short!r}")
     if ckpt.shape(top["fc.weight"]) != (hidden, 3 * target_hidden):
-        raise ModelFileError(where, f"fc.weight shape {ckpt.shape(top['fc.weight'])} != ({hidden}, 3*{target_hidden}): "
-                             "does the target model match this draft?")
+        raise ModelFileError(where, f"fc.weight shape {ckpt.shape(top['fc.weight'])} != ({hidden}, 3*{target_hidden}) "
+                             f"for the target {target.path} (hidden size {target_hidden}): this head was made for "
+                             "another target")
     n_vocab_d = int(cfg.get("draft_vocab_size") or n_vocab_t)
 
     out = GGUFOut(outfile, "eagle3", outtype)

@@ -205,7 +205,8 @@ def check_target(info: DraftModelInfo, target: ModelInfo) -> None:
         raise ConfigError(f"draft model {info.path} expects target hidden size {info.target_hidden}, "
                           f"target {target.path} has {target.n_embd}")
     if info.n_vocab != target.n_vocab:
-        raise ConfigError(f"draft model vocabulary {info.n_vocab} != target vocabulary {target.n_vocab}")
+        raise ConfigError(f"draft model {info.path} has a vocabulary of {info.n_vocab} tokens, target {target.path} "
+                          f"has {target.n_vocab}: the draft was made for another target")
     bad = [x for x in info.target_layers if not 0 <= x <= target.n_layer]
     if bad:
         raise ConfigError(f"draft model reads target layers {bad} but the target has {target.n_layer} layers")

@@ -203,7 +203,7 @@ def test_outfile_mode_follows_the_umask_and_parents_are_created(tmp_path: Path) 
 def test_eagle3_shape_mismatch_with_target(target: Path, tmp_path: Path) -> None:
     hf = tiny_hf.write_eagle3(tmp_path / "e3")
     edit_config(hf, target_hidden_size=96)
-    with pytest.raises(ModelFileError, match="fc.weight shape"):
+    with pytest.raises(ModelFileError, match="target_hidden_size 96 differs from the hidden size 64 of the target"):
         convert(hf, tmp_path / "x.gguf", target_dir=target)
 
 
