@@ -22,6 +22,8 @@ from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.params import SamplingParams, SpecParams
 from spekula.drafters.model.eagle3 import Eagle3Drafter
 from spekula.fixtures import tiny_gemma3, tiny_gemma4, tiny_gptoss
+from spekula.fixtures.llamacpp_convert import LlamaCppUnavailable
+from spekula.fixtures.llamacpp_quantize import LlamaQuantizeUnavailable
 from spekula.fixtures.tiny_eagle3_published import write_published_eagle3
 from spekula.fixtures.tiny_hf import N_TOKENS
 
@@ -181,3 +183,46 @@ def test_a_converted_head_refuses_another_targets_file(heads: dict[tuple[str, st
                                             r"another target")
     with outs:
         engine_vs_plain(tiny_gptoss.tiny_gptoss_gguf_path(), heads["gemma3", "speculators"], Eagle3Drafter.create, SPEC)
+
+
+@pytest.mark.parametrize(("name", "layout", "ids"), HEADS)
+def test_the_native_head_beside_a_native_target_answers_as_torch(heads: dict[tuple[str, str], Path], name: str,
+                                                                 layout: str, ids: list[int]) -> None:
+    """Beside a native target the head borrows the target's prepared embedding rows (Gemma's are scaled
+    in the target's forward, not in the table): its outputs are the float torch runtime's."""
+    from model_drafter_helpers import head_runtime
+
+    from spekula.backends.native.backend import NativeBackend
+    from spekula.core.drafting.draft_models import Eagle3Rows
+
+    target_path = TARGETS[name][1]()
+    target = NativeBackend(str(target_path), BackendOptions(n_ctx=128, n_seq_max=3, threads=2))
+    native = head_runtime("native", heads[name, layout], target_path, 128, target=target, threads=2)
+    ref = head_runtime("torch", heads[name, layout], target_path, 128)
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(3, 290, 9).astype(np.int32)
+    feats = rng.standard_normal((tokens.size, 3 * 64)).astype(np.float32)
+    g = ref.encode(feats)
+    outs = []
+    for rt in (native, ref):
+        seq = rt.new_seq()
+        first = rt.decode([Eagle3Rows(seq, tokens, g, 0)])[0]
+        second = rt.decode([Eagle3Rows(seq, np.array([42], np.int32), first.prenorm[-1:], tokens.size)])[0]
+        outs.append((first.logits, second.logits))
+    for got, want in zip(outs[0], outs[1], strict=True):
+        finite = np.isfinite(want)
+        assert np.array_equal(np.isfinite(got), finite)
+        assert np.abs(got[finite] - want[finite]).max() < 2e-3 * np.abs(want[finite]).max()
+        assert (got.argmax(1) == want.argmax(1)).all()
+
+
+def test_lossless_on_the_mxfp4_gpt_oss_file(heads: dict[tuple[str, str], Path]) -> None:
+    """The same head beside llama-quantize's MXFP4_MOE file of the target (its experts stay MXFP4 blocks)."""
+    try:
+        target = tiny_gptoss.tiny_gptoss_gguf_path("mxfp4")
+    except (LlamaCppUnavailable, LlamaQuantizeUnavailable) as exc:
+        pytest.skip(str(exc))
+    outs, refs, st = engine_vs_plain(target, heads["gpt-oss", "modelopt"], Eagle3Drafter.create, SPEC,
+                                     backend="native", n_predict=72)
+    assert outs == refs
+    assert st["gen_drafts"] > 0
