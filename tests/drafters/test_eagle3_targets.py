@@ -1,5 +1,5 @@
-"""draft-eagle3 over gpt-oss, Gemma 3 and Gemma 4 targets (sliding windows, post-norms, sinks, per-layer
-inputs, KV shared by the last blocks): the layer inputs the target captures for the head are the residual
+"""draft-eagle3 over gpt-oss, Gemma 3 and Gemma 4 (dense and MoE) targets (sliding windows, post-norms,
+sinks, per-layer inputs, KV shared by the last blocks, experts): the layer inputs the target captures for the head are the residual
 stream transformers records, on the native and torch backends; heads in the published layouts for these
 targets convert with the target's layer ids and speculate losslessly; a head for another target is a
 clear error naming both."""
@@ -34,10 +34,13 @@ TORCH_REL_TOL = 1e-4
 TARGETS = {
     "gemma3": (tiny_gemma3.tiny_gemma3_hf_path, tiny_gemma3.tiny_gemma3_gguf_path, tiny_gemma3.N_LAYER),
     "gemma4": (tiny_gemma4.tiny_gemma4_hf_path, tiny_gemma4.tiny_gemma4_gguf_path, tiny_gemma4.N_LAYER),
+    "gemma4-moe": (lambda: tiny_gemma4.tiny_gemma4_hf_path(moe=True), lambda: tiny_gemma4.tiny_gemma4_gguf_path(moe=True),
+                   tiny_gemma4.N_LAYER_MOE),
     "gpt-oss": (tiny_gptoss.tiny_gptoss_hf_path, tiny_gptoss.tiny_gptoss_gguf_path, tiny_gptoss.N_LAYER),
 }
 # (target, the layout its heads are published in, layer ids: one past a shared-KV / last block each)
 HEADS = [("gemma3", "speculators", [1, 3, 6]), ("gemma4", "speculators", [1, 4, 6]),
+         ("gemma4-moe", "speculators", [0, 2, 4]),
          ("gpt-oss", "specforge", [0, 1, 3]), ("gpt-oss", "modelopt", [1, 3, 4])]
 
 
