@@ -66,8 +66,25 @@ def _captured(backend: str, gguf: Path, tokens: np.ndarray, layers: frozenset[in
     return {li: np.concatenate([first[li], second[li]]) for li in layers}
 
 
-@pytest.mark.parametrize("backend", ["native", "torch"])
-@pytest.mark.parametrize("name", sorted(TARGETS))
+FULL = pytest.mark.quant_matrix  # the whole matrix: pytest -m quant_matrix (a sample runs by default)
+
+
+def _capture_cases() -> list[Any]:
+    """Native for every target; torch (the slow one) for one target by default, every one under FULL."""
+    return [pytest.param(name, backend, marks=() if backend == "native" or i == 0 else FULL, id=f"{name}-{backend}")
+            for i, name in enumerate(sorted(TARGETS)) for backend in ("native", "torch")]
+
+
+def _lossless_cases() -> list[Any]:
+    """Native greedy for every head; native sampled and torch greedy for one head each by default (rotating
+    through the heads so each mode meets a different target), every pair under FULL."""
+    modes = [("native", GREEDY, "native-greedy"), ("native", SAMPLED, "native-sampled"), ("torch", GREEDY, "torch-greedy")]
+    return [pytest.param(name, layout, ids, backend, sampling,
+                         marks=() if m == 0 or h == m % len(HEADS) else FULL, id=f"{name}-{layout}-{mode_id}")
+            for h, (name, layout, ids) in enumerate(HEADS) for m, (backend, sampling, mode_id) in enumerate(modes)]
+
+
+@pytest.mark.parametrize(("name", "backend"), _capture_cases())
 def test_captured_layer_inputs_are_the_residual_stream_transformers_records(name: str, backend: str) -> None:
     """Layer input l is transformers' hidden_states[l] (its last entry is after the final norm, so the
     residual after the last block is checked against torch's instead), past every sliding window."""
@@ -133,9 +150,7 @@ def test_without_layer_ids_a_too_shallow_target_is_a_clear_error(tmp_path: Path)
 GREEDY, SAMPLED = SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=3)
 
 
-@pytest.mark.parametrize(("backend", "sampling"), [("native", GREEDY), ("native", SAMPLED), ("torch", GREEDY)],
-                         ids=["native-greedy", "native-sampled", "torch-greedy"])  # torch is the slow one
-@pytest.mark.parametrize(("name", "layout", "ids"), HEADS)
+@pytest.mark.parametrize(("name", "layout", "ids", "backend", "sampling"), _lossless_cases())
 def test_a_random_head_is_lossless(heads: dict[tuple[str, str], Path], name: str, layout: str, ids: list[int],
                                    backend: str, sampling: SamplingParams) -> None:
     # gpt-oss: past its window of 64 (the prompts are about 20 tokens)
