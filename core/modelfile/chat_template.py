@@ -9,6 +9,7 @@ instruct models use.
 from __future__ import annotations
 
 from datetime import datetime
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -107,6 +108,23 @@ def render_chat(
         raise ChatTemplateError(f"chat template rejected the messages: {exc}") from None
     except Exception as exc:  # any failure inside someone else's template is a bad-input error, not a crash
         raise ChatTemplateError(f"chat template failed to render ({type(exc).__name__}: {exc})") from None
+
+
+_PROBE_TOOL = "spekula_probe_tool_4f2a"
+
+
+@lru_cache(maxsize=16)
+def renders_tools(template: str | None) -> bool:
+    """Whether the template writes a request's tools into the prompt, told as llama.cpp tells it (jinja
+    caps): a tool's name appears when a chat is rendered with it. ChatML (no template) does not."""
+    if not template:
+        return False
+    probe = [{"type": "function", "function": {"name": _PROBE_TOOL, "description": "",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    try:
+        return _PROBE_TOOL in render_chat(template, [{"role": "user", "content": "x"}], tools=probe)
+    except ChatTemplateError:
+        return False
 
 
 # Templates known by name: llama.cpp's built-in formats (modelfile/named_templates.py) and ChatML.

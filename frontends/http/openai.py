@@ -15,11 +15,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from spekula.core.events import Event, FinalEvent, PieceEvent, ProgressEvent
+from spekula.frontends.http.chat_tools import chat_reply_format, read_chat_tools
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.http.fields import normalise
 from spekula.frontends.http.native import completion_result, progress_fields
 from spekula.frontends.schema import completion as rp
 from spekula.frontends.schema import token_probs_json as tpj
+from spekula.frontends.schema.chat_reply import (
+    Reply,
+    ReplyFormat,
+    ReplyStream,
+    limited,
+    openai_message,
+    parse_reply,
+    with_ids,
+)
 
 if TYPE_CHECKING:
     from spekula.frontends.http.state import HttpState
@@ -29,8 +39,22 @@ COMPLETION_FIELDS = _OPENAI_COMMON | {"prompt"}
 CHAT_FIELDS = _OPENAI_COMMON | {"messages"}
 
 
-def finish_reason(final: FinalEvent) -> str:
-    return "length" if final.stop_type == "limit" else "stop"
+def finish_reason(final: FinalEvent, reply: Reply | None = None) -> str:
+    """llama-server's: "length" at the token limit, else "tool_calls" when the reply calls tools."""
+    if final.stop_type == "limit":
+        return "length"
+    return "tool_calls" if reply is not None and reply.tool_calls else "stop"
+
+
+def _chat_choice(index: int, final: FinalEvent, fmt: ReplyFormat, parallel: bool,
+                 logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    """One unstreamed chat choice: the reply split into content, reasoning and tool calls."""
+    if not fmt.active:
+        return {"index": index, "message": {"role": "assistant", "content": final.content}, "logprobs": logprobs,
+                "finish_reason": finish_reason(final)}
+    reply = with_ids(limited(parse_reply(final.content, fmt), parallel), [])
+    return {"index": index, "message": openai_message(reply), "logprobs": logprobs,
+            "finish_reason": finish_reason(final, reply)}
 
 
 def usage(final: FinalEvent) -> dict[str, Any]:
@@ -99,8 +123,11 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     state: HttpState = request.app.state.http
     engine = state.ready()
-    params, opts = normalise(await state.read_json(request), allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
+    body = await state.read_json(request)
+    params, opts = normalise(body, allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
+    tools, tool_opts = await read_chat_tools(body, engine)
     text = state.render_chat(params.pop("messages", None), opts)
+    fmt = chat_reply_format(engine, text, tools, tool_opts)
     prompt = await state.service.encode(text)
     gen, parsed = state.service.build(params, prompt, opts, text)
     await state.service.check(parsed)
@@ -119,6 +146,7 @@ async def chat_completions(request: Request) -> Response:
 
     if parsed.stream:
         first = [True]
+        replies = ReplyStream(fmt, tool_opts.parallel)
 
         def shape(event: Event) -> list[Any]:
             out: list[Any] = []
@@ -131,17 +159,23 @@ async def chat_completions(request: Request) -> Response:
                                   "logprobs": None, "finish_reason": None}))
             if isinstance(event, PieceEvent):
                 lp = logprobs(event.probs)
-                if event.text or (lp and lp["content"]):
-                    out.append({**chunk({"index": 0, "delta": {"content": event.text}, "logprobs": lp,
+                deltas = replies.feed(event.text) if fmt.active else [{"content": event.text}] if event.text else []
+                if not deltas and lp and lp["content"]:
+                    deltas = [{}]  # the probabilities of tokens held back (the start of a tag or a call)
+                for j, delta in enumerate(deltas):
+                    out.append({**chunk({"index": 0, "delta": delta, "logprobs": lp if j == 0 else None,
                                          "finish_reason": None}), **_timings(event)})
                 return out
-            out.append(chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason(event)}))
+            if fmt.active:
+                out.extend(chunk({"index": 0, "delta": d, "logprobs": None, "finish_reason": None})
+                           for d in replies.feed("", final=event.content))
+            out.append(chunk({"index": 0, "delta": {}, "logprobs": None,
+                              "finish_reason": finish_reason(event, replies.reply if fmt.active else None)}))
             return _close(out, chunk({}), event, opts.include_usage)
 
         return state.service.stream(gen, shape, done_marker=True)  # type: ignore[return-value]
     return await _answer(state, request, chunk({}, obj="chat.completion"), gen, parsed, params, prompt, opts, text,
-                         lambda i, f: {"index": i, "message": {"role": "assistant", "content": f.content},
-                                       "logprobs": logprobs(tpj.answer_probs(tok, f)), "finish_reason": finish_reason(f)})
+                         lambda i, f: _chat_choice(i, f, fmt, tool_opts.parallel, logprobs(tpj.answer_probs(tok, f))))
 
 
 async def input_tokens(request: Request) -> Response:

@@ -97,8 +97,8 @@ class HttpState:
 
     def render_chat(self, messages: Any, opts: HttpOptions | None = None, *, allow_empty: bool = False) -> str:
         """The prompt text of a chat. The request's `tools` and `chat_template_kwargs` go to the template,
-        as llama-server's jinja path does (tool calls in the answer come back as text: spekula does not
-        parse them). A final assistant message is continued (a prefill) unless the server runs with
+        as llama-server's jinja path does (the reply's calls are parsed by the route, frontends/schema/chat_reply.py).
+        A final assistant message is continued (a prefill) unless the server runs with
         --no-prefill-assistant; `continue_final_message` insists on one."""
         engine = self.ready()
         opts = opts or HttpOptions()

@@ -4,7 +4,7 @@
     continue_final_message  continue the final assistant message (vLLM's field): a boolean, or
                             llama-server's "content"; its "reasoning_content" needs reasoning parsing,
                             which spekula does not do
-    tools                   tool definitions handed to the template (tool calls come back as text)
+    tools                   tool definitions handed to the template (checked in frontends/schema/tool_request.py)
     chat_template_kwargs    further template variables
 """
 
