@@ -1,0 +1,186 @@
+"""OpenAI chat with tools through the HTTP app: the tools reach the prompt, the reply comes back as
+`tool_calls` (ids, finish_reason "tool_calls"), streamed as deltas that add up to the unstreamed answer,
+and bad tool fields are 400s naming them. The engine's reply is scripted (a model's canned output, as in
+llama.cpp's tests/test-chat.cpp), so the frontend is what is tested."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from functools import cache
+from typing import Any
+
+import pytest
+from asgi_helpers import asgi
+from llamacpp_sdist import read_source
+from toy_backend import ToyBackend, ToyTokenizer, make_engine
+
+from spekula.core.events import Event, FinalEvent, PieceEvent
+from spekula.core.modelfile.chat_template import render_chat
+from spekula.core.params import SamplingParams
+from spekula.frontends.http.app import build_app
+from spekula.frontends.http.generation import GenerationService
+from spekula.frontends.http.state import HttpState
+from spekula.frontends.schema import completion as rp
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather of a city",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]}}}
+USER = [{"role": "user", "content": "Weather in Paris and Rome?"}]
+CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>')
+
+
+@cache
+def _template(name: str) -> str:
+    return read_source(f"models/templates/{name}.jinja")
+
+
+class TemplateTokenizer(ToyTokenizer):
+    """The toy vocabulary with a real chat template; prompts are remembered, their tokens are a stand-in."""
+
+    def __init__(self, template: str | None) -> None:
+        super().__init__()
+        self.chat_template = template
+        self.chat_template_kwargs: dict[str, Any] = {}
+        self.prompts: list[str] = []
+
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True, **extra: Any) -> str:
+        text = render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt, **extra)
+        self.prompts.append(text)
+        return text
+
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return [1, 2, 3]
+
+
+class Scripted:
+    """An engine request that answers `reply` in pieces of `step` characters."""
+
+    def __init__(self, reply: str, step: int, stop: str = "eos") -> None:
+        self.id, self.final, self.reply, self.step, self.stop = "r0", None, reply, step, stop
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        for i in range(0, len(self.reply), self.step):
+            yield PieceEvent("r0", [1], self.reply[i:i + self.step], [None])
+        yield await self.result()
+
+    async def result(self) -> FinalEvent:
+        self.final = FinalEvent("r0", self.reply, [1] * len(self.reply), self.stop)  # type: ignore[arg-type]
+        return self.final
+
+    def cancel(self) -> None:
+        pass
+
+
+def _app(template: str | None, reply: str, step: int = 5) -> tuple[Any, TemplateTokenizer]:
+    tok = TemplateTokenizer(template)
+    engine = make_engine(ToyBackend(), tok)
+    engine.submit = lambda req, session=None: Scripted(reply, step)  # type: ignore[method-assign]
+    state = HttpState()
+    state.attach(engine, GenerationService(engine, rp.ServerDefaults(sampling=SamplingParams(temperature=0.0)), 5.0))
+    return build_app(state), tok
+
+
+async def _chat(app: Any, **body: Any) -> tuple[int, Any]:
+    status, _, raw = await asgi(app, "POST", "/v1/chat/completions", json.dumps({"messages": USER, **body}).encode())
+    if body.get("stream") and status == 200:
+        events = [line[6:] for line in raw.decode().split("\n") if line.startswith("data: ")]
+        return status, [json.loads(e) for e in events if e != "[DONE]"]
+    return status, json.loads(raw)
+
+
+def _streamed_message(chunks: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+    """The message the deltas add up to, and the finish reason."""
+    content, reasoning, calls, finish = "", "", {}, ""
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            content += delta.get("content") or ""
+            reasoning += delta.get("reasoning_content") or ""
+            for call in delta.get("tool_calls", []):
+                entry = calls.setdefault(call["index"], {"id": call["id"], "type": "function",
+                                                         "function": {"name": "", "arguments": ""}})
+                entry["function"]["name"] += call["function"].get("name", "")
+                entry["function"]["arguments"] += call["function"].get("arguments", "")
+            finish = choice["finish_reason"] or finish
+    msg: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if reasoning:
+        msg["reasoning_content"] = reasoning
+    if calls:
+        msg["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return msg, finish
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("name", ["NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "Qwen-Qwen2.5-7B-Instruct"])
+async def test_parallel_calls_streamed_and_not(name: str) -> None:
+    app, tok = _app(_template(name), CALLS)
+    status, body = await _chat(app, tools=[TOOL])
+    assert status == 200, body
+    assert "get_weather" in tok.prompts[-1] and "The weather of a city" in tok.prompts[-1]  # tools reach the prompt
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    calls = choice["message"]["tool_calls"]
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Paris"}, {"city": "Rome"}]
+    assert len({c["id"] for c in calls}) == 2 and all(len(c["id"]) == 32 for c in calls)
+    status, chunks = await _chat(app, tools=[TOOL], stream=True)
+    msg, finish = _streamed_message(chunks)
+    assert status == 200 and finish == "tool_calls"
+    assert [c["function"] for c in msg["tool_calls"]] == [c["function"] for c in calls]
+    status, one = await _chat(app, tools=[TOOL], parallel_tool_calls=False)
+    assert len(one["choices"][0]["message"]["tool_calls"]) == 1
+
+
+@pytest.mark.anyio
+async def test_qwen35_reasoning_and_xml_call_streamed_as_unstreamed() -> None:
+    reply = ("The user wants weather.\n</think>\n\nChecking.\n\n<tool_call>\n<function=get_weather>\n"
+             "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>")
+    app, _ = _app(_template("Qwen3.5-4B"), reply, step=3)
+    status, body = await _chat(app, tools=[TOOL])
+    message = body["choices"][0]["message"]
+    assert status == 200 and message["reasoning_content"] == "The user wants weather." and message["content"] == "Checking."
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris"}
+    status, chunks = await _chat(app, tools=[TOOL], stream=True)
+    streamed, finish = _streamed_message(chunks)
+    unstreamed = {**message, "tool_calls": [{**c, "id": streamed["tool_calls"][0]["id"]} for c in message["tool_calls"]]}
+    assert finish == "tool_calls" and streamed == unstreamed
+    status, none = await _chat(app, tools=[TOOL], reasoning_format="none", tool_choice="none")
+    assert none["choices"][0]["message"] == {"role": "assistant", "content": "<think>\n" + reply}
+    assert none["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.anyio
+async def test_malformed_call_is_content_never_an_error() -> None:
+    bad = '<tool_call>\n{"name": "get_weather", "arguments": {"city": </tool_call>'
+    app, _ = _app(_template("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use"), bad)
+    status, body = await _chat(app, tools=[TOOL])
+    assert status == 200 and body["choices"][0]["message"] == {"role": "assistant", "content": bad}
+    assert body["choices"][0]["finish_reason"] == "stop"
+    status, chunks = await _chat(app, tools=[TOOL], stream=True)
+    assert status == 200 and _streamed_message(chunks) == ({"role": "assistant", "content": bad}, "stop")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "no-such-type"}}}]},
+     "'tools[0]' ('f'): 'parameters' is not a valid JSON schema"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "'nope'"),
+    ({"tools": [TOOL], "tool_choice": "required"}, "not supported"),
+    ({"tools": [TOOL], "tool_choice": "sometimes"}, "'tool_choice'"),
+    ({"tools": [{"type": "retrieval"}]}, "'tools[0]'"),
+    ({"tools": [TOOL], "reasoning_format": "loud"}, "'reasoning_format'"),
+])  # fmt: skip
+async def test_bad_tool_fields_are_400s_naming_them(fields: dict[str, Any], words: str) -> None:
+    app, _ = _app(_template("Qwen-Qwen3-0.6B"), "unused")
+    status, body = await _chat(app, **fields)
+    assert status == 400 and words in body["error"]["message"]
+
+
+@pytest.mark.anyio
+async def test_tools_for_a_template_that_cannot_show_them_are_refused() -> None:
+    app, _ = _app(None, "unused")  # ChatML: no tools in the prompt, so the model could never call one
+    status, body = await _chat(app, tools=[TOOL])
+    assert status == 400 and "does not render tools" in body["error"]["message"]
+    status, body = await _chat(app, tools=[TOOL], tool_choice="none")
+    assert status == 200 and body["choices"][0]["message"]["content"] == "unused"
