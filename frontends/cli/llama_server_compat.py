@@ -547,8 +547,7 @@ translated("--chat-template-kwargs", "--chat-template-kwargs", env="LLAMA_ARG_CH
 rejected("--no-skip-chat-parsing", "tool-call and reasoning parsing of replies", env="LLAMA_ARG_SKIP_CHAT_PARSING",
          env_sign=False)
 translated("--no-prefill-assistant", "--no-prefill-assistant", nargs=0, env="LLAMA_ARG_PREFILL_ASSISTANT", env_sign=False)
-rejected("--reasoning-format", "reasoning parsing (only 'none' is spekula's behaviour)", nargs=1,
-         env="LLAMA_ARG_THINK", noop=("none",))
+translated("--reasoning-format", "--reasoning-format", env="LLAMA_ARG_THINK")
 translated("-rea --reasoning", "--reasoning", env="LLAMA_ARG_REASONING")
 translated("--reasoning-effort", "--reasoning-effort", env="LLAMA_ARG_REASONING_EFFORT")
 rejected("--reasoning-budget", "reasoning budget", nargs=1, env="LLAMA_ARG_THINK_BUDGET", noop=("-1",))

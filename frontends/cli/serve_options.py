@@ -65,6 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefill-assistant", dest="prefill_assistant", action="store_false", default=True,
                    help="a chat that ends with an assistant message gets a new assistant turn after it, instead "
                         "of that message being continued (a prefill, the default)")
+    g.add_argument("--reasoning-format", choices=("auto", "deepseek", "none"), default="auto",
+                   help="chat replies of templates that think: <think> text into reasoning_content (auto, "
+                        "deepseek: llama-server's default) or left in the content (none); a request's "
+                        "reasoning_format overrides it")
     g.add_argument("--spm-infill", action="store_true",
                    help="/infill: the suffix before the prefix, for models trained that way (default: prefix first)")
     g.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
@@ -174,4 +178,4 @@ def http_state(args: argparse.Namespace) -> HttpState:
 
 def server_defaults(args: argparse.Namespace) -> ServerDefaults:
     return ServerDefaults(sampling=sampling_from_args(args), n_predict=args.n_predict,
-                          prefill_assistant=args.prefill_assistant)
+                          prefill_assistant=args.prefill_assistant, reasoning_format=args.reasoning_format)

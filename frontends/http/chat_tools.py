@@ -23,13 +23,14 @@ if TYPE_CHECKING:
     from spekula.frontends.http.serving_engine import ServingEngine
 
 
-async def read_chat_tools(body: dict[str, Any], engine: ServingEngine) -> tuple[list[dict[str, Any]], ToolOptions]:
+async def read_chat_tools(body: dict[str, Any], engine: ServingEngine,
+                          reasoning_format: str) -> tuple[list[dict[str, Any]], ToolOptions]:
     """The request's tools and tool options; a bad one is a 400 naming it. Tools for a template that does
     not write them into the prompt are refused: the model would never see them (a generic tool prompt for
     such templates is not built)."""
     try:
         tools = check_tools(body.get("tools"))
-        options = read_tool_options(body, tools)
+        options = read_tool_options(body, tools, reasoning_format)
     except ToolFieldError as exc:
         raise HttpError(str(exc)) from None
     if tools and options.parse_tools and not renders_tools(getattr(engine.tokenizer, "chat_template", None)):

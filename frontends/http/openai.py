@@ -125,7 +125,7 @@ async def chat_completions(request: Request) -> Response:
     engine = state.ready()
     body = await state.read_json(request)
     params, opts = normalise(body, allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
-    tools, tool_opts = await read_chat_tools(body, engine)
+    tools, tool_opts = await read_chat_tools(body, engine, state.service.defaults.reasoning_format)
     text = state.render_chat(params.pop("messages", None), opts)
     fmt = chat_reply_format(engine, text, tools, tool_opts)
     prompt = await state.service.encode(text)

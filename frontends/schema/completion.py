@@ -69,6 +69,7 @@ class ServerDefaults:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     n_predict: int = -1
     prefill_assistant: bool = True  # a chat ending with an assistant message continues it (--no-prefill-assistant)
+    reasoning_format: str = "auto"  # chat replies: <think> into reasoning_content unless "none" (--reasoning-format)
 
 
 @dataclass(slots=True)

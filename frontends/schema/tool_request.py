@@ -60,7 +60,8 @@ def tool_schemas(tools: list[dict[str, Any]]) -> list[tuple[str, str]]:
             for j, t in enumerate(tools) if t["function"].get("parameters") is not None]
 
 
-def read_tool_options(body: dict[str, Any], tools: list[dict[str, Any]]) -> ToolOptions:
+def read_tool_options(body: dict[str, Any], tools: list[dict[str, Any]], reasoning_format: str = "auto") -> ToolOptions:
+    """The request's options; `reasoning_format`: the server's (--reasoning-format), unless the request sets one."""
     choice = body.get("tool_choice")
     names = {t["function"]["name"] for t in tools}
     if isinstance(choice, dict):
@@ -86,4 +87,4 @@ def read_tool_options(body: dict[str, Any], tools: list[dict[str, Any]]) -> Tool
     fmt = body.get("reasoning_format")
     if fmt is not None and fmt not in REASONING_FORMATS:
         raise ToolFieldError(f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}")
-    return ToolOptions(choice != "none", parallel is not False, fmt or "auto")
+    return ToolOptions(choice != "none", parallel is not False, fmt or reasoning_format)

@@ -73,12 +73,13 @@ class Scripted:
         pass
 
 
-def _app(template: str | None, reply: str, step: int = 5) -> tuple[Any, TemplateTokenizer]:
+def _app(template: str | None, reply: str, step: int = 5, reasoning_format: str = "auto") -> tuple[Any, TemplateTokenizer]:
     tok = TemplateTokenizer(template)
     engine = make_engine(ToyBackend(), tok)
     engine.submit = lambda req, session=None: Scripted(reply, step)  # type: ignore[method-assign]
     state = HttpState()
-    state.attach(engine, GenerationService(engine, rp.ServerDefaults(sampling=SamplingParams(temperature=0.0)), 5.0))
+    defaults = rp.ServerDefaults(sampling=SamplingParams(temperature=0.0), reasoning_format=reasoning_format)
+    state.attach(engine, GenerationService(engine, defaults, 5.0))
     return build_app(state), tok
 
 
@@ -148,6 +149,16 @@ async def test_qwen35_reasoning_and_xml_call_streamed_as_unstreamed() -> None:
     status, none = await _chat(app, tools=[TOOL], reasoning_format="none", tool_choice="none")
     assert none["choices"][0]["message"] == {"role": "assistant", "content": "<think>\n" + reply}
     assert none["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.anyio
+async def test_server_reasoning_format_is_the_default_a_request_overrides() -> None:
+    reply = "<think>Hmm.</think>\n\nHello."
+    app, _ = _app(_template("Qwen-Qwen3-0.6B"), reply, reasoning_format="none")  # --reasoning-format none
+    status, body = await _chat(app)
+    assert status == 200 and body["choices"][0]["message"] == {"role": "assistant", "content": reply}
+    status, body = await _chat(app, reasoning_format="deepseek")
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello.", "reasoning_content": "Hmm."}
 
 
 @pytest.mark.anyio
