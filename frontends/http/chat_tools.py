@@ -11,6 +11,7 @@ from spekula.core.modelfile.chat_template import renders_tools
 from spekula.core.modelfile.constraint import ConstraintError, GrammarSpec
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.schema.chat_reply import ReplyFormat, reply_format
+from spekula.frontends.schema.tool_grammar import forced_call_grammar
 from spekula.frontends.schema.tool_request import (
     ToolFieldError,
     ToolOptions,
@@ -20,7 +21,9 @@ from spekula.frontends.schema.tool_request import (
 )
 
 if TYPE_CHECKING:
+    from spekula.frontends.http.generation import Generation
     from spekula.frontends.http.serving_engine import ServingEngine
+    from spekula.frontends.schema.completion import ParsedCompletion
 
 
 async def read_chat_tools(body: dict[str, Any], engine: ServingEngine,
@@ -49,3 +52,17 @@ def chat_reply_format(engine: ServingEngine, prompt_text: str, tools: list[dict[
                       options: ToolOptions) -> ReplyFormat:
     return reply_format(getattr(engine.tokenizer, "chat_template", None), prompt_text, tools=tools,
                         parse_tools=options.parse_tools, reasoning_format=options.reasoning_format)
+
+
+def force_calls(gen: Generation, parsed: ParsedCompletion, fmt: ReplyFormat, tools: list[dict[str, Any]],
+                options: ToolOptions, tokenizer: Any) -> None:
+    """`tool_choice` "required" or named: the request's grammar becomes the calls' (see tool_grammar.py)."""
+    if not options.forced:
+        return
+    if fmt.tool_style != "json":
+        raise HttpError("'tool_choice': forced calls (\"required\" or a named function) are built only for the "
+                        "JSON call form (Hermes, Qwen 2.5, Qwen3 templates), not for this model's template")
+    if gen.request.grammar is not None:
+        raise HttpError(f"'{parsed.grammar_field}': cannot specify a grammar with a forced 'tool_choice'")
+    gen.request.grammar = forced_call_grammar(tools, tokenizer, name=options.forced_name, parallel=options.parallel)
+    parsed.grammar_field = "tool_choice"

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from spekula.core.events import Event, FinalEvent, PieceEvent, ProgressEvent
-from spekula.frontends.http.chat_tools import chat_reply_format, read_chat_tools
+from spekula.frontends.http.chat_tools import chat_reply_format, force_calls, read_chat_tools
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.http.fields import normalise
 from spekula.frontends.http.native import completion_result, progress_fields
@@ -130,6 +130,7 @@ async def chat_completions(request: Request) -> Response:
     fmt = chat_reply_format(engine, text, tools, tool_opts)
     prompt = await state.service.encode(text)
     gen, parsed = state.service.build(params, prompt, opts, text)
+    force_calls(gen, parsed, fmt, tools, tool_opts, engine.tokenizer)
     await state.service.check(parsed)
     cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
     if parsed.stream and opts.n > 1:
@@ -219,6 +220,7 @@ def _copies(state: HttpState, gen: Any, params: dict[str, Any], prompt: list[int
     for _ in range(opts.n - 1):
         copy, _parsed = state.service.build(dict(params), prompt, opts, text)
         copy.request.id_slot = -1
+        copy.request.grammar = gen.request.grammar  # one set by the route itself (a forced tool_choice) too
         out.append(copy)
     return out
 

@@ -2,9 +2,8 @@
 `reasoning_format` (OpenAI's forms, as llama-server reads them).
 
     tool_choice          "auto" (default) or "none" ("none": the tools still reach the template, as in
-                         llama-server, but calls are not parsed out of the reply). "required" and a named
-                         function need calls forced by a grammar, which spekula does not do yet: refused,
-                         saying so, rather than answered with prose.
+                         llama-server, but calls are not parsed out of the reply); "required" or a named
+                         function: the reply is forced to be calls by a grammar (frontends/schema/tool_grammar.py)
     parallel_tool_calls  false: at most the first call is returned
     reasoning_format     "auto" (llama-server's default) and "deepseek" split <think> into
                          reasoning_content; "none" leaves it in the content
@@ -28,6 +27,8 @@ class ToolOptions:
     parse_tools: bool = True  # tool_choice is not "none"
     parallel: bool = True
     reasoning_format: str = "auto"
+    forced: bool = False  # tool_choice "required" or a named function: calls forced by a grammar
+    forced_name: str | None = None  # the named function
 
 
 def check_tools(tools: Any) -> list[dict[str, Any]]:
@@ -72,19 +73,16 @@ def read_tool_options(body: dict[str, Any], tools: list[dict[str, Any]], reasoni
                                  "{'type': 'function', 'function': {'name': ...}}")
         if name not in names:
             raise ToolFieldError(f"'tool_choice' names the tool '{name[:80]}', which is not in 'tools'")
-        raise ToolFieldError("'tool_choice' naming a function (a grammar-forced call) is not supported by spekula "
-                             "yet; use \"auto\"")
-    if choice not in (None, "auto", "none", "required"):
+    elif choice not in (None, "auto", "none", "required"):
         raise ToolFieldError("'tool_choice' must be \"auto\", \"none\", \"required\" or a named function")
-    if choice == "required":
-        if not tools:
-            raise ToolFieldError("'tool_choice' \"required\" needs 'tools'")
-        raise ToolFieldError("'tool_choice' \"required\" (a grammar-forced call) is not supported by spekula yet; "
-                             "use \"auto\"")
+    if choice == "required" and not tools:
+        raise ToolFieldError("'tool_choice' \"required\" needs 'tools'")
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise ToolFieldError("'parallel_tool_calls' must be true or false")
     fmt = body.get("reasoning_format")
     if fmt is not None and fmt not in REASONING_FORMATS:
         raise ToolFieldError(f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}")
-    return ToolOptions(choice != "none", parallel is not False, fmt or reasoning_format)
+    forced = choice == "required" or isinstance(choice, dict)
+    return ToolOptions(choice != "none", parallel is not False, fmt or reasoning_format, forced,
+                       choice["function"]["name"] if isinstance(choice, dict) else None)

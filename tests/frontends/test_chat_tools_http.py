@@ -44,6 +44,7 @@ class TemplateTokenizer(ToyTokenizer):
         self.chat_template = template
         self.chat_template_kwargs: dict[str, Any] = {}
         self.prompts: list[str] = []
+        self.requests: list[Any] = []  # what the engine was asked
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True, **extra: Any) -> str:
         text = render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt, **extra)
@@ -75,8 +76,13 @@ class Scripted:
 
 def _app(template: str | None, reply: str, step: int = 5, reasoning_format: str = "auto") -> tuple[Any, TemplateTokenizer]:
     tok = TemplateTokenizer(template)
-    engine = make_engine(ToyBackend(), tok)
-    engine.submit = lambda req, session=None: Scripted(reply, step)  # type: ignore[method-assign]
+    engine = make_engine(ToyBackend(), tok, n_slots=2)
+
+    def submit(req: Any, session: str | None = None) -> Scripted:
+        tok.requests.append(req)
+        return Scripted(reply, step)
+
+    engine.submit = submit  # type: ignore[method-assign]
     state = HttpState()
     defaults = rp.ServerDefaults(sampling=SamplingParams(temperature=0.0), reasoning_format=reasoning_format)
     state.attach(engine, GenerationService(engine, defaults, 5.0))
@@ -177,7 +183,7 @@ async def test_malformed_call_is_content_never_an_error() -> None:
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "no-such-type"}}}]},
      "'tools[0]' ('f'): 'parameters' is not a valid JSON schema"),
     ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "'nope'"),
-    ({"tools": [TOOL], "tool_choice": "required"}, "not supported"),
+    ({"tools": [TOOL], "tool_choice": "required", "grammar": "root ::= \"x\""}, "'grammar': cannot specify"),
     ({"tools": [TOOL], "tool_choice": "sometimes"}, "'tool_choice'"),
     ({"tools": [{"type": "retrieval"}]}, "'tools[0]'"),
     ({"tools": [TOOL], "reasoning_format": "loud"}, "'reasoning_format'"),
@@ -186,6 +192,20 @@ async def test_bad_tool_fields_are_400s_naming_them(fields: dict[str, Any], word
     app, _ = _app(_template("Qwen-Qwen3-0.6B"), "unused")
     status, body = await _chat(app, **fields)
     assert status == 400 and words in body["error"]["message"]
+
+
+@pytest.mark.anyio
+async def test_forced_tool_choice_sets_the_calls_grammar() -> None:
+    app, tok = _app(_template("Qwen-Qwen3-0.6B"), CALLS)
+    status, body = await _chat(app, tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                               n=2)
+    grammars = [r.grammar for r in tok.requests]
+    assert status == 200 and len(grammars) == 2 and grammars[0] == grammars[1]  # every copy is forced
+    assert grammars[0].kind == "lark" and '"const": "get_weather"' in grammars[0].source
+    assert body["choices"][1]["finish_reason"] == "tool_calls"
+    app, _ = _app(_template("Qwen3.5-4B"), CALLS)  # XML calls: no forcing grammar is built for them
+    status, body = await _chat(app, tools=[TOOL], tool_choice="required")
+    assert status == 400 and "JSON call form" in body["error"]["message"]
 
 
 @pytest.mark.anyio
