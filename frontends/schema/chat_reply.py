@@ -143,7 +143,7 @@ def _one_call(body: str, fmt: ReplyFormat) -> ToolCall | None:
             value = json.loads(body)
         except json.JSONDecodeError:
             return None
-        if not isinstance(value, dict) or value.get("name") not in known:
+        if not isinstance(value, dict) or not isinstance(value.get("name"), str) or value["name"] not in known:
             return None
         args = value.get("arguments", {})
         if isinstance(args, str):  # some models write the arguments as a JSON string

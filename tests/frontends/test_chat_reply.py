@@ -112,6 +112,9 @@ def test_qwen3_think_then_json_call() -> None:
 @pytest.mark.parametrize(("name", "text"), [
     (HERMES, '<tool_call>\n{"name": "special_function", "arguments": {"arg1": </tool_call> after'),
     (HERMES, '<tool_call>\n{"name": "no_such_tool", "arguments": {}}</tool_call>'),
+    (HERMES, '<tool_call>\n{"name": ["special_function"], "arguments": {}}</tool_call>'),
+    (HERMES, '<tool_call>\n["special_function", {}]</tool_call>'),
+    (HERMES, '<tool_call>\n{"name": "special_function", "arguments": [1]}</tool_call>'),
     (HERMES, 'Sure.<tool_call>\n{"name": "special_function"'),  # cut off at the token limit
     (QWEN35, "<tool_call>\n<function=special_function>\nnot a parameter\n</function>\n</tool_call>"),
 ])  # fmt: skip
@@ -153,3 +156,31 @@ def test_openai_message_form() -> None:
     assert msg["content"] is None and msg["tool_calls"][0]["function"]["name"] == "special_function"
     assert len(msg["tool_calls"][0]["id"]) == 32 and "reasoning_content" not in msg
     assert openai_message(Reply(content="hi"))["content"] == "hi"
+
+
+_PIECES = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_", "</thi", "\n", " ", "x", "{", "}",
+           '"name": "special_function"', '"arguments": {"arg1": 1}', ", ", "<function=special_function>",
+           "<parameter=arg1>", "</parameter>", "</function>", "<"]
+
+
+@pytest.mark.parametrize("name", [QWEN35, QWEN3, HERMES])
+def test_any_reply_parses_without_error_and_streams_as_a_whole(name: str) -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    fmt = _format(name)
+
+    @settings(max_examples=150, deadline=None)
+    @given(parts=st.lists(st.sampled_from(_PIECES), max_size=30), step=st.integers(1, 9))
+    def check(parts: list[str], step: int) -> None:
+        text = "".join(parts)
+        stream = ReplyStream(fmt)
+        deltas = [d for i in range(0, len(text), step) for d in stream.feed(text[i:i + step])]
+        deltas += stream.feed("", final=text)
+        whole = parse_reply(text, fmt)
+        assert "".join(d.get("content", "") for d in deltas) == whole.content
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == whole.reasoning
+        assert [d["tool_calls"][0]["function"]["arguments"] for d in deltas if "tool_calls" in d] == \
+            [c.arguments for c in whole.tool_calls]
+
+    check()
