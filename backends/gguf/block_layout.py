@@ -15,6 +15,10 @@ takes a per-layer input of P values per token::
     block i, after its FFN residual:  x += rms_norm(proj(gelu(inp_gate(x)) * inp[i]), post_norm)
 
 and every block's output is multiplied by its ``layer_output_scale`` where the file has one.
+
+A block owning KV but without ``attn_v`` (transformers' ``attention_k_eq_v``: the 31B's and 26B-A4B's
+global blocks) takes its values from the key projection's output, before the key norm and rope; the
+weightless value norm then applies to them as to any values (llama.cpp's ``Vcur = Kcur``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class BlockLayout:
     kv_source: tuple[int, ...] = ()  # per trunk block: the block whose keys and values it attends (empty: itself)
     n_embd_per_layer: int = 0  # P of the per-layer inputs (0: none)
     out_scale: bool = False  # blocks multiply their output by layer_output_scale
+    values_from_keys: tuple[int, ...] = ()  # blocks owning KV whose values are their key projection (no attn_v)
 
     def owns_kv(self, layer: int) -> bool:
         return layer >= len(self.kv_source) or self.kv_source[layer] == layer
@@ -73,14 +78,14 @@ def read_block_layout(f: GGUFFile, opt: Callable[[str, Any], Any], uniform: Call
     for name in ("per_layer_token_embd.weight", "per_layer_model_proj.weight", "per_layer_proj_norm.weight"):
         if n_pl and not f.has_tensor(name):
             raise ModelFileError(f.path, f"missing tensor {name!r} (the file has per-layer inputs of {n_pl} values)")
-    for i in range(n_layer):
-        if kv_source[i] == i and not f.has_tensor(f"blk.{i}.attn_v.weight"):
-            raise ModelFileError(f.path, f"block {i} has no attn_v: values taken from the keys are not supported")
+    values_from_keys = tuple(i for i in range(n_layer)
+                             if kv_source[i] == i and not f.has_tensor(f"blk.{i}.attn_v.weight"))
     layout = BlockLayout(
         head_dim_swa=hd_swa if hd_swa != head_dim else 0,
         n_rot_swa=n_rot_swa if n_rot_swa != n_rot else 0,
         kv_source=kv_source if shared else (),
         n_embd_per_layer=n_pl,
         out_scale=f.has_tensor("blk.0.layer_output_scale.weight"),
+        values_from_keys=values_from_keys,
     )
     return layout

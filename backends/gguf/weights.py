@@ -82,7 +82,9 @@ def block_shapes(hp: ModelHParams, i: int) -> dict[str, tuple[int, ...]]:
         shapes |= {b + "attn_q.weight": (q_rows, H), b + "attn_output.weight": (H, q)}
         owns_kv = hp.layout.owns_kv(i)  # a block reading another's KV has no k/v projections (Gemma 4)
         if owns_kv:
-            shapes |= {b + "attn_k.weight": (kv, H), b + "attn_v.weight": (kv, H)}
+            shapes[b + "attn_k.weight"] = (kv, H)
+            if i not in hp.layout.values_from_keys:  # else the values are the key projection's output
+                shapes[b + "attn_v.weight"] = (kv, H)
         if hp.has_qk_norm:
             shapes |= {b + "attn_q_norm.weight": (hd,)} | ({b + "attn_k_norm.weight": (hd,)} if owns_kv else {})
         if hp.has_qkv_bias:

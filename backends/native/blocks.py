@@ -58,7 +58,10 @@ def build_layer(w: NativeWeights, i: int) -> nl.Layer:
     elif w.f.has_tensor(b + "attn_qkv.weight") and not w.f.has_tensor(b + "attn_q.weight"):
         layer.wq = qkv("attn_qkv", (q_rows + 2 * hp.n_head_kv * hp.head_dim, hp.n_embd))
     else:
-        layer.wq, layer.wk, layer.wv = qkv("attn_q", (q_rows, hp.n_embd)), qkv("attn_k"), qkv("attn_v")
+        # no attn_v (Gemma 4's attention_k_eq_v): the values are the key projection's output, so the value
+        # rows are that same matrix, multiplied again by the same kernel: bitwise the raw keys
+        v_name = "attn_k" if i in hp.layout.values_from_keys else "attn_v"
+        layer.wq, layer.wk, layer.wv = qkv("attn_q", (q_rows, hp.n_embd)), qkv("attn_k"), qkv(v_name)
     layer.wo = w.matrix(b + "attn_output.weight", b + "attn_output.bias")
     if hp.recipe.attn_sinks:
         layer.attn_sinks = nl.ptr(w.vector(b + "attn_sinks.weight"))

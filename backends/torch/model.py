@@ -218,7 +218,8 @@ class TorchModel:
                 recurrent_index, self.n_recurrent = self.n_recurrent, self.n_recurrent + 1
             else:
                 owns_kv = hp.layout.owns_kv(i)
-                parts = ("attn_q", "attn_k", "attn_v") if owns_kv else ("attn_q",)
+                v_part = "attn_k" if i in hp.layout.values_from_keys else "attn_v"  # k_eq_v: values are the keys' rows
+                parts = ("attn_q", "attn_k", v_part) if owns_kv else ("attn_q",)
                 bias = cat(*(b + p + ".bias" for p in parts)) if hp.has_qkv_bias else None
                 if owns_kv:
                     kv_layer_of[i], self.n_kv_layers = self.n_kv_layers, self.n_kv_layers + 1

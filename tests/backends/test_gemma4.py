@@ -3,7 +3,9 @@ Gemma4ForCausalLM and converted by llama.cpp's converter (fixtures/tiny_gemma4.p
 reads it (per-block head sizes, shared KV, per-layer inputs, proportional rope), runs within today's
 tolerance of transformers' fp32 forward and greedily identical to it past the window, stays lossless
 under speculation (the native sliding blocks' rings wrapping, the shared blocks reading them), and
-malformed files are clear errors. The onnx backend refuses its blocks by name."""
+malformed files are clear errors. The onnx backend refuses its blocks by name. The MoE variant and the
+values-from-keys variant (global blocks without ``attn_v``, transformers' ``attention_k_eq_v`` as the 31B and
+26B-A4B set it) are checked the same way."""
 
 from __future__ import annotations
 
@@ -318,3 +320,62 @@ def test_onnx_refuses_the_moe_blocks_by_name(moe_gguf: Path) -> None:
     with pytest.raises(ModelFileError, match=r"needs what the onnx backend does not implement: .*a dense FFN beside "
                                              r"the experts"):
         read_hparams(GGUFFile(moe_gguf), runtime="the onnx backend")
+
+
+# Values from keys: fixtures/tiny_gemma4.py's k_eq_v variant
+
+
+@pytest.fixture(scope="module")
+def kv_gguf() -> Path:
+    return g4.tiny_gemma4_gguf_path(k_eq_v=True)
+
+
+def test_the_global_owners_take_values_from_keys(kv_gguf: Path) -> None:
+    f = GGUFFile(kv_gguf)
+    hp = read_hparams(f, implements=FEATURES)
+    global_owners = tuple(i for i in range(hp.n_layer) if not hp.swa_layers[i] and hp.layout.owns_kv(i))
+    assert global_owners == (3,) and hp.layout.values_from_keys == global_owners
+    assert not f.has_tensor("blk.3.attn_v.weight") and f.has_tensor("blk.2.attn_v.weight")
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_values_from_keys_match_transformers(kv_gguf: Path, name: str) -> None:
+    import torch
+
+    tokens = _tokens(60, seed=21)  # far past the window of 8: the shared global block reads block 3's values
+    want = g4.reference_logits(tokens, k_eq_v=True)
+    b = _backend(name, kv_gguf)
+    tol = LOGIT_TOL if name == "torch" else NATIVE_REL_TOL * float(np.abs(want).max())
+    assert np.abs(_all_rows(b, tokens) - want).max() < tol
+
+    ids = _tokens(12, seed=22).tolist()
+    model = g4.gemma4_model(g4.tiny_gemma4_hf_path(k_eq_v=True))
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([ids]), max_new_tokens=30, do_sample=False)[0, len(ids):].tolist()
+    got = plain_decode(b, ids, n_predict=30, sampling=SamplingParams(temperature=0.0), seed=0,
+                       is_eog=lambda t: False, n_ctx=512, ignore_eos=True)
+    assert got == ref
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_values_from_keys_chunked_rows_equal_one_pass(kv_gguf: Path, name: str) -> None:
+    b = _backend(name, kv_gguf, n_ctx=256)
+    tokens = _tokens(70, seed=23)
+    want = _all_rows(b, tokens)
+    s = b.new_seq()
+    got = [b.forward([SeqInput(s, tokens[:25], 0, np.arange(25))])[0].logits]
+    got += [b.forward([SeqInput(s, tokens[i : i + 1], i)])[0].logits for i in range(25, 35)]
+    got += [b.forward([SeqInput(s, tokens[35:], 35, np.arange(35))])[0].logits]
+    got_rows = np.concatenate(got)
+    assert np.array_equal(got_rows, want) if name == "native" else np.abs(got_rows - want).max() < 1e-4
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_values_from_keys_speculation_is_lossless(kv_gguf: Path, name: str) -> None:
+    b = load_backend(name, str(kv_gguf), BackendOptions(n_ctx=512, n_seq_max=3, threads=2, exact=True))
+    tok = Tokenizer.from_gguf(GGUFFile(kv_gguf))
+    prompt = (_tokens(6, seed=24).tolist() * 12)[:70]
+    sampling = SamplingParams(temperature=0.8, seed=5)
+    got = _engine_output(b, tok, kv_gguf, ("ngram-simple", "draft-simple"), prompt, sampling, 512)
+    assert got == plain_decode(b, prompt, n_predict=30, sampling=sampling, seed=5, is_eog=lambda t: False,
+                               n_ctx=512, ignore_eos=True)
