@@ -32,8 +32,10 @@ FULL = pytest.mark.quant_matrix
 # logit: the median row within TOL[type], nine rows in ten within twice it. Measured on both routes' files
 # (median row): IQ4 types 0.02-0.12 and up to 0.19 on gpt-oss, MXFP4 up to 0.26 (gpt-oss), Q3_K up to 0.35,
 # Q2_K up to 0.67 (gpt-oss: its routing moves with the rounding; the others stay within 0.45). The lm
-# head's own rounding sets the floor where logits are O(1).
-TOL = {"IQ4_NL": 0.2, "IQ4_XS": 0.2, "MXFP4": 0.3, "Q3_K": 0.4, "Q2_K": 0.7}
+# head's own rounding sets the floor where logits are O(1). gemma4's logits are soft-capped at 30, so its
+# largest logit is the cap while its tied head's rounding moves the others as much as gemma3's (largest
+# logit ~270, Q2_K 0.09): IQ4 0.19, MXFP4 0.28, Q3_K 0.37, Q2_K 0.65 (llama-quantize) and 0.72 (writers).
+TOL = {"IQ4_NL": 0.2, "IQ4_XS": 0.2, "MXFP4": 0.3, "Q3_K": 0.4, "Q2_K": 0.75}
 
 
 def matrix_params() -> list[object]:
