@@ -27,7 +27,7 @@ from spekula.core.modelfile.gguf_file import GGUFFile
 _HF_ARCH_OF = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                "qwen3moe": "Qwen3MoeForCausalLM", "glm4moe": "Glm4MoeForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
                "qwen35moe": "Qwen3_5MoeForCausalLM", "gemma": "GemmaForCausalLM",
-               "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+               "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM", "gemma4": "Gemma4ForCausalLM"}
 _DRAFT_ARCHS = ("eagle3", "dflash")
 _MASK_KEY = "tokenizer.ggml.mask_token_id"
 

@@ -1,13 +1,12 @@
-"""Issue #47: every drafter lossless on each new architecture (gemma3, mistral3, gpt-oss; the tiny
+"""Issue #47: every drafter lossless on each new architecture (gemma3, mistral3, gpt-oss, gemma4; the tiny
 fixtures), on native and torch, greedy, fixed-seed sampling and rejection (probabilistic drafts, see
 :data:`MODES`): the engine's tokens equal plain decoding's. The drafters: the n-gram types, suffix, draft-simple (the
 fixture's quantized file drafting for its float one), EAGLE-3 and DFlash (random heads converted for
 that target, as tests/drafters/test_eagle3.py builds them). Native sliding blocks keep rings of the
 window plus 16 rows, so prompts and rollbacks run through wrapped rings.
 
-DFlash on Gemma targets is refused by name at conversion (their embeddings are scaled by sqrt(n_embd),
-which DFlash's shared embedding does not model); that refusal is checked instead. gemma4 joins
-:data:`TARGETS` once its fixture is on main.
+DFlash on Gemma targets (gemma3, gemma4) is refused by name at conversion (their embeddings are scaled by
+sqrt(n_embd), which DFlash's shared embedding does not model); that refusal is checked instead.
 
 By default one drafter and mode per target and backend runs (rotating, so every drafter and mode is
 covered), plus a few hypothesis examples; ``pytest -m quant_matrix`` runs the whole matrix.
@@ -41,7 +40,8 @@ from spekula.fixtures import tiny_hf
 from spekula.fixtures.out_cache import cached_folder
 from spekula.fixtures.tiny_gguf import OUT_DIR
 
-TARGETS = ("gemma3", "mistral3", "gpt-oss")  # + "gemma4" once fixtures/tiny_gemma4.py is on main
+TARGETS = ("gemma3", "mistral3", "gpt-oss", "gemma4")
+GEMMA = ("gemma3", "gemma4")  # DFlash refuses them by name
 BACKENDS = ("native", "torch")
 NGRAMS = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 DRAFTERS = (*NGRAMS, "suffix", "draft-simple", "draft-eagle3", "draft-dflash")
@@ -56,8 +56,8 @@ SMALL_NGRAMS = {"spec-ngram-simple-size-n": 1, "spec-ngram-simple-size-m": 5, "s
                 "spec-ngram-map-k4v-size-m": 5}
 N_CTX, N_PREDICT, SEED = 512, 24, 5
 ROW_CAP = 16  # native rings: the window plus this many rows
-EAGLE3_LAYERS = {"gemma3": (1, 3, 5), "mistral3": (0, 1, 2), "gpt-oss": (0, 1, 3)}
-DFLASH_LAYERS = {"gemma3": (1, 5), "mistral3": (0, 1), "gpt-oss": (0, 3)}  # gemma3: refused
+EAGLE3_LAYERS = {"gemma3": (1, 3, 5), "mistral3": (0, 1, 2), "gpt-oss": (0, 1, 3), "gemma4": (1, 3, 5)}
+DFLASH_LAYERS = {"gemma3": (1, 5), "mistral3": (0, 1), "gpt-oss": (0, 3), "gemma4": (1, 5)}  # Gemma: refused
 
 
 def _fixture(target: str) -> tuple[Callable[..., Path], Callable[[], Path], str]:
@@ -70,6 +70,10 @@ def _fixture(target: str) -> tuple[Callable[..., Path], Callable[[], Path], str]
         from spekula.fixtures.tiny_ministral3 import tiny_ministral3_gguf_path, tiny_ministral3_hf_path
 
         return lambda q=None: tiny_ministral3_gguf_path(type_name=q or "f32"), tiny_ministral3_hf_path, "q8_0"
+    if target == "gemma4":
+        from spekula.fixtures.tiny_gemma4 import tiny_gemma4_gguf_path, tiny_gemma4_hf_path
+
+        return lambda q=None: tiny_gemma4_gguf_path(type_name=q or "F32"), tiny_gemma4_hf_path, "Q8_0"
     from spekula.fixtures.tiny_gptoss import tiny_gptoss_gguf_path, tiny_gptoss_hf_path
 
     return lambda q=None: tiny_gptoss_gguf_path(q or "f32"), tiny_gptoss_hf_path, "mxfp4"
@@ -180,7 +184,7 @@ def _cases() -> list[Any]:
 
 @pytest.mark.parametrize(("target", "backend", "name", "mode"), _cases())
 def test_each_drafter_is_lossless(target: str, backend: str, name: str, mode: str) -> None:
-    if name == "draft-dflash" and target == "gemma3":
+    if name == "draft-dflash" and target in GEMMA:
         with pytest.raises(ModelFileError, match="Gemma targets"):
             head(target, "dflash")
         return
@@ -199,7 +203,7 @@ _DRAFTER_SETS = dict(target=st.sampled_from(TARGETS), backend=st.sampled_from(BA
 
 def _check_drafter_set(target: str, backend: str, names: list[str], mode: str, segment: list[int], repeats: int,
                        seed: int) -> None:
-    runnable = tuple(n for n in names if not (target == "gemma3" and n == "draft-dflash"))  # refused by name
+    runnable = tuple(n for n in names if not (target in GEMMA and n == "draft-dflash"))  # refused by name
     if runnable:
         check_lossless(target, backend, runnable, mode, [(segment * repeats)[:200]], seed=seed)
 
