@@ -86,8 +86,9 @@ GPTOSS_MODELS = ("gpt-oss", "gpt-oss-mxfp4")
 # and its mixture-of-experts variant in float32. Not the MoE's Q8_0 file: there the router is Q8_0 too, and the
 # native kernels' int8 activations swap a near-tied second choice of some rows (seen: probabilities 0.284 and
 # 0.279), which the torch reference does not; tests/backends/test_gemma4.py checks that file against its F32 one.
-# gemma4kv: the dense variant whose global blocks take their values from the keys (no attn_v), float32.
-GEMMA4_MODELS = ("gemma4", "gemma4-Q8_0", "gemma4moe", "gemma4kv")
+# gemma4kv: the dense variant whose global blocks take their values from the keys (no attn_v); gemma4dw: the
+# one whose KV-sharing blocks have double-wide FFNs (per-block feed_forward_length); both float32.
+GEMMA4_MODELS = ("gemma4", "gemma4-Q8_0", "gemma4moe", "gemma4kv", "gemma4dw")
 
 # The tiny Ministral 3 (YaRN rope, queries' temperature by position; llama.cpp's converter): float32 and Q8_0.
 SCALED_MODELS = ("ministral3", "ministral3-q8_0")
@@ -129,7 +130,8 @@ def model_path(model: str) -> str:
         from spekula.fixtures.tiny_gemma4 import tiny_gemma4_gguf_path
 
         arch, _, type_name = model.partition("-")
-        return str(tiny_gemma4_gguf_path(type_name=type_name or "F32", moe=arch == "gemma4moe", k_eq_v=arch == "gemma4kv"))
+        return str(tiny_gemma4_gguf_path(type_name=type_name or "F32", moe=arch == "gemma4moe", k_eq_v=arch == "gemma4kv",
+                                         double_wide=arch == "gemma4dw"))
     if model in SCALED_MODELS:
         from spekula.fixtures.tiny_ministral3 import tiny_ministral3_gguf_path
 

@@ -319,6 +319,11 @@ class ModelHParams:
     scaling: PositionScaling = PositionScaling()  # YaRN and the queries' temperature (gguf/rope_scaling.py)
     layout: BlockLayout = BlockLayout()  # per-block head sizes, shared KV, per-layer inputs (gguf/block_layout.py)
 
+    def block_n_ff(self, layer: int) -> int:
+        """Dense FFN width of block `layer` (Gemma 4's may vary by block; n_ff is then the widest)."""
+        blocks = self.layout.n_ff_blocks
+        return blocks[layer] if layer < len(blocks) else self.n_ff
+
     def block_head_dim(self, layer: int) -> int:
         """Head size (keys, values and queries) of trunk block `layer`."""
         return self.layout.head_dim_swa if self.layout.head_dim_swa and self.is_sliding(layer) else self.head_dim
@@ -449,6 +454,13 @@ def _uniform(f: GGUFFile, key: str, value: Any) -> int:
         return int(value)
     except (TypeError, ValueError):
         raise ModelFileError(f.path, f"metadata {key!r} is not an integer: {value!r}") from None
+
+
+def _per_block_widths(f: GGUFFile, key: str, values: list[Any], n_layer: int) -> tuple[int, ...]:
+    """A per-block array of positive integers, one per trunk block."""
+    if len(values) != n_layer or any(not isinstance(v, int) or v <= 0 for v in values):
+        raise ModelFileError(f.path, f"invalid per-block {key!r}: {values!r} (one positive integer per block of {n_layer})")
+    return tuple(int(v) for v in values)
 
 
 def _present(f: GGUFFile, presence: Presence, *names: str) -> bool:
@@ -583,7 +595,13 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
     has_moe = moe is not None and (not moe.optional or f"{arch}.expert_count" in f.metadata)
     # An all-MoE model needs no dense FFN width (qwen3moe files may still carry one); Gemma 4's does.
     dense_ff = not has_moe or (moe is not None and moe.beside_dense)
-    n_ff = _uniform(f, "feed_forward_length", req("feed_forward_length") if dense_ff else opt("feed_forward_length", 0))
+    n_ff_key = req("feed_forward_length") if dense_ff else opt("feed_forward_length", 0)
+    n_ff_blocks: tuple[int, ...] = ()
+    if recipe.block_layout and isinstance(n_ff_key, list) and len(set(n_ff_key)) > 1:  # Gemma 4's double-wide blocks
+        n_ff_blocks = _per_block_widths(f, "feed_forward_length", n_ff_key, n_layer)
+        n_ff = max(n_ff_blocks)
+    else:
+        n_ff = _uniform(f, "feed_forward_length", n_ff_key)
     if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv != 0 or n_layer <= 0:
         raise ModelFileError(f.path, f"invalid head counts n_head={n_head} n_head_kv={n_head_kv} or n_layer={n_layer}")
     head_dim = _uniform(f, "attention.key_length", opt("attention.key_length", n_embd // n_head))
@@ -607,7 +625,8 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
     swa_layers = _read_swa_layers(f, recipe, n_layer, window)
     layout = BlockLayout()
     if recipe.block_layout:
-        layout = read_block_layout(f, opt, lambda key, v: _uniform(f, key, v), n_layer, swa_layers, head_dim, n_rot)
+        layout = read_block_layout(f, opt, lambda key, v: _uniform(f, key, v), n_layer, swa_layers, head_dim, n_rot,
+                                   n_ff_blocks)
     rope_base = float(opt("rope.freq_base", 10000.0))
     own = recipe.swa_rope == "own"
     scaling_swa = scaling.with_freq_scale(1.0) if own else scaling

@@ -14,7 +14,9 @@ takes a per-layer input of P values per token::
            + per_layer_token_embd[token] * sqrt(P)) / sqrt(2)                         # x0: scaled embedding
     block i, after its FFN residual:  x += rms_norm(proj(gelu(inp_gate(x)) * inp[i]), post_norm)
 
-and every block's output is multiplied by its ``layer_output_scale`` where the file has one.
+and every block's output is multiplied by its ``layer_output_scale`` where the file has one. The dense
+FFN's width may vary by block (``feed_forward_length`` an array: ``use_double_wide_mlp`` doubles the
+KV-sharing blocks'); ``ModelHParams.n_ff`` is then the widest and ``block_n_ff`` each block's.
 
 A block owning KV but without ``attn_v`` (transformers' ``attention_k_eq_v``: the 31B's and 26B-A4B's
 global blocks) takes its values from the key projection's output, before the key norm and rope; the
@@ -41,6 +43,7 @@ class BlockLayout:
     n_embd_per_layer: int = 0  # P of the per-layer inputs (0: none)
     out_scale: bool = False  # blocks multiply their output by layer_output_scale
     values_from_keys: tuple[int, ...] = ()  # blocks owning KV whose values are their key projection (no attn_v)
+    n_ff_blocks: tuple[int, ...] = ()  # per trunk block: its dense FFN width (empty: the file's one width)
 
     def owns_kv(self, layer: int) -> bool:
         return layer >= len(self.kv_source) or self.kv_source[layer] == layer
@@ -50,7 +53,8 @@ class BlockLayout:
 
 
 def read_block_layout(f: GGUFFile, opt: Callable[[str, Any], Any], uniform: Callable[[str, Any], int], n_layer: int,
-                      swa_layers: tuple[bool, ...], head_dim: int, n_rot: int) -> BlockLayout:
+                      swa_layers: tuple[bool, ...], head_dim: int, n_rot: int,
+                      n_ff_blocks: tuple[int, ...] = ()) -> BlockLayout:
     """`f`'s :class:`BlockLayout` (see the module docstring); a malformed one is a ModelFileError."""
     arch = f.architecture
     hd_swa = uniform("attention.key_length_swa", opt("attention.key_length_swa", head_dim))
@@ -87,5 +91,6 @@ def read_block_layout(f: GGUFFile, opt: Callable[[str, Any], Any], uniform: Call
         n_embd_per_layer=n_pl,
         out_scale=f.has_tensor("blk.0.layer_output_scale.weight"),
         values_from_keys=values_from_keys,
+        n_ff_blocks=n_ff_blocks,
     )
     return layout

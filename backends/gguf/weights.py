@@ -97,8 +97,8 @@ def block_shapes(hp: ModelHParams, i: int) -> dict[str, tuple[int, ...]]:
     if moe_block:
         shapes |= moe_ffn_shapes(hp.moe, b, H)
     if not moe_block or hp.moe.beside_dense:  # the dense FFN (Gemma 4's MoE blocks have it too)
-        shapes |= {b + "ffn_gate.weight": (hp.n_ff, H), b + "ffn_up.weight": (hp.n_ff, H),
-                   b + "ffn_down.weight": (H, hp.n_ff)}
+        ff = hp.block_n_ff(i)
+        shapes |= {b + "ffn_gate.weight": (ff, H), b + "ffn_up.weight": (ff, H), b + "ffn_down.weight": (H, ff)}
     P = hp.layout.n_embd_per_layer
     if P and i < hp.n_layer:  # the per-layer input's gate, projection and norm (gguf/block_layout.py)
         shapes |= {b + "inp_gate.weight": (P, H), b + "proj.weight": (H, P), b + "post_norm.weight": (H,)}

@@ -90,7 +90,8 @@ def model_gemm_shapes(hp: ModelHParams) -> list[tuple[int, int]]:
     if hp.delta_net is not None:
         shapes += delta_net_gemm_shapes(hp.delta_net, hp.n_embd)
     if hp.moe is None or hp.moe.n_dense_lead > 0 or hp.moe.beside_dense:
-        shapes += [(2 * hp.n_ff, hp.n_embd), (hp.n_embd, hp.n_ff)]
+        for ff in sorted({hp.n_ff} | set(hp.layout.n_ff_blocks)):  # Gemma 4's widths may vary by block
+            shapes += [(2 * ff, hp.n_embd), (hp.n_embd, ff)]
     if hp.moe is not None:
         shapes += moe_gemm_shapes(hp.moe, hp.n_embd)
     return shapes
@@ -203,7 +204,7 @@ class TorchModel:
                 ffn = build_moe_ffn(hp.moe, weights, b, to_tensor=dev, make_lin=self._lin)
             else:
                 gate_up = self._lin(cat(b + "ffn_gate.weight", b + "ffn_up.weight"), self._gate_up_bias(weights, b))
-                ffn = DenseFFN(gate_up, self._lin(t(b + "ffn_down.weight"), opt(b + "ffn_down.bias")), hp.n_ff,
+                ffn = DenseFFN(gate_up, self._lin(t(b + "ffn_down.weight"), opt(b + "ffn_down.bias")), hp.block_n_ff(i),
                                geglu=hp.geglu)
                 if moe_block and hp.moe is not None:  # Gemma 4: the experts beside the dense FFN
                     ffn = DenseBesideExperts(

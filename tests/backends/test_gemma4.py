@@ -5,7 +5,8 @@ tolerance of transformers' fp32 forward and greedily identical to it past the wi
 under speculation (the native sliding blocks' rings wrapping, the shared blocks reading them), and
 malformed files are clear errors. The onnx backend refuses its blocks by name. The MoE variant and the
 values-from-keys variant (global blocks without ``attn_v``, transformers' ``attention_k_eq_v`` as the 31B and
-26B-A4B set it) are checked the same way."""
+26B-A4B set it) are checked the same way, and the double-wide FFNs of the KV-sharing blocks (per-block
+``feed_forward_length``). One file for the architecture and its variants: they share its helpers."""
 
 from __future__ import annotations
 
@@ -231,7 +232,8 @@ def _edited(src: Path, dst: Path, *, meta: dict[str, Any] | None = None, drop: t
     ({"meta": {"gemma4.attention.shared_kv_layers": 5}}, r"invalid gemma4\.attention\.shared_kv_layers = 5"),
     ({"meta": {"gemma4.attention.value_length_swa": 8}}, r"key_length_swa 16 != value_length_swa 8"),
     ({"meta": {"gemma4.attention.head_count_kv": [2, 2, 2, 1, 2, 1]}}, r"per-layer varying 'attention\.head_count_kv'"),
-    ({"drop": ("blk.1.attn_v.weight",)}, r"block 1 has no attn_v"),
+    ({"meta": {"gemma4.feed_forward_length": [128, 128, 0, 128, 256, 256]}},
+     r"invalid per-block 'feed_forward_length'"),
     ({"drop": ("per_layer_proj_norm.weight",)}, r"missing tensor 'per_layer_proj_norm\.weight'"),
     ({"drop": ("blk.2.proj.weight",)}, r"missing tensor 'blk\.2\.proj\.weight'"),
 ])
@@ -378,4 +380,30 @@ def test_values_from_keys_speculation_is_lossless(kv_gguf: Path, name: str) -> N
     sampling = SamplingParams(temperature=0.8, seed=5)
     got = _engine_output(b, tok, kv_gguf, ("ngram-simple", "draft-simple"), prompt, sampling, 512)
     assert got == plain_decode(b, prompt, n_predict=30, sampling=sampling, seed=5, is_eog=lambda t: False,
+                               n_ctx=512, ignore_eos=True)
+
+
+# Double-wide FFNs: fixtures/tiny_gemma4.py's double_wide variant (per-block feed_forward_length)
+
+
+@pytest.fixture(scope="module")
+def dw_gguf() -> Path:
+    return g4.tiny_gemma4_gguf_path(double_wide=True)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_double_wide_ffns_match_transformers(dw_gguf: Path, name: str) -> None:
+    hp = read_hparams(GGUFFile(dw_gguf), implements=FEATURES)
+    assert [hp.block_n_ff(i) for i in range(hp.n_layer)] == [128] * 4 + [256] * 2 and hp.n_ff == 256
+    tokens = _tokens(60, seed=25)
+    want = g4.reference_logits(tokens, double_wide=True)
+    b = _backend(name, dw_gguf)
+    tol = LOGIT_TOL if name == "torch" else NATIVE_REL_TOL * float(np.abs(want).max())
+    assert np.abs(_all_rows(b, tokens) - want).max() < tol
+    prompt = (_tokens(6, seed=26).tolist() * 12)[:70]
+    sampling = SamplingParams(temperature=0.8, seed=7)
+    exact = load_backend(name, str(dw_gguf), BackendOptions(n_ctx=512, n_seq_max=3, threads=2, exact=True))
+    got = _engine_output(exact, Tokenizer.from_gguf(GGUFFile(dw_gguf)), dw_gguf, ("ngram-simple", "draft-simple"),
+                         prompt, sampling, 512)
+    assert got == plain_decode(exact, prompt, n_predict=30, sampling=sampling, seed=7, is_eog=lambda t: False,
                                n_ctx=512, ignore_eos=True)

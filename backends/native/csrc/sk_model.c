@@ -911,7 +911,7 @@ static void block_tail(sk_ctx *c, const sk_batch *b, const sk_layer *L, int l, i
 static void dense_beside_experts(sk_ctx *c, const sk_batch *b, const sk_layer *L, int64_t r0, int64_t r1, int ith,
                                  int nth, double *t) {
     const sk_config *g = &c->cfg;
-    const int64_t m = b->n_rows, E = g->n_embd, ff = g->n_ff;
+    const int64_t m = b->n_rows, E = g->n_embd, ff = L->w_down.n_cols;
     float *route = c->beside, *moe_in = c->beside + m * E, *moe_out = c->beside + 2 * m * E;
     for (int64_t r = r0; r < r1; r++) {
         sk_router_input(c->x + r * E, L->router_scale, E, g->rms_eps, route + r * E);
@@ -940,7 +940,7 @@ static void forward_job(void *arg, int ith, int nth) {
     sk_ctx *c = j->c;
     const sk_batch *b = j->b;
     const sk_config *g = &c->cfg;
-    const int64_t m = b->n_rows, E = g->n_embd, ff = g->n_ff;
+    const int64_t m = b->n_rows, E = g->n_embd;
     int64_t r0, r1;
     split(m, ith, nth, &r0, &r1);
     double t = profiling == 1 ? now_s() : 0.0;
@@ -992,6 +992,7 @@ static void forward_job(void *arg, int ith, int nth) {
             phase(ith, PH_MOE, &t);
             continue;
         }
+        const int64_t ff = L->w_down.n_cols; /* the block's own width (Gemma 4's may vary); g->n_ff: the widest */
         part gu[2] = {{&L->w_gate, c->gu, 2 * ff, 0}, {&L->w_up, c->gu + ff, 2 * ff, 0}};
         project(c, gu, 2, c->h, E, E, m, r0, r1, ith, nth, PH_FFN_UP, &t);
         for (int64_t r = r0; r < r1; r++)
