@@ -32,7 +32,7 @@ in the built-in order and what it needs as ``description: ClassVar[DrafterDescri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -55,6 +55,11 @@ class DraftRequest:
     spec: SpecParams  # this request's effective parameters
     temperature: float
     seed: int
+    # The slot's policy's rule for drafting on (a model drafter that drafts token by token): given the
+    # confidences of the tokens drafted so far, whether a further token could still be worth its draft
+    # step and verification row. None: draft up to n_max. A drafter may ignore it (the cut still sizes
+    # what is verified); one that follows it saves the steps the cut would throw away.
+    keep_drafting: Callable[[Sequence[float]], bool] | None = None
 
 
 @dataclass(slots=True)

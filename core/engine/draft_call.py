@@ -9,6 +9,7 @@ with a grammar, cut where the grammar forbids it, before any of it costs a verif
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from spekula.core.drafting.drafter import Draft, Drafter, DraftRequest
@@ -21,11 +22,13 @@ class GrammarObserver(Protocol):
     def grammar_rejected(self, slot: Slot, drafter: str, n: int) -> None: ...
 
 
-def call_drafter(drafter: Drafter, per_token: bool, asks: list[tuple[Slot, int]],
-                 observer: GrammarObserver) -> tuple[DraftCall, dict[int, Draft]] | None:
-    """Ask `drafter` for up to n tokens for each (slot, n); the call and every slot's non-empty
-    draft, or None when it failed (the slots then carry the error)."""
-    reqs = [_draft_request(s, n) for s, n in asks]
+def call_drafter(drafter: Drafter, per_token: bool, asks: list[tuple[Slot, int]], observer: GrammarObserver,
+                 stops: Mapping[int, Callable[[Sequence[float]], bool] | None] | None = None,
+                 ) -> tuple[DraftCall, dict[int, Draft]] | None:
+    """Ask `drafter` for up to n tokens for each (slot, n), each slot's draft stopping by its policy's
+    rule in `stops` (DraftRequest.keep_drafting); the call and every slot's non-empty draft, or None
+    when it failed (the slots then carry the error)."""
+    reqs = [_draft_request(s, n, (stops or {}).get(s.id)) for s, n in asks]
     t0 = time.perf_counter()
     try:
         drafts = drafter.draft(reqs)
@@ -85,8 +88,8 @@ def _check_confidence(d: Draft) -> None:
     d.confidence = values
 
 
-def _draft_request(s: Slot, n_max: int) -> DraftRequest:
+def _draft_request(s: Slot, n_max: int, keep_drafting: Callable[[Sequence[float]], bool] | None) -> DraftRequest:
     """What a drafter is asked on behalf of a generating slot (which always has a request and a plan)."""
     assert s.plan is not None and s.request is not None
     return DraftRequest(slot=s.id, history=s.history, last=s.last, n_max=n_max, spec=s.plan.spec,
-                        temperature=s.request.sampling.temperature, seed=s.plan.seed)
+                        temperature=s.request.sampling.temperature, seed=s.plan.seed, keep_drafting=keep_drafting)

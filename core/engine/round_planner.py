@@ -10,7 +10,7 @@ how much of each draft to verify; the drafters and the statistics then hear what
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -128,6 +128,7 @@ class RoundPlanner:
         calls: list[DraftCall] = []
         for drafter, per_token in self._order(wants):
             mine: list[tuple[Slot, int]] = []
+            stops: dict[int, Callable[[Sequence[float]], bool] | None] = {}
             resumed: DraftCall | None = None
             for s, n in list(looking.values()):
                 if drafter not in s.drafters:
@@ -144,7 +145,9 @@ class RoundPlanner:
                     del looking[s.id]
                 elif ask > 0:
                     mine.append((s, ask))
-            called = call_drafter(drafter, per_token, mine, self.observer) if mine else None
+                    if per_token:  # a model drafter: it may stop where the cut would keep no more
+                        stops[s.id] = s.plan.policy.keep_drafting(s, drafter, ask, shape)
+            called = call_drafter(drafter, per_token, mine, self.observer, stops) if mine else None
             if called is not None:
                 calls.append(called[0])
                 for sid, draft in called[1].items():

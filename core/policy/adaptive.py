@@ -10,11 +10,12 @@ the same for all of them. Shortening a draft never changes what is emitted, only
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from spekula.core.drafting.drafter import Draft, Drafter
 from spekula.core.policy.controller import AdaptiveController
 from spekula.core.policy.cost_model import Offer, choose_lengths
+from spekula.core.policy.draft_stop import DraftStop, break_even
 from spekula.core.policy.draft_tails import DraftTails
 from spekula.core.policy.policy import (
     Adapted,
@@ -105,6 +106,20 @@ class AdaptivePolicy:
                            call_cost=call_cost, token_cost=token_cost)
         # An n-gram drafter's whole draft costs no more than a part of it: ask for all, keep what pays.
         return k if per_token or k == 0 else n
+
+    def keep_drafting(self, slot: RoundSlot, drafter: Drafter, n: int,
+                      shape: RoundShape) -> Callable[[Sequence[float]], bool] | None:
+        """Stop a model drafter's draft where the cut could keep nothing more of it: its further steps
+        would only be thrown away (core/policy/draft_stop.py)."""
+        ctl = self.controller
+        n = min(n, shape.n_batch - shape.base_rows)
+        if n <= 0:
+            return None
+        round_time = self._round_time(shape, shape.base_rows)
+        _, step_seconds = ctl.cost.model_drafting(drafter.name)
+        thresholds = break_even(round_time, n, ctl.rate(shape.n_gen, round_time(0)), step_seconds)
+        name, calibration = drafter.name, ctl.calibration
+        return DraftStop(thresholds, lambda confidence: calibration.cumulative(name, list(confidence)))
 
     def resting(self, slot: int, drafter: Drafter) -> bool:
         return self.controller.backoff.resting(drafter.name, slot)

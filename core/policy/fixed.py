@@ -6,6 +6,8 @@ so the statistics match llama.cpp counter for counter (tests/data/fixed_engine_s
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from spekula.core.drafting.drafter import Drafter
 from spekula.core.policy.policy import Adapted, DraftRound, RoundOutcome, RoundShape, RoundSlot
 
@@ -17,6 +19,10 @@ class FixedPolicy:
     def ask(self, slot: RoundSlot, drafter: Drafter, per_token: bool, n: int, cap: int,
             shape: RoundShape) -> int | list[int]:
         return n  # the drafter stops at its own cap
+
+    def keep_drafting(self, slot: RoundSlot, drafter: Drafter, n: int,
+                      shape: RoundShape) -> Callable[[Sequence[float]], bool] | None:
+        return None  # every drafter drafts up to its cap
 
     def cut(self, round: DraftRound) -> dict[int, int]:
         return {}

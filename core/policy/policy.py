@@ -20,7 +20,7 @@ No torch, and nothing from core/engine: the engine's slots reach a policy as `Ro
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -152,6 +152,12 @@ class DraftPolicy(Protocol):
             shape: RoundShape) -> int | list[int]:
         """At `drafter`'s turn for `slot` (room for `n` tokens, the drafter's own cap `cap`): tokens to
         ask it for (0: do not call it for this slot), or tokens to verify instead of calling it."""
+        ...
+
+    def keep_drafting(self, slot: RoundSlot, drafter: Drafter, n: int,
+                      shape: RoundShape) -> Callable[[Sequence[float]], bool] | None:
+        """For a call of model drafter `drafter` for `slot` this round, asked for `n` tokens: given the confidences of the
+        tokens drafted so far, whether a further token could still be verified (None: draft to n_max)."""
         ...
 
     def cut(self, round: DraftRound) -> dict[int, int]:

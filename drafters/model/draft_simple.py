@@ -19,7 +19,7 @@ fallback.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -88,6 +88,7 @@ class _Run:
     tokens: list[int] = field(default_factory=list)
     probs: list[np.ndarray] = field(default_factory=list)
     confidence: list[float] = field(default_factory=list)
+    keep_drafting: Callable[[Sequence[float]], bool] | None = None  # DraftRequest.keep_drafting
 
 
 class DraftSimpleDrafter:
@@ -160,7 +161,8 @@ class DraftSimpleDrafter:
             prob = r.spec.draft_sampling == "probabilistic" and r.temperature > 0.0
             if prob:
                 self._retune(st, r.temperature, r.seed)
-            runs.append(_Run(i, st, len(history), cap, prob, r.temperature, float(r.spec.p_min)))
+            runs.append(_Run(i, st, len(history), cap, prob, r.temperature, float(r.spec.p_min),
+                             keep_drafting=r.keep_drafting))
 
         if runs:
             rows = self._catch_up(pending)
@@ -206,8 +208,8 @@ class DraftSimpleDrafter:
                 run.confidence.append(float(top_p))
                 if q is not None:
                     run.probs.append(q)
-                if len(run.tokens) >= run.cap:
-                    continue
+                if len(run.tokens) >= run.cap or (run.keep_drafting is not None and not run.keep_drafting(run.confidence)):
+                    continue  # at its cap, or where the policy says no further token could be verified
                 queue.append(run)
             if not queue:
                 break

@@ -177,7 +177,7 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
             self._cut(st, pos)
             prob = self.probabilistic(st, r)
             runs.append(DraftRun(i, st, int(r.last), pos - st.offset, cap, float(r.spec.p_min),
-                                 float(r.temperature), prob))
+                                 float(r.temperature), prob, keep_drafting=r.keep_drafting))
         queued, pending = self._take_queue([run.slot for run in runs])
         # The first step decodes the queued rows with it, in one forward: after a target forward the head's
         # weights are out of the caches, and a separate pass over the queue would read them twice.

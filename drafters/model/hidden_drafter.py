@@ -10,7 +10,7 @@ module holds that once, and the option and path rules for loading a draft model.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Generic, Protocol, TypeVar
 
@@ -188,6 +188,8 @@ class DraftRun:
     tokens: list[int] = field(default_factory=list)
     probs: list[np.ndarray] = field(default_factory=list)
     confidence: list[float] = field(default_factory=list)
+    # The policy's rule for drafting on (DraftRequest.keep_drafting): None drafts up to `cap`.
+    keep_drafting: Callable[[Sequence[float]], bool] | None = None
 
     def take(self, logits: np.ndarray, vocab: np.ndarray | None = None, n_vocab: int = 0) -> bool:
         """Choose the next token from `logits` (best, or sampled by the slot's rng; a row over a reduced
@@ -205,7 +207,8 @@ class DraftRun:
 
     @property
     def full(self) -> bool:
-        return len(self.tokens) >= self.cap
+        """Drafted enough: at its cap, or where the policy says no further token could be verified."""
+        return len(self.tokens) >= self.cap or (self.keep_drafting is not None and not self.keep_drafting(self.confidence))
 
 
 def finish_drafts(runtime: SeqRuntime, requests: Sequence[DraftRequest], runs: Sequence[DraftRun]) -> list[Draft]:

@@ -183,7 +183,7 @@ class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
             self.runtime.truncate(st.seq, start)
             prob = self.probabilistic(st, r)
             runs.append(_Run(i, st, int(r.last), start, cap, float(r.spec.p_min), float(r.temperature), prob,
-                             chain_h=[st.pending_h]))
+                             keep_drafting=r.keep_drafting, chain_h=[st.pending_h]))
         active, step = runs, 0
         while active:
             if self.chained:  # head `step` rewrites its own cache over the draft region
