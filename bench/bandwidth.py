@@ -4,6 +4,10 @@ At 1B parameters and up decoding streams every weight once per token, so tokens/
 the read bandwidth an engine reaches; divided by what this machine reads at best it says how close
 to the memory bound an engine runs, a number that travels between machines better than a speed.
 
+What a model reads per decoded token (:func:`bytes_read_per_token`) is its file less the token
+embedding when the output head is separate (one row of it is read), and for MoE blocks only the used
+experts' share of the expert tensors (``expert_used_count / expert_count``, the average a token reads).
+
 The measurement OR-reduces a buffer far larger than any cache (1 GiB of 64-bit words by default) on
 `threads` threads, each its own slice (numpy releases the GIL inside the reduction), best of `reps`
 passes. The OR reduction is the cheapest vectorised pass numpy has: a float sum (pairwise) or max
@@ -44,6 +48,25 @@ def read_bandwidth(threads: int, mib: int = 1024, reps: int = 5) -> float:
             w.join()
         best = max(best, buf.nbytes / (time.perf_counter() - t0))
     return best
+
+
+def bytes_read_per_token(model: str) -> int:
+    """Bytes of `model`'s weights one decoded token reads: every tensor, except the token embedding
+    when an output head is stored apart, and the used share of the expert tensors."""
+    from spekula.core.modelfile.gguf_file import GGUFFile
+
+    f = GGUFFile(model)
+    arch = f.architecture
+    used, experts = f.get(f"{arch}.expert_used_count", 0), f.get(f"{arch}.expert_count", 0)
+    entries = list(f.tensors())
+    tied = not any(e.name == "output.weight" for e in entries)
+    total = 0.0
+    for e in entries:
+        if e.name == "token_embd.weight" and not tied:
+            continue
+        share = used / experts if experts and "_exps." in e.name else 1.0
+        total += e.data.nbytes * share
+    return int(total)
 
 
 def main() -> int:

