@@ -349,26 +349,3 @@ def test_statistics_line_format() -> None:
                     r"#gen drafts = +\d+, #acc drafts = +\d+, #gen tokens = +\d+, #acc tokens = +\d+, "
                     r"#mean acc len = \d\.\d\d, #acc rate/pos = \(1\.000, 1\.000, [01]\.\d{3}\), dur", line), line
     assert DrafterStats.parse_line(line)[0] == "draft-mtp"
-
-
-def test_a_gemma4_assistant_is_refused_by_name() -> None:
-    """Gemma 4's assistant drafts over the target's own KV (llama.cpp's gemma4-assistant); until spekula
-    runs it, -md naming one (here transformers' tiny assistant as llama.cpp's converter writes it) is one
-    clear error."""
-    from spekula.core.drafting.mtp_runtime import check_mtp_files
-    from spekula.core.errors import ConfigError
-    from spekula.fixtures.tiny_gemma4 import tiny_gemma4_gguf_path
-    from spekula.fixtures.tiny_gemma4_assistant import tiny_assistant_gguf_path
-
-    assistant = GGUFFile.shared(str(tiny_assistant_gguf_path()))
-    # the converted file's layout, which a runtime for it will read: one input projection over the target's
-    # [scaled embedding; hidden] (2 x 64), query-only blocks of the target's head sizes, the projection back
-    assert assistant.architecture == "gemma4-assistant"
-    assert assistant.get("gemma4-assistant.embedding_length_out") == 64
-    assert assistant.get("gemma4-assistant.nextn_predict_layers") == 2
-    assert tuple(assistant.tensor("nextn.pre_projection.weight").shape) == (32, 128)
-    assert tuple(assistant.tensor("nextn.post_projection.weight").shape) == (64, 32)
-    assert not assistant.has_tensor("blk.0.attn_k.weight") and assistant.has_tensor("blk.1.attn_q_norm.weight")
-    with pytest.raises(ConfigError, match=r"is a 'gemma4-assistant' drafter, which attends over the target's own KV "
-                                          r"cache; spekula does not run these assistants \(supported MTP heads: glm4moe"):
-        check_mtp_files(str(tiny_gemma4_gguf_path()), str(assistant.path))
