@@ -49,7 +49,7 @@ from spekula.drafters.model.hidden_drafter import (
     model_draft_options,
 )
 from spekula.drafters.model.mtp_assistant import AssistantMtpDrafter
-from spekula.drafters.model.runtimes import load_assistant_runtime, load_mtp_runtime
+from spekula.drafters.model.runtimes import load_mtp_runtime
 
 
 @dataclass(slots=True)
@@ -107,9 +107,7 @@ class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
     @classmethod
     def create(cls, ctx: DrafterContext) -> MtpDrafter | AssistantMtpDrafter:
         if ctx.draft_model_path and is_assistant_file(GGUFFile.shared(str(ctx.draft_model_path))):
-            # it reads the target's own KV cache: it runs on the target's backend
-            return AssistantMtpDrafter(load_assistant_runtime(ctx.backend_name, ctx.target,
-                                                              str(ctx.draft_model_path)), ctx.backend_name)
+            return AssistantMtpDrafter.create(ctx)
         options = model_draft_options(ctx)
         backend = head_runtime_backend(ctx.backend_name, options)
         runtime = load_mtp_runtime(backend, ctx.target, ctx.draft_model_path, options)

@@ -22,10 +22,11 @@ import numpy as np
 
 from spekula.core.backend import Capture, SeqInput, SeqOutput
 from spekula.core.drafting.assistant_runtime import AssistantRow, AssistantRuntime
-from spekula.core.drafting.drafter import Draft, DraftRequest
+from spekula.core.drafting.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.drafting.slot_states import SlotStates
 from spekula.core.errors import ConfigError
 from spekula.drafters.model.hidden_drafter import DraftRun, HiddenSlot, SlotDrafter
+from spekula.drafters.model.runtimes import load_assistant_runtime
 
 
 @dataclass(slots=True)
@@ -48,6 +49,13 @@ class AssistantMtpDrafter:
         self.runtime = runtime
         self.backend_name = backend_name
         self._slots: SlotStates[_Slot] = SlotStates(lambda slot: _Slot(slot))
+
+    @classmethod
+    def create(cls, ctx: DrafterContext) -> AssistantMtpDrafter:
+        """The assistant of -md on the target's own backend, whose KV cache it reads."""
+        if not ctx.draft_model_path:
+            raise ConfigError(f"{cls.name}: a KV-sharing assistant is given with -md")
+        return cls(load_assistant_runtime(ctx.backend_name, ctx.target, str(ctx.draft_model_path)), ctx.backend_name)
 
     def capture(self) -> Capture:
         return Capture(final_norm=True)

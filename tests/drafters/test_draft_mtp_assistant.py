@@ -103,3 +103,14 @@ def test_accept_rebases_the_pending_hidden_state(n_accepted: int) -> None:
     (draft,) = d.draft([DraftRequest(0, np.array(history, np.int32), correction, 3, SPEC, 0.0, 0)])
     _, logits = reference_steps(history, correction, 3)
     assert draft.tokens == [int(np.argmax(row)) for row in logits]
+
+
+def test_the_registry_creates_the_assistant_mode() -> None:
+    """Through the drafter registry (as the CLI and server create drafters), -md naming an assistant makes
+    draft-mtp's assistant mode, a Drafter."""
+    from spekula.core.drafting.drafter import Drafter
+    from spekula.core.drafting.registry import create_drafter
+
+    target = target_backend(tiny_gemma4_gguf_path(), n_slots=1)
+    d = create_drafter("draft-mtp", context(target, SPEC, tiny_assistant_gguf_path(), n_slots=1))
+    assert isinstance(d, Drafter) and d.name == "draft-mtp" and type(d).__name__ == "AssistantMtpDrafter"
