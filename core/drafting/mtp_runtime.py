@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 MTP_ARCHS = ("glm4moe", "qwen35", "qwen35moe")
 # Architectures whose later MTP blocks share the first one's nextn.* tensors when they have none of their own.
 SHARED_NEXTN_ARCHS = ("qwen35", "qwen35moe")
-# Drafters llama.cpp runs as MTP over the target's KV (no cache of their own): not run here yet.
+# Drafters llama.cpp runs as MTP over the target's KV (no cache of their own): only an -md file
+# (core/drafting/assistant_runtime.py), never heads of a target.
 KV_SHARING_ASSISTANT_ARCHS = ("gemma4-assistant",)
 
 
@@ -156,8 +157,8 @@ def read_mtp_info(f: GGUFFile) -> MtpInfo:
     arch = str(f.architecture)
     if arch in KV_SHARING_ASSISTANT_ARCHS:
         raise ConfigError(f"--spec-type draft-mtp: {f.path} is a {arch!r} drafter, which attends over the target's "
-                          "own KV cache; spekula does not run these assistants (supported MTP heads: "
-                          f"{', '.join(MTP_ARCHS)})")
+                          "own KV cache: it drafts when given with -md beside its target, it holds no MTP heads "
+                          f"of a target (supported MTP heads: {', '.join(MTP_ARCHS)})")
     n_heads = int(f.get(f"{arch}.nextn_predict_layers", 0) or 0)
     if n_heads <= 0:
         raise ConfigError(f"--spec-type draft-mtp: {f.path} ({arch}) has no multi-token-prediction layers "

@@ -34,6 +34,7 @@ from typing import ClassVar
 import numpy as np
 
 from spekula.core.backend import Capture, SeqInput, SeqOutput
+from spekula.core.drafting.assistant_runtime import check_assistant_files, is_assistant_file
 from spekula.core.drafting.description import DrafterDescription
 from spekula.core.drafting.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.drafting.mtp_runtime import MtpRows, MtpRuntime, check_mtp_files
@@ -47,6 +48,7 @@ from spekula.drafters.model.hidden_drafter import (
     head_runtime_backend,
     model_draft_options,
 )
+from spekula.drafters.model.mtp_assistant import AssistantMtpDrafter
 from spekula.drafters.model.runtimes import load_mtp_runtime
 
 
@@ -77,8 +79,11 @@ def is_mtp_file(f: GGUFFile) -> bool:
 
 
 def check_heads(target_path: str, draft_path: str | None) -> None:
-    """The heads exist and fit the target: from the files' headers alone."""
-    check_mtp_files(target_path, draft_path)
+    """The heads (or a KV-sharing assistant given with -md) exist and fit the target: from the files' headers alone."""
+    if draft_path and is_assistant_file(GGUFFile.shared(draft_path)):
+        check_assistant_files(target_path, draft_path)
+    else:
+        check_mtp_files(target_path, draft_path)
 
 
 class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
@@ -86,7 +91,7 @@ class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
     resumes: ClassVar[bool] = True  # may miss forwards (core/drafting/drafter.py)
     description: ClassVar[DrafterDescription] = DrafterDescription(
         summary="the target's own multi-token-prediction heads draft from its final hidden states "
-                "(or an MTP GGUF given with -md)",
+                "(or an MTP GGUF or a Gemma 4 assistant given with -md)",
         builtin_order=8, hidden_states=True, draft_model="optional", implied_by=is_mtp_file, check_files=check_heads,
     )
 
@@ -100,7 +105,9 @@ class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
         return _Slot(seq)
 
     @classmethod
-    def create(cls, ctx: DrafterContext) -> MtpDrafter:
+    def create(cls, ctx: DrafterContext) -> MtpDrafter | AssistantMtpDrafter:
+        if ctx.draft_model_path and is_assistant_file(GGUFFile.shared(str(ctx.draft_model_path))):
+            return AssistantMtpDrafter.create(ctx)
         options = model_draft_options(ctx)
         backend = head_runtime_backend(ctx.backend_name, options)
         runtime = load_mtp_runtime(backend, ctx.target, ctx.draft_model_path, options)

@@ -9,6 +9,7 @@ CPU path. Core opens a runtime from whatever table it is given (core/drafting/dr
 from __future__ import annotations
 
 from spekula.core.backend import Backend, BackendOptions, ModelInfo
+from spekula.core.drafting.assistant_runtime import AssistantRuntime, open_assistant_runtime
 from spekula.core.drafting.draft_models import DFlashRuntime, Eagle3Runtime, RuntimeEntry, open_draft_runtime
 from spekula.core.drafting.mtp_runtime import MtpRuntime, open_mtp_runtime
 
@@ -23,6 +24,8 @@ DRAFT_RUNTIMES: dict[tuple[str, str], RuntimeEntry] = {
     ("torch", "dflash"): _TORCH_DFLASH,
     ("torch", "dspark"): _TORCH_DFLASH,
     ("torch", "mtp"): RuntimeEntry("spekula.backends.torch.mtp:TorchMtpRuntime"),
+    # Gemma 4's assistant reads the target's KV cache: it runs on the target's own backend (torch only, yet).
+    ("torch", "assistant"): RuntimeEntry("spekula.backends.torch.gemma4_assistant:TorchGemma4Assistant"),
 }
 
 
@@ -36,3 +39,8 @@ def load_draft_runtime(backend_name: str, gguf_path: str, target: ModelInfo, opt
 def load_mtp_runtime(backend_name: str, target: Backend, draft_path: str | None, options: BackendOptions) -> MtpRuntime:
     """The MTP heads of ``draft_path`` (an MTP GGUF given with -md) or, without one, of the target's own GGUF."""
     return open_mtp_runtime(DRAFT_RUNTIMES, backend_name, target, draft_path, options)
+
+
+def load_assistant_runtime(target_backend_name: str, target: Backend, draft_path: str) -> AssistantRuntime:
+    """The KV-sharing assistant of ``draft_path`` (-md) on the target's own backend."""
+    return open_assistant_runtime(DRAFT_RUNTIMES, target_backend_name, target, draft_path)

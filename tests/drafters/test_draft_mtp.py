@@ -349,19 +349,3 @@ def test_statistics_line_format() -> None:
                     r"#gen drafts = +\d+, #acc drafts = +\d+, #gen tokens = +\d+, #acc tokens = +\d+, "
                     r"#mean acc len = \d\.\d\d, #acc rate/pos = \(1\.000, 1\.000, [01]\.\d{3}\), dur", line), line
     assert DrafterStats.parse_line(line)[0] == "draft-mtp"
-
-
-def test_a_gemma4_assistant_is_refused_by_name(tmp_path: Path) -> None:
-    """Gemma 4's assistant drafts over the target's own KV (llama.cpp's gemma4-assistant); until spekula
-    runs it, -md naming one is one clear error, whatever its blocks hold."""
-    from spekula.core.drafting.mtp_runtime import check_mtp_files
-    from spekula.core.errors import ConfigError
-    from spekula.fixtures.tiny_gemma4 import tiny_gemma4_gguf_path
-    from spekula.fixtures.tiny_gguf import write_gguf
-
-    assistant = write_gguf(tmp_path / "assistant.gguf", "gemma4-assistant",
-                           {"block_count": 1, "nextn_predict_layers": 1, "embedding_length": 32},
-                           {"token_embd.weight": np.zeros((8, 32), np.float32)}, {})
-    with pytest.raises(ConfigError, match=r"is a 'gemma4-assistant' drafter, which attends over the target's own KV "
-                                          r"cache; spekula does not run these assistants \(supported MTP heads: glm4moe"):
-        check_mtp_files(str(tiny_gemma4_gguf_path()), str(assistant))

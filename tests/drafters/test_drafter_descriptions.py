@@ -98,7 +98,10 @@ def test_option_values_are_converted_and_checked() -> None:
 def test_runtime_table_names_runtimes_of_the_right_kind() -> None:
     import importlib
 
-    want = {"eagle3": Eagle3Runtime, "dflash": DFlashRuntime, "dspark": DFlashRuntime, "mtp": MtpRuntime}
+    from spekula.core.drafting.assistant_runtime import AssistantRuntime
+
+    want = {"eagle3": Eagle3Runtime, "dflash": DFlashRuntime, "dspark": DFlashRuntime, "mtp": MtpRuntime,
+            "assistant": AssistantRuntime}
     for (backend, kind), entry in DRAFT_RUNTIMES.items():
         module, _, attr = entry.class_path.partition(":")
         cls = getattr(importlib.import_module(module), attr)
