@@ -87,8 +87,9 @@ GPTOSS_MODELS = ("gpt-oss", "gpt-oss-mxfp4")
 # native kernels' int8 activations swap a near-tied second choice of some rows (seen: probabilities 0.284 and
 # 0.279), which the torch reference does not; tests/backends/test_gemma4.py checks that file against its F32 one.
 # gemma4kv: the dense variant whose global blocks take their values from the keys (no attn_v); gemma4dw: the
-# one whose KV-sharing blocks have double-wide FFNs (per-block feed_forward_length); both float32.
-GEMMA4_MODELS = ("gemma4", "gemma4-Q8_0", "gemma4moe", "gemma4kv", "gemma4dw")
+# one whose KV-sharing blocks have double-wide FFNs (per-block feed_forward_length); gemma4g1: the one whose
+# global blocks have 1 KV head beside the sliding blocks' 2 (per-block head_count_kv); all float32.
+GEMMA4_MODELS = ("gemma4", "gemma4-Q8_0", "gemma4moe", "gemma4kv", "gemma4dw", "gemma4g1")
 
 # The tiny Ministral 3 (YaRN rope, queries' temperature by position; llama.cpp's converter): float32 and Q8_0.
 SCALED_MODELS = ("ministral3", "ministral3-q8_0")
@@ -131,7 +132,7 @@ def model_path(model: str) -> str:
 
         arch, _, type_name = model.partition("-")
         return str(tiny_gemma4_gguf_path(type_name=type_name or "F32", moe=arch == "gemma4moe", k_eq_v=arch == "gemma4kv",
-                                         double_wide=arch == "gemma4dw"))
+                                         double_wide=arch == "gemma4dw", global_kv_heads=1 if arch == "gemma4g1" else 0))
     if model in SCALED_MODELS:
         from spekula.fixtures.tiny_ministral3 import tiny_ministral3_gguf_path
 

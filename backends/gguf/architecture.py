@@ -324,6 +324,11 @@ class ModelHParams:
         blocks = self.layout.n_ff_blocks
         return blocks[layer] if layer < len(blocks) else self.n_ff
 
+    def block_n_head_kv(self, layer: int) -> int:
+        """KV head count of block `layer` (Gemma 4's global blocks may have fewer; n_head_kv is then the most)."""
+        blocks = self.layout.n_head_kv_blocks
+        return blocks[layer] if layer < len(blocks) else self.n_head_kv
+
     def block_head_dim(self, layer: int) -> int:
         """Head size (keys, values and queries) of trunk block `layer`."""
         return self.layout.head_dim_swa if self.layout.head_dim_swa and self.is_sliding(layer) else self.head_dim
@@ -588,9 +593,18 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
 
     n_embd = _uniform(f, "embedding_length", req("embedding_length"))
     n_head = _uniform(f, "attention.head_count", req("attention.head_count"))
-    n_head_kv = _uniform(f, "attention.head_count_kv", opt("attention.head_count_kv", n_head))
     n_nextn = _uniform(f, "nextn_predict_layers", opt("nextn_predict_layers", 0))
     n_layer = _uniform(f, "block_count", req("block_count")) - n_nextn
+    n_head_kv_key = opt("attention.head_count_kv", n_head)
+    n_head_kv_blocks: tuple[int, ...] = ()
+    if recipe.block_layout and isinstance(n_head_kv_key, list) and len(set(n_head_kv_key)) > 1:
+        # Gemma 4's num_global_key_value_heads: the global blocks have their own KV head count
+        n_head_kv_blocks = _per_block_widths(f, "attention.head_count_kv", n_head_kv_key, n_layer)
+        if any(n_head % n for n in n_head_kv_blocks):
+            raise ModelFileError(f.path, f"invalid per-block head_count_kv {list(n_head_kv_blocks)} for {n_head} heads")
+        n_head_kv = max(n_head_kv_blocks)
+    else:
+        n_head_kv = _uniform(f, "attention.head_count_kv", n_head_kv_key)
     moe = recipe.moe
     has_moe = moe is not None and (not moe.optional or f"{arch}.expert_count" in f.metadata)
     # An all-MoE model needs no dense FFN width (qwen3moe files may still carry one); Gemma 4's does.
@@ -626,7 +640,7 @@ def read_hparams(f: GGUFFile, implements: frozenset[str] = frozenset(), runtime:
     layout = BlockLayout()
     if recipe.block_layout:
         layout = read_block_layout(f, opt, lambda key, v: _uniform(f, key, v), n_layer, swa_layers, head_dim, n_rot,
-                                   n_ff_blocks)
+                                   n_ff_blocks, n_head_kv_blocks)
     rope_base = float(opt("rope.freq_base", 10000.0))
     own = recipe.swa_rope == "own"
     scaling_swa = scaling.with_freq_scale(1.0) if own else scaling

@@ -16,7 +16,10 @@ takes a per-layer input of P values per token::
 
 and every block's output is multiplied by its ``layer_output_scale`` where the file has one. The dense
 FFN's width may vary by block (``feed_forward_length`` an array: ``use_double_wide_mlp`` doubles the
-KV-sharing blocks'); ``ModelHParams.n_ff`` is then the widest and ``block_n_ff`` each block's.
+KV-sharing blocks'); ``ModelHParams.n_ff`` is then the widest and ``block_n_ff`` each block's. The KV head
+count may vary likewise (``attention.head_count_kv`` an array: ``num_global_key_value_heads`` gives the global
+blocks their own, as the 31B and 26B-A4B set it); ``n_head_kv`` is then the most and ``block_n_head_kv`` each
+block's, and a block sharing another's KV has its owner's count.
 
 A block owning KV but without ``attn_v`` (transformers' ``attention_k_eq_v``: the 31B's and 26B-A4B's
 global blocks) takes its values from the key projection's output, before the key norm and rope; the
@@ -44,6 +47,7 @@ class BlockLayout:
     out_scale: bool = False  # blocks multiply their output by layer_output_scale
     values_from_keys: tuple[int, ...] = ()  # blocks owning KV whose values are their key projection (no attn_v)
     n_ff_blocks: tuple[int, ...] = ()  # per trunk block: its dense FFN width (empty: the file's one width)
+    n_head_kv_blocks: tuple[int, ...] = ()  # per trunk block: its KV head count (empty: the file's one count)
 
     def owns_kv(self, layer: int) -> bool:
         return layer >= len(self.kv_source) or self.kv_source[layer] == layer
@@ -54,7 +58,7 @@ class BlockLayout:
 
 def read_block_layout(f: GGUFFile, opt: Callable[[str, Any], Any], uniform: Callable[[str, Any], int], n_layer: int,
                       swa_layers: tuple[bool, ...], head_dim: int, n_rot: int,
-                      n_ff_blocks: tuple[int, ...] = ()) -> BlockLayout:
+                      n_ff_blocks: tuple[int, ...] = (), n_head_kv_blocks: tuple[int, ...] = ()) -> BlockLayout:
     """`f`'s :class:`BlockLayout` (see the module docstring); a malformed one is a ModelFileError."""
     arch = f.architecture
     hd_swa = uniform("attention.key_length_swa", opt("attention.key_length_swa", head_dim))
@@ -76,6 +80,9 @@ def read_block_layout(f: GGUFFile, opt: Callable[[str, Any], Any], uniform: Call
                                          f"blocks {owners}.. comes from block {owners - 2} (sliding) and "
                                          f"{owners - 1} (global), which the pattern does not make so")
         kv_source = tuple(i if i < owners else owners - (2 if swa_layers[i] else 1) for i in range(n_layer))
+    if n_head_kv_blocks and any(n_head_kv_blocks[i] != n_head_kv_blocks[kv_source[i]] for i in range(n_layer)):
+        raise ModelFileError(f.path, f"inconsistent {arch}.attention.head_count_kv {list(n_head_kv_blocks)}: a block "
+                                     "sharing another's KV must have its KV head count")
     n_pl = uniform("embedding_length_per_layer_input", opt("embedding_length_per_layer_input", 0))
     if n_pl < 0:
         raise ModelFileError(f.path, f"invalid {arch}.embedding_length_per_layer_input = {n_pl}")
@@ -92,5 +99,6 @@ def read_block_layout(f: GGUFFile, opt: Callable[[str, Any], Any], uniform: Call
         out_scale=f.has_tensor("blk.0.layer_output_scale.weight"),
         values_from_keys=values_from_keys,
         n_ff_blocks=n_ff_blocks,
+        n_head_kv_blocks=n_head_kv_blocks,
     )
     return layout

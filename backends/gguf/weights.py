@@ -72,7 +72,7 @@ def block_shapes(hp: ModelHParams, i: int) -> dict[str, tuple[int, ...]]:
     """Required tensors of decoder block ``i`` (trunk or MTP block): attention (or the gated delta-net of
     a hybrid's recurrent block), norms, FFN or MoE."""
     H, hd = hp.n_embd, hp.block_head_dim(i) if i < hp.n_layer else hp.head_dim
-    q, kv = hp.n_head * hd, hp.n_head_kv * hd
+    q, kv = hp.n_head * hd, (hp.block_n_head_kv(i) if i < hp.n_layer else hp.n_head_kv) * hd
     b = f"blk.{i}."
     shapes: dict[str, tuple[int, ...]] = {b + "attn_norm.weight": (H,), b + hp.ffn_norm_name + ".weight": (H,)}
     if hp.delta_net is not None and hp.is_recurrent(i):

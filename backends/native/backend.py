@@ -138,8 +138,10 @@ class NativeBackend(PooledSeqs, Backend):
     def _reserve_kv(self, slot: int) -> None:
         if self._lib.sk_kv_alloc(self._ctx, slot) != 0:
             hp = self.hparams
-            n_kv = sum(not hp.is_recurrent(i) for i in range(hp.n_layer))  # delta-net blocks keep no KV
-            gib = n_kv * hp.n_head_kv * hp.head_dim * 2 * 2 * self.options.n_ctx / 2**30
+            # delta-net blocks keep no KV; Gemma 4's blocks have their own KV heads and head sizes
+            heads = sum(hp.block_n_head_kv(i) * hp.block_head_dim(i) for i in range(hp.n_layer)
+                        if not hp.is_recurrent(i) and hp.layout.owns_kv(i))
+            gib = heads * 2 * 2 * self.options.n_ctx / 2**30
             raise ConfigError(f"cannot reserve the KV cache of one sequence ({gib:.1f} GiB for --ctx-size "
                               f"{self.options.n_ctx}); use a smaller --ctx-size")
 

@@ -69,13 +69,14 @@ def build_layer(w: NativeWeights, i: int) -> nl.Layer:
 
 
 def _block_layout(w: NativeWeights, i: int, layer: nl.Layer) -> None:
-    """Trunk block i's Gemma 4 fields (gguf/block_layout.py): head size, shared KV, value norm, output scale,
-    per-layer input (all left at "none" for other architectures)."""
+    """Trunk block i's Gemma 4 fields (gguf/block_layout.py): head size, KV heads, shared KV, value norm, output
+    scale, per-layer input (all left at "none" for other architectures)."""
     hp, b = w.hp, f"blk.{i}."
     assert hp is not None
     lay = hp.layout
     layer.head_dim = hp.block_head_dim(i)
     layer.kv_shared = 0 if lay.owns_kv(i) else lay.kv_of(i) + 1
+    layer.n_head_kv = hp.block_n_head_kv(i) if lay.n_head_kv_blocks else 0
     layer.value_norm = int(hp.recipe.value_norm)
     if lay.out_scale:
         layer.out_scale = float(w.vector(b + "layer_output_scale.weight")[0])

@@ -71,8 +71,10 @@ class Layer(ctypes.Structure):
                 ("sliding", ctypes.c_int32),  # the config's window, rope_inv_freq_swa, a ring of keys and values
                 ("attn_sinks", ctypes.c_void_p),  # [n_head] sink logits (gpt-oss), or NULL
                 # Gemma 4 (csrc/sk_gemma4.h): own head size (0: the config's), 1 + the block whose KV it attends
-                # (0: its own), weightless value norm, output scale (0: none), the per-layer input's weights
+                # (0: its own), weightless value norm, own KV head count (0: the config's), output scale (0: none), the
+                # per-layer input's weights
                 ("head_dim", ctypes.c_int32), ("kv_shared", ctypes.c_int32), ("value_norm", ctypes.c_int32),
+                ("n_head_kv", ctypes.c_int32),
                 ("out_scale", ctypes.c_float), ("ple_gate", Tensor), ("ple_proj", Tensor), ("ple_norm", ctypes.c_void_p),
                 # Gemma 4's MoE blocks (moe_pre_norm set): the dense FFN beside the experts, each half post-normed
                 ("moe_pre_norm", ctypes.c_void_p), ("router_scale", ctypes.c_void_p), ("dense_post_norm", ctypes.c_void_p),

@@ -143,10 +143,10 @@ class TorchBackend(PooledSeqs, Backend):
                     raise ConfigError(f"no fp32 GEMM path of this torch build is row-invariant on this CPU at {shape}, "
                                       "so the torch backend cannot be exact here; use --backend native")
                 self.gemm_plan[shape] = (packed, align)
-            group = hp.n_head // hp.n_head_kv
-            head_dims = sorted({hp.block_head_dim(i) for i in range(hp.n_layer)})
+            # (query group, head size) of every block: Gemma 4's may vary by block
+            shapes = sorted({(hp.n_head // hp.block_n_head_kv(i), hp.block_head_dim(i)) for i in range(hp.n_layer)})
             attn = [attention_align(n, hd, group, hp.attn_scale) for n in (KEY_GRANULE, 4 * KEY_GRANULE)
-                    for hd in head_dims]
+                    for group, hd in shapes]
             if None in attn:
                 raise ConfigError("no fp32 attention GEMM of this torch build is row-invariant on this CPU; "
                                   "use --backend native")

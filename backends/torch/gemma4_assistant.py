@@ -57,6 +57,7 @@ class _Block:
     ffn_post_norm: torch.Tensor
     out_scale: torch.Tensor
     kv_layer: int  # the target's KV layer this block reads
+    n_kv: int  # that layer's KV heads (the cache's first ones)
 
 
 class TorchGemma4Assistant(AssistantRuntime):
@@ -114,7 +115,8 @@ class TorchGemma4Assistant(AssistantRuntime):
                 sliding, int(mixer.head_dim), t(b + "attn_norm.weight"), t(b + "attn_q.weight"),
                 t(b + "attn_q_norm.weight"), t(b + "attn_output.weight"), t(b + "post_attention_norm.weight"),
                 t(b + "ffn_norm.weight"), t(b + "ffn_gate.weight"), t(b + "ffn_up.weight"), t(b + "ffn_down.weight"),
-                t(b + "post_ffw_norm.weight"), t(b + "layer_output_scale.weight"), int(mixer.kv_layer)))
+                t(b + "post_ffw_norm.weight"), t(b + "layer_output_scale.weight"), int(mixer.kv_layer),
+                int(mixer.n_head_kv or thp.n_head_kv)))
 
     @torch.inference_mode()
     def step(self, rows: Sequence[AssistantRow]) -> list[MtpOut]:
@@ -148,8 +150,8 @@ class TorchGemma4Assistant(AssistantRuntime):
         cos, sin = (rope["cos_swa"], rope["sin_swa"]) if blk.sliding else (rope["cos"], rope["sin"])
         q = self.target.model._rope(q, cos, sin)[0]  # [nh, hd], the target's rope of this kind
         lo = max(0, pos - self.window + 1) if blk.sliding else 0
-        keys = cache.k[blk.kv_layer, :, lo:pos, :hd]
-        vals = cache.v[blk.kv_layer, :, lo:pos, :hd]
+        keys = cache.k[blk.kv_layer, : blk.n_kv, lo:pos, :hd]
+        vals = cache.v[blk.kv_layer, : blk.n_kv, lo:pos, :hd]
         n_kv = keys.shape[0]
         qg = q.view(n_kv, nh // n_kv, hd)
         probs = torch.softmax((qg @ keys.transpose(1, 2)).float(), dim=-1).to(vals.dtype)  # scale 1

@@ -82,7 +82,7 @@ def model_gemm_shapes(hp: ModelHParams) -> list[tuple[int, int]]:
     shapes = [(hp.n_vocab, hp.n_embd)]
     for i in range(hp.n_layer):
         hd = hp.block_head_dim(i)
-        kv_heads = 2 * hp.n_head_kv if hp.layout.owns_kv(i) else 0
+        kv_heads = 2 * hp.block_n_head_kv(i) if hp.layout.owns_kv(i) else 0
         shapes += [((q_heads + kv_heads) * hd, hp.n_embd), (hp.n_embd, hp.n_head * hd)]
     P = hp.layout.n_embd_per_layer
     if P:
@@ -109,6 +109,7 @@ class AttnWeights:
     head_dim: int = 0
     owns_kv: bool = True  # False: qkv projects queries only, the keys and values are kv_layer's (Gemma 4)
     value_norm: bool = False  # values RMS-normed per head, no weight
+    n_head_kv: int = 0  # its KV heads (0: the file's; Gemma 4's global blocks may have fewer: the caches' first ones)
 
 
 @dataclass
@@ -236,6 +237,7 @@ class TorchModel:
                     head_dim=hp.block_head_dim(i) if i < hp.n_layer else hp.head_dim,
                     owns_kv=owns_kv,
                     value_norm=hp.recipe.value_norm,
+                    n_head_kv=hp.block_n_head_kv(i) if i < hp.n_layer else hp.n_head_kv,
                 )
             per_layer = None
             if hp.layout.n_embd_per_layer and i < hp.n_layer:
@@ -337,20 +339,24 @@ class TorchModel:
         return torch.cat((out, x[..., n_rot:]), dim=-1) if n_rot < x.shape[-1] else out
 
     def _attention(self, tile: Tile, kv_layer: int, qk: torch.Tensor, out: torch.Tensor, sliding: bool = False,
-                   sinks: torch.Tensor | None = None) -> None:
+                   sinks: torch.Tensor | None = None, n_kv: int = 0) -> None:
         """qk: roped [M, n_head + n_kv, hd] (a block reading another's KV: its queries in the first n_head of
         those rows). Writes each group's rows of ``out`` [M, n_head, hd].
-        ``sinks``: one more logit per head in each row's softmax, whose probability weighs no value."""
+        ``sinks``: one more logit per head in each row's softmax, whose probability weighs no value.
+        ``n_kv``: the block's KV heads, the caches' first ones (0: the file's n_head_kv; qk keeps n_head_kv rows)."""
         hp = self.hp
-        n_kv, g, hd = hp.n_head_kv, hp.n_head // hp.n_head_kv, qk.shape[-1]
+        n_kv = n_kv or hp.n_head_kv
+        g, hd = hp.n_head // n_kv, qk.shape[-1]
         flat = qk.view(-1, hd)
         for grp in tile.groups:
             n, R = grp.r1 - grp.r0, grp.q_rows
             # heads h = kv*g + j share kv head `kv`: fold (j, row) into the GEMM's M dimension.
             qg = flat.index_select(0, grp.q_index).view(n_kv, g * R, hd)
-            keys = grp.cache.k[kv_layer, :, : grp.n_keys, :hd]
-            vals = grp.cache.v[kv_layer, :, : grp.n_keys, :hd]
+            keys = grp.cache.k[kv_layer, :n_kv, : grp.n_keys, :hd]
+            vals = grp.cache.v[kv_layer, :n_kv, : grp.n_keys, :hd]
             mask = grp.window_mask if sliding and grp.window_mask is not None else grp.mask
+            if g != hp.n_head // hp.n_head_kv:  # the masks repeat R rows once per query head of a group
+                mask = mask[:R].repeat(g, 1)
             scores = torch.baddbmm(mask, qg, keys.transpose(1, 2), alpha=hp.attn_scale)
             if sinks is not None:  # rows (j, row) of kv head kv belong to head kv * g + j
                 sink = sinks.view(n_kv, g, 1, 1).expand(n_kv, g, R, 1).reshape(n_kv, g * R, 1)
@@ -409,7 +415,7 @@ class TorchModel:
 
     def _attend(self, tile: Tile, aw: AttnWeights, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         hp = self.hp
-        nh, nkv, hd = hp.n_head, hp.n_head_kv, aw.head_dim or hp.head_dim
+        nh, nkv, hd = hp.n_head, aw.n_head_kv or hp.n_head_kv, aw.head_dim or hp.head_dim
         M = h.shape[0]
         if attn_out.shape[-1] != hd:  # a block with its own head size (Gemma 4)
             attn_out = torch.zeros((M, nh, hd), dtype=self.dtype, device=self.device)
@@ -424,8 +430,8 @@ class TorchModel:
             if tile.q_scale is not None:
                 q = q * tile.q_scale
             # the groups' q_index addresses [n_head + n_kv] heads per row: the kv part stays unused
-            qk = torch.cat((q, q.new_zeros((M, nkv, hd))), 1)
-            self._attention(tile, aw.kv_layer, qk, attn_out, aw.sliding, aw.sinks)
+            qk = torch.cat((q, q.new_zeros((M, hp.n_head_kv, hd))), 1)
+            self._attention(tile, aw.kv_layer, qk, attn_out, aw.sliding, aw.sinks, nkv)
             return aw.out(attn_out.view(M, nh * hd))
         gate = None
         if hp.recipe.attn_output_gate:  # [q | gate] per head, then k, v
@@ -452,9 +458,11 @@ class TorchModel:
         kl = aw.kv_layer
         for w in tile.writes:
             n = w.r1 - w.r0
-            w.cache.k[kl, :, w.pos0 : w.pos0 + n, :hd] = qk[w.r0 : w.r1, nh:].transpose(0, 1)
-            w.cache.v[kl, :, w.pos0 : w.pos0 + n, :hd] = v[w.r0 : w.r1].transpose(0, 1)
-        self._attention(tile, kl, qk, attn_out, aw.sliding, aw.sinks)
+            w.cache.k[kl, :nkv, w.pos0 : w.pos0 + n, :hd] = qk[w.r0 : w.r1, nh:].transpose(0, 1)
+            w.cache.v[kl, :nkv, w.pos0 : w.pos0 + n, :hd] = v[w.r0 : w.r1].transpose(0, 1)
+        if nkv != hp.n_head_kv:  # the groups' q_index addresses [n_head + n_head_kv] heads per row
+            qk = torch.cat((qk[:, :nh], qk.new_zeros((M, hp.n_head_kv, hd))), 1)
+        self._attention(tile, kl, qk, attn_out, aw.sliding, aw.sinks, nkv)
         out = attn_out if gate is None else attn_out * torch.sigmoid(gate)
         return aw.out(out.view(M, nh * hd))
 

@@ -6,7 +6,7 @@ under speculation (the native sliding blocks' rings wrapping, the shared blocks 
 malformed files are clear errors. The onnx backend refuses its blocks by name. The MoE variant and the
 values-from-keys variant (global blocks without ``attn_v``, transformers' ``attention_k_eq_v`` as the 31B and
 26B-A4B set it) are checked the same way, and the double-wide FFNs of the KV-sharing blocks (per-block
-``feed_forward_length``). One file for the architecture and its variants: they share its helpers."""
+``feed_forward_length``) and the global blocks' fewer KV heads (per-block ``head_count_kv``). One file for the architecture and its variants: they share its helpers."""
 
 from __future__ import annotations
 
@@ -231,7 +231,9 @@ def _edited(src: Path, dst: Path, *, meta: dict[str, Any] | None = None, drop: t
      r"inconsistent gemma4\.attention\.sliding_window_pattern: the shared KV of blocks 4\.\."),
     ({"meta": {"gemma4.attention.shared_kv_layers": 5}}, r"invalid gemma4\.attention\.shared_kv_layers = 5"),
     ({"meta": {"gemma4.attention.value_length_swa": 8}}, r"key_length_swa 16 != value_length_swa 8"),
-    ({"meta": {"gemma4.attention.head_count_kv": [2, 2, 2, 1, 2, 1]}}, r"per-layer varying 'attention\.head_count_kv'"),
+    ({"meta": {"gemma4.attention.head_count_kv": [2, 2, 2, 3, 2, 3]}},
+     r"invalid per-block head_count_kv \[2, 2, 2, 3, 2, 3\] for 4 heads"),
+    ({"meta": {"gemma4.attention.head_count_kv": [2, 2, 2, 1, 2, 2]}}, r"inconsistent gemma4\.attention\.head_count_kv"),
     ({"meta": {"gemma4.feed_forward_length": [128, 128, 0, 128, 256, 256]}},
      r"invalid per-block 'feed_forward_length'"),
     ({"drop": ("per_layer_proj_norm.weight",)}, r"missing tensor 'per_layer_proj_norm\.weight'"),
@@ -406,4 +408,63 @@ def test_double_wide_ffns_match_transformers(dw_gguf: Path, name: str) -> None:
     got = _engine_output(exact, Tokenizer.from_gguf(GGUFFile(dw_gguf)), dw_gguf, ("ngram-simple", "draft-simple"),
                          prompt, sampling, 512)
     assert got == plain_decode(exact, prompt, n_predict=30, sampling=sampling, seed=7, is_eog=lambda t: False,
+                               n_ctx=512, ignore_eos=True)
+
+
+# Fewer KV heads in the global blocks: fixtures/tiny_gemma4.py's global_kv_heads variant (per-block head_count_kv)
+
+
+@pytest.fixture(scope="module")
+def gkv_gguf() -> Path:
+    return g4.tiny_gemma4_gguf_path(global_kv_heads=1)
+
+
+def test_global_blocks_read_their_own_kv_head_count(gkv_gguf: Path) -> None:
+    f = GGUFFile(gkv_gguf)
+    assert f.get("gemma4.attention.head_count_kv") == [2, 2, 2, 1, 2, 1]  # the converter's per-block array
+    hp = read_hparams(f, implements=FEATURES)
+    assert [hp.block_n_head_kv(i) for i in range(hp.n_layer)] == [2, 2, 2, 1, 2, 1] and hp.n_head_kv == 2
+    assert hp.layout.kv_of(5) == 3 and f.tensor("blk.3.attn_k.weight").shape[0] == 1 * g4.HEAD_DIM
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_global_kv_heads_match_transformers(gkv_gguf: Path, name: str) -> None:
+    import torch
+
+    tokens = _tokens(60, seed=27)  # past the window: the shared global block reads block 3's one KV head
+    want = g4.reference_logits(tokens, global_kv_heads=1)
+    b = _backend(name, gkv_gguf)
+    tol = LOGIT_TOL if name == "torch" else NATIVE_REL_TOL * float(np.abs(want).max())
+    assert np.abs(_all_rows(b, tokens) - want).max() < tol
+
+    ids = _tokens(12, seed=28).tolist()
+    model = g4.gemma4_model(g4.tiny_gemma4_hf_path(global_kv_heads=1))
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([ids]), max_new_tokens=30, do_sample=False)[0, len(ids):].tolist()
+    got = plain_decode(b, ids, n_predict=30, sampling=SamplingParams(temperature=0.0), seed=0,
+                       is_eog=lambda t: False, n_ctx=512, ignore_eos=True)
+    assert got == ref
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_global_kv_heads_chunked_rows_equal_one_pass(gkv_gguf: Path, name: str) -> None:
+    b = _backend(name, gkv_gguf, n_ctx=256)
+    tokens = _tokens(70, seed=29)
+    want = _all_rows(b, tokens)
+    s = b.new_seq()
+    got = [b.forward([SeqInput(s, tokens[:25], 0, np.arange(25))])[0].logits]
+    got += [b.forward([SeqInput(s, tokens[i : i + 1], i)])[0].logits for i in range(25, 35)]
+    got += [b.forward([SeqInput(s, tokens[35:], 35, np.arange(35))])[0].logits]
+    got_rows = np.concatenate(got)
+    assert np.array_equal(got_rows, want) if name == "native" else np.abs(got_rows - want).max() < 1e-4
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_global_kv_heads_speculation_is_lossless(gkv_gguf: Path, name: str) -> None:
+    b = load_backend(name, str(gkv_gguf), BackendOptions(n_ctx=512, n_seq_max=3, threads=2, exact=True))
+    tok = Tokenizer.from_gguf(GGUFFile(gkv_gguf))
+    prompt = (_tokens(6, seed=30).tolist() * 12)[:70]
+    sampling = SamplingParams(temperature=0.8, seed=9)
+    got = _engine_output(b, tok, gkv_gguf, ("draft-simple",), prompt, sampling, 512)
+    assert got == plain_decode(b, prompt, n_predict=30, sampling=sampling, seed=9, is_eog=lambda t: False,
                                n_ctx=512, ignore_eos=True)

@@ -52,8 +52,9 @@ typedef struct {
     const float *attn_sinks; /* [n_head]: a sink logit per query head in every softmax (gpt-oss), or NULL */
     /* Gemma 4 (sk_gemma4.h): the block's head size (0: the config's); 1 + the block whose keys and values it
      * attends (0: its own; else wq projects queries only); values RMS-normed without weight; the output times
-     * out_scale (0: none); its per-layer input's gate, projection and norm (ple_gate.data NULL: none). */
-    int32_t head_dim, kv_shared, value_norm;
+     * out_scale (0: none); its per-layer input's gate, projection and norm (ple_gate.data NULL: none); its KV
+     * head count (0: the config's; a sharing block has its owner's). */
+    int32_t head_dim, kv_shared, value_norm, n_head_kv;
     float out_scale;
     sk_tensor ple_gate, ple_proj;
     const float *ple_norm;
@@ -123,7 +124,7 @@ struct sk_ctx {
     float *x, *h, *qkv, *att, *gu, *rope;
     sk_act act;
     float **att_scratch;  /* per thread: scores of one chunk for every query head of a kv group */
-    int64_t *att_prefix;  /* [rows + 1]: first attention work item of each row (kv heads x chunks) */
+    int64_t *att_prefix;  /* [rows + 1]: first key piece of each row (plan_spans) */
     float *att_parts;     /* per work item and query head: [max, sum, values] of one key chunk */
     int64_t att_rows_cap, att_parts_cap;
     uint8_t *packed;     /* weight copies in the kernels' own layout, one arena freed with the context */
@@ -141,7 +142,7 @@ struct sk_ctx {
     int64_t *att_prefix_swa;   /* like att_prefix, for the sliding blocks' spans (NULL: none slide) */
     int64_t swa_ring;          /* rows of a sliding block's ring (0: no block slides) */
     sk_swa *swa;               /* the sequences' ring floors and window snapshots (NULL: no block slides) */
-    uint16_t **swa_heads;      /* scratch [2 n_sliding_blocks n_head_kv]: a slot's rings (sk_swa.h) */
+    uint16_t **swa_heads;      /* scratch [2 sliding blocks' kv heads]: a slot's rings (sk_swa.h) */
     int n_swa_heads;
     float *rope_swa;           /* per row [cos | sin] of the sliding blocks' rope */
     int32_t max_hd, swa_hd;    /* the widest block's head size; the sliding blocks' (their rings' rows) */
@@ -225,6 +226,9 @@ static void *xalloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 *
 /* A block's head size: its own (Gemma 4) or the config's. */
 static int hd_of(const sk_config *g, const sk_layer *L) { return L && L->head_dim ? L->head_dim : g->head_dim; }
 
+/* A block's KV head count: its own (Gemma 4's global blocks) or the config's. */
+static int nkv_of(const sk_config *g, const sk_layer *L) { return L && L->n_head_kv ? L->n_head_kv : g->n_head_kv; }
+
 /* The block whose keys and values block `layer` attends (itself unless it shares another's). */
 static int kv_owner(const sk_ctx *c, int layer) { return c->layers[layer].kv_shared ? c->layers[layer].kv_shared - 1 : layer; }
 
@@ -257,12 +261,13 @@ static inline int64_t row_first_key(const sk_config *g, const sk_batch *b, int64
     return lo > 0 ? lo : 0;
 }
 
-/* First work item of each row in attention_plan's (row, kv head, piece) numbering, and its total. */
+/* First key piece of each row, and their total: a block's work items are (row, kv head, piece), so row r's
+ * first is prefix[r] times the block's kv heads. */
 static int64_t plan_spans(const sk_config *g, const sk_batch *b, int sliding, int64_t *prefix) {
     int64_t items = 0;
     for (int64_t r = 0; r < b->n_rows; r++) {
         prefix[r] = items;
-        items += (int64_t)g->n_head_kv * sk_span_pieces(row_first_key(g, b, r, sliding), row_keys(b, r));
+        items += sk_span_pieces(row_first_key(g, b, r, sliding), row_keys(b, r));
     }
     prefix[b->n_rows] = items;
     return items;
@@ -285,7 +290,7 @@ static int plan_attention(sk_ctx *c, const sk_batch *b) {
         if (items_swa > items) items = items_swa;
     }
     const int64_t hd = c->max_hd > g->head_dim ? c->max_hd : g->head_dim; /* sk_test_attend sets only the latter */
-    int64_t need = items * (g->n_head / g->n_head_kv) * (hd + 2);
+    int64_t need = items * g->n_head * (hd + 2); /* kv heads x their query heads: n_head partials per piece */
     if (need > c->att_parts_cap) {
         free(c->att_parts);
         c->att_parts = xalloc((size_t)need * 4);
@@ -493,10 +498,13 @@ static int set_up_blocks(sk_ctx *c) {
             return -1;
         }
         if (hd > c->max_hd) c->max_hd = hd;
+        const int nkv = nkv_of(g, L);
+        if (nkv < 1 || g->n_head % nkv) { free(dn); return -1; }
         if (L->kv_shared) { /* another block's keys and values: an earlier one of the same kind and head size */
             const int o = L->kv_shared - 1;
             if (o >= l || L->dn.qkv.data || c->layers[o].kv_shared || c->layers[o].dn.qkv.data ||
-                c->layers[o].sliding != L->sliding || hd_of(g, &c->layers[o]) != hd || L->attn_gate) { free(dn); return -1; }
+                c->layers[o].sliding != L->sliding || hd_of(g, &c->layers[o]) != hd || L->attn_gate ||
+                nkv_of(g, &c->layers[o]) != nkv_of(g, L)) { free(dn); return -1; }
             c->kv_layer[l] = c->kv_layer[o];
             if (q_width(g, L) > c->qkvd) c->qkvd = q_width(g, L);
             continue;
@@ -514,11 +522,11 @@ static int set_up_blocks(sk_ctx *c) {
             if (c->swa_hd && c->swa_hd != hd) { free(dn); return -1; } /* one ring row size (sk_swa.h) */
             c->swa_hd = hd;
             c->swa_ring = c->kv_rows[l];
-            c->n_swa_heads += 2 * g->n_head_kv;
+            c->n_swa_heads += 2 * nkv;
         }
         c->kv_off[l] = c->kv_slot_elems;
-        c->kv_slot_elems += 2 * (int64_t)g->n_head_kv * c->kv_rows[l] * hd;
-        const int64_t w = q_width(g, L) + 2 * (int64_t)g->n_head_kv * hd;
+        c->kv_slot_elems += 2 * (int64_t)nkv * c->kv_rows[l] * hd;
+        const int64_t w = q_width(g, L) + 2 * (int64_t)nkv * hd;
         if (L->attn_gate && (L->wq.n_rows != (L->wk.data ? q_width(g, L) : w) || g->wide_input)) { free(dn); return -1; }
         if (w > c->qkvd) c->qkvd = w;
     }
@@ -569,7 +577,7 @@ static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int kernel_cap) {
         return NULL;
     }
     for (int i = 0; i < c->cfg.n_threads; i++) {
-        c->att_scratch[i] = xalloc((size_t)(cfg->n_head / cfg->n_head_kv) * SK_ATTN_CHUNK * 4);
+        c->att_scratch[i] = xalloc((size_t)cfg->n_head * SK_ATTN_CHUNK * 4); /* a block's group: up to n_head */
         if (!c->att_scratch[i]) { sk_ctx_free(c); return NULL; }
     }
     if (!base) c->pool = sk_pool_new(cfg->n_threads);
@@ -619,7 +627,7 @@ static uint16_t *kcache(sk_ctx *c, int slot, int layer, int head) {
 
 static uint16_t *vcache(sk_ctx *c, int slot, int layer, int head) {
     const int o = kv_owner(c, layer);
-    return kcache(c, slot, layer, head) + (int64_t)c->cfg.n_head_kv * c->kv_rows[o] * hd_of(&c->cfg, &c->layers[o]);
+    return kcache(c, slot, layer, head) + (int64_t)nkv_of(&c->cfg, &c->layers[o]) * c->kv_rows[o] * hd_of(&c->cfg, &c->layers[o]);
 }
 
 static const sk_kernels *kern_for(const sk_ctx *c, const sk_tensor *w) {
@@ -717,13 +725,13 @@ static void rope_head(float *v, const float *cs, int n_rot, int neox) {
 static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int first_head, int64_t r0, int64_t r1) {
     const sk_config *g = &c->cfg;
     const sk_layer *L = &c->layers[layer];
-    const int hd = hd_of(g, L), n_rot = L->sliding ? n_rot_swa(g) : g->n_rot;
+    const int hd = hd_of(g, L), n_rot = L->sliding ? n_rot_swa(g) : g->n_rot, nkv = nkv_of(g, L);
     const int64_t qkvd = c->qkvd, qs = q_stride(g, L), qw = q_width(g, L);
     for (int64_t r = r0; r < r1; r++) {
         float *row = c->qkv + r * qkvd, *cs = (L->sliding ? c->rope_swa : c->rope) + r * n_rot;
         const float temp = sk_attn_temperature(g->attn_temp_scale, g->attn_temp_floor, b->pos[r]);
         /* a block attending another's keys and values has queries only */
-        for (int h = first_head; h < g->n_head + (L->kv_shared ? 0 : g->n_head_kv); h++) {
+        for (int h = first_head; h < g->n_head + (L->kv_shared ? 0 : nkv); h++) {
             float *v = h < g->n_head ? row + h * qs : row + qw + (int64_t)(h - g->n_head) * hd;
             const float *nw = h < g->n_head ? L->q_norm : L->k_norm;
             if (nw) c->kern->rms_norm(v, nw, hd, g->rms_eps, v);
@@ -734,8 +742,8 @@ static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int first_head, in
         if (L->kv_shared) continue;
         int slot = b->seq[r];
         int64_t t = b->pos[r] % c->kv_rows[layer]; /* a ring's row in sliding blocks */
-        for (int h = 0; h < g->n_head_kv; h++) {
-            float *kv = row + qw + (int64_t)h * hd, *vv = kv + (int64_t)g->n_head_kv * hd;
+        for (int h = 0; h < nkv; h++) {
+            float *kv = row + qw + (int64_t)h * hd, *vv = kv + (int64_t)nkv * hd;
             if (L->value_norm) sk_value_norm(vv, hd, g->rms_eps);
             uint16_t *kd = kcache(c, slot, layer, h) + (t / SK_KEY_BLOCK) * hd * SK_KEY_BLOCK + t % SK_KEY_BLOCK;
             uint16_t *vd = vcache(c, slot, layer, h) + t * hd;
@@ -751,16 +759,17 @@ static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int first_head, in
  * loads, and long contexts spread over every thread. Each item leaves one partial per query head. */
 static void attention(sk_ctx *c, const sk_batch *b, int layer, int ith, int nth) {
     const sk_config *g = &c->cfg;
-    const int hd = hd_of(g, &c->layers[layer]), gq = g->n_head / g->n_head_kv, sliding = c->layers[layer].sliding;
+    const int hd = hd_of(g, &c->layers[layer]), nkv = nkv_of(g, &c->layers[layer]), gq = g->n_head / nkv;
+    const int sliding = c->layers[layer].sliding;
     const int64_t qkvd = c->qkvd, ldpart = hd + 2, qs = q_stride(g, &c->layers[layer]);
     const int64_t ring = c->kv_rows[kv_owner(c, layer)];
     const int64_t *prefix = sliding ? c->att_prefix_swa : c->att_prefix;
     int64_t i0, i1, r = 0;
-    split(prefix[b->n_rows], ith, nth, &i0, &i1);
+    split(prefix[b->n_rows] * nkv, ith, nth, &i0, &i1);
     for (int64_t i = i0; i < i1; i++) {
-        while (prefix[r + 1] <= i) r++;
+        while (prefix[r + 1] * nkv <= i) r++;
         const int64_t lo = row_first_key(g, b, r, sliding), hi = row_keys(b, r), nc = sk_span_pieces(lo, hi);
-        const int64_t local = i - prefix[r];
+        const int64_t local = i - prefix[r] * nkv;
         const int kvh = (int)(local / nc);
         int64_t t0, t1;
         sk_span_piece(lo, hi, local % nc, &t0, &t1);
@@ -777,15 +786,15 @@ static void attention(sk_ctx *c, const sk_batch *b, int layer, int ith, int nth)
  * times sigmoid(gate) when the block has an output gate. */
 static void attention_merge(sk_ctx *c, const sk_batch *b, const sk_layer *L, int ith, int nth) {
     const sk_config *g = &c->cfg;
-    const int hd = hd_of(g, L), gq = g->n_head / g->n_head_kv;
+    const int hd = hd_of(g, L), nkv = nkv_of(g, L), gq = g->n_head / nkv;
     const int64_t qd = (int64_t)g->n_head * hd, ldpart = hd + 2;
     int64_t i0, i1;
     split(b->n_rows * g->n_head, ith, nth, &i0, &i1);
     const int64_t *prefix = L && L->sliding ? c->att_prefix_swa : c->att_prefix;
     for (int64_t i = i0; i < i1; i++) {
-        const int64_t r = i / g->n_head, nc = (prefix[r + 1] - prefix[r]) / g->n_head_kv;
+        const int64_t r = i / g->n_head, nc = prefix[r + 1] - prefix[r];
         const int h = (int)(i % g->n_head), kvh = h / gq;
-        const float *p0 = c->att_parts + ((prefix[r] + (int64_t)kvh * nc) * gq + h % gq) * ldpart;
+        const float *p0 = c->att_parts + ((prefix[r] * nkv + (int64_t)kvh * nc) * gq + h % gq) * ldpart;
         const int64_t step = gq * ldpart;
         float *out = c->att + r * qd + (int64_t)h * hd;
         if (L && L->attn_sinks) {
@@ -830,7 +839,7 @@ static void attention_block(sk_ctx *c, const sk_batch *b, const sk_layer *L, int
     const int64_t qw = q_width(g, L);
     double t = *tp;
     part qkv[3] = {{&L->wq, c->qkv, qkvd, 0}, {&L->wk, c->qkv + qw, qkvd, 0},
-                   {&L->wv, c->qkv + qw + (int64_t)g->n_head_kv * hd_of(g, L), qkvd, 0}};
+                   {&L->wv, c->qkv + qw + (int64_t)nkv_of(g, L) * hd_of(g, L), qkvd, 0}};
     int nq = L->wk.data ? 3 : 1;
     const int64_t in_w = g->wide_input && l == 0 ? 2 * E : E; /* a wide input is already in h */
     if (in_w == E)
@@ -1033,7 +1042,7 @@ static void forward_job(void *arg, int ith, int nth) {
 static int swa_heads(sk_ctx *c, int slot) {
     int n = 0;
     for (int l = 0; l < c->cfg.n_layer; l++)
-        for (int h = 0; c->layers[l].sliding && !c->layers[l].kv_shared && h < c->cfg.n_head_kv; h++) {
+        for (int h = 0; c->layers[l].sliding && !c->layers[l].kv_shared && h < nkv_of(&c->cfg, &c->layers[l]); h++) {
             c->swa_heads[n++] = kcache(c, slot, l, h);
             c->swa_heads[n++] = vcache(c, slot, l, h);
         }
