@@ -15,15 +15,16 @@ from spekula.fixtures import tiny_gemma4  # noqa: E402
 from spekula.fixtures.tiny_gemma4_assistant import reference_steps, tiny_assistant_gguf_path  # noqa: E402
 
 
+@pytest.mark.parametrize("global_kv_heads", [0, 1])  # 1: a target whose global blocks have 1 KV head, not 2
 @pytest.mark.parametrize("n_prompt", [3, 7])  # at most W - 1 keys: there llama.cpp's window and transformers' agree
-def test_torch_assistant_steps_match_transformers(n_prompt: int) -> None:
+def test_torch_assistant_steps_match_transformers(n_prompt: int, global_kv_heads: int) -> None:
     from spekula.backends.torch.gemma4_assistant import TorchGemma4Assistant
 
     prompt = (np.arange(n_prompt, dtype=np.int32) * 37 + 11) % tiny_gemma4.VOCAB
     x, n_steps = 42, 3
-    h0, want = reference_steps(prompt, x, n_steps)
-    target = load_backend("torch", str(tiny_gemma4.tiny_gemma4_gguf_path()), BackendOptions(n_ctx=64, n_seq_max=1,
-                                                                                           threads=2))
+    h0, want = reference_steps(prompt, x, n_steps, global_kv_heads)
+    target = load_backend("torch", str(tiny_gemma4.tiny_gemma4_gguf_path(global_kv_heads=global_kv_heads)),
+                          BackendOptions(n_ctx=64, n_seq_max=1, threads=2))
     seq = target.new_seq()
     target.forward([SeqInput(seq, prompt, 0)])
     f = GGUFFile.shared(str(tiny_assistant_gguf_path()))

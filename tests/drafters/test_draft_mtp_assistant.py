@@ -56,6 +56,13 @@ def test_sampled_output_is_lossless() -> None:
     assert outs == refs and st["gen_drafts"] > 0
 
 
+def test_sampled_output_is_lossless_over_a_target_with_fewer_global_kv_heads() -> None:
+    """The assistant's global block reads a target block of 1 KV head (the sliding ones have 2)."""
+    outs, refs, st = run_vs_plain(tiny_gemma4_gguf_path(global_kv_heads=1), SPEC, draft=tiny_assistant_gguf_path(),
+                                  sampling=SamplingParams(temperature=0.8, seed=8))
+    assert outs == refs and st["gen_drafts"] > 0
+
+
 def test_drafts_are_transformers_assistant_drafts() -> None:
     """Every draft while the context is shorter than the window (where llama.cpp's window and
     transformers' agree) is transformers' greedy assistant draft from the same history: the drafter hands
