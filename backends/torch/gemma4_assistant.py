@@ -70,8 +70,10 @@ class TorchGemma4Assistant(AssistantRuntime):
             raise ConfigError(f"a {ARCH} drafter on torch reads a torch target's KV cache")
         self.info = info
         thp = target.hparams
-        if thp.arch != "gemma4":
-            raise ConfigError(f"a {ARCH} drafter reads a gemma4 target's KV; the target is {thp.arch}")
+        if not any(thp.swa_layers) or all(thp.swa_layers[:thp.n_layer]):
+            # it attends the target's last sliding and last global KV, so the target must have both kinds
+            raise ConfigError(f"a {ARCH} drafter reads a target's sliding and global KV; the target "
+                              f"({thp.arch}) does not have both kinds of blocks")
         self.target, self.dtype, self.device = target, target.dtype, target.device
 
         def key(name: str) -> Any:
