@@ -1,7 +1,7 @@
-"""Feeding a backend in pieces, for the exact-mode chunking tests of the ONNX and native backends.
+"""Opening a backend on a test file and feeding it: whole prompts or pieces (the exact-mode chunking
+tests), random token rows, the SIMD kernel choices of the native backend.
 
-Imported by tests/test_onnx_backend.py, test_onnx_quant.py, test_native_backend.py and test_native_moe.py
-(tests/conftest.py puts tests/ on sys.path).
+Imported by the backend tests under tests/ and tests/backends/ (tests/conftest.py puts tests/ on sys.path).
 """
 
 from __future__ import annotations
@@ -9,10 +9,22 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
-from spekula.core.backend import Backend, SeqInput
+from spekula.core.backend import Backend, BackendOptions, SeqInput, load_backend
+
+
+def open_backend(name: str, path: Path | str, *, n_ctx: int = 512, n_seq: int = 3, threads: int = 2,
+                 exact: bool = True) -> Backend:
+    """The `name` backend ("native", "torch", ...) on the model file `path` (exact: BackendOptions' default)."""
+    return load_backend(name, str(path), BackendOptions(n_ctx=n_ctx, n_seq_max=n_seq, threads=threads, exact=exact))
+
+
+def random_tokens(n: int, seed: int, low: int = 0, high: int = 320) -> np.ndarray:
+    """`n` token ids drawn uniformly from [low, high) (int32, as a prompt row)."""
+    return np.random.default_rng(seed).integers(low, high, n).astype(np.int32)
 
 
 def native_simd_choices() -> list[str]:

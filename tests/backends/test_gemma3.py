@@ -10,50 +10,35 @@ import math
 from pathlib import Path
 from typing import Any
 
-import anyio
 import numpy as np
 import pytest
+from backend_helpers import fresh_logits as _all_rows
+from backend_helpers import open_backend as _backend
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from toy_backend import make_engine, plain_decode, run_requests
+from sliding_window_checks import (
+    assert_lossless,
+    check_greedy_matches,
+    check_logits_match,
+    check_random_prompt_lossless,
+    check_rings_beyond_the_window,
+)
+from sliding_window_checks import edited as _edited
+from sliding_window_checks import tokens as _tokens
 
 from spekula.backends.gguf.architecture import FEATURES, read_hparams
-from spekula.backends.gguf.weights import dequantize
-from spekula.backends.native import backend as native_backend
-from spekula.core.backend import Backend, BackendOptions, SeqInput, load_backend
-from spekula.core.drafting.drafter import DrafterContext
+from spekula.core.backend import SeqInput
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
-from spekula.core.modelfile.tokenizer import Tokenizer
-from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
-from spekula.drafters.model.draft_simple import DraftSimpleDrafter
+from spekula.core.params import SamplingParams
 from spekula.fixtures import tiny_gemma3 as g3
-from spekula.fixtures.tiny_gguf import write_gguf
 
-LOGIT_TOL = 1e-3  # torch fp32 vs transformers fp32 (tests/backends/test_vs_transformers.py)
-NATIVE_REL_TOL = 0.01  # float16 KV on the F32 file: measured 4e-5 of max |logit|
 NONE = np.array([], np.int64)
 
 
 @pytest.fixture(scope="module")
 def gguf() -> Path:
     return g3.tiny_gemma3_gguf_path()
-
-
-def _backend(name: str, path: Path, n_ctx: int = 512, n_seq: int = 3) -> Backend:
-    return load_backend(name, str(path), BackendOptions(n_ctx=n_ctx, n_seq_max=n_seq, threads=2))
-
-
-def _tokens(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(3, 300, n).astype(np.int32)
-
-
-def _all_rows(b: Backend, tokens: np.ndarray) -> np.ndarray:
-    s = b.new_seq()
-    try:
-        return b.forward([SeqInput(s, tokens, 0, np.arange(tokens.size))])[0].logits
-    finally:
-        b.free_seq(s)
 
 
 def test_the_file_reads_as_llamacpp_reads_it(gguf: Path) -> None:
@@ -66,53 +51,16 @@ def test_the_file_reads_as_llamacpp_reads_it(gguf: Path) -> None:
 
 @pytest.mark.parametrize("name", ["native", "torch"])
 def test_logits_match_transformers(gguf: Path, name: str) -> None:
-    tokens = _tokens(60, seed=1)  # far past the window of 8
-    want = g3.reference_logits(tokens)
-    got = _all_rows(_backend(name, gguf), tokens)
-    tol = LOGIT_TOL if name == "torch" else NATIVE_REL_TOL * float(np.abs(want).max())
-    assert np.abs(got - want).max() < tol
-
-
-def _hf_greedy(ids: list[int], n_new: int) -> list[int]:
-    import torch
-
-    model = g3.gemma3_model(g3.tiny_gemma3_hf_path())
-    with torch.no_grad():
-        out = model(torch.tensor([ids]), use_cache=True)
-        gen = [int(out.logits[0, -1].argmax())]
-        for _ in range(n_new - 1):
-            out = model(torch.tensor([gen[-1:]]), past_key_values=out.past_key_values, use_cache=True)
-            gen.append(int(out.logits[0, -1].argmax()))
-    return gen
+    check_logits_match(gguf, g3.reference_logits, name)
 
 
 @pytest.mark.parametrize("name", ["native", "torch"])
 def test_greedy_matches_transformers(gguf: Path, name: str) -> None:
-    ids = _tokens(12, seed=2).tolist()
-    b = _backend(name, gguf)
-    got = plain_decode(b, ids, n_predict=40, sampling=SamplingParams(temperature=0.0), seed=0,
-                       is_eog=lambda t: False, n_ctx=512, ignore_eos=True)
-    assert got == _hf_greedy(ids, 40)
-
-
-@pytest.fixture
-def small_rings(monkeypatch: pytest.MonkeyPatch) -> int:
-    """Native sliding blocks with a row cap of 16: rings of 256 rows, so a 1024-token context wraps them."""
-    monkeypatch.setattr(native_backend, "SWA_ROW_CAP", 16)
-    return 16
+    check_greedy_matches(gguf, g3.gemma3_model(g3.tiny_gemma3_hf_path()), name)
 
 
 def test_rings_beyond_the_window_match_full_attention_with_the_window_mask(gguf: Path, small_rings: int) -> None:
-    tokens = _tokens(700, seed=3)
-    ring = _backend("native", gguf, n_ctx=1024)
-    one_pass = _all_rows(ring, tokens)  # 44 forwards of 16 rows through rings that wrap twice
-    want = _all_rows(_backend("torch", gguf, n_ctx=1024), tokens)  # every key kept, the window masked
-    assert np.abs(one_pass - want).max() < NATIVE_REL_TOL * float(np.abs(want).max())
-    s = ring.new_seq()  # other chunkings and decode steps give the same bits
-    got = [ring.forward([SeqInput(s, tokens[:500], 0, np.arange(500))])[0].logits]
-    got += [ring.forward([SeqInput(s, tokens[i : i + 1], i)])[0].logits for i in range(500, 520)]
-    got += [ring.forward([SeqInput(s, tokens[520:], 520, np.arange(180))])[0].logits]
-    assert np.array_equal(np.concatenate(got), one_pass)
+    check_rings_beyond_the_window(gguf)
 
 
 def test_rollback_in_a_wrapped_ring_is_exact_and_deeper_truncation_refused(gguf: Path, small_rings: int) -> None:
@@ -169,38 +117,14 @@ def test_q8_0_file_on_the_native_kernels_is_close_to_torch() -> None:
     assert np.abs(got - want).max() < 0.1 * float(np.abs(want).max())
 
 
-def _engine_output(b: Backend, tok: Tokenizer, path: Path, types: tuple[str, ...], prompts: list[list[int]],
-                   sampling: SamplingParams, n_ctx: int) -> list[list[int]]:
-    spec = SpecParams(types=types, n_max=4, adaptive=False,
-                      drafter_options={"spec-ngram-simple-size-n": 2, "spec-ngram-simple-size-m": 6})
-    drafters: list[Any] = []
-    if "draft-simple" in types:
-        ctx = DrafterContext(spec=spec, target=b, tokenizer=tok, n_seq_max=2, draft_model_path=str(path))
-        drafters.append(DraftSimpleDrafter.create(ctx))
-    engine = make_engine(b, tok, n_slots=1, n_ctx=n_ctx, n_batch=64, spec=spec, drafters=drafters)
-    reqs = [CompletionRequest(prompt=p, n_predict=40, sampling=sampling, ignore_eos=True) for p in prompts]
-    out = []
-    for req in reqs:  # one after the other on one slot: the second reuses what the ring allows of the first
-        (final,) = anyio.run(run_requests, engine, [req], 300.0)
-        assert final.error is None
-        out.append(final.tokens)
-    return out
-
-
 @pytest.mark.parametrize("types", [("ngram-simple",), ("draft-simple",)])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_speculation_is_lossless(gguf: Path, small_rings: int, types: tuple[str, ...], temperature: float) -> None:
-    n_ctx = 1024
-    b = _backend("native", gguf, n_ctx=n_ctx)
-    tok = Tokenizer.from_gguf(GGUFFile(gguf))
     segment = _tokens(9, seed=7).tolist()
     first = (segment * 40)[:330]  # repetitive: n-grams draft; longer than the ring's 256 rows
     prompts = [first, first + _tokens(5, seed=8).tolist()]
-    sampling = SamplingParams(temperature=temperature, seed=5)
-    got = _engine_output(b, tok, gguf, types, prompts, sampling, n_ctx)
-    for p, tokens in zip(prompts, got, strict=True):
-        assert tokens == plain_decode(b, p, n_predict=40, sampling=sampling, seed=5, is_eog=lambda t: False,
-                                      n_ctx=n_ctx, ignore_eos=True)
+    assert_lossless(_backend("native", gguf, n_ctx=1024), gguf, types, prompts,
+                    SamplingParams(temperature=temperature, seed=5), n_ctx=1024, n_predict=40)
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -212,23 +136,8 @@ def test_speculation_is_lossless_hypothesis(segment: list[int], repeats: int, ty
                                             seed: int) -> None:
     """Random prompts (up to ~450 tokens: past the 256-row rings of a 16-row cap) and drafter sets: the
     engine's tokens are plain decoding's."""
-    gguf = g3.tiny_gemma3_gguf_path()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(native_backend, "SWA_ROW_CAP", 16)
-        b = _backend("native", gguf, n_ctx=1024)
-        tok = Tokenizer.from_gguf(GGUFFile(gguf))
-        prompt = (segment * repeats)[:450]
-        sampling = SamplingParams(temperature=temperature, seed=seed)
-        (got,) = _engine_output(b, tok, gguf, tuple(types), [prompt], sampling, 1024)
-    assert got == plain_decode(b, prompt, n_predict=40, sampling=sampling, seed=seed, is_eog=lambda t: False,
-                               n_ctx=1024, ignore_eos=True)
-
-
-def _edited(src: Path, dst: Path, *, meta: dict[str, Any] | None = None, drop: tuple[str, ...] = ()) -> Path:
-    f = GGUFFile(src)
-    tensors = {e.name: dequantize(e) for e in f.tensors() if e.name not in drop}
-    keys = {k: v for k, v in f.metadata.items() if k != "general.architecture"} | (meta or {})
-    return write_gguf(dst, f.architecture, {}, tensors, keys)
+    check_random_prompt_lossless(g3.tiny_gemma3_gguf_path(), (segment * repeats)[:450], types, temperature, seed,
+                                 n_predict=40)
 
 
 @pytest.mark.parametrize(("edit", "message"), [

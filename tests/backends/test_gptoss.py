@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from backend_helpers import fresh_logits
+from backend_helpers import random_tokens as tokens
 from gptoss_helpers import BACKENDS, N_CTX, WINDOW, gptoss_path, load_gptoss
 
 from spekula.backends.gguf.architecture import FEATURES, read_hparams
@@ -69,18 +71,6 @@ def hf_logits(ids: np.ndarray, *, f16_kv: bool) -> np.ndarray:
 @cache
 def backend(name: str, variant: str = "f32") -> Backend:
     return load_gptoss(name, variant, threads=1)
-
-
-def tokens(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 320, n).astype(np.int32)
-
-
-def fresh_logits(b: Backend, ids: np.ndarray) -> np.ndarray:
-    s = b.new_seq()
-    try:
-        return b.forward([SeqInput(s, ids, 0, np.arange(ids.size))])[0].logits
-    finally:
-        b.free_seq(s)
 
 
 # ---- the description ---------------------------------------------------------------------------------

@@ -17,6 +17,9 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from backend_helpers import fresh_logits
+from backend_helpers import random_tokens as tokens
+from hf_greedy import hf_greedy
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from toy_backend import GarbageDrafter, RepeatDrafter, make_engine, plain_decode, run_requests
@@ -57,18 +60,6 @@ def hf_model() -> Any:
     transformers.logging.set_verbosity_error()
     return transformers.Ministral3ForCausalLM.from_pretrained(str(tiny_ministral3_hf_path()),
                                                               dtype=torch.float32).eval()
-
-
-def tokens(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 320, n).astype(np.int32)
-
-
-def fresh_logits(b: Backend, ids: np.ndarray) -> np.ndarray:
-    s = b.new_seq()
-    try:
-        return b.forward([SeqInput(s, ids, 0, np.arange(ids.size))])[0].logits
-    finally:
-        b.free_seq(s)
 
 
 def edited(tmp_path: Path, meta: dict[str, Any], drop: tuple[str, ...] = ()) -> Path:
@@ -114,12 +105,7 @@ def test_logits_match_transformers_past_the_original_context(name: str) -> None:
 def test_greedy_decoding_matches_transformers(name: str) -> None:
     b, model = backend(name), hf_model()
     prompt = tokens(12, seed=2)
-    with torch.no_grad():  # transformers' own incremental decoding with its KV cache
-        out = model(torch.tensor([prompt.tolist()]), use_cache=True)
-        want = [int(out.logits[0, -1].argmax())]
-        for _ in range(39):
-            out = model(torch.tensor([want[-1:]]), past_key_values=out.past_key_values, use_cache=True)
-            want.append(int(out.logits[0, -1].argmax()))
+    want = hf_greedy(model, prompt.tolist(), 40)  # transformers' own incremental decoding
     s = b.new_seq()
     try:
         got = [int(b.forward([SeqInput(s, prompt, 0)])[0].logits[0].argmax())]

@@ -15,6 +15,9 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
+from backend_helpers import fresh_logits
+from backend_helpers import random_tokens as tokens
+from hf_greedy import hf_greedy
 from toy_backend import GarbageDrafter, RepeatDrafter, make_engine, plain_decode, run_requests
 
 from spekula.backends.native.backend import NativeBackend
@@ -67,18 +70,6 @@ def hf_model(moe: bool) -> object:
                                                              dtype=torch.float32).eval()
 
 
-def tokens(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 320, n).astype(np.int32)
-
-
-def fresh_logits(b: NativeBackend, ids: np.ndarray) -> np.ndarray:
-    s = b.new_seq()
-    try:
-        return b.forward([SeqInput(s, ids, 0, np.arange(ids.size))])[0].logits
-    finally:
-        b.free_seq(s)
-
-
 def decode(b: NativeBackend, s: int, first: int, n: int) -> tuple[list[int], np.ndarray]:
     """Greedy decoding of n tokens one row at a time from token `first`: the tokens and their logits."""
     out, rows, tok = [], [], first
@@ -114,12 +105,7 @@ def test_logits_match_transformers(name: str) -> None:
 def test_greedy_decoding_matches_transformers(name: str) -> None:
     b, model = backend(name), hf_model(MODELS[name][0])
     prompt = tokens(12, seed=2)
-    with torch.no_grad():  # transformers' own incremental decoding (its recurrent and KV caches)
-        out = model(torch.tensor([prompt.tolist()]), use_cache=True)
-        want = [int(out.logits[0, -1].argmax())]
-        for _ in range(29):
-            out = model(torch.tensor([want[-1:]]), past_key_values=out.past_key_values, use_cache=True)
-            want.append(int(out.logits[0, -1].argmax()))
+    want = hf_greedy(model, prompt.tolist(), 30)  # transformers' own incremental decoding
     s = b.new_seq()
     try:
         first = int(b.forward([SeqInput(s, prompt, 0)])[0].logits[0].argmax())

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from backend_conformance import smollm2_path
+from hf_greedy import hf_greedy
 
 from spekula.backends.torch.backend import TorchBackend
 from spekula.core.backend import BackendOptions, SeqInput
@@ -81,22 +82,6 @@ def our_greedy(path: str, ids: list[int], n_new: int) -> list[int]:
         b.free_seq(s)
 
 
-def hf_greedy(path: str, ids: list[int], n_new: int) -> list[int]:
-    """transformers' own incremental decoding (its KV cache), argmax every step, no EOS stop.
-
-    A hand loop rather than ``generate``: ``generate`` would stop at EOS or, with ``min_new_tokens``,
-    mask EOS out, and either changes the continuation being compared.
-    """
-    model = hf_model(path)
-    with torch.no_grad():
-        out = model(torch.tensor([ids]), use_cache=True)
-        gen = [int(out.logits[0, -1].argmax())]
-        for _ in range(n_new - 1):
-            out = model(torch.tensor([gen[-1:]]), past_key_values=out.past_key_values, use_cache=True)
-            gen.append(int(out.logits[0, -1].argmax()))
-    return gen
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_tiny_logits_match_transformers(arch: str) -> None:
     from spekula.fixtures.tiny_gguf import tiny_model_path
@@ -130,5 +115,5 @@ def test_smollm2_greedy_continuations_match_transformers() -> None:
     tok = Tokenizer.from_gguf(GGUFFile(path))
     for prompt in PROMPTS:
         ids = tok.encode(prompt)
-        got, want = our_greedy(path, ids, 40), hf_greedy(path, ids, 40)
+        got, want = our_greedy(path, ids, 40), hf_greedy(hf_model(path), ids, 40)
         assert got == want, (prompt, tok.decode(got), tok.decode(want))
