@@ -99,6 +99,32 @@ class HiddenSlot:
     offset: int = 0
 
 
+@dataclass(slots=True)
+class PendingHiddenSlot(HiddenSlot):
+    """A slot of a drafter whose drafts start from the target's hidden row (draft-mtp's two modes): the
+    row whose successor is not known yet, and every row of the last target forward, one of which
+    becomes pending when the verify's accepted count is known."""
+
+    pending_h: np.ndarray | None = None  # [H] h of the last target row whose successor is unknown
+    pending_pos: int = -1  # its position
+    verify_h: np.ndarray | None = None  # [n, H] every row of the last target forward
+    verify_pos: int = 0
+
+    def saw_rows(self, h: np.ndarray, start: int) -> None:
+        """A target forward from position `start` gave the rows `h`: its last row is pending."""
+        self.pending_h, self.pending_pos = h[-1], start + len(h) - 1
+        self.verify_h, self.verify_pos = h, start
+
+    def accept_rows(self, n_accepted: int) -> bool:
+        """The last forward's first `n_accepted` drafts were accepted: the row after them is pending.
+        False where no forward was seen."""
+        if self.verify_h is None:
+            return False
+        i = min(int(n_accepted), len(self.verify_h) - 1)
+        self.pending_h, self.pending_pos = self.verify_h[i], self.verify_pos + i
+        return True
+
+
 class SeqRuntime(Protocol):
     """The sequence side of a draft runtime (DraftRuntime, MtpRuntime)."""
 

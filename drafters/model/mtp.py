@@ -42,7 +42,7 @@ from spekula.core.errors import ConfigError
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.drafters.model.hidden_drafter import (
     DraftRun,
-    HiddenSlot,
+    PendingHiddenSlot,
     SlotDrafter,
     finish_drafts,
     head_runtime_backend,
@@ -51,13 +51,7 @@ from spekula.drafters.model.hidden_drafter import (
 from spekula.drafters.model.mtp_assistant import AssistantMtpDrafter
 from spekula.drafters.model.runtimes import load_mtp_runtime
 
-
-@dataclass(slots=True)
-class _Slot(HiddenSlot):
-    pending_h: np.ndarray | None = None  # [H] h of the last target row whose successor is unknown
-    pending_pos: int = -1  # its position
-    verify_h: np.ndarray | None = None  # [n, H] every row of the last target forward
-    verify_pos: int = 0
+_Slot = PendingHiddenSlot  # the MTP heads keep nothing more per slot
 
 
 @dataclass(slots=True)
@@ -138,15 +132,12 @@ class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
             self._write(st, tokens, np.concatenate([st.pending_h[None], h[:-1]]), inp.start)  # row k pairs with h_{k-1}
         elif n > 1:  # after missed forwards: the first row's predecessor h is unknown
             self._write(st, tokens[1:], h[:-1], inp.start + 1)
-        st.pending_h, st.pending_pos = h[-1], inp.start + n - 1
-        st.verify_h, st.verify_pos = h, inp.start
+        st.saw_rows(h, inp.start)
 
     def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
         st = self._slots.peek(slot)
-        if st is None or st.verify_h is None:
+        if st is None or not st.accept_rows(n_accepted):
             return
-        i = min(int(n_accepted), len(st.verify_h) - 1)
-        st.pending_h, st.pending_pos = st.verify_h[i], st.verify_pos + i
         # Entries after the last accepted position pair rejected tokens: drop them.
         self._cut(st, st.pending_pos + 1)
 

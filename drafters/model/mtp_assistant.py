@@ -25,17 +25,13 @@ from spekula.core.drafting.assistant_runtime import AssistantRow, AssistantRunti
 from spekula.core.drafting.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.drafting.slot_states import SlotStates
 from spekula.core.errors import ConfigError
-from spekula.drafters.model.hidden_drafter import DraftRun, HiddenSlot, SlotDrafter
+from spekula.drafters.model.hidden_drafter import DraftRun, PendingHiddenSlot, SlotDrafter
 from spekula.drafters.model.runtimes import load_assistant_runtime
 
 
 @dataclass(slots=True)
-class _Slot(HiddenSlot):
+class _Slot(PendingHiddenSlot):
     target_seq: int = -1  # the target sequence of the slot's last observed forward
-    pending_h: np.ndarray | None = None  # [H] h of the last target row whose successor is unknown
-    pending_pos: int = -1
-    verify_h: np.ndarray | None = None  # [n, H] every row of the last target forward
-    verify_pos: int = 0
 
 
 class AssistantMtpDrafter:
@@ -77,15 +73,12 @@ class AssistantMtpDrafter:
         st = self._slots.get(slot)
         h = np.array(out.hidden_final, dtype=np.float32)  # a copy: kept for accept()
         st.target_seq = inp.seq_id
-        st.pending_h, st.pending_pos = h[-1], inp.start + n - 1
-        st.verify_h, st.verify_pos = h, inp.start
+        st.saw_rows(h, inp.start)
 
     def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
         st = self._slots.peek(slot)
-        if st is None or st.verify_h is None:
-            return
-        i = min(int(n_accepted), len(st.verify_h) - 1)
-        st.pending_h, st.pending_pos = st.verify_h[i], st.verify_pos + i
+        if st is not None:
+            st.accept_rows(n_accepted)
 
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         runs: list[tuple[DraftRun, _Slot, np.ndarray]] = []
