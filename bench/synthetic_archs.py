@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from synthetic_model import _tokenizer_meta, quantized
+from synthetic_model import _tokenizer_meta, llama_server_binary, quantized
 
 Tensors = dict[str, object]
 
@@ -188,12 +188,7 @@ def main() -> int:
     p.add_argument("--mix", help="llama-quantize type (default Q4_K_M; MXFP4_MOE for gpt-oss-20b)")
     p.add_argument("--llama-server", metavar="PATH")
     args = p.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from llama_server import find_llama_server
-
-    binary, why = find_llama_server(args.llama_server)
-    if binary is None:
-        raise SystemExit(why)
+    binary = llama_server_binary(args.llama_server)
     print(synthetic_arch(args.shape, args.mix or DEFAULT_MIX.get(args.shape, "Q4_K_M"), binary))
     return 0
 

@@ -129,18 +129,24 @@ def synthetic_06b(mixes: list[str], llama_server: str | None) -> list[Path]:
             for i, mix in enumerate(mixes)]
 
 
+def llama_server_binary(path: str | None) -> str:
+    """The llama-server binary at `path`, else the one bench/llama_server.py finds; exits saying why
+    where there is none (the synthetic builders' command lines take it as ``--llama-server PATH``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from llama_server import find_llama_server
+
+    binary, why = find_llama_server(path)
+    if binary is None:
+        raise SystemExit(why)
+    return binary
+
+
 def build_cli(description: str, build: Callable[[str | None], Path]) -> int:
     """`python bench/<synthetic model>.py [--llama-server PATH]`: build (or find) the file, print its path."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--llama-server", metavar="PATH")
     args = p.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from llama_server import find_llama_server
-
-    binary, why = find_llama_server(args.llama_server)
-    if binary is None:
-        raise SystemExit(why)
-    print(build(binary))
+    print(build(llama_server_binary(args.llama_server)))
     return 0
 
 

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from synthetic_model import _tokenizer_meta, quantized_q4_k_m
+from synthetic_model import _tokenizer_meta, llama_server_binary, quantized_q4_k_m
 
 SHAPES: dict[str, dict[str, int]] = {
     "0.8b": {"n_embd": 1024, "n_layer": 24, "n_head": 8, "n_head_kv": 2, "head_dim": 256, "n_ff": 3584,
@@ -121,13 +121,7 @@ def main() -> int:
     p.add_argument("--dense-twin", action="store_true", help="the dense qwen3 twin of that size instead")
     p.add_argument("--llama-server", metavar="PATH")
     args = p.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from llama_server import find_llama_server
-
-    binary, why = find_llama_server(args.llama_server)
-    if binary is None:
-        raise SystemExit(why)
-    print(synthetic_qwen35(args.size, binary, args.dense_twin))
+    print(synthetic_qwen35(args.size, llama_server_binary(args.llama_server), args.dense_twin))
     return 0
 
 
