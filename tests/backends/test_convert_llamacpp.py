@@ -28,6 +28,7 @@ from llamacpp_sdist import ROOT, sdist_path
 from spekula.backends.convert.hf import convert
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.fixtures import tiny_hf, tiny_moe, tiny_qwen35
+from spekula.fixtures.llamacpp_convert import CONVERTER_PRELUDE
 
 # Derived from the folder name by heuristics of llama.cpp's own; nothing reads them back.
 NAMING_KEYS = {"general.name", "general.basename", "general.size_label", "general.finetune"}
@@ -35,14 +36,8 @@ NAMING_KEYS = {"general.name", "general.basename", "general.size_label", "genera
 # One process serves every case (importing llama.cpp's converter and torch once, not per case): it
 # reads one JSON argument list per line and answers on stdout with a marked line, the converter's own
 # output going to stderr.
-DRIVER = """
-import json, os, sys, traceback
-sys.path[:0] = [sys.argv[1] + "/gguf-py", sys.argv[1]]
-import conversion.base as base
-def _absent(self, *a, **k):
-    raise FileNotFoundError("sentencepiece probing disabled")
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
-base.TextModel._set_vocab_sentencepiece = _absent
+DRIVER = CONVERTER_PRELUDE + """
+import json, os, traceback
 base.TextModel._set_vocab_llama_hf = _absent
 import convert_hf_to_gguf
 answer = sys.stdout
