@@ -125,6 +125,15 @@ class PendingHiddenSlot(HiddenSlot):
         return True
 
 
+def final_hidden_rows(out: SeqOutput, drafter: str, backend_name: str, reads: str) -> np.ndarray:
+    """A float32 copy of a target forward's hidden rows after output_norm (kept past the forward, for
+    accept()); a ConfigError ending "which {reads}" where the backend did not return them."""
+    if out.hidden_final is None:
+        raise ConfigError(f"{drafter}: the {backend_name} backend did not return the target's hidden states "
+                          f"after output_norm, which {reads}")
+    return np.array(out.hidden_final, dtype=np.float32)
+
+
 class SeqRuntime(Protocol):
     """The sequence side of a draft runtime (DraftRuntime, MtpRuntime)."""
 

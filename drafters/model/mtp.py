@@ -38,12 +38,12 @@ from spekula.core.drafting.assistant_runtime import check_assistant_files, is_as
 from spekula.core.drafting.description import DrafterDescription
 from spekula.core.drafting.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.drafting.mtp_runtime import MtpRows, MtpRuntime, check_mtp_files
-from spekula.core.errors import ConfigError
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.drafters.model.hidden_drafter import (
     DraftRun,
     PendingHiddenSlot,
     SlotDrafter,
+    final_hidden_rows,
     finish_drafts,
     head_runtime_backend,
     model_draft_options,
@@ -119,14 +119,11 @@ class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
         n = len(inp.tokens)
         if n == 0:
             return
-        if out.hidden_final is None:
-            raise ConfigError(f"{self.name}: the {self.backend_name} backend did not return the target's "
-                              "hidden states after output_norm, which the MTP heads read")
+        h = final_hidden_rows(out, self.name, self.backend_name, "the MTP heads read")
         st = self._slots.get(slot)
         if inp.start == 0:  # a new sequence in this slot
             self._cut(st, 0)
             st.pending_h, st.pending_pos = self._zero_h, -1
-        h = np.array(out.hidden_final, dtype=np.float32)  # a copy: kept for accept()
         tokens = np.asarray(inp.tokens, dtype=np.int32)
         if st.pending_h is not None and st.pending_pos == inp.start - 1:
             self._write(st, tokens, np.concatenate([st.pending_h[None], h[:-1]]), inp.start)  # row k pairs with h_{k-1}

@@ -25,7 +25,7 @@ from spekula.core.drafting.assistant_runtime import AssistantRow, AssistantRunti
 from spekula.core.drafting.drafter import Draft, DrafterContext, DraftRequest
 from spekula.core.drafting.slot_states import SlotStates
 from spekula.core.errors import ConfigError
-from spekula.drafters.model.hidden_drafter import DraftRun, PendingHiddenSlot, SlotDrafter
+from spekula.drafters.model.hidden_drafter import DraftRun, PendingHiddenSlot, SlotDrafter, final_hidden_rows
 from spekula.drafters.model.runtimes import load_assistant_runtime
 
 
@@ -67,11 +67,8 @@ class AssistantMtpDrafter:
         n = len(inp.tokens)
         if n == 0:
             return
-        if out.hidden_final is None:
-            raise ConfigError(f"{self.name}: the {self.backend_name} backend did not return the target's "
-                              "hidden states after output_norm, which the assistant reads")
+        h = final_hidden_rows(out, self.name, self.backend_name, "the assistant reads")
         st = self._slots.get(slot)
-        h = np.array(out.hidden_final, dtype=np.float32)  # a copy: kept for accept()
         st.target_seq = inp.seq_id
         st.saw_rows(h, inp.start)
 
