@@ -797,22 +797,12 @@ static void attention_merge(sk_ctx *c, const sk_batch *b, const sk_layer *L, int
         const float *p0 = c->att_parts + ((prefix[r] * nkv + (int64_t)kvh * nc) * gq + h % gq) * ldpart;
         const int64_t step = gq * ldpart;
         float *out = c->att + r * qd + (int64_t)h * hd;
-        if (L && L->attn_sinks) {
-            sk_oai_sink_merge(p0, nc, step, hd, L->attn_sinks[h], out);
-        } else if (nc == 1) {
+        const float sink = L && L->attn_sinks ? L->attn_sinks[h] : -INFINITY;  /* -inf: no sink */
+        if (nc == 1 && sink == -INFINITY) {
             const float inv = 1.0f / p0[1];
             for (int d = 0; d < hd; d++) out[d] = p0[2 + d] * inv;
         } else {
-            float m = -INFINITY, s = 0.0f;
-            for (int64_t k = 0; k < nc; k++) m = p0[k * step] > m ? p0[k * step] : m;
-            for (int d = 0; d < hd; d++) out[d] = 0.0f;
-            for (int64_t k = 0; k < nc; k++) {
-                const float *p = p0 + k * step, w = expf(p[0] - m);
-                s += w * p[1];
-                for (int d = 0; d < hd; d++) out[d] += w * p[2 + d];
-            }
-            const float inv = 1.0f / s;
-            for (int d = 0; d < hd; d++) out[d] *= inv;
+            sk_oai_sink_merge(p0, nc, step, hd, sink, out);
         }
         if (L && L->attn_gate) {
             const float *gate = c->qkv + r * c->qkvd + (int64_t)h * 2 * hd + hd;

@@ -17,7 +17,8 @@
 /* One (row, query head)'s attention output from its nc key-chunk partials (p0 + k * step holds chunk
  * k's [max score, sum of exp(score - max), sum of exp(score - max) * value (hd)]) and the head's sink
  * logit: out = sum_k e^(m_k - M) o_k / (e^(sink - M) + sum_k e^(m_k - M) s_k), M the largest of the
- * chunk maxima and the sink; chunks merged in key order. */
+ * chunk maxima and the sink; chunks merged in key order. A sink of -INFINITY adds exactly 0 to the
+ * denominator: the plain merge of a block without sinks (sk_model.c's attention_merge calls it so). */
 void sk_oai_sink_merge(const float *p0, int64_t nc, int64_t step, int hd, float sink, float *out);
 
 /* The experts a row's router logits choose (chosen[0..k), in rank order) and their weights. */
