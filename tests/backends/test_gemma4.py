@@ -269,18 +269,19 @@ def test_the_global_owners_take_values_from_keys(kv_gguf: Path) -> None:
     assert not f.has_tensor("blk.3.attn_v.weight") and f.has_tensor("blk.2.attn_v.weight")
 
 
-@pytest.mark.parametrize("name", RUNS)
-def test_values_from_keys_match_transformers(kv_gguf: Path, name: str) -> None:
+def _check_variant_matches_transformers(gguf: Path, name: str, seed: int, **variant: Any) -> None:
+    """A variant's logits (60 rows, past the window) within today's tolerance of transformers', and its
+    greedy continuation transformers' generate()."""
     import torch
 
-    tokens = _tokens(60, seed=21)  # far past the window of 8: the shared global block reads block 3's values
-    want = g4.reference_logits(tokens, k_eq_v=True)
-    b = _backend(name, kv_gguf)
+    tokens = _tokens(60, seed=seed)
+    want = g4.reference_logits(tokens, **variant)
+    b = _backend(name, gguf)
     tol = LOGIT_TOL if name == "torch" else NATIVE_REL_TOL * float(np.abs(want).max())
     assert np.abs(_all_rows(b, tokens) - want).max() < tol
 
-    ids = _tokens(12, seed=22).tolist()
-    model = g4.gemma4_model(g4.tiny_gemma4_hf_path(k_eq_v=True))
+    ids = _tokens(12, seed=seed + 1).tolist()
+    model = g4.gemma4_model(g4.tiny_gemma4_hf_path(**variant))
     with torch.no_grad():
         ref = model.generate(torch.tensor([ids]), max_new_tokens=30, do_sample=False)[0, len(ids):].tolist()
     got = plain_decode(b, ids, n_predict=30, sampling=SamplingParams(temperature=0.0), seed=0,
@@ -288,10 +289,9 @@ def test_values_from_keys_match_transformers(kv_gguf: Path, name: str) -> None:
     assert got == ref
 
 
-@pytest.mark.parametrize("name", RUNS)
-def test_values_from_keys_chunked_rows_equal_one_pass(kv_gguf: Path, name: str) -> None:
-    b = _backend(name, kv_gguf, n_ctx=256)
-    tokens = _tokens(70, seed=23)
+def _check_chunked_rows_equal_one_pass(gguf: Path, name: str, seed: int) -> None:
+    b = _backend(name, gguf, n_ctx=256)
+    tokens = _tokens(70, seed=seed)
     want = _all_rows(b, tokens)
     s = b.new_seq()
     got = [b.forward([SeqInput(s, tokens[:25], 0, np.arange(25))])[0].logits]
@@ -301,15 +301,30 @@ def test_values_from_keys_chunked_rows_equal_one_pass(kv_gguf: Path, name: str) 
     assert np.array_equal(got_rows, want) if name == "native" else np.abs(got_rows - want).max() < 1e-4
 
 
+def _check_lossless(gguf: Path, name: str, types: tuple[str, ...], prompt_seed: int, seed: int) -> None:
+    b = load_backend(name, str(gguf), BackendOptions(n_ctx=512, n_seq_max=3, threads=2, exact=True))
+    tok = Tokenizer.from_gguf(GGUFFile(gguf))
+    prompt = (_tokens(6, seed=prompt_seed).tolist() * 12)[:70]
+    sampling = SamplingParams(temperature=0.8, seed=seed)
+    got = _engine_output(b, tok, gguf, types, prompt, sampling, 512)
+    assert got == plain_decode(b, prompt, n_predict=30, sampling=sampling, seed=seed, is_eog=lambda t: False,
+                               n_ctx=512, ignore_eos=True)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_values_from_keys_match_transformers(kv_gguf: Path, name: str) -> None:
+    # seeds 21, 22: past the window of 8, the shared global block reads block 3's values
+    _check_variant_matches_transformers(kv_gguf, name, 21, k_eq_v=True)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_values_from_keys_chunked_rows_equal_one_pass(kv_gguf: Path, name: str) -> None:
+    _check_chunked_rows_equal_one_pass(kv_gguf, name, 23)
+
+
 @pytest.mark.parametrize("name", RUNS)
 def test_values_from_keys_speculation_is_lossless(kv_gguf: Path, name: str) -> None:
-    b = load_backend(name, str(kv_gguf), BackendOptions(n_ctx=512, n_seq_max=3, threads=2, exact=True))
-    tok = Tokenizer.from_gguf(GGUFFile(kv_gguf))
-    prompt = (_tokens(6, seed=24).tolist() * 12)[:70]
-    sampling = SamplingParams(temperature=0.8, seed=5)
-    got = _engine_output(b, tok, kv_gguf, ("ngram-simple", "draft-simple"), prompt, sampling, 512)
-    assert got == plain_decode(b, prompt, n_predict=30, sampling=sampling, seed=5, is_eog=lambda t: False,
-                               n_ctx=512, ignore_eos=True)
+    _check_lossless(kv_gguf, name, ("ngram-simple", "draft-simple"), 24, 5)
 
 
 # Double-wide FFNs: fixtures/tiny_gemma4.py's double_wide variant (per-block feed_forward_length)
@@ -356,42 +371,15 @@ def test_global_blocks_read_their_own_kv_head_count(gkv_gguf: Path) -> None:
 
 @pytest.mark.parametrize("name", RUNS)
 def test_global_kv_heads_match_transformers(gkv_gguf: Path, name: str) -> None:
-    import torch
-
-    tokens = _tokens(60, seed=27)  # past the window: the shared global block reads block 3's one KV head
-    want = g4.reference_logits(tokens, global_kv_heads=1)
-    b = _backend(name, gkv_gguf)
-    tol = LOGIT_TOL if name == "torch" else NATIVE_REL_TOL * float(np.abs(want).max())
-    assert np.abs(_all_rows(b, tokens) - want).max() < tol
-
-    ids = _tokens(12, seed=28).tolist()
-    model = g4.gemma4_model(g4.tiny_gemma4_hf_path(global_kv_heads=1))
-    with torch.no_grad():
-        ref = model.generate(torch.tensor([ids]), max_new_tokens=30, do_sample=False)[0, len(ids):].tolist()
-    got = plain_decode(b, ids, n_predict=30, sampling=SamplingParams(temperature=0.0), seed=0,
-                       is_eog=lambda t: False, n_ctx=512, ignore_eos=True)
-    assert got == ref
+    # seeds 27, 28: past the window, the shared global block reads block 3's one KV head
+    _check_variant_matches_transformers(gkv_gguf, name, 27, global_kv_heads=1)
 
 
 @pytest.mark.parametrize("name", RUNS)
 def test_global_kv_heads_chunked_rows_equal_one_pass(gkv_gguf: Path, name: str) -> None:
-    b = _backend(name, gkv_gguf, n_ctx=256)
-    tokens = _tokens(70, seed=29)
-    want = _all_rows(b, tokens)
-    s = b.new_seq()
-    got = [b.forward([SeqInput(s, tokens[:25], 0, np.arange(25))])[0].logits]
-    got += [b.forward([SeqInput(s, tokens[i : i + 1], i)])[0].logits for i in range(25, 35)]
-    got += [b.forward([SeqInput(s, tokens[35:], 35, np.arange(35))])[0].logits]
-    got_rows = np.concatenate(got)
-    assert np.array_equal(got_rows, want) if name == "native" else np.abs(got_rows - want).max() < 1e-4
+    _check_chunked_rows_equal_one_pass(gkv_gguf, name, 29)
 
 
 @pytest.mark.parametrize("name", RUNS)
 def test_global_kv_heads_speculation_is_lossless(gkv_gguf: Path, name: str) -> None:
-    b = load_backend(name, str(gkv_gguf), BackendOptions(n_ctx=512, n_seq_max=3, threads=2, exact=True))
-    tok = Tokenizer.from_gguf(GGUFFile(gkv_gguf))
-    prompt = (_tokens(6, seed=30).tolist() * 12)[:70]
-    sampling = SamplingParams(temperature=0.8, seed=9)
-    got = _engine_output(b, tok, gkv_gguf, ("draft-simple",), prompt, sampling, 512)
-    assert got == plain_decode(b, prompt, n_predict=30, sampling=sampling, seed=9, is_eog=lambda t: False,
-                               n_ctx=512, ignore_eos=True)
+    _check_lossless(gkv_gguf, name, ("draft-simple",), 30, 9)
