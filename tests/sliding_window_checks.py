@@ -68,6 +68,25 @@ def check_rings_beyond_the_window(gguf: Path) -> None:
     assert np.array_equal(np.concatenate(got), one_pass)
 
 
+def check_partial_drafts_roll_back(b: Backend, s: int, cont: np.ndarray, accepted: range, k: int = 8) -> np.ndarray:
+    """Sequence `s` of `b` holds a prompt of length L. Decoding `cont` a token a step gives `want`
+    (returned); then, for each j in `accepted`, a draft of `k` rows whose first j + 1 are `cont`'s,
+    verified from L and truncated to L + j + 1, gives `want`'s rows bitwise, before and after the cut."""
+    L = b.seq_len(s)
+    want = np.stack([b.forward([SeqInput(s, cont[i : i + 1], L + i)])[0].logits[0] for i in range(cont.size)])
+    for j in accepted:
+        b.truncate(s, L)
+        draft = np.concatenate([cont[: j + 1], tokens(k - j - 1, seed=60 + j)])
+        rows = b.forward([SeqInput(s, draft, L, np.arange(k))])[0].logits
+        assert np.array_equal(rows[: j + 1], want[: j + 1])
+        assert b.restorable(s, L + j + 1) == L + j + 1
+        b.truncate(s, L + j + 1)
+        rest = np.stack([b.forward([SeqInput(s, cont[i : i + 1], L + i)])[0].logits[0]
+                         for i in range(j + 1, cont.size)])
+        assert np.array_equal(rest, want[j + 1 :])
+    return want
+
+
 def engine_tokens(b: Backend, tok: Tokenizer, gguf: Path, types: tuple[str, ...], prompts: list[list[int]],
                   sampling: SamplingParams, n_ctx: int, n_predict: int) -> list[list[int]]:
     """The engine's tokens for `prompts`, one after the other on one slot (the second reuses what the

@@ -20,6 +20,7 @@ from sliding_window_checks import (
     assert_lossless,
     check_greedy_matches,
     check_logits_match,
+    check_partial_drafts_roll_back,
     check_random_prompt_lossless,
     check_rings_beyond_the_window,
 )
@@ -66,20 +67,9 @@ def test_rings_beyond_the_window_match_full_attention_with_the_window_mask(gguf:
 def test_rollback_in_a_wrapped_ring_is_exact_and_deeper_truncation_refused(gguf: Path, small_rings: int) -> None:
     b = _backend("native", gguf, n_ctx=1024)
     prompt, cont = _tokens(600, seed=4), _tokens(12, seed=5)
-    L, k = prompt.size, 8
     s = b.new_seq()
     b.forward([SeqInput(s, prompt, 0, NONE)])
-    want = np.stack([b.forward([SeqInput(s, cont[i : i + 1], L + i)])[0].logits[0] for i in range(cont.size)])
-    for j in range(k):  # a draft of k rows, the first j + 1 accepted
-        b.truncate(s, L)
-        draft = np.concatenate([cont[: j + 1], _tokens(k - j - 1, seed=60 + j)])
-        rows = b.forward([SeqInput(s, draft, L, np.arange(k))])[0].logits
-        assert np.array_equal(rows[: j + 1], want[: j + 1])
-        assert b.restorable(s, L + j + 1) == L + j + 1
-        b.truncate(s, L + j + 1)
-        rest = np.stack([b.forward([SeqInput(s, cont[i : i + 1], L + i)])[0].logits[0]
-                         for i in range(j + 1, cont.size)])
-        assert np.array_equal(rest, want[j + 1 :])
+    check_partial_drafts_roll_back(b, s, cont, range(8))  # a draft of 8 rows, the first j + 1 accepted
     # The ring (256 rows) holds the window plus 16 rows: going back further than that is refused.
     assert b.restorable(s, 100) == 0 and b.restorable(s, 0) == 0
     with pytest.raises(ConfigError, match="truncate to 100"):

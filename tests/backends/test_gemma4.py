@@ -25,6 +25,7 @@ from sliding_window_checks import (
     NATIVE_REL_TOL,
     check_greedy_matches,
     check_logits_match,
+    check_partial_drafts_roll_back,
     check_random_prompt_lossless,
     check_rings_beyond_the_window,
     engine_tokens,
@@ -91,20 +92,11 @@ def test_rings_beyond_the_window_match_full_attention_with_the_window_mask(gguf:
 def test_rollback_and_snapshots_in_wrapped_rings_are_exact(gguf: Path, small_rings: int) -> None:
     b = _backend("native", gguf, n_ctx=1024)
     prompt, cont = _tokens(600, seed=4), _tokens(12, seed=5)
-    L, k = prompt.size, 8
+    L = prompt.size
     s = b.new_seq()
     b.forward([SeqInput(s, prompt, 0, np.array([], np.int64))])
     b.snapshot(s)
-    want = np.stack([b.forward([SeqInput(s, cont[i : i + 1], L + i)])[0].logits[0] for i in range(cont.size)])
-    for j in range(0, k, 3):  # a draft of k rows, the first j + 1 accepted
-        b.truncate(s, L)
-        draft = np.concatenate([cont[: j + 1], _tokens(k - j - 1, seed=60 + j)])
-        rows = b.forward([SeqInput(s, draft, L, np.arange(k))])[0].logits
-        assert np.array_equal(rows[: j + 1], want[: j + 1])
-        b.truncate(s, L + j + 1)
-        rest = np.stack([b.forward([SeqInput(s, cont[i : i + 1], L + i)])[0].logits[0]
-                         for i in range(j + 1, cont.size)])
-        assert np.array_equal(rest, want[j + 1 :])
+    want = check_partial_drafts_roll_back(b, s, cont, range(0, 8, 3))  # 8-row drafts, the first j + 1 accepted
     b.forward([SeqInput(s, _tokens(300, seed=11), L + cont.size, np.array([], np.int64))])  # the rings move on
     assert b.restorable(s, L) == L  # the snapshot's window (the rings hold it no longer)
     b.truncate(s, L)
