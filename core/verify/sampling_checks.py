@@ -46,8 +46,8 @@ def validate(params: SamplingParams) -> None:
         if not 0 <= getattr(params, name) < 2**31:
             raise ConfigError(f"{name} must be in [0, 2^31); got {getattr(params, name)}")
     breakers = params.dry_sequence_breakers
-    if not breakers or len(breakers) > MAX_DRY_BREAKERS or not all(isinstance(b, str) for b in breakers):
-        raise ConfigError(f"dry_sequence_breakers must be 1 to {MAX_DRY_BREAKERS} strings; got {len(breakers)} entries")
+    if len(breakers) > MAX_DRY_BREAKERS or not all(isinstance(b, str) for b in breakers):
+        raise ConfigError(f"dry_sequence_breakers must be at most {MAX_DRY_BREAKERS} strings; got {len(breakers)} entries")
     _in("xtc_probability", params.xtc_probability, 0.0, 1.0)
     _in("xtc_threshold", params.xtc_threshold, 0.0, 1.0)
     _in("typical_p", params.typical_p, 0.0, 1.0)

@@ -291,7 +291,7 @@ def test_names_chars_and_refusals() -> None:
 
 @pytest.mark.parametrize("field", [
     {"dry_multiplier": -1.0}, {"dry_base": 0.5}, {"dry_allowed_length": -1}, {"dry_penalty_last_n": -1},
-    {"dry_sequence_breakers": ()}, {"xtc_probability": 1.5}, {"xtc_threshold": -0.1}, {"typical_p": 2.0},
+    {"dry_sequence_breakers": ("x",) * 33}, {"xtc_probability": 1.5}, {"xtc_threshold": -0.1}, {"typical_p": 2.0},
     {"mirostat": 3}, {"mirostat_tau": -1.0}, {"mirostat_eta": math.nan}, {"dynatemp_range": -0.5},
     {"dynatemp_exponent": math.inf}, {"top_n_sigma": math.nan}, {"samplers": ("top_k", "adaptive_p")},
 ])
