@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
+import numpy as np
+
 # A head token -> the tails that complete a breaker after it (an empty tail: the head alone is one).
 Breakers = Mapping[int, tuple[tuple[int, ...], ...]]
 
@@ -36,13 +38,19 @@ class BreakerTokenizer(Protocol):
 
 def breaker_sequences(tokenizer: BreakerTokenizer, breakers: Iterable[str]) -> dict[int, tuple[tuple[int, ...], ...]]:
     """Every token sequence that spells one of `breakers` (empty breakers are skipped)."""
-    found: dict[int, list[tuple[int, ...]]] = {}
     texts = [tokenizer.token_bytes(t) for t in range(tokenizer.n_vocab)]
+    # Only a token holding a breaker's first byte can start one: find those with one numpy pass over
+    # the concatenated texts rather than a Python loop over the vocabulary per breaker.
+    flat = np.frombuffer(b"".join(texts), dtype=np.uint8)
+    ends = np.cumsum([len(w) for w in texts])
+    found: dict[int, list[tuple[int, ...]]] = {}
     for breaker in breakers:
         raw = breaker.encode("utf-8")[:MAX_BREAKER_CHARS]
         if not raw:
             continue
-        for token, word in enumerate(texts):
+        holders = np.unique(np.searchsorted(ends, np.flatnonzero(flat == raw[0]), side="right"))
+        for token in holders.tolist():
+            word = texts[token]
             tails = found.setdefault(token, [])
             if raw in word:
                 if () not in tails:
