@@ -158,6 +158,8 @@ def test_sampler_fields_on_completion_and_chat(server: HttpServer) -> None:
         k: v for k, v in SAMPLER_FIELDS.items() if k != "samplers"}
     assert settings["samplers"] == ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc",
                                     "temperature"]
+    status, reordered = server.post("/completion", {**body, "samplers": ["temperature", "top-k", "dry"]})
+    assert status == 200 and reordered["generation_settings"]["samplers"] == ["temperature", "top_k", "dry"]
     status, plain = server.post("/completion", {**body, "speculative.type": "none"})
     assert status == 200 and plain["tokens"] == first["tokens"]
     for mirostat in (1, 2):
