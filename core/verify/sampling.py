@@ -31,25 +31,13 @@ from spekula.core.errors import ConfigError
 from spekula.core.params import SamplingParams
 from spekula.core.verify import chain_stages as stages
 from spekula.core.verify.dry import Breakers, DryHistory
+from spekula.core.verify.sampler_chain import effective_params, fast_path, uses_dry
 from spekula.core.verify.sampling_checks import validate
 from spekula.core.verify.top_entries import best_first, bounded_top, partition_top
 
 # Without top-k or min-p, top-p's tokens are looked for within these distances of the best logit
 # (a token e^-8 below the best weighs 3e-4 of it) before the whole row is sorted.
 TOP_P_SPREADS = (8.0, 16.0)
-# The fast path's stages in its order, and what each amounts to when `samplers` leaves it out.
-CLASSIC = ("penalties", "top_k", "top_p", "min_p", "temperature")
-_OFF: dict[str, dict[str, object]] = {
-    "penalties": {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
-    "top_k": {"top_k": 0},
-    "top_p": {"top_p": 1.0},
-    "min_p": {"min_p": 0.0},
-    "temperature": {"temperature": 1.0, "dynatemp_range": 0.0},  # no temperature stage: the plain softmax
-    "dry": {"dry_multiplier": 0.0},
-    "top_n_sigma": {"top_n_sigma": -1.0},
-    "typ_p": {"typical_p": 1.0},
-    "xtc": {"xtc_probability": 0.0},
-}
 XTC_STREAM = 0x58544321  # XTC's generator: the request's seed with this, apart from the draw's
 MIROSTAT_M = 100  # Mirostat 1 estimates the Zipf exponent from this many best tokens
 
@@ -61,32 +49,6 @@ def resolve_seed(seed: int) -> int:
     if not 0 <= seed < 2**32:
         raise ConfigError(f"seed must be -1 (random) or in [0, 2^32); got {seed}")
     return int(seed)
-
-
-def effective_params(params: SamplingParams) -> SamplingParams:
-    """The parameters as the chain applies them: a stage `samplers` leaves out at its neutral value
-    (Mirostat keeps its temperature: its chain ignores `samplers`)."""
-    off: dict[str, object] = {}
-    for name, neutral in _OFF.items():
-        if name not in params.samplers and not (params.mirostat and name == "temperature"):
-            off.update(neutral)
-    return params.with_(**off) if off else params
-
-
-def uses_dry(params: SamplingParams) -> bool:
-    """Whether the chain runs DRY (which needs the sequence breakers as tokens)."""
-    e = effective_params(params)
-    return not e.mirostat and e.dry_multiplier != 0.0 and e.dry_penalty_last_n > 0
-
-
-def _fast_path(p: SamplingParams) -> bool:
-    """Whether the chain is only classic stages, each at most once, in the classic order."""
-    if p.mirostat or p.dry_multiplier != 0.0 or p.top_n_sigma > 0.0 or p.typical_p < 1.0 or p.dynatemp_range > 0.0:
-        return False
-    if p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5:
-        return False
-    chain = [s for s in p.samplers if s in CLASSIC]
-    return len(set(chain)) == len(chain) and chain == [s for s in CLASSIC if s in chain]
 
 
 def banning_end_of_generation(params: SamplingParams, eog_ids: Iterable[int]) -> SamplingParams:
@@ -114,7 +76,7 @@ class Sampler:
         self.n_vocab = n_vocab
         self.seed = seed
         self._eff = effective_params(params)  # what the stages apply
-        self._fast = _fast_path(self._eff)
+        self._fast = fast_path(self._eff)
         self._rng: np.random.Generator | None = None  # made at the first draw (see `rng`)
         self._xtc_rng: np.random.Generator | None = None
         # -1 means "the whole history" (llama.cpp: the context size); 0 disables the penalty.
