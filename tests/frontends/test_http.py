@@ -623,8 +623,10 @@ def test_samplers_field_selects_the_chain(server: HttpServer) -> None:
     assert only_k["content"] == same["content"]
     assert all(len(t["top_probs"]) == 3 for t in only_k["completion_probabilities"])  # top-k 3 alone cut them
     assert any(len(t["top_probs"]) < 3 for t in full_probs(server, body))  # top-p 0.5 / min-p 0.2 cut more
-    status, err = server.post("/completion", {**body, "samplers": ["temperature", "top_k"]})
-    assert status == 400 and "samplers" in err["error"]["message"]
+    status, reordered = server.post("/completion", {**body, "samplers": ["temperature", "top_k"]})
+    assert status == 200 and reordered["generation_settings"]["samplers"] == ["temperature", "top_k"]
+    status, err = server.post("/completion", {**body, "samplers": ["temperature", "infill"]})
+    assert status == 400 and "samplers" in err["error"]["message"] and "infill" in err["error"]["message"]
 
 
 def full_probs(server: HttpServer, body: dict) -> list[dict]:  # type: ignore[type-arg]
