@@ -7,6 +7,9 @@ from typing import Any, Literal
 
 from spekula.core.modelfile.constraint import GrammarSpec
 
+# llama.cpp's default `samplers` chain, in its order (logit bias always runs first, the draw last).
+DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+DEFAULT_DRY_BREAKERS = ("\n", ":", "\"", "*")
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -27,10 +30,36 @@ class SamplingParams:
     # (token id, bias) pairs added to the target's logits before anything else, in order (a token
     # named twice gets both); -inf bans the token (llama-server's `false`).
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # DRY: a token that would extend a repetition of more than dry_allowed_length tokens (within the
+    # last dry_penalty_last_n) loses dry_multiplier * dry_base^(length - allowed) from its logit;
+    # a sequence breaker ends the repetition it is in. 0 multiplier: off.
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_BREAKERS
+    # XTC: with probability xtc_probability, remove every token above xtc_threshold but the least
+    # likely of them (> 0.5 or probability 0: off).
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    typical_p: float = 1.0  # locally typical sampling (1: off)
+    top_n_sigma: float = -1.0  # keep logits within n standard deviations of the best (<= 0: off)
+    # dynamic temperature: the temperature moves within [temp - range, temp + range] with the entropy
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    # Mirostat 1 or 2 replaces the whole chain by temperature then Mirostat (0: off)
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS  # the chain's stages in order (llama.cpp's names)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        """No random draw: temperature <= 0 on a chain that has its temperature stage (and no dynamic
+        range, which can raise it above 0); Mirostat's chain always applies the temperature."""
+        if self.mirostat:
+            return self.temperature <= 0.0
+        return self.temperature <= 0.0 and self.dynatemp_range <= 0.0 and "temperature" in self.samplers
 
     def with_(self, **kw: Any) -> SamplingParams:
         return replace(self, **kw)

@@ -25,6 +25,7 @@ from spekula.core.errors import ConfigError
 from spekula.core.events import FinalEvent
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.policy.cost_model import CostModel
+from spekula.core.verify.dry import Breakers
 from spekula.core.verify.sampling import Sampler
 
 
@@ -242,6 +243,9 @@ class ToyTokenizer:
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return [self.ALPHABET.index(c) % self.n_vocab for c in text]
 
+    def token_bytes(self, token: int) -> bytes:
+        return self.token_text(token).encode()
+
     def stream_decoder(self, *, skip_special: bool = False) -> _StreamDecoder:
         return _StreamDecoder(self, skip_special)
 
@@ -401,10 +405,11 @@ class ObservingDrafter(GarbageDrafter):
 
 
 def plain_decode(backend: Backend, prompt: Sequence[int], *, n_predict: int, sampling: SamplingParams,
-                 seed: int, is_eog: Callable[[int], bool], n_ctx: int, ignore_eos: bool = False) -> list[int]:
+                 seed: int, is_eog: Callable[[int], bool], n_ctx: int, ignore_eos: bool = False,
+                 dry_breakers: Breakers | None = None) -> list[int]:
     """Reference: one token per forward, straight over Backend + Sampler (no engine involved)."""
     seq = backend.new_seq()
-    sampler = Sampler(sampling, backend.info.n_vocab, seed)
+    sampler = Sampler(sampling, backend.info.n_vocab, seed, dry_breakers)
     sampler.accept_many(prompt)
     out = backend.forward([SeqInput(seq, np.asarray(prompt, np.int32), 0)])
     tokens: list[int] = []

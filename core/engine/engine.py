@@ -10,6 +10,7 @@ backend is used by one thread at a time.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import time
@@ -46,6 +47,7 @@ from spekula.core.policy.controller import AdaptiveController
 from spekula.core.policy.cost_model import CostModel
 from spekula.core.policy.fixed import FixedPolicy
 from spekula.core.stats.spec_stats import EngineSpecStats
+from spekula.core.verify.dry import breaker_sequences
 
 _KEEP_REQUEST_STATS = 256
 # The longest run of steps the worker thread makes without handing back to the event loop.
@@ -130,6 +132,8 @@ class Engine:
         self.request_stats: OrderedDict[str, dict[str, Any]] = OrderedDict()
         # Compiled on first use (building the grammar engine's view of the vocabulary takes ~0.2 s).
         self.grammars = Grammars(tokenizer)
+        # DRY's breakers as token sequences: one pass over the vocabulary per distinct list, kept.
+        self._dry_breakers = functools.lru_cache(maxsize=16)(functools.partial(breaker_sequences, tokenizer))
 
     # -- drafters ----------------------------------------------------------------------------
     def _drafters_for(self, spec: SpecParams) -> list[Drafter]:
@@ -157,7 +161,8 @@ class Engine:
             plan = plan_request(req, server_spec=self.config.spec, n_ctx=self.config.n_ctx,
                                 n_vocab=self.backend.info.n_vocab, drafters_for=self._drafters_for,
                                 is_eog=self._is_eog, fixed_policy=self._fixed_policy,
-                                adaptive_policy=self._adaptive_policy, new_constraint=self.grammars.new)
+                                adaptive_policy=self._adaptive_policy, new_constraint=self.grammars.new,
+                                dry_breakers=self._dry_breakers)
         except RequestRejected as exc:
             self._send_final(outbox, FinalEvent(req.id, "", [], "error", error=str(exc), rejected_spec=exc.spec_at_fault))
         except Exception as exc:  # noqa: BLE001 - e.g. a third-party drafter failing to build: this request only

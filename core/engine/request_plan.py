@@ -17,7 +17,8 @@ from spekula.core.errors import ContextOverflowError, SpekulaError
 from spekula.core.modelfile.constraint import Constraint, ConstraintError, GrammarSpec
 from spekula.core.params import CompletionRequest, SpecParams
 from spekula.core.policy.policy import DraftPolicy
-from spekula.core.verify.sampling import Sampler, resolve_seed
+from spekula.core.verify.dry import Breakers
+from spekula.core.verify.sampling import Sampler, resolve_seed, uses_dry
 from spekula.core.verify.synthetic import conditional_rates, resolve_synthetic_rates
 from spekula.core.verify.verifier import Verifier, choose_verifier
 
@@ -72,8 +73,10 @@ def check_prompt(req: CompletionRequest, n_ctx: int, n_vocab: int) -> None:
 def plan_request(req: CompletionRequest, *, server_spec: SpecParams, n_ctx: int, n_vocab: int,
                  drafters_for: Callable[[SpecParams], list[Drafter]],
                  is_eog: Callable[[int], bool], fixed_policy: DraftPolicy, adaptive_policy: DraftPolicy,
-                 new_constraint: Callable[[GrammarSpec], Constraint] | None = None) -> RequestPlan:
-    """Check `req` and resolve it into a RequestPlan, or raise RequestRejected."""
+                 new_constraint: Callable[[GrammarSpec], Constraint] | None = None,
+                 dry_breakers: Callable[[tuple[str, ...]], Breakers] | None = None) -> RequestPlan:
+    """Check `req` and resolve it into a RequestPlan, or raise RequestRejected. `dry_breakers` turns
+    DRY's sequence breakers into token sequences (with the tokenizer), for requests that use DRY."""
     check_prompt(req, n_ctx, n_vocab)
     spec = req.spec or server_spec
     try:
@@ -82,10 +85,13 @@ def plan_request(req: CompletionRequest, *, server_spec: SpecParams, n_ctx: int,
     except SpekulaError as exc:
         raise RequestRejected(str(exc), spec_at_fault=req.spec is not None) from None
     try:
-        sampler = Sampler(req.sampling, n_vocab, resolve_seed(req.sampling.seed))
+        breakers = None
+        if dry_breakers is not None and uses_dry(req.sampling):
+            breakers = dry_breakers(req.sampling.dry_sequence_breakers)
+        sampler = Sampler(req.sampling, n_vocab, resolve_seed(req.sampling.seed), breakers)
     except SpekulaError as exc:
         raise RequestRejected(str(exc)) from None
-    # llama-server feeds the prompt to the sampler's penalty history before generating.
+    # llama-server feeds the prompt to the sampler's penalty and DRY histories before generating.
     sampler.accept_many(req.prompt)
     verifier = choose_verifier(sampler, is_eog, probabilistic=spec.draft_sampling == "probabilistic",
                                synth_rates=synth, seed=sampler.seed)

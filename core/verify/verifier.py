@@ -10,7 +10,8 @@ Vocabulary used across the project:
 - **emitted**: accepted + exactly one recovered-or-bonus token, so 1 <= len(emitted) <= k + 1.
 
 ``target_logits`` is float32 [k+1, V]: row i scores the position of draft[i] (row 0 follows x),
-row k is the bonus row. The sampler's penalty history is advanced with every emitted token, in order.
+row k is the bonus row. The sampler's state (penalty and DRY histories, Mirostat's mu) is advanced with
+every emitted token, in order, right after the row it was drawn from; rejected draft tokens never reach it.
 """
 
 from __future__ import annotations
@@ -237,6 +238,6 @@ def choose_verifier(sampler: Sampler, is_eog: Callable[[int], bool], *, probabil
     synthetic acceptance a generator of its own, so neither perturbs the target's draws."""
     if synth_rates is not None:
         return SyntheticVerifier(sampler, is_eog, synth_rates, np.random.default_rng(seed))
-    if probabilistic and sampler.params.temperature > 0:
+    if probabilistic and not sampler.greedy:
         return RejectionVerifier(sampler, is_eog, np.random.default_rng(seed ^ 0x9E3779B9))
     return MatchVerifier(sampler, is_eog)

@@ -11,8 +11,8 @@ table below:
 - accepted: it changes only speed, memory or logging, or selects what spekula always does
   (`-ngl`, `-fa`, `--ubatch-size`, `--cont-batching`, `--jinja`, ...); it is read and dropped;
 - rejected: a llama-server feature spekula does not implement (`--embedding`, `--lora`,
-  `--context-shift`, `--grammar`, ...): a one-line error naming it, exit status 1. A few sampling
-  options are accepted when their value is llama.cpp's "disabled" default (`--mirostat 0`).
+  `--context-shift`, `--grammar`, ...): a one-line error naming it, exit status 1. The adaptive-p
+  sampler's options are accepted when their value is llama.cpp's "disabled" default (`--adaptive-target -1`).
 
 Anything else is not a llama-server option at all: an error naming it, exit status 1 too.
 The module is long because it holds that one table, all 268 options of the build, in one place
@@ -556,21 +556,28 @@ rejected("--reasoning-preserve", "reasoning history control", env="LLAMA_ARG_REA
 rejected("--no-reasoning-preserve", "reasoning history control", env="LLAMA_ARG_REASONING_PRESERVE", env_sign=False)
 rejected("--grammar --grammar-file", "server-wide grammar", nargs=1)
 rejected("-j --json-schema -jf --json-schema-file", "server-wide JSON schema", nargs=1)
-rejected("--samplers --sampler-seq --sampling-seq", "a custom sampler chain", nargs=1)
 rejected("--ignore-eos", "server-wide ignore_eos")
 rejected("--spec-draft-p-split --draft-p-split", "the draft-tree split probability: spekula drafts one sequence",
          nargs=1, env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT")
-# Sampling stages spekula does not have: fine at llama.cpp's value that disables them.
-for _names, _noop, _env_name in (
-        ("--top-nsigma --top-n-sigma", "-1", None), ("--xtc-probability", "0", None),
-        ("--xtc-threshold", "0.1", None), ("--typical --typical-p", "1", None),
-        ("--dry-multiplier", "0", None),
-        ("--dry-base", "1.75", None), ("--dry-allowed-length", "2", None), ("--dry-penalty-last-n", "64", None),
-        ("--adaptive-target", "-1", None), ("--adaptive-decay", "0.9", None), ("--dynatemp-range", "0", None),
-        ("--dynatemp-exp", "1", None), ("--mirostat", "0", None), ("--mirostat-lr", "0.1", None),
-        ("--mirostat-ent", "5", None)):
-    rejected(_names, "this sampler stage", nargs=1, env=_env_name, noop=(_noop,))
-rejected("--dry-sequence-breaker", "DRY sampling", nargs=1)
+translated("--samplers", "--samplers")
+translated("--sampler-seq --sampling-seq", "--sampler-seq")
+translated("--top-nsigma --top-n-sigma", "--top-n-sigma")
+translated("--xtc-probability", "--xtc-probability")
+translated("--xtc-threshold", "--xtc-threshold")
+translated("--typical --typical-p", "--typical-p")
+translated("--dry-multiplier", "--dry-multiplier")
+translated("--dry-base", "--dry-base")
+translated("--dry-allowed-length", "--dry-allowed-length")
+translated("--dry-penalty-last-n", "--dry-penalty-last-n")
+translated("--dry-sequence-breaker", "--dry-sequence-breaker")
+translated("--dynatemp-range", "--dynatemp-range")
+translated("--dynatemp-exp", "--dynatemp-exp")
+translated("--mirostat", "--mirostat")
+translated("--mirostat-lr", "--mirostat-lr")
+translated("--mirostat-ent", "--mirostat-ent")
+# The adaptive-p sampler spekula does not have: fine at llama.cpp's value that disables it.
+for _names, _noop in (("--adaptive-target", "-1"), ("--adaptive-decay", "0.9")):
+    rejected(_names, "the adaptive-p sampler", nargs=1, noop=(_noop,))
 rejected("-r --reverse-prompt", "server-wide stop strings", nargs=1)
 rejected("-sp --special", "special tokens in the output text")
 translated("--spm-infill", "--spm-infill", nargs=0)
@@ -724,7 +731,7 @@ def usage() -> str:
         *rows("accepted"),
         "",
         "rejected (features spekula does not implement): " + " ".join(rejected_names),
-        "sampling stages are accepted at llama.cpp's disabled value, e.g. --mirostat 0.",
+        "the adaptive-p sampler's options are accepted at llama.cpp's disabled value, e.g. --adaptive-target -1.",
     ])
 
 

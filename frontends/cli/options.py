@@ -36,6 +36,7 @@ from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.verify.sampling import check_bias_tokens
 from spekula.frontends.cli.deferred_options import add_when_used
 from spekula.frontends.cli.in_thread import InThread
+from spekula.frontends.cli.sampler_options import add_sampler_stage_options, sampler_stages_from_args
 
 log = structlog.get_logger("spekula.options")
 
@@ -186,6 +187,7 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("-l", "--logit-bias", action="append", default=[], type=logit_bias_arg, metavar="TOKEN_ID(+/-)BIAS",
                    help="add BIAS to a token's logit, e.g. 15043+1 or 15043-1; 15043-inf bans the token "
                         "(repeatable; a server's default for requests that give no logit_bias)")
+    add_sampler_stage_options(g, d)
     g.add_argument("--jinja", "--chat", dest="chat", action="store_true",
                    help="render the prompt as a user message through the model's chat template")
 
@@ -280,7 +282,7 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed,
                           logit_bias=tuple(args.logit_bias), presence_penalty=args.presence_penalty,
-                          frequency_penalty=args.frequency_penalty)
+                          frequency_penalty=args.frequency_penalty, **sampler_stages_from_args(args))
 
 
 _LOGIT_BIAS_ARG = re.compile(r"(\d+)([+-])(inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)")

@@ -4,11 +4,12 @@ llama-server and OpenAI clients send more fields than spekula implements: the ll
 sends its whole sampler panel, OpenAI clients send `n`, `logprobs`, `user`. Each such field is
 sorted into one of three groups here:
 - mapped: an OpenAI name for one of ours (`max_tokens` is `n_predict`);
-- accepted at its neutral value only: `typical_p: 1.0` or `presence_penalty: 0` change nothing and
-  pass; any other value is a 400 naming the field, because ignoring it would give an answer the
-  caller did not ask for;
-- informational: fields that do not change the output (`model`, `user`, `samplers` ordering of
-  samplers that are all off) are accepted and ignored.
+- accepted at its neutral value only: `tfs_z: 1.0` or `n_indent: 0` change nothing and pass; any
+  other value is a 400 naming the field, because ignoring it would give an answer the caller did
+  not ask for;
+- informational: fields that do not change the output (`model`, `user`) are accepted and ignored.
+The sampler fields (`dry_*`, `xtc_*`, `mirostat*`, `typical_p`, `top_n_sigma`, `dynatemp_*`,
+`samplers`) are the shared schema's (frontends/schema/completion.py).
 Everything else is an unknown field, also a 400 naming it.
 """
 
@@ -21,7 +22,6 @@ from typing import Any
 
 from spekula.core.verify.token_probs import MAX_N_PROBS
 from spekula.frontends.http.errors import HttpError
-from spekula.frontends.http.sampler_order import sampler_overrides
 from spekula.frontends.schema.template_fields import (
     TEMPLATE_FIELDS,
     TemplateFieldError,
@@ -31,23 +31,19 @@ from spekula.frontends.schema.template_fields import (
 
 # field -> the value that leaves generation unchanged (None: absent/null is neutral too)
 NEUTRAL: dict[str, Any] = {
-    "typical_p": 1.0, "typ_p": 1.0, "tfs_z": 1.0, "dynatemp_range": 0.0, "xtc_probability": 0.0,
-    "dry_multiplier": 0.0, "mirostat": 0,
-    "n_indent": 0, "t_max_predict_ms": 0, "t_max_prompt_ms": 0, "top_n_sigma": -1.0,
+    "tfs_z": 1.0, "n_indent": 0, "t_max_predict_ms": 0, "t_max_prompt_ms": 0,
     "best_of": 1, "echo": False, "lora": None,
     "suffix": None, "thinking_budget_tokens": -1,
 }
 # Fields that never change the generated tokens here.
 INFORMATIONAL = frozenset({
-    "model", "n_keep", "penalize_nl",
-    "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_threshold",
-    "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "backend_sampling", "tool_choice",
+    "model", "n_keep", "penalize_nl", "backend_sampling", "tool_choice",
     "parallel_tool_calls", "metadata", "store", "service_tier", "reasoning_format",
     "id", "cache_reuse",
     # llama.cpp web UI: keep-alive pings for its stream, and its channel for ending reasoning early
     "sse_ping_interval", "reasoning_control",
 })
-OPENAI_MAPPED = {"max_tokens": "n_predict", "max_completion_tokens": "n_predict"}
+OPENAI_MAPPED = {"max_tokens": "n_predict", "max_completion_tokens": "n_predict", "typ_p": "typical_p"}
 MAX_BODY_DEFAULT = 32 * 1024 * 1024
 TOP_LOGPROBS_MAX = 20  # OpenAI's bound for chat
 
@@ -132,8 +128,6 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
         elif name == "reasoning_effort":
             if value is not None and (not isinstance(value, str) or "messages" not in allowed):
                 raise HttpError("'reasoning_effort' must be a string, in a chat request")
-        elif name == "samplers":
-            pass  # applied below, over the sampling fields it switches off
         elif name in INFORMATIONAL:
             pass
         elif name in allowed:
@@ -141,7 +135,6 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
                 params[name] = value
         else:
             raise HttpError(f"unknown field '{str(name)[:80]}'")
-    params.update(sampler_overrides(body.get("samplers")))
     try:
         opts.template = read_template_fields(body)
     except TemplateFieldError as exc:

@@ -35,8 +35,8 @@ STOP_TYPES = {"eos": "eos", "limit": "limit", "word": "word", "none": "none", "c
 
 
 def generation_settings(state: HttpState, params: Any = None) -> dict[str, Any]:
-    """llama-server's `generation_settings`: the request's effective parameters. Samplers spekula
-    does not have are reported at their off values, which is what they are here."""
+    """llama-server's `generation_settings`: the request's effective parameters (adaptive-p, which
+    spekula does not have, at its off values)."""
     engine = state.engine
     assert engine is not None
     d = state.service.defaults
@@ -45,17 +45,21 @@ def generation_settings(state: HttpState, params: Any = None) -> dict[str, Any]:
     spec = engine.config.spec if params is None or params.spec is None else params.spec
     return {
         "n_predict": n_predict, "max_tokens": n_predict, "seed": s.seed, "temperature": s.temperature,
-        "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
-        "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": 1.0,
+        "dynatemp_range": s.dynatemp_range, "dynatemp_exponent": s.dynatemp_exponent, "top_k": s.top_k,
+        "top_p": s.top_p, "min_p": s.min_p, "top_n_sigma": s.top_n_sigma, "xtc_probability": s.xtc_probability,
+        "xtc_threshold": s.xtc_threshold, "typical_p": s.typical_p,
         "repeat_last_n": s.repeat_last_n, "repeat_penalty": s.repeat_penalty, "presence_penalty": s.presence_penalty,
-        "frequency_penalty": s.frequency_penalty, "min_keep": s.min_keep, "dry_multiplier": 0.0, "mirostat": 0, "adaptive_target": -1.0,
+        "frequency_penalty": s.frequency_penalty, "min_keep": s.min_keep, "dry_multiplier": s.dry_multiplier,
+        "dry_base": s.dry_base, "dry_allowed_length": s.dry_allowed_length, "dry_penalty_last_n": s.dry_penalty_last_n,
+        "dry_sequence_breakers": list(s.dry_sequence_breakers), "mirostat": s.mirostat,
+        "mirostat_tau": s.mirostat_tau, "mirostat_eta": s.mirostat_eta, "adaptive_target": -1.0,
         "adaptive_decay": 0.9, "stop": [] if params is None else list(params.stop), "n_keep": 0,
         "ignore_eos": False if params is None else params.ignore_eos,
         "n_probs": 0 if params is None else params.n_probs,
         "post_sampling_probs": False if params is None else params.post_sampling_probs,
         # as llama-server lists them; a ban (-inf) reads null, as its JSON writer prints it
         "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in s.logit_bias],
-        "grammar": "", "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+        "grammar": "", "samplers": list(s.samplers),
         "speculative.types": list(spec.types), "speculative.n_max": spec.n_max, "speculative.n_min": spec.n_min,
         "speculative.p_min": spec.p_min, "speculative.adaptive": spec.adaptive,
     }

@@ -18,7 +18,9 @@ from spekula.core.drafting.registry import parse_spec_types
 from spekula.core.errors import ConfigError
 from spekula.core.modelfile.constraint import GrammarSpec
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
+from spekula.core.verify.sampler_chain import samplers_from_chars, samplers_from_names
 from spekula.core.verify.sampling import banning_end_of_generation
+from spekula.core.verify.sampling_checks import MAX_DRY_BREAKERS
 from spekula.core.verify.token_probs import MAX_N_PROBS
 from spekula.frontends.rpc.protocol import CONTEXT_OVERFLOW, RpcError
 from spekula.frontends.schema.chat_messages import MessagesError, chat_messages
@@ -44,14 +46,30 @@ RANGES: dict[str, tuple[float, float]] = {
     "speculative.p_min": (0.0, 1.0),
     "n_probs": (0, MAX_N_PROBS),
     "min_keep": (0, I32_MAX),  # alternatives listed per emitted token
+    "dry_multiplier": (0.0, 1e6),  # 0: DRY off
+    "dry_base": (1.0, 1e6),
+    "dry_allowed_length": (0, I32_MAX),
+    "dry_penalty_last_n": (0, I32_MAX),  # 0: DRY off
+    "xtc_probability": (0.0, 1.0),
+    "xtc_threshold": (0.0, 1.0),  # > 0.5: XTC off
+    "typical_p": (0.0, 1.0),  # 1: off
+    "top_n_sigma": (-100.0, 100.0),  # <= 0: off
+    "dynatemp_range": (0.0, 100.0),
+    "dynatemp_exponent": (0.0, 100.0),
+    "mirostat": (0, 2),
+    "mirostat_tau": (0.0, 100.0),
+    "mirostat_eta": (0.0, 100.0),
 }
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
 MAX_TOKEN_LIST = 16_777_216
 
 
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "logit_bias",
-                   "presence_penalty", "frequency_penalty", "min_keep")
+FLOAT_SAMPLING = ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
+                  "dry_multiplier", "dry_base", "xtc_probability", "xtc_threshold", "typical_p", "top_n_sigma",
+                  "dynatemp_range", "dynatemp_exponent", "mirostat_tau", "mirostat_eta")
+INT_SAMPLING = ("top_k", "repeat_last_n", "seed", "min_keep", "dry_allowed_length", "dry_penalty_last_n", "mirostat")
+SAMPLING_FIELDS = (*FLOAT_SAMPLING, *INT_SAMPLING, "logit_bias", "dry_sequence_breakers", "samplers")
 SPEC_FIELDS = ("n_max", "n_min", "p_min", "type", "adaptive")
 GRAMMAR_FIELDS = ("grammar", "json_schema", "response_format")
 COMPLETION_FIELDS = frozenset(
@@ -183,18 +201,39 @@ def parse_spec(params: dict[str, Any], base: SpecParams) -> SpecParams | None:
 
 def parse_sampling(params: dict[str, Any], base: SamplingParams, tokenizer: Any = None) -> SamplingParams:
     return base.with_(
-        temperature=get_float(params, "temperature", base.temperature),
-        top_k=get_int(params, "top_k", base.top_k),
-        top_p=get_float(params, "top_p", base.top_p),
-        min_p=get_float(params, "min_p", base.min_p),
-        repeat_penalty=get_float(params, "repeat_penalty", base.repeat_penalty),
-        presence_penalty=get_float(params, "presence_penalty", base.presence_penalty),
-        frequency_penalty=get_float(params, "frequency_penalty", base.frequency_penalty),
-        repeat_last_n=get_int(params, "repeat_last_n", base.repeat_last_n),
-        seed=get_int(params, "seed", base.seed),
-        min_keep=get_int(params, "min_keep", base.min_keep),
+        **{name: get_float(params, name, getattr(base, name)) for name in FLOAT_SAMPLING},
+        **{name: get_int(params, name, getattr(base, name)) for name in INT_SAMPLING},
         logit_bias=parse_logit_bias(params, base.logit_bias, tokenizer),
+        dry_sequence_breakers=parse_dry_breakers(params, base.dry_sequence_breakers),
+        samplers=parse_samplers(params, base.samplers),
     )
+
+
+def parse_dry_breakers(params: dict[str, Any], base: tuple[str, ...]) -> tuple[str, ...]:
+    """llama-server's `dry_sequence_breakers`: a non-empty array of strings (it replaces the defaults)."""
+    value = params.get("dry_sequence_breakers")
+    if value is None:
+        return base
+    if (not isinstance(value, list) or not value or len(value) > MAX_DRY_BREAKERS
+            or not all(isinstance(b, str) and len(b) <= MAX_STOP_CHARS for b in value)):
+        raise invalid_params(f"'dry_sequence_breakers' must be an array of 1 to {MAX_DRY_BREAKERS} strings",
+                             "dry_sequence_breakers")
+    return tuple(value)
+
+
+def parse_samplers(params: dict[str, Any], base: tuple[str, ...]) -> tuple[str, ...]:
+    """llama-server's `samplers`: an array of sampler names or a string of one-letter codes."""
+    value = params.get("samplers")
+    if value is None:
+        return base
+    try:
+        if isinstance(value, str):
+            return samplers_from_chars(value)
+        if isinstance(value, list) and all(isinstance(n, str) for n in value):
+            return samplers_from_names(value)
+    except ConfigError as exc:
+        raise invalid_params(f"'samplers': {str(exc).removeprefix('samplers: ')}", "samplers") from None
+    raise invalid_params("'samplers' must be an array of sampler names or a string of sampler codes", "samplers")
 
 
 def parse_logit_bias(params: dict[str, Any], base: tuple[tuple[int, float], ...],

@@ -141,6 +141,37 @@ def test_second_chat_turn_reuses_the_first(server: HttpServer) -> None:
     assert cold["choices"][0]["message"]["content"] == second["choices"][0]["message"]["content"]
 
 
+SAMPLER_FIELDS = {"dry_multiplier": 0.8, "dry_base": 1.5, "dry_allowed_length": 2, "dry_penalty_last_n": 64,
+                  "dry_sequence_breakers": ["\n", ":"], "xtc_probability": 0.5, "xtc_threshold": 0.1, "typical_p": 0.9,
+                  "top_n_sigma": 2.0, "dynatemp_range": 0.3, "dynatemp_exponent": 1.5, "samplers": "edskypmxt"}
+
+
+def test_sampler_fields_on_completion_and_chat(server: HttpServer) -> None:
+    """Every sampler's fields are taken (and reported back); a seeded request repeats itself, with
+    speculation on or off; Mirostat keeps its state across tokens."""
+    body = {"prompt": "the cat sat on the mat and the cat sat on the", "n_predict": 16, "temperature": 0.9,
+            "seed": 5, "return_tokens": True, **SAMPLER_FIELDS}
+    status, first = server.post("/completion", body)
+    assert status == 200, first
+    settings = first["generation_settings"]
+    assert {k: settings[k] for k in SAMPLER_FIELDS if k != "samplers"} == {
+        k: v for k, v in SAMPLER_FIELDS.items() if k != "samplers"}
+    assert settings["samplers"] == ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc",
+                                    "temperature"]
+    status, reordered = server.post("/completion", {**body, "samplers": ["temperature", "top-k", "dry"]})
+    assert status == 200 and reordered["generation_settings"]["samplers"] == ["temperature", "top_k", "dry"]
+    status, plain = server.post("/completion", {**body, "speculative.type": "none"})
+    assert status == 200 and plain["tokens"] == first["tokens"]
+    for mirostat in (1, 2):
+        m = {**body, "mirostat": mirostat, "mirostat_tau": 3.0, "mirostat_eta": 0.2}
+        (s1, a), (s2, b) = server.post("/completion", m), server.post("/completion", {**m, "speculative.type": "none"})
+        assert s1 == s2 == 200 and a["tokens"] == b["tokens"] and a["generation_settings"]["mirostat"] == mirostat
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "seed": 3, "temperature": 0.8,
+            **SAMPLER_FIELDS, "samplers": ["top_k", "dry", "temperature"], "mirostat": 0}
+    status, reply = server.post("/v1/chat/completions", chat)
+    assert status == 200 and reply["choices"][0]["message"]["role"] == "assistant"
+
+
 @pytest.mark.parametrize(("body", "field"), [
     ({"prompt": "x", "n_predict": "many"}, "n_predict"),
     ({"prompt": "x", "temperature": "hot"}, "temperature"),
@@ -148,7 +179,22 @@ def test_second_chat_turn_reuses_the_first(server: HttpServer) -> None:
     ({"prompt": "x", "temprature": 1}, "temprature"),
     ({"prompt": 17}, "prompt"),
     ({}, "prompt"),
-    ({"prompt": "x", "typical_p": 0.5}, "typical_p"),
+    ({"prompt": "x", "typical_p": 1.5}, "typical_p"),
+    ({"prompt": "x", "mirostat": 3}, "mirostat"),
+    ({"prompt": "x", "mirostat_tau": -1}, "mirostat_tau"),
+    ({"prompt": "x", "xtc_probability": 2}, "xtc_probability"),
+    ({"prompt": "x", "xtc_threshold": -0.5}, "xtc_threshold"),
+    ({"prompt": "x", "dry_base": 0.5}, "dry_base"),
+    ({"prompt": "x", "dry_multiplier": "lots"}, "dry_multiplier"),
+    ({"prompt": "x", "dry_allowed_length": -1}, "dry_allowed_length"),
+    ({"prompt": "x", "dry_penalty_last_n": -1}, "dry_penalty_last_n"),
+    ({"prompt": "x", "dry_sequence_breakers": []}, "dry_sequence_breakers"),
+    ({"prompt": "x", "dry_sequence_breakers": ["\n", 3]}, "dry_sequence_breakers"),
+    ({"prompt": "x", "dynatemp_range": -1}, "dynatemp_range"),
+    ({"prompt": "x", "top_n_sigma": "wide"}, "top_n_sigma"),
+    ({"prompt": "x", "samplers": "kz"}, "samplers"),
+    ({"prompt": "x", "samplers": ["top_k", "infill"]}, "samplers"),
+    ({"prompt": "x", "samplers": 3}, "samplers"),
     ({"prompt": "x", "speculative.type": "no-such-drafter"}, "speculative.type"),
     ({"prompt": "x", "id_slot": 9}, "id_slot"),
     ({"prompt": "x", "logit_bias": [[1]]}, "logit_bias"),
@@ -577,8 +623,10 @@ def test_samplers_field_selects_the_chain(server: HttpServer) -> None:
     assert only_k["content"] == same["content"]
     assert all(len(t["top_probs"]) == 3 for t in only_k["completion_probabilities"])  # top-k 3 alone cut them
     assert any(len(t["top_probs"]) < 3 for t in full_probs(server, body))  # top-p 0.5 / min-p 0.2 cut more
-    status, err = server.post("/completion", {**body, "samplers": ["temperature", "top_k"]})
-    assert status == 400 and "samplers" in err["error"]["message"]
+    status, reordered = server.post("/completion", {**body, "samplers": ["temperature", "top_k"]})
+    assert status == 200 and reordered["generation_settings"]["samplers"] == ["temperature", "top_k"]
+    status, err = server.post("/completion", {**body, "samplers": ["temperature", "infill"]})
+    assert status == 400 and "samplers" in err["error"]["message"] and "infill" in err["error"]["message"]
 
 
 def full_probs(server: HttpServer, body: dict) -> list[dict]:  # type: ignore[type-arg]

@@ -54,8 +54,8 @@ def test_field_policy() -> None:
     params, opts = normalise({"prompt": "x", "max_tokens": 5, "typical_p": 1.0, "tfs_z": 1, "model": "m",
                               "stream_options": {"include_usage": True}, "n": 2, "seed": None}, allowed=rp.COMPLETION_FIELDS,
                              n_slots=2)
-    assert params == {"prompt": "x", "n_predict": 5} and opts.include_usage and opts.n == 2
-    for body, word in (({"typical_p": 0.9}, "typical_p"), ({"mirostat": 2}, "mirostat"),
+    assert params == {"prompt": "x", "n_predict": 5, "typical_p": 1.0} and opts.include_usage and opts.n == 2
+    for body, word in (({"tfs_z": 0.9}, "tfs_z"), ({"n_indent": 2}, "n_indent"),
                        ({"n": 3}, "'n'"), ({"lora": [{"id": 0, "scale": 1}]}, "lora"),
                        ({"logprobs": True}, "logprobs"), ({"what": 1}, "unknown field 'what'"),
                        ({"stream_options": {"x": 1}}, "stream_options")):

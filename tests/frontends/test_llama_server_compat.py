@@ -122,10 +122,24 @@ def test_performance_options_are_accepted_and_dropped() -> None:
 
 
 def test_disabled_sampler_values_are_accepted() -> None:
-    assert not _errors("--presence-penalty 0 --frequency-penalty 0.0 --typical 1 --mirostat 0 --reasoning-budget -1")
-    assert _errors("--typical 0.5") == ["--typical 0.5 (this sampler stage) is not implemented by spekula"]
+    assert not _errors("--presence-penalty 0 --frequency-penalty 0.0 --adaptive-target -1 --reasoning-budget -1")
+    assert _errors("--adaptive-target 0.5") == ["--adaptive-target 0.5 (the adaptive-p sampler) is not implemented by spekula"]
     assert translate(["--presence-penalty", "0.5", "--frequency-penalty", "0.25"], {}).args == [
         "--presence-penalty", "0.5", "--frequency-penalty", "0.25"]
+
+
+def test_sampler_stage_options_are_translated() -> None:
+    argv = ("--dry-multiplier 0.8 --dry-base 1.5 --dry-allowed-length 3 --dry-penalty-last-n 128 "
+            "--dry-sequence-breaker none --xtc-probability 0.5 --xtc-threshold 0.2 --typical 0.9 --top-nsigma 1.5 "
+            "--dynatemp-range 0.3 --dynatemp-exp 2 --mirostat 2 --mirostat-lr 0.2 --mirostat-ent 4 "
+            "--samplers penalties;dry;top_k;temperature --sampling-seq edkt")
+    tr = translate(argv.split(), {})
+    assert not tr.errors
+    assert tr.args == ["--dry-multiplier", "0.8", "--dry-base", "1.5", "--dry-allowed-length", "3",
+                       "--dry-penalty-last-n", "128", "--dry-sequence-breaker", "none", "--xtc-probability", "0.5",
+                       "--xtc-threshold", "0.2", "--typical-p", "0.9", "--top-n-sigma", "1.5", "--dynatemp-range", "0.3",
+                       "--dynatemp-exp", "2", "--mirostat", "2", "--mirostat-lr", "0.2", "--mirostat-ent", "4",
+                       "--samplers", "penalties;dry;top_k;temperature", "--sampler-seq", "edkt"]
 
 
 def test_api_key_file_skips_comments(tmp_path: Path) -> None:
