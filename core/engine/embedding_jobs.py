@@ -9,6 +9,7 @@ cached prefix is dropped (the sequence now holds the embedded tokens) and no dra
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import numpy as np
 from spekula.core.backend import Backend
 from spekula.core.embedding import Pooling
 from spekula.core.engine.request_plan import RequestRejected
+from spekula.core.engine.round_observer import RoundObserver
 from spekula.core.errors import ConfigError
 
 
@@ -78,18 +80,22 @@ class EmbeddingQueue:
         self._jobs.clear()
         return jobs
 
-    def run(self, backend: Backend, seq_id: int, jobs: list[EmbeddingJob]) -> None:
+    def run(self, backend: Backend, seq_id: int, jobs: list[EmbeddingJob], observer: RoundObserver) -> None:
         """In the worker thread: each job in `seq_id`, one after the other. A job's failure is its own."""
         assert self.pooling is not None
         for job in jobs:
             if job.abandoned:
                 continue
+            t0 = time.perf_counter()
             try:
                 job.result = backend.embed(seq_id, job.tokens, self.pooling, self.n_batch)
             except (ConfigError, ValueError) as exc:
                 job.error = str(exc)
             except Exception as exc:  # noqa: BLE001 - a backend failure ends this job, not the engine
                 job.error = f"internal error: {type(exc).__name__}: {exc}"
+            else:
+                n = len(job.tokens)
+                observer.embedded(n, -(-n // max(1, self.n_batch)), time.perf_counter() - t0)
         backend.truncate(seq_id, 0)
 
     @staticmethod

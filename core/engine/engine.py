@@ -341,7 +341,7 @@ class Engine:
         jobs = self._embeddings.take()
         s.n_cached = 0  # its sequence is about to hold the embedded tokens instead
         try:
-            await anyio.to_thread.run_sync(self._embeddings.run, self.backend, s.seq_id, jobs)
+            await anyio.to_thread.run_sync(self._embeddings.run, self.backend, s.seq_id, jobs, self.observer)
         finally:
             self._embeddings.finish(jobs)
 

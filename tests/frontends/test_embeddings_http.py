@@ -44,7 +44,8 @@ def _ids(path: Path, text: str) -> list[int]:
 @pytest.fixture(scope="module")
 def mean_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
     log = tmp_path_factory.mktemp("embd") / "server.log"
-    with running(_tiny(), "--embedding", "--pooling", "mean", "-np", "2", "-c", "64", "-t", "1", log=log) as server:
+    with running(_tiny(), "--embedding", "--pooling", "mean", "-np", "2", "-c", "64", "-t", "1", "--metrics",
+                 log=log) as server:
         yield server
 
 
@@ -138,6 +139,21 @@ def test_too_many_tokens_for_the_context(mean_server: HttpServer) -> None:
     assert reply["error"]["type"] == "exceed_context_size_error"
     assert reply["error"]["n_prompt_tokens"] == 67 and reply["error"]["n_ctx"] == 64
     _still_serves(mean_server)
+
+
+def _metric(server: HttpServer, name: str) -> float:
+    status, text = server.get("/metrics")
+    assert status == 200
+    return float(next(ln.split()[-1] for ln in text.splitlines() if ln.startswith(f"llamacpp:{name} ")))
+
+
+def test_embedding_prompts_are_counted_in_metrics(mean_server: HttpServer) -> None:
+    before = {k: _metric(mean_server, k) for k in ("prompt_tokens_total", "n_decode_total", "tokens_predicted_total")}
+    ids = _ids(_tiny(), TEXT)
+    assert mean_server.post("/v1/embeddings", {"input": [TEXT, TEXT]})[0] == 200
+    assert _metric(mean_server, "prompt_tokens_total") == before["prompt_tokens_total"] + 2 * len(ids)
+    assert _metric(mean_server, "n_decode_total") == before["n_decode_total"] + 2
+    assert _metric(mean_server, "tokens_predicted_total") == before["tokens_predicted_total"]
 
 
 def test_completions_and_reranking_on_an_embedding_server(mean_server: HttpServer) -> None:
