@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
+import anyio.to_thread
 import numpy as np
 
 from spekula.core.backend import Backend
 from spekula.core.embedding import Pooling
 from spekula.core.engine.request_plan import RequestRejected
 from spekula.core.engine.round_observer import RoundObserver
+from spekula.core.engine.slot import Slot
 from spekula.core.errors import ConfigError
 
 
@@ -73,6 +75,35 @@ class EmbeddingQueue:
         job = EmbeddingJob(self.check(tokens))
         self._jobs.append(job)
         return job
+
+    async def embed(self, tokens: Sequence[int], wake: Callable[[], None]) -> np.ndarray:
+        """Queue one sequence, wake the engine's loop and wait for the result: its pooled vector (per-token
+        vectors for pooling none, the label scores for rank). RequestRejected when embeddings are off or
+        the tokens are unusable; a failure while computing it is a RuntimeError naming it."""
+        job = self.put(tokens)
+        wake()
+        try:
+            await job.done.wait()
+        finally:
+            job.abandoned = not job.done.is_set()
+        if job.error is not None:
+            raise RuntimeError(job.error)
+        assert job.result is not None
+        return job.result
+
+    async def run_on_idle_slot(self, slots: Sequence[Slot], backend: Backend, observer: RoundObserver) -> None:
+        """On the loop, between steps: the waiting jobs, in the worker thread, on the least recently used
+        idle slot's sequence (none idle: they wait for the next turn)."""
+        idle = [s for s in slots if not s.busy]
+        if not idle:
+            return
+        slot = min(idle, key=lambda s: s.last_used)
+        jobs = self.take()
+        slot.n_cached = 0  # its sequence is about to hold the embedded tokens instead
+        try:
+            await anyio.to_thread.run_sync(self.run, backend, slot.seq_id, jobs, observer)
+        finally:
+            self.finish(jobs)
 
     def take(self) -> list[EmbeddingJob]:
         """Every waiting job still wanted (the loop runs them all in one hand-off to the worker)."""

@@ -174,19 +174,8 @@ class Engine:
         return handle
 
     async def embed(self, tokens: Sequence[int]) -> np.ndarray:
-        """The embedding of one sequence under the engine's pooling (core/embedding.py; rank: the
-        reranker's label scores). RequestRejected when embeddings are off or the tokens are unusable;
-        a failure while computing it is a RuntimeError naming it."""
-        job = self._embeddings.put(tokens)
-        self._poke()
-        try:
-            await job.done.wait()
-        finally:
-            job.abandoned = not job.done.is_set()
-        if job.error is not None:
-            raise RuntimeError(job.error)
-        assert job.result is not None
-        return job.result
+        """The embedding of one sequence under the engine's pooling (core/engine/embedding_jobs.py)."""
+        return await self._embeddings.embed(tokens, self._poke)
 
     def _is_eog(self, token: int) -> bool:
         return bool(self.tokenizer.is_eog(token))
@@ -332,24 +321,11 @@ class Engine:
             self._tg = None
             self._shutdown()
 
-    async def _embed_on_idle_slot(self) -> None:
-        """Run the waiting embedding jobs on the least recently used idle slot, if there is one."""
-        idle = [s for s in self._slots if not s.busy]
-        if not idle:
-            return
-        s = min(idle, key=lambda slot: slot.last_used)
-        jobs = self._embeddings.take()
-        s.n_cached = 0  # its sequence is about to hold the embedded tokens instead
-        try:
-            await anyio.to_thread.run_sync(self._embeddings.run, self.backend, s.seq_id, jobs, self.observer)
-        finally:
-            self._embeddings.finish(jobs)
-
     async def _loop(self) -> None:
         call_soon = _call_soon_threadsafe()
         while True:
             if self._embeddings:
-                await self._embed_on_idle_slot()
+                await self._embeddings.run_on_idle_slot(self._slots, self.backend, self.observer)
             self._admit()
             self._reap()
             if not any(s.busy for s in self._slots):
