@@ -141,3 +141,60 @@ def test_an_empty_sequence_is_refused() -> None:
             b.embed(seq, np.zeros(0, np.int32), Pooling.MEAN, 16)
     finally:
         b.free_seq(seq)
+
+
+def _family_fixture(family: str) -> tuple[Path, Path]:
+    """(float GGUF, transformers checkpoint) of a tiny model of each other family spekula runs."""
+    if family == "gemma3":
+        from spekula.fixtures.tiny_gemma3 import tiny_gemma3_gguf_path, tiny_gemma3_hf_path
+
+        return tiny_gemma3_gguf_path(), tiny_gemma3_hf_path()
+    if family == "gemma4":
+        from spekula.fixtures.tiny_gemma4 import tiny_gemma4_gguf_path, tiny_gemma4_hf_path
+
+        return tiny_gemma4_gguf_path(), tiny_gemma4_hf_path()
+    if family == "gpt-oss":
+        from spekula.fixtures.tiny_gptoss import tiny_gptoss_gguf_path, tiny_gptoss_hf_path
+
+        return tiny_gptoss_gguf_path("f32"), tiny_gptoss_hf_path()
+    if family == "mistral3":
+        from spekula.fixtures.tiny_ministral3 import tiny_ministral3_gguf_path, tiny_ministral3_hf_path
+
+        return tiny_ministral3_gguf_path(), tiny_ministral3_hf_path()
+    if family == "qwen35":
+        from spekula.fixtures.tiny_qwen35 import tiny_qwen35_gguf_path, tiny_qwen35_hf_path
+
+        return tiny_qwen35_gguf_path(), tiny_qwen35_hf_path()
+    from spekula.fixtures.tiny_moe import tiny_moe_gguf_path, tiny_moe_hf_path
+
+    return tiny_moe_gguf_path(family), tiny_moe_hf_path(family)
+
+
+LONG = np.random.default_rng(4).integers(3, 300, 150).astype(np.int32)  # past gpt-oss's 64-token window
+
+
+@cache
+def _hf_family_hidden(folder: Path) -> np.ndarray:
+    transformers.logging.set_verbosity_error()
+    model: Any = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32,
+                                                                   attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = model(torch.as_tensor(LONG[None].astype(np.int64)), output_hidden_states=True)
+    return out.hidden_states[-1][0].double().numpy()
+
+
+@pytest.mark.parametrize("backend", ["native", "torch"])
+@pytest.mark.parametrize("family", ["gemma3", "gemma4", "gpt-oss", "mistral3", "qwen35", "glm4moe", "qwen3moe"])
+def test_every_family_embeds_as_transformers(family: str, backend: str) -> None:
+    """Sliding-window rings, a recurrent state (qwen35) and experts, prefilled in chunks of 16."""
+    gguf, folder = _family_fixture(family)
+    want = _hf_family_hidden(folder)
+    b = load_backend(backend, str(gguf), BackendOptions(n_ctx=256, n_seq_max=1, threads=1))
+    try:
+        seq = b.new_seq()
+        got = b.embed(seq, LONG, Pooling.NONE, 16)
+        assert np.abs(got - want).max() <= REL_TOL[backend] * np.abs(want).max()
+        mean = b.embed(seq, LONG, Pooling.MEAN, 16)
+        assert np.abs(mean - want.mean(axis=0)).max() <= REL_TOL[backend] * np.abs(want).max()
+    finally:
+        b.close()
