@@ -1,6 +1,7 @@
 """SmolLM2's mean-pooled embeddings from `spekula serve --embedding --pooling mean` against llama-server
 (llama.cpp build 11434) started the same way on the same file: cosine >= 0.999 per prompt, the same
-token counts. Needs $SPEKULA_LLAMA_SERVER (the llama-server binary); skipped, saying so, without it.
+token counts; and the tiny Qwen3 reranker's `/rerank` against llama-server's `--reranking`. Needs
+$SPEKULA_LLAMA_SERVER (the llama-server binary); skipped, saying so, without it.
 
 Recorded 2026-12-06 (2 CPU cores, SmolLM2-135M-Instruct Q4_1, these five prompts), cosine per prompt:
 native backend 0.99966, 0.99992, 0.99992, 0.99991, 0.99989; torch backend 0.99979, 0.99984, 0.99952,
@@ -17,6 +18,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,15 +45,14 @@ def _post(port: int, path: str, body: Any) -> Any:
         return json.loads(resp.read())
 
 
-@pytest.fixture(scope="module")
-def llama_server_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+def _llama_server(log_dir: Path, *args: str) -> Iterator[int]:
     binary = os.environ.get("SPEKULA_LLAMA_SERVER")
     if not binary or not os.access(binary, os.X_OK):
         pytest.skip("set $SPEKULA_LLAMA_SERVER to a llama-server binary (llama.cpp build 11434) to compare with it")
     port = _free_port()
-    log = (tmp_path_factory.mktemp("llama-server") / "log").open("wb")
-    proc = subprocess.Popen([binary, "-m", str(smollm2_path()), "--embedding", "--pooling", "mean", "--port", str(port),
-                             "-t", "1", "-c", "2048", "-np", "1"], stdout=log, stderr=subprocess.STDOUT)
+    log = (log_dir / "log").open("wb")
+    proc = subprocess.Popen([binary, *args, "--port", str(port), "-t", "1", "-np", "1"], stdout=log,
+                            stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -68,6 +69,12 @@ def llama_server_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def llama_server_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    yield from _llama_server(tmp_path_factory.mktemp("llama-server"), "-m", str(smollm2_path()), "--embedding",
+                             "--pooling", "mean", "-c", "2048")
 
 
 @pytest.fixture(scope="module", params=["native", "torch"])
@@ -98,3 +105,21 @@ def test_mean_pooled_smollm2_embeddings_match_llama_server(llama_server_port: in
     assert float(x @ y / np.linalg.norm(x) / np.linalg.norm(y)) >= MIN_COSINE
     assert abs(np.linalg.norm(x) / np.linalg.norm(y) - 1.0) < 0.01
 
+
+
+def test_tiny_reranker_scores_match_llama_server(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Rank pooling: the same documents in the same order, the same prompt tokens, scores within 1e-3."""
+    from spekula.fixtures.tiny_reranker import tiny_qwen3_reranker_path
+
+    model = str(tiny_qwen3_reranker_path())
+    body = {"query": "the fox", "documents": ["the cat sat on the mat", "a dog ran in the park", "hello world",
+                                              "the fox", "over the lazy dog"]}
+    for port in _llama_server(tmp_path_factory.mktemp("llama-rerank"), "-m", model, "--reranking", "-c", "256"):
+        theirs = _post(port, "/rerank", body)
+    with running(model, "--reranking", "-t", "1", "-c", "256", log=tmp_path_factory.mktemp("rerank") / "log") as server:
+        status, ours = server.post("/rerank", body)
+    assert status == 200, ours
+    assert ours["usage"] == theirs["usage"]
+    assert [r["index"] for r in ours["results"]] == [r["index"] for r in theirs["results"]]
+    for a, b in zip(ours["results"], theirs["results"], strict=True):
+        assert abs(a["relevance_score"] - b["relevance_score"]) < 1e-3
