@@ -86,17 +86,19 @@ def _embd_normalize(body: dict[str, Any], default: int) -> int:
 
 
 async def _embed_all(engine: ServingEngine, prompts: list[list[int]]) -> list[np.ndarray]:
-    """Every sequence queued at once (the engine runs them in one hand-off), results in input order."""
+    """Every sequence queued at once (the engine runs them in one hand-off), results in input order. The
+    first failure withdraws the sequences not yet computed and is the answer."""
     results: list[np.ndarray | None] = [None] * len(prompts)
     failures: list[BaseException] = []
 
-    async def one(i: int) -> None:
-        try:
-            results[i] = await engine.embed(prompts[i])
-        except (RequestRejected, RuntimeError) as exc:
-            failures.append(exc)
-
     async with anyio.create_task_group() as tg:
+        async def one(i: int) -> None:
+            try:
+                results[i] = await engine.embed(prompts[i])
+            except (RequestRejected, RuntimeError) as exc:
+                failures.append(exc)
+                tg.cancel_scope.cancel()
+
         for i in range(len(prompts)):
             tg.start_soon(one, i)
     if failures:

@@ -138,6 +138,8 @@ def test_too_many_tokens_for_the_context(mean_server: HttpServer) -> None:
     assert status == 400 and "too large" in reply["error"]["message"]
     assert reply["error"]["type"] == "exceed_context_size_error"
     assert reply["error"]["n_prompt_tokens"] == 67 and reply["error"]["n_ctx"] == 64
+    status, reply = mean_server.post("/v1/embeddings", {"input": [TEXT, list(range(3, 70)), TEXT]})
+    assert status == 400 and "too large" in reply["error"]["message"]  # one bad input fails the request
     _still_serves(mean_server)
 
 
