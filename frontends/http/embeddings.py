@@ -38,7 +38,7 @@ def _pooling(engine: ServingEngine) -> Pooling | None:
     return getattr(engine.config, "pooling", None)
 
 
-async def _content_parts_text(parts: Any) -> str:
+def _content_parts_text(parts: Any) -> str:
     """An OpenAI content array: its text parts joined (the same tokens as one string)."""
     if not isinstance(parts, list):
         raise HttpError("'content' of an input object must be an array of content parts")
@@ -57,7 +57,7 @@ async def _entry_tokens(state: HttpState, entry: Any) -> list[int]:
     if isinstance(entry, dict) and "content" in entry:
         if set(entry) != {"content"}:
             raise HttpError("an input object with 'content' must hold nothing else")
-        return await state.service.encode(await _content_parts_text(entry["content"]))
+        return await state.service.encode(_content_parts_text(entry["content"]))
     if isinstance(entry, bool) or not isinstance(entry, str | list | dict):
         raise HttpError("'input' must be a string, a list of tokens, a list of such, or content objects")
     return (await state.service.prompt_tokens(entry))[0]
