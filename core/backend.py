@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from spekula.core.embedding import ClassifierHead, Pooling, pool
 from spekula.core.errors import ConfigError
 
 BACKEND_NAMES = ("auto", "native", "torch", "onnx")
@@ -139,6 +140,31 @@ class Backend(ABC):
     @abstractmethod
     def forward(self, inputs: Sequence[SeqInput], capture: Capture = Capture()) -> list[SeqOutput]:
         """Run all sequences' new tokens in one pass; one output per input, in order."""
+
+    def classifier_head(self) -> ClassifierHead | None:
+        """The model's reranking head (rank pooling), None when the model file has none."""
+        return None
+
+    def embed(self, seq_id: int, tokens: np.ndarray, pooling: Pooling, n_batch: int) -> np.ndarray:
+        """The embedding of `tokens` as a whole sequence: the hidden states after the final norm,
+        pooled (core/embedding.py). Runs them in `seq_id` from position 0 in forwards of at most
+        `n_batch` rows (each row's state is causal, so chunking changes nothing) and leaves the sequence
+        holding them. [n, n_embd] for pooling none, [n_embd] for mean/cls/last, [n_labels] for rank."""
+        if len(tokens) == 0:
+            raise ValueError("cannot embed an empty sequence")
+        head = self.classifier_head() if pooling is Pooling.RANK else None
+        if pooling is Pooling.RANK and head is None:
+            raise ConfigError(f"rank pooling needs a reranker GGUF with a classifier head (cls.output); "
+                              f"{self.info.path} has none")
+        self.truncate(seq_id, 0)
+        rows: list[np.ndarray] = []
+        no_logits = np.zeros(0, np.int64)
+        for start in range(0, len(tokens), max(1, n_batch)):
+            chunk = np.ascontiguousarray(tokens[start:start + n_batch], dtype=np.int32)
+            out = self.forward([SeqInput(seq_id, chunk, start, no_logits)], Capture(final_norm=True))[0]
+            assert out.hidden_final is not None
+            rows.append(out.hidden_final)
+        return pool(np.concatenate(rows, axis=0), pooling, head)
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free device memory early (optional)."""

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from spekula.backends.gguf.architecture import FEATURES, read_hparams
+from spekula.backends.gguf.classifier import read_classifier_head
 from spekula.backends.gguf.weights import rope_inv_freq
 from spekula.backends.native import lib as nl
 from spekula.backends.native.blocks import build_layer, model_config, per_layer_input_fields
@@ -41,6 +42,7 @@ from spekula.backends.row_rounds import forward_in_rounds, needs_rounds
 from spekula.backends.seq_inputs import check_inputs
 from spekula.backends.seq_slots import PooledSeqs, SlotPool
 from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
+from spekula.core.embedding import ClassifierHead
 from spekula.core.errors import ConfigError
 from spekula.core.modelfile.gguf_file import GGUFFile
 
@@ -147,6 +149,9 @@ class NativeBackend(PooledSeqs, Backend):
 
     def _release_kv(self, slot: int) -> None:
         self._lib.sk_kv_release(self._ctx, slot)
+
+    def classifier_head(self) -> ClassifierHead | None:
+        return read_classifier_head(self.info.path)
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import structlog
 
+from spekula.backends.gguf.classifier import read_classifier_head
 from spekula.backends.onnx import cache as onnx_cache
 from spekula.backends.onnx.export import Export, ensure_export
 from spekula.backends.onnx.graph import HIDDEN_FINAL, resid_name
@@ -32,6 +33,7 @@ from spekula.backends.onnx.moe import MOE_ROWS, moe_rows
 from spekula.backends.onnx.providers import ProviderChoice, select_provider
 from spekula.backends.seq_slots import PooledSeqs
 from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
+from spekula.core.embedding import ClassifierHead
 from spekula.core.errors import ConfigError, ModelFileError
 
 if TYPE_CHECKING:
@@ -132,6 +134,9 @@ class OnnxBackend(PooledSeqs, Backend):
     @property
     def export(self) -> Export:
         return self._export
+
+    def classifier_head(self) -> ClassifierHead | None:
+        return read_classifier_head(self.info.path)
 
     def close(self) -> None:
         """Drop the session and every cache (device memory included); later calls raise ConfigError."""

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from spekula.backends.gguf.architecture import FEATURES, ModelHParams, read_hparams
+from spekula.backends.gguf.classifier import read_classifier_head
 from spekula.backends.gguf.weights import load_model_weights
 from spekula.backends.seq_inputs import check_inputs
 from spekula.backends.seq_slots import PooledSeqs
@@ -45,6 +46,7 @@ from spekula.backends.torch.kv import KVPool, SeqCache
 from spekula.backends.torch.model import AttnGroup, KVWrite, Tile, TorchModel, model_gemm_shapes
 from spekula.backends.torch.recurrent import RecurrentSeq
 from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
+from spekula.core.embedding import ClassifierHead
 from spekula.core.errors import ConfigError
 from spekula.core.modelfile.gguf_file import GGUFFile
 
@@ -210,6 +212,9 @@ class TorchBackend(PooledSeqs, Backend):
         if cache.rec is None:
             return super().restorable(seq_id, n_keep)
         return cache.rec.restorable(cache.length, n_keep)
+
+    def classifier_head(self) -> ClassifierHead | None:
+        return read_classifier_head(self.info.path)
 
     def close(self) -> None:
         self.kv.clear()

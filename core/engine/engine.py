@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,6 +32,8 @@ from spekula.core.drafting.registry import (
     order_drafters,
     sources_by_name,
 )
+from spekula.core.embedding import Pooling
+from spekula.core.engine.embedding_jobs import EmbeddingQueue
 from spekula.core.engine.prompt_cache import SlotCache, choose_slot, drafters_reuse_prefix
 from spekula.core.engine.request_handle import Outbox, RequestHandle, open_request
 from spekula.core.engine.request_plan import RequestPlan, RequestRejected, plan_request, synthetic_rates
@@ -78,6 +80,8 @@ class EngineConfig:
     # --slot-prompt-similarity: a request goes to the idle slot whose cached prefix covers more than
     # this fraction of its prompt (the longest such prefix wins); 0 routes least-recently-used only.
     slot_prompt_similarity: float = 0.1
+    # --embedding: the pooling embeddings are served with (None: embeddings off, llama-server's default)
+    pooling: Pooling | None = None
 
 
 def end_drafter(drafter: Drafter, slot: int) -> None:
@@ -124,6 +128,7 @@ class Engine:
         self._scheduler = Scheduler(backend, tokenizer, config.n_batch, self.observer,
                                     (self._fixed_policy, self._adaptive_policy))
         self._queue: deque[tuple[CompletionRequest, RequestPlan, Outbox]] = deque()
+        self._embeddings = EmbeddingQueue(config.pooling, config.n_ctx, backend.info.n_vocab, config.n_batch)
         self._wake: anyio.Event | None = None
         # Pieces of steps the worker made back to back (Engine._steps), waiting for the loop.
         self._pending: deque[tuple[Outbox, PieceEvent]] = deque()
@@ -172,6 +177,10 @@ class Engine:
             self._queue.append((req, plan, outbox))
             self._poke()
         return handle
+
+    async def embed(self, tokens: Sequence[int]) -> np.ndarray:
+        """The embedding of one sequence under the engine's pooling (core/engine/embedding_jobs.py)."""
+        return await self._embeddings.embed(tokens, self._poke)
 
     def _is_eog(self, token: int) -> bool:
         return bool(self.tokenizer.is_eog(token))
@@ -320,10 +329,12 @@ class Engine:
     async def _loop(self) -> None:
         call_soon = _call_soon_threadsafe()
         while True:
+            if self._embeddings:
+                await self._embeddings.run_on_idle_slot(self._slots, self.backend, self.observer)
             self._admit()
             self._reap()
             if not any(s.busy for s in self._slots):
-                if self._queue:
+                if self._queue or (self._embeddings and self._slots):
                     continue
                 self._wake = anyio.Event()
                 await self._wake.wait()
@@ -375,7 +386,7 @@ class Engine:
                 call_soon(self._deliver, pieces)
 
     def _keeps_stepping(self, busy: list[Slot]) -> bool:
-        if self._queue and len(busy) < len(self._slots):
+        if (self._queue or self._embeddings) and len(busy) < len(self._slots):
             return False  # a request waits for a slot that is idle
         return all(s.state is SlotState.GENERATING and not s.finished and not s.cancelled for s in busy)
 
@@ -405,6 +416,7 @@ class Engine:
 
     def _shutdown(self) -> None:
         self._pending_wake = None
+        self._embeddings.fail_all("engine stopped")
         self._flush_pending()
         for s in self._slots:
             if s.busy:

@@ -40,6 +40,9 @@ class RoundObserver(Protocol):
     def finished(self, slot: Slot) -> None:
         """A request ended (its final event is about to be sent)."""
 
+    def embedded(self, n_tokens: int, n_forwards: int, seconds: float) -> None:
+        """An embedding or reranking sequence of `n_tokens` ran in `n_forwards` target forwards."""
+
 
 class StatsRecorder:
     def __init__(self, stats: EngineSpecStats) -> None:
@@ -71,6 +74,14 @@ class StatsRecorder:
     def forwarded(self, n_seqs: int) -> None:
         self.stats.n_forwards += 1
         self.stats.n_forward_seqs += n_seqs
+
+    def embedded(self, n_tokens: int, n_forwards: int, seconds: float) -> None:
+        # llama-server counts an embedding's prompt and decodes with the rest (it predicts no token)
+        st = self.stats
+        st.n_prompt_tokens += n_tokens
+        st.t_prompt_ms += seconds * 1e3
+        st.n_forwards += n_forwards
+        st.n_forward_seqs += n_forwards
 
     def finished(self, slot: Slot) -> None:
         st, t = self.stats, slot.timings()

@@ -10,7 +10,10 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from spekula.core.embedding import Pooling
 from spekula.core.errors import ConfigError
+from spekula.core.modelfile.gguf_file import GGUFFile
+from spekula.core.modelfile.rerank_prompt import RerankFormat
 from spekula.frontends.cli.options import build_engine
 from spekula.frontends.cli.serve_options import add_arguments as add_arguments
 from spekula.frontends.cli.serve_options import http_state, server_defaults
@@ -31,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.write_timeout > 0:
         raise ConfigError(f"--write-timeout must be positive; got {args.write_timeout}")
     if args.ray:
+        if args.embedding or args.reranking:
+            raise ConfigError("--embedding and --reranking are not served behind --ray")
         if args.socket is not None:
             raise ConfigError("--socket cannot be combined with --ray (the replicas serve HTTP only)")
         from spekula.frontends.ray.app import serve_on_ray
@@ -67,8 +72,11 @@ def _serve_http(args: argparse.Namespace, defaults: ServerDefaults, rpc_config: 
     loaded: list[Engine] = []
 
     def load() -> Engine:
-        loaded.append(build_engine(args))
-        return loaded[-1]
+        engine = build_engine(args)
+        loaded.append(engine)
+        if engine.config.pooling is Pooling.RANK:
+            state.rerank_format = RerankFormat.from_gguf(GGUFFile.shared(engine.backend.info.path), engine.tokenizer)
+        return engine
 
     http = HttpConfig(host=args.host, port=args.port, drain_timeout=args.drain_timeout,
                       timeout_keep_alive=args.keep_alive_timeout, max_connections=args.max_connections,

@@ -10,7 +10,7 @@ table below:
   llama-server's total KV size shared by all slots; spekula's `-c` is per slot);
 - accepted: it changes only speed, memory or logging, or selects what spekula always does
   (`-ngl`, `-fa`, `--ubatch-size`, `--cont-batching`, `--jinja`, ...); it is read and dropped;
-- rejected: a llama-server feature spekula does not implement (`--embedding`, `--lora`,
+- rejected: a llama-server feature spekula does not implement (`--lora`,
   `--context-shift`, `--grammar`, ...): a one-line error naming it, exit status 1. The adaptive-p
   sampler's options are accepted when their value is llama.cpp's "disabled" default (`--adaptive-target -1`).
 
@@ -366,6 +366,10 @@ translated("--api-key", "--api-key", env="LLAMA_API_KEY")
 special("--api-key-file", "--api-key for each line ('#' lines are comments)", _api_key_file,
         env="LLAMA_ARG_API_KEY_FILE")
 translated("--metrics", "--metrics", nargs=0, env="LLAMA_ARG_ENDPOINT_METRICS")
+translated("--embedding --embeddings", "--embedding", nargs=0, env="LLAMA_ARG_EMBEDDINGS")
+translated("--rerank --reranking", "--reranking", nargs=0, env="LLAMA_ARG_RERANKING")
+translated("--pooling", "--pooling", env="LLAMA_ARG_POOLING")
+translated("--embd-normalize", "--embd-normalize")
 special("--slots", "--slots", _flag("slots", True), nargs=0, env="LLAMA_ARG_ENDPOINT_SLOTS", env_sign=True)
 special("--no-slots", "--no-slots", _flag("slots", False), nargs=0, env="LLAMA_ARG_ENDPOINT_SLOTS", env_sign=False)
 special("-a --alias", "--alias (the first of a comma-separated list)", _alias, env="LLAMA_ARG_ALIAS")
@@ -510,10 +514,6 @@ accepted("--log-timestamps", "logging only", env="LLAMA_ARG_LOG_TIMESTAMPS", env
 accepted("--no-log-timestamps", "logging only", env="LLAMA_ARG_LOG_TIMESTAMPS", env_sign=False)
 
 # -- rejected: llama-server features spekula does not implement -----------------------------------
-rejected("--embedding --embeddings", "llama-server embeddings", env="LLAMA_ARG_EMBEDDINGS")
-rejected("--rerank --reranking", "llama-server reranking", env="LLAMA_ARG_RERANKING")
-rejected("--pooling", "embedding pooling", nargs=1, env="LLAMA_ARG_POOLING")
-rejected("--embd-normalize", "embedding normalization", nargs=1)
 rejected("--lora --lora-scaled", "LoRA adapters", nargs=1)
 rejected("--lora-init-without-apply", "LoRA adapters")
 rejected("--control-vector --control-vector-scaled", "control vectors", nargs=1)

@@ -35,6 +35,7 @@ from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.verify.sampling import check_bias_tokens
 from spekula.frontends.cli.deferred_options import add_when_used
+from spekula.frontends.cli.embedding_options import serving_pooling
 from spekula.frontends.cli.in_thread import InThread
 from spekula.frontends.cli.sampler_options import add_sampler_stage_options, sampler_stages_from_args
 
@@ -454,6 +455,7 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
     """Load the target backend and tokenizer and create the drafters; any problem is a SpekulaError."""
     spec, draft_path = _checked_spec(args)
     path, model_file = _open_target_file(args)
+    pooling = serving_pooling(args, model_file)
     opts = BackendOptions(device=args.device, dtype=args.dtype, n_ctx=args.ctx_size, n_seq_max=args.parallel,
                           threads=args.threads, ort_provider=args.ort_provider)
     draft_opts = BackendOptions(device=args.spec_draft_device or args.device, dtype=args.spec_draft_dtype or args.dtype,
@@ -475,7 +477,7 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
         raise
     backend = loading.result()
     config = EngineConfig(n_slots=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, spec=spec,
-                          slot_prompt_similarity=args.slot_prompt_similarity)
+                          slot_prompt_similarity=args.slot_prompt_similarity, pooling=pooling)
     try:
         return Engine(backend, tokenizer, config, drafters=drafters, backend_name=backend_name,
                       draft_model_path=draft_path, draft_backend_options=draft_opts)

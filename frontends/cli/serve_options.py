@@ -7,6 +7,7 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
+from spekula.core.embedding import EUCLIDEAN, Pooling
 from spekula.core.errors import ConfigError
 from spekula.frontends.cli.options import add_engine_options, sampling_from_args
 from spekula.frontends.http.fields import MAX_BODY_DEFAULT
@@ -55,6 +56,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _embd_norm(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"must be >= -1, got {value}")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--socket", default=None, metavar="PATH",
@@ -78,6 +89,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     g.add_argument("--write-timeout", type=float, default=DEFAULT_WRITE_TIMEOUT, metavar="S",
                    help="disconnect a client that reads nothing for S seconds while replies wait (default: %(default)s)")
+    e = p.add_argument_group("embeddings and reranking")
+    e.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
+                   help="serve /embedding, /embeddings and /v1/embeddings: the model's final hidden states, pooled "
+                        "(completions are still served)")
+    e.add_argument("--pooling", choices=[p.value for p in Pooling], default=None,
+                   help="how --embedding pools a sequence: none (a vector per token), mean, cls (first token), last, "
+                        "rank (a reranker's score) (default: the model file's pooling_type, else none)")
+    e.add_argument("--rerank", "--reranking", dest="reranking", action="store_true",
+                   help="serve /rerank (and /v1/rerank, /v1/reranking): --embedding with rank pooling; needs a "
+                        "reranker GGUF (a Qwen3 reranker's cls.output head)")
+    e.add_argument("--embd-normalize", type=_embd_norm, default=EUCLIDEAN, metavar="N",
+                   help="normalisation of pooled embeddings: -1 none, 0 max-absolute (int16 range), 1 taxicab, "
+                        "2 euclidean, p > 2 p-norm (default: %(default)s); a request's embd_normalize overrides it")
     h = p.add_argument_group("HTTP (llama-server / OpenAI API)")
     h.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     h.add_argument("--port", type=_port, default=None,
@@ -173,7 +197,8 @@ def http_state(args: argparse.Namespace) -> HttpState:
                      write_timeout=args.write_timeout, body_timeout=args.body_timeout,
                      cors_origins=args.cors_origins,
                      slots_endpoint=args.slots_endpoint, static_dir=_static_dir(args.static_path),
-                     verbose=bool(getattr(args, "verbose", False)), spm_infill=args.spm_infill)
+                     verbose=bool(getattr(args, "verbose", False)), spm_infill=args.spm_infill,
+                     embd_normalize=args.embd_normalize)
 
 
 def server_defaults(args: argparse.Namespace) -> ServerDefaults:

@@ -29,6 +29,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from spekula.frontends.http import anthropic, native, openai
+from spekula.frontends.http.embeddings import embeddings_native, embeddings_oai, rerank
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.http.infill import infill
 from spekula.frontends.http.responses import responses
@@ -235,6 +236,9 @@ def build_app(state: HttpState) -> ASGIApp:
         Route("/chat/completions/input_tokens", openai.input_tokens, methods=post),
         Route("/v1/chat/completions/input_tokens", openai.input_tokens, methods=post),
         Route("/tools", _tools, methods=["GET", "POST"]),
+        Route("/embedding", embeddings_native, methods=post), Route("/embeddings", embeddings_native, methods=post),
+        Route("/v1/embeddings", embeddings_oai, methods=post),
+        *(Route(path, rerank, methods=post) for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")),
     ]
     if state.static_dir is not None:
         # After every API route, so a file can never shadow an endpoint.

@@ -3,10 +3,12 @@ that spreads requests over engine replicas (frontends/ray/engine.py)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from spekula.core.backend import ModelInfo
     from spekula.core.engine.engine import EngineConfig
     from spekula.core.events import Event, FinalEvent
@@ -39,6 +41,8 @@ class ServingEngine(Protocol):
     def backend(self) -> ModelFacts: ...
 
     def submit(self, req: CompletionRequest, *, session: str | None = None) -> RequestStream: ...
+
+    async def embed(self, tokens: Sequence[int]) -> np.ndarray: ...
 
     def stats(self) -> dict[str, Any]: ...
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
+from spekula.core.embedding import EUCLIDEAN
 from spekula.core.modelfile.chat_template import ChatTemplateError, chat_prompt
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.http.fields import MAX_BODY_DEFAULT, HttpOptions
@@ -20,6 +21,7 @@ from spekula.frontends.schema.chat_messages import MessagesError, chat_messages
 from spekula.frontends.schema.unicode_check import not_unicode_message
 
 if TYPE_CHECKING:
+    from spekula.core.modelfile.rerank_prompt import RerankFormat
     from spekula.frontends.http.serving_engine import ServingEngine
 
 
@@ -41,6 +43,8 @@ class HttpState:
     verbose: bool = False  # -v: every OpenAI answer carries `__verbose` (the native result), as llama-server's does
     static_dir: str | None = None  # --path: static files (e.g. a web UI build) served at /, without a key
     spm_infill: bool = False  # --spm-infill: /infill puts the suffix before the prefix
+    embd_normalize: int = EUCLIDEAN  # --embd-normalize: a pooled embedding's default normalisation
+    rerank_format: RerankFormat | None = None  # how /rerank lays out (query, document): set with --reranking
     engine: ServingEngine | None = None
     service: GenerationService = field(init=False)
     version: str = "0.1.0"

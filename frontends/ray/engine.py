@@ -19,15 +19,17 @@ import asyncio
 import dataclasses
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
+import numpy as np
 from ray.exceptions import RayActorError, TaskCancelledError
 from ray.serve.exceptions import DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from spekula.core.backend import ModelInfo
+from spekula.core.engine.embedding_jobs import EmbeddingsOff
 from spekula.core.engine.engine import EngineConfig
 from spekula.core.events import Event, FinalEvent
 from spekula.core.modelfile.grammar_llg import Grammars
@@ -71,6 +73,9 @@ class RoutedEngine:
         if not req.id:
             req.id = secrets.token_hex(8)
         return RoutedRequest(self, req, session)
+
+    async def embed(self, tokens: Sequence[int]) -> np.ndarray:
+        raise EmbeddingsOff("embeddings are not served behind --ray (start spekula serve without --ray)")
 
     def global_slot(self, replica: int, slot: int) -> int:
         return replica * self.per_replica + slot if slot >= 0 else slot

@@ -170,17 +170,24 @@ def test_command_line_overrides_environment() -> None:
     assert _value(args, "-c") == "256" and _value(args, "--port") == "9999"
 
 
+def test_embedding_options_are_translated() -> None:
+    args = _serve("--embeddings --pooling mean --embd-normalize 1")
+    assert "--embedding" in args and _value(args, "--pooling") == "mean" and _value(args, "--embd-normalize") == "1"
+    assert "--reranking" in _serve("--rerank")
+    env = {"LLAMA_ARG_EMBEDDINGS": "1", "LLAMA_ARG_POOLING": "last", "LLAMA_ARG_RERANKING": "0"}
+    args = _serve("", env)
+    assert "--embedding" in args and _value(args, "--pooling") == "last" and "--reranking" not in args
+
+
 def test_unimplemented_feature_from_environment_is_an_error() -> None:
-    assert _errors("", {"LLAMA_ARG_EMBEDDINGS": "1"}) == [
-        "$LLAMA_ARG_EMBEDDINGS (llama-server embeddings) is not implemented by spekula"]
+    assert _errors("", {"LLAMA_ARG_CONTEXT_SHIFT": "1"}) == [
+        "$LLAMA_ARG_CONTEXT_SHIFT (context shift) is not implemented by spekula"]
     assert _errors("", {"LLAMA_ARG_CONTEXT_SHIFT": "maybe"}) == ["$LLAMA_ARG_CONTEXT_SHIFT='maybe': invalid boolean value"]
 
 
 # -- errors ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("argv", "message"), [
-    ("--embedding", "spekula-server: --embedding (llama-server embeddings) is not implemented by spekula"),
-    ("--reranking", "spekula-server: --reranking (llama-server reranking) is not implemented by spekula"),
     ("--lora a.gguf", "spekula-server: --lora (LoRA adapters) is not implemented by spekula"),
     ("--context-shift", "spekula-server: --context-shift (context shift) is not implemented by spekula"),
     ("--mmproj-url http://x", "spekula-server: --mmproj-url (multimodal input) is not implemented by spekula"),
@@ -205,7 +212,7 @@ def test_errors_name_the_option_and_exit_1(argv: str, message: str, capsys: pyte
 
 
 def test_every_error_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--embedding", "--lora", "x", "--tools", "all"]) == 1
+    assert main(["--context-shift", "--lora", "x", "--tools", "all"]) == 1
     assert len(capsys.readouterr().err.splitlines()) == 3
 
 

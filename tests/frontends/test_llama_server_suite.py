@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PASSING = Path(__file__).parents[1] / "data" / "llama_server_suite_passing.txt"
 INFILL = Path(__file__).parents[1] / "data" / "llama_server_suite_infill.txt"
+RERANK = Path(__file__).parents[1] / "data" / "llama_server_suite_rerank.txt"
 
 
 def _passes(ids_file: Path, model: Path, tmp_path: Path) -> None:
@@ -48,3 +49,13 @@ def test_llama_server_infill_tests_pass_on_a_code_model_fixture(tmp_path: Path) 
     from spekula.fixtures.tiny_gguf import tiny_model_path
 
     _passes(INFILL, tiny_model_path("qwen2", fim=True), tmp_path)
+
+
+@pytest.mark.slow
+def test_llama_server_rerank_tests_pass_on_a_reranker_fixture(tmp_path: Path) -> None:
+    """SmolLM2 is no reranker (`--reranking` refuses it at start-up): test_rerank runs on a tiny Qwen3
+    reranker fixture, where its request checks and top_n pass (its ranking and token counts are
+    jina-reranker's)."""
+    from spekula.fixtures.tiny_reranker import tiny_qwen3_reranker_path
+
+    _passes(RERANK, tiny_qwen3_reranker_path(), tmp_path)
