@@ -174,7 +174,7 @@ class Engine:
     async def slot_action(self, action: str, slot_id: int, path: Path | None = None) -> dict[str, Any]:
         """Save (to `path`), restore (from `path`) or erase an idle slot's cache, between steps
         (core/engine/slot_actions.py): llama-server's result, or SlotActionError / SlotFileError."""
-        return await self._slot_actions.call(action, slot_id, len(self._slots), path)
+        return await self._slot_actions.perform(action, slot_id, path, self.backend, self._slots)
 
     def _is_eog(self, token: int) -> bool:
         return bool(self.tokenizer.is_eog(token))
@@ -324,7 +324,7 @@ class Engine:
         call_soon = _call_soon_threadsafe()
         while True:
             if self._slot_actions:
-                await self._slot_actions.run_pending(self.backend, self._slots)
+                await self._slot_actions.run_pending()
             self._admit()
             self._reap()
             if not any(s.busy for s in self._slots):

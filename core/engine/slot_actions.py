@@ -1,16 +1,18 @@
 """Save, restore and erase an idle slot's cache (llama-server's POST /slots/{id}?action=...).
 
-The engine runs these in its worker thread between steps (Engine.slot_action), so the backend is used by
-one thread at a time and no request is admitted halfway through one. What a slot file holds is the idle
+What touches the slot and the backend (checks, copying the state out or in, erasing) runs in the engine's
+worker thread between steps, so the backend is used by one thread at a time and no request is admitted
+halfway through one; the file's reading, checking and writing run in another thread beside the steps, so a
+large cache does not hold up the other slots' generation. What a slot file holds is the idle
 slot's `tokens[:n_cached]` and its backend sequence's state at that length (core/engine/slot_file.py); a
 restored slot is to the prompt cache exactly what the saved one was: the next request reuses whatever
 prefix of its prompt the tokens cover (core/engine/prompt_cache.py).
 
 What is not saved, and what follows from it:
 - the drafters' per-slot states. draft-simple and the hidden-state drafters free their sequences when a
-  request ends and rebuild them from the next request's history; the suffix drafter starts a tree per
-  request; ngram-simple keeps nothing. So with these drafters a restored slot drafts exactly as the saved
-  one would have (tests/core/test_slot_actions.py compares draft counts). The n-gram tables of
+  request ends and rebuild them from the next request's history; ngram-simple keeps nothing. So with these
+  drafters a restored slot drafts exactly as the saved one would have (tests/core/test_slot_actions.py
+  compares draft counts). The suffix drafter starts a tree per request, but the n-gram tables of
   ngram-map-k, ngram-map-k4v and ngram-cache, ngram-mod's low-acceptance count, the server-wide pools
   (ngram-mod's, the suffix drafter's earlier outputs) and the adaptive policy's acceptance estimates stay
   with the slot or the server, as after any request: `begin` trims what the new prompt contradicts. They
@@ -25,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,40 +54,26 @@ def _idle(slot: Slot) -> None:
         raise SlotActionError(f"slot {slot.id} is busy with a request; try again when it is idle", "busy")
 
 
-def save_slot(backend: Backend, slot: Slot, path: Path) -> dict[str, Any]:
-    """Write the idle slot's cached tokens and KV state to `path` (atomically)."""
+def export_slot(backend: Backend, slot: Slot) -> SlotImage:
+    """Between steps: the idle slot's cached tokens and its sequence's state at their length."""
     _idle(slot)
-    t0 = time.perf_counter()
     n = slot.n_cached
     if backend.seq_len(slot.seq_id) != n:  # rows past the named tokens (none are trusted after an error)
         if backend.restorable(slot.seq_id, n) != n:
             raise SlotActionError(f"slot {slot.id}'s sequence cannot be brought back to its {n} cached tokens",
                                   "unsupported")
         backend.truncate(slot.seq_id, n)
-    state = backend.export_seq(slot.seq_id)
-    image = SlotImage(slot.tokens[:n].copy(), state)
-    try:
-        n_bytes = write_slot_file(path, image, model=model_identity(backend.info),
-                                  state_format=backend.seq_state_format, n_ctx=slot.n_ctx)
-    except OSError as exc:
-        raise SlotActionError(f"Unable to save slot {slot.id} to {path.name!r}: {exc.strerror or exc}; "
-                              "nothing was written", "io") from None
-    return {"id_slot": slot.id, "filename": path.name, "n_saved": n, "n_written": n_bytes,
-            "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
+    return SlotImage(slot.tokens[:n].copy(), backend.export_seq(slot.seq_id))
 
 
-def restore_slot(backend: Backend, slot: Slot, path: Path) -> dict[str, Any]:
-    """Make the file's tokens and state the idle slot's cache. Every check runs before the slot changes, so a
-    refused file leaves the slot's own cache as it was."""
+def import_slot(backend: Backend, slot: Slot, image: SlotImage) -> None:
+    """Between steps: make a checked file's tokens and state the idle slot's cache. The backend checks the
+    arrays before it writes, so a refusal leaves the slot's own cache as it was."""
     _idle(slot)
-    t0 = time.perf_counter()
-    image, n_read = read_slot_file(path, model=model_identity(backend.info), state_format=backend.seq_state_format,
-                                   n_ctx=slot.n_ctx)
     try:
         backend.import_seq(slot.seq_id, image.state)
     except SpekulaError as exc:
-        # import_seq checks the arrays before writing: the slot still holds its own cache
-        raise SlotActionError(f"Unable to restore slot {slot.id} from {path.name!r}: {exc}") from None
+        raise SlotActionError(f"Unable to restore slot {slot.id}: {exc}") from None
     except Exception:
         slot.n_cached = 0  # written halfway: its KV no longer matches any tokens
         raise
@@ -92,12 +81,10 @@ def restore_slot(backend: Backend, slot: Slot, path: Path) -> dict[str, Any]:
     slot.tokens[:n] = image.tokens
     slot.n_cached = n
     slot.last_used = time.perf_counter()
-    return {"id_slot": slot.id, "filename": path.name, "n_restored": n, "n_read": n_read,
-            "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
 
 
 def erase_slot(backend: Backend, slot: Slot) -> dict[str, Any]:
-    """Forget the idle slot's cache: the next request on it evaluates its whole prompt."""
+    """Between steps: forget the idle slot's cache; the next request on it evaluates its whole prompt."""
     _idle(slot)
     n = slot.n_cached
     backend.truncate(slot.seq_id, 0)
@@ -107,18 +94,18 @@ def erase_slot(backend: Backend, slot: Slot) -> dict[str, Any]:
 
 @dataclass(eq=False)
 class _Call:
-    """One queued slot action and, once run, its outcome."""
+    """One piece of work queued for the loop to run between steps and, once run, its outcome."""
 
-    action: str
-    slot_id: int
-    path: Path | None
+    work: Callable[[], Any]
     done: anyio.Event = field(default_factory=anyio.Event)
-    result: dict[str, Any] | None = None
-    error: Exception | None = None
+    result: Any = None
+    error: BaseException | None = None
+    ran: bool = False
 
 
 class SlotActionQueue:
-    """The engine's slot actions: callers wait on the loop; the loop runs them between steps, in its worker thread."""
+    """The engine's slot actions. `perform` runs in the caller's task: file I/O in a thread of its own, the
+    slot's part queued for the loop, which runs it between steps in its worker thread (`run_pending`)."""
 
     def __init__(self, wake_loop: Callable[[], None]) -> None:
         self._calls: deque[_Call] = deque()
@@ -127,30 +114,58 @@ class SlotActionQueue:
     def __bool__(self) -> bool:
         return bool(self._calls)
 
-    async def call(self, action: str, slot_id: int, n_slots: int, path: Path | None) -> dict[str, Any]:
+    async def perform(self, action: str, slot_id: int, path: Path | None, backend: Backend,
+                      slots: Sequence[Slot]) -> dict[str, Any]:
         if action not in SLOT_ACTIONS:
             raise SlotActionError(f"Invalid action {action!r}: one of {', '.join(SLOT_ACTIONS)}")
-        if not 0 <= slot_id < n_slots:
-            raise SlotActionError(f"Invalid slot ID {slot_id}: this server has slots 0..{n_slots - 1}")
-        if action != "erase" and path is None:
+        if not 0 <= slot_id < len(slots):
+            raise SlotActionError(f"Invalid slot ID {slot_id}: this server has slots 0..{len(slots) - 1}")
+        slot = slots[slot_id]
+        if action == "erase":
+            return await self._between_steps(partial(erase_slot, backend, slot))  # type: ignore[no-any-return]
+        if path is None:
             raise SlotActionError(f"slot {action} needs a file name")
-        call = _Call(action, slot_id, path)
+        if not backend.seq_state_format:
+            raise SlotActionError(f"the {type(backend).__name__} backend cannot save or restore slots; the native "
+                                  "and torch backends can", "unsupported")
+        _idle(slot)  # at once, before reading or hashing anything
+        t0 = time.perf_counter()
+        model = await anyio.to_thread.run_sync(model_identity, backend.info)
+        if action == "save":
+            image: SlotImage = await self._between_steps(partial(export_slot, backend, slot))
+            write = partial(write_slot_file, path, image, model=model, state_format=backend.seq_state_format,
+                            n_ctx=slot.n_ctx)
+            try:
+                n_bytes = await anyio.to_thread.run_sync(write)
+            except OSError as exc:
+                raise SlotActionError(f"Unable to save slot {slot_id} to {path.name!r}: {exc.strerror or exc}; "
+                                      "nothing was written", "io") from None
+            return {"id_slot": slot_id, "filename": path.name, "n_saved": int(image.tokens.size),
+                    "n_written": n_bytes, "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
+        read = partial(read_slot_file, path, model=model, state_format=backend.seq_state_format, n_ctx=slot.n_ctx)
+        image, n_read = await anyio.to_thread.run_sync(read)
+        await self._between_steps(partial(import_slot, backend, slot, image))
+        return {"id_slot": slot_id, "filename": path.name, "n_restored": int(image.tokens.size), "n_read": n_read,
+                "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
+
+    async def _between_steps(self, work: Callable[[], Any]) -> Any:
+        call = _Call(work)
         self._calls.append(call)
         self._wake_loop()
         await call.done.wait()
         if call.error is not None:
             raise call.error
-        assert call.result is not None
         return call.result
 
-    async def run_pending(self, backend: Backend, slots: Sequence[Slot]) -> None:
+    async def run_pending(self) -> None:
+        """On the loop, with no step running: the queued work, in the worker thread."""
         calls = list(self._calls)
         self._calls.clear()
         try:
-            await anyio.to_thread.run_sync(_run, backend, slots, calls)
+            await anyio.to_thread.run_sync(_run, calls)
         finally:
             for call in calls:
-                if call.result is None and call.error is None:
+                if not call.ran:
                     call.error = SlotActionError("engine stopped before the slot action ran", "unavailable")
                 call.done.set()
 
@@ -161,17 +176,10 @@ class SlotActionQueue:
             call.done.set()
 
 
-def _run(backend: Backend, slots: Sequence[Slot], calls: list[_Call]) -> None:
+def _run(calls: list[_Call]) -> None:
     for call in calls:
-        slot = slots[call.slot_id]
         try:
-            if call.action == "save":
-                assert call.path is not None
-                call.result = save_slot(backend, slot, call.path)
-            elif call.action == "restore":
-                assert call.path is not None
-                call.result = restore_slot(backend, slot, call.path)
-            else:
-                call.result = erase_slot(backend, slot)
+            call.result = call.work()
         except Exception as exc:  # noqa: BLE001 - handed to its caller; the engine goes on serving
             call.error = exc
+        call.ran = True

@@ -24,6 +24,7 @@ import hashlib
 import json
 import mmap
 import os
+import secrets
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,7 @@ def write_slot_file(path: Path, image: SlotImage, *, model: dict[str, Any], stat
         "length": int(image.state.length),
         "arrays": [{"name": n, "dtype": a.dtype.str, "shape": list(a.shape)} for n, a in arrays],
     }).encode()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")  # writers never share one
     h = hashlib.sha256()
     n = 0
     try:

@@ -19,7 +19,7 @@ import anyio
 import numpy as np
 import pytest
 from backend_helpers import open_backend, random_tokens
-from toy_backend import make_engine
+from toy_backend import ToyBackend, ToyTokenizer, make_engine
 
 from spekula.core.backend import Backend, BackendOptions, SeqInput, SeqState, load_backend
 from spekula.core.engine.engine import Engine
@@ -180,6 +180,19 @@ def test_onnx_refuses_by_name() -> None:
     from spekula.backends.onnx.backend import backend_class
 
     assert backend_class.export_seq is Backend.export_seq and backend_class.import_seq is Backend.import_seq
+
+
+def test_a_backend_without_state_export_refuses_save_and_restore_by_name(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with serving(make_engine(ToyBackend(), ToyTokenizer())) as engine:
+            for action in ("save", "restore"):
+                with pytest.raises(SlotActionError, match="ToyBackend backend cannot save or restore") as info:
+                    await engine.slot_action(action, 0, tmp_path / "t.bin")
+                assert info.value.kind == "unsupported"
+            assert (await engine.slot_action("erase", 0))["n_erased"] == 0  # erasing needs no export
+            assert list(tmp_path.iterdir()) == []
+
+    anyio.run(go)
 
 
 @pytest.mark.parametrize("name", ["", "..", "../x", "a/b", "/etc/passwd", "a\\b", "x\0y", ".hidden", "a..b",

@@ -116,6 +116,20 @@ def test_a_busy_slot_is_refused_with_503(server: HttpServer) -> None:
     assert len(done["tokens"]) == 200
 
 
+def test_a_saved_slot_restores_in_a_new_server_process(tmp_path: Path) -> None:
+    args = (tiny_model_path("qwen3"), "-c", "128", "-t", "1", "--slot-save-path", str(tmp_path / "saved"))
+    with running(*args, log=tmp_path / "a.log") as first_server:
+        first = _complete(first_server, PROMPT, 0)
+        assert first_server.post("/slots/0?action=save", {"filename": "keep.bin"})[0] == 200
+    turn2 = [*PROMPT, *first["tokens"], 3, 4]
+    with running(*args, log=tmp_path / "b.log") as second_server:
+        cold = _complete(second_server, turn2, 0, 8)
+        assert second_server.post("/slots/0?action=restore", {"filename": "keep.bin"})[0] == 200
+        warm = _complete(second_server, turn2, 0, 8)
+    assert warm["timings"]["cache_n"] == len(PROMPT) + len(first["tokens"]) - 1
+    assert warm["tokens"] == cold["tokens"]
+
+
 def test_without_slot_save_path_the_actions_are_not_supported(tmp_path: Path) -> None:
     with running(tiny_model_path("llama"), "-c", "128", "-t", "1", log=tmp_path / "server.log") as srv:
         assert "--slot-save-path" in _error(srv, "/slots/0?action=erase", status=501)
