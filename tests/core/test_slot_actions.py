@@ -53,9 +53,10 @@ def _model(arch: str) -> tuple[str, Tokenizer]:
 def _engine(arch: str, backend: str, drafter: str, n_slots: int = 2) -> Engine:
     path, tok = _model(arch)
     target = load_backend(backend, path, BackendOptions(n_ctx=N_CTX, n_seq_max=n_slots, threads=1))
-    spec = SpecParams(types=(drafter,), n_max=4, adaptive=False, drafter_options=dict(SMALL_NGRAMS))
+    types = tuple(drafter.split(","))
+    spec = SpecParams(types=types, n_max=4, adaptive=False, drafter_options=dict(SMALL_NGRAMS))
     drafters: list[Any] | None = None
-    if drafter == "draft-simple":  # the target's own file drafts: a model drafter that agrees often
+    if "draft-simple" in types:  # the target's own file drafts: a model drafter that agrees often
         draft = load_backend(backend, path, BackendOptions(n_ctx=N_CTX, n_seq_max=n_slots, threads=1))
         drafters = [DraftSimpleDrafter(draft, target_n_vocab=target.info.n_vocab)]
     return make_engine(target, tok, n_slots=n_slots, n_ctx=N_CTX, n_batch=32, spec=spec, drafters=drafters)
@@ -87,7 +88,7 @@ DRAFT_FIELDS = ("draft_n", "draft_n_accepted", "cache_n", "prompt_n")
 
 @pytest.mark.parametrize("arch", ["llama", "qwen35"])
 @pytest.mark.parametrize("backend", ["native", "torch"])
-@pytest.mark.parametrize("drafter", ["ngram-simple", "draft-simple"])
+@pytest.mark.parametrize("drafter", ["ngram-simple", "draft-simple", "ngram-simple,draft-simple"])
 def test_restored_slot_continues_as_the_uninterrupted_one(arch: str, backend: str, drafter: str,
                                                           tmp_path: Path) -> None:
     prompt, other = _prompt(1), _prompt(2)
