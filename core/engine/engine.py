@@ -174,7 +174,7 @@ class Engine:
     async def slot_action(self, action: str, slot_id: int, path: Path | None = None) -> dict[str, Any]:
         """Save (to `path`), restore (from `path`) or erase an idle slot's cache, between steps
         (core/engine/slot_actions.py): llama-server's result, or SlotActionError / SlotFileError."""
-        return await self._slot_actions.perform(action, slot_id, path, self.backend, self._slots)
+        return await self._slot_actions.perform(action, slot_id, path, self.backend, self._slots, self._drafters)
 
     def _is_eog(self, token: int) -> bool:
         return bool(self.tokenizer.is_eog(token))

@@ -8,24 +8,25 @@ slot's `tokens[:n_cached]` and its backend sequence's state at that length (core
 restored slot is to the prompt cache exactly what the saved one was: the next request reuses whatever
 prefix of its prompt the tokens cover (core/engine/prompt_cache.py).
 
-What is not saved, and what follows from it:
-- the drafters' per-slot states. draft-simple and the hidden-state drafters free their sequences when a
-  request ends and rebuild them from the next request's history; ngram-simple keeps nothing. So with these
-  drafters a restored slot drafts exactly as the saved one would have (tests/core/test_slot_actions.py
-  compares draft counts). The suffix drafter starts a tree per request, but the n-gram tables of
-  ngram-map-k, ngram-map-k4v and ngram-cache, ngram-mod's low-acceptance count, the server-wide pools
-  (ngram-mod's, the suffix drafter's earlier outputs) and the adaptive policy's acceptance estimates stay
-  with the slot or the server, as after any request: `begin` trims what the new prompt contradicts. They
-  change which drafts are tried, never the tokens (docs/http.md, "Slot files").
-- a recurrent model's snapshots and checkpoint: a restored sequence can be reused at its whole length
-  (any prompt that extends it) or not at all, where the saved one could also go back to its snapshots.
+The drafters' per-slot states (core/drafting/description.py, `slot_state`): a drafter whose state outlives a
+request in a way no history rebuilds ("saved": ngram-map-k, ngram-map-k4v, ngram-cache, ngram-mod) hands it
+to the file (Drafter.save_slot) and takes it back on restore (load_slot; a drafter with nothing in the file
+forgets the slot's state, as a slot that never ran it). The others keep nothing ("none": ngram-simple, the
+suffix drafter's per-request tree) or rebuild it from the next request's history ("history": draft-simple,
+the hidden-state drafters), so a restored slot drafts as the saved one would have (tests/core/
+test_slot_actions.py compares draft counts). Not saved, because they are the server's and not the slot's:
+the server-wide pools (ngram-mod's table, the suffix drafter's earlier outputs, ngram-cache's dynamic
+cache) and the adaptive policy's acceptance estimates; they change which drafts are tried, never the tokens.
+A recurrent model's snapshots and checkpoint are not saved either: a restored sequence can be reused at its
+whole length (any prompt that extends it) or not at all.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -34,11 +35,13 @@ from typing import Any
 import anyio
 
 from spekula.core.backend import Backend
+from spekula.core.drafting.drafter import Drafter
 from spekula.core.engine.slot import Slot
 from spekula.core.engine.slot_file import SlotImage, model_identity, read_slot_file, write_slot_file
 from spekula.core.errors import SpekulaError
 
 SLOT_ACTIONS = ("save", "restore", "erase")
+log = logging.getLogger("spekula.engine")
 
 
 class SlotActionError(SpekulaError):
@@ -54,8 +57,9 @@ def _idle(slot: Slot) -> None:
         raise SlotActionError(f"slot {slot.id} is busy with a request; try again when it is idle", "busy")
 
 
-def export_slot(backend: Backend, slot: Slot) -> SlotImage:
-    """Between steps: the idle slot's cached tokens and its sequence's state at their length."""
+def export_slot(backend: Backend, drafters: Mapping[str, Drafter], slot: Slot) -> SlotImage:
+    """Between steps: the idle slot's cached tokens, its sequence's state at their length and the drafters'
+    saved slot states."""
     _idle(slot)
     n = slot.n_cached
     if backend.seq_len(slot.seq_id) != n:  # rows past the named tokens (none are trusted after an error)
@@ -63,10 +67,15 @@ def export_slot(backend: Backend, slot: Slot) -> SlotImage:
             raise SlotActionError(f"slot {slot.id}'s sequence cannot be brought back to its {n} cached tokens",
                                   "unsupported")
         backend.truncate(slot.seq_id, n)
-    return SlotImage(slot.tokens[:n].copy(), backend.export_seq(slot.seq_id))
+    states = {}
+    for name, drafter in drafters.items():
+        save = getattr(drafter, "save_slot", None)
+        if save is not None and (arrays := save(slot.id)) is not None:
+            states[name] = arrays
+    return SlotImage(slot.tokens[:n].copy(), backend.export_seq(slot.seq_id), states)
 
 
-def import_slot(backend: Backend, slot: Slot, image: SlotImage) -> None:
+def import_slot(backend: Backend, drafters: Mapping[str, Drafter], slot: Slot, image: SlotImage) -> None:
     """Between steps: make a checked file's tokens and state the idle slot's cache. The backend checks the
     arrays before it writes, so a refusal leaves the slot's own cache as it was."""
     _idle(slot)
@@ -81,14 +90,28 @@ def import_slot(backend: Backend, slot: Slot, image: SlotImage) -> None:
     slot.tokens[:n] = image.tokens
     slot.n_cached = n
     slot.last_used = time.perf_counter()
+    for name, drafter in drafters.items():
+        load = getattr(drafter, "load_slot", None)
+        if load is None:
+            continue
+        try:
+            load(slot.id, image.drafters.get(name))
+        except SpekulaError as exc:  # its state only speeds drafting up: start the slot's afresh instead
+            log.warning("slot %d: %s cannot take the saved drafter state (%s); it starts afresh", slot.id, name, exc)
+            load(slot.id, None)
 
 
-def erase_slot(backend: Backend, slot: Slot) -> dict[str, Any]:
-    """Between steps: forget the idle slot's cache; the next request on it evaluates its whole prompt."""
+def erase_slot(backend: Backend, drafters: Mapping[str, Drafter], slot: Slot) -> dict[str, Any]:
+    """Between steps: forget the idle slot's cache and the drafters' saved state of it; the next request on
+    it evaluates its whole prompt, as on a slot that never ran one."""
     _idle(slot)
     n = slot.n_cached
     backend.truncate(slot.seq_id, 0)
     slot.n_cached = 0
+    for drafter in drafters.values():
+        load = getattr(drafter, "load_slot", None)
+        if load is not None:
+            load(slot.id, None)
     return {"id_slot": slot.id, "n_erased": n}
 
 
@@ -115,14 +138,14 @@ class SlotActionQueue:
         return bool(self._calls)
 
     async def perform(self, action: str, slot_id: int, path: Path | None, backend: Backend,
-                      slots: Sequence[Slot]) -> dict[str, Any]:
+                      slots: Sequence[Slot], drafters: Mapping[str, Drafter]) -> dict[str, Any]:
         if action not in SLOT_ACTIONS:
             raise SlotActionError(f"Invalid action {action!r}: one of {', '.join(SLOT_ACTIONS)}")
         if not 0 <= slot_id < len(slots):
             raise SlotActionError(f"Invalid slot ID {slot_id}: this server has slots 0..{len(slots) - 1}")
         slot = slots[slot_id]
         if action == "erase":
-            return await self._between_steps(partial(erase_slot, backend, slot))  # type: ignore[no-any-return]
+            return await self._between_steps(partial(erase_slot, backend, drafters, slot))  # type: ignore[no-any-return]
         if path is None:
             raise SlotActionError(f"slot {action} needs a file name")
         if not backend.seq_state_format:
@@ -132,7 +155,7 @@ class SlotActionQueue:
         t0 = time.perf_counter()
         model = await anyio.to_thread.run_sync(model_identity, backend.info)
         if action == "save":
-            image: SlotImage = await self._between_steps(partial(export_slot, backend, slot))
+            image: SlotImage = await self._between_steps(partial(export_slot, backend, drafters, slot))
             write = partial(write_slot_file, path, image, model=model, state_format=backend.seq_state_format,
                             n_ctx=slot.n_ctx)
             try:
@@ -144,7 +167,7 @@ class SlotActionQueue:
                     "n_written": n_bytes, "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
         read = partial(read_slot_file, path, model=model, state_format=backend.seq_state_format, n_ctx=slot.n_ctx)
         image, n_read = await anyio.to_thread.run_sync(read)
-        await self._between_steps(partial(import_slot, backend, slot, image))
+        await self._between_steps(partial(import_slot, backend, drafters, slot, image))
         return {"id_slot": slot_id, "filename": path.name, "n_restored": int(image.tokens.size), "n_read": n_read,
                 "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
 

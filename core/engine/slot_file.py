@@ -8,7 +8,8 @@ A file is a fixed preamble, a JSON header and the payload, then a SHA-256 of eve
     H bytes     JSON: the model's identity (architecture, name, vocabulary, layers, the GGUF's SHA-256), the
                 backend's state format (Backend.seq_state_format), the slot's n_ctx, the token count and
                 every array's name, dtype and shape in payload order
-    payload     the tokens (int32 LE), then each array's bytes (C order, little-endian)
+    payload     the tokens (int32 LE), then each array's bytes (C order, little-endian): the sequence's
+                state (``seq/NAME``), then each drafter's saved slot state (``drafter/TYPE/NAME``)
     32 bytes    SHA-256 of all of the above
 
 Reading checks all of it before anything is used: a wrong magic, another version, a bad header, a file
@@ -26,7 +27,7 @@ import mmap
 import os
 import secrets
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -92,11 +93,19 @@ class SlotImage:
 
     tokens: np.ndarray  # int32
     state: SeqState
+    drafters: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # type -> its save_slot arrays
+
+
+def _named_arrays(image: SlotImage) -> list[tuple[str, np.ndarray]]:
+    named = [(f"seq/{n}", a) for n, a in image.state.arrays.items()]
+    for drafter, arrays in image.drafters.items():
+        named += [(f"drafter/{drafter}/{n}", a) for n, a in arrays.items()]
+    return [(n, np.ascontiguousarray(a, a.dtype.newbyteorder("<"))) for n, a in named]
 
 
 def write_slot_file(path: Path, image: SlotImage, *, model: dict[str, Any], state_format: str, n_ctx: int) -> int:
     """Write `image` to `path` atomically; the bytes written. OSError (e.g. a full disk) leaves no file behind."""
-    arrays = [(name, np.ascontiguousarray(a, a.dtype.newbyteorder("<"))) for name, a in image.state.arrays.items()]
+    arrays = _named_arrays(image)
     header = json.dumps({
         "model": model, "state_format": state_format, "n_ctx": int(n_ctx), "n_tokens": int(image.tokens.size),
         "length": int(image.state.length),
@@ -108,7 +117,7 @@ def write_slot_file(path: Path, image: SlotImage, *, model: dict[str, Any], stat
     try:
         with open(tmp, "wb") as f:
             for chunk in (_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header)), header,
-                          np.ascontiguousarray(image.tokens, "<i4").tobytes(), *(memoryview(a).cast("B") for _, a in arrays)):
+                          np.ascontiguousarray(image.tokens, "<i4").tobytes(), *(memoryview(a.reshape(-1).view(np.uint8)) for _, a in arrays)):
                 h.update(chunk)
                 f.write(chunk)
                 n += len(chunk)
@@ -164,6 +173,9 @@ def read_slot_file(path: Path, *, model: dict[str, Any], state_format: str, n_ct
         specs = [(str(a["name"]), np.dtype(a["dtype"]), tuple(int(d) for d in a["shape"])) for a in header["arrays"]]
     except (ValueError, KeyError, TypeError) as exc:
         raise SlotFileError(f"{path.name!r} has a bad header: {exc}") from None
+    for name, dt, shape in specs:  # plain numbers only: nothing in a file may make objects
+        if dt.kind not in "biuf" or dt.hasobject or any(d < 0 for d in shape):
+            raise SlotFileError(f"{path.name!r} has a bad header: array {name!r} is {dt} {shape}")
     if saved_model != model:
         diff = sorted(k for k in set(model) | set(saved_model) if model.get(k) != saved_model.get(k))
         raise SlotFileError(f"{path.name!r} was saved from another model (differs in {', '.join(diff)}: "
@@ -181,9 +193,18 @@ def read_slot_file(path: Path, *, model: dict[str, Any], state_format: str, n_ct
     tokens = np.frombuffer(body, "<i4", n_tokens, o).astype(np.int32)
     o += sizes[0]
     arrays: dict[str, np.ndarray] = {}
+    drafters: dict[str, dict[str, np.ndarray]] = {}
     for (name, dt, shape), size in zip(specs, sizes[1:], strict=True):
-        arrays[name] = np.frombuffer(body, dt, size // dt.itemsize, o).reshape(shape).astype(dt.newbyteorder("="))
+        arr = np.frombuffer(body, dt, size // dt.itemsize, o).reshape(shape).astype(dt.newbyteorder("="))
         o += size
+        part, _, rest = name.partition("/")
+        if part == "seq" and rest:
+            arrays[rest] = arr
+        elif part == "drafter" and rest.count("/") == 1 and "" not in rest.split("/"):
+            drafter, key = rest.split("/")
+            drafters.setdefault(drafter, {})[key] = arr
+        else:
+            raise SlotFileError(f"{path.name!r} has a bad header: an array named {name!r}")
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= int(model["n_vocab"])):
         raise SlotFileError(f"{path.name!r} holds token ids outside the vocabulary")
-    return SlotImage(tokens, SeqState(length, arrays)), len(data)
+    return SlotImage(tokens, SeqState(length, arrays), drafters), len(data)

@@ -34,7 +34,10 @@ from spekula.drafters.model.draft_simple import DraftSimpleDrafter
 
 GREEDY = SamplingParams(temperature=0.0)
 N_CTX = 256
-SMALL_NGRAMS = {"spec-ngram-simple-size-n": 1, "spec-ngram-simple-size-m": 4}
+SMALL_NGRAMS = {"spec-ngram-simple-size-n": 1, "spec-ngram-simple-size-m": 4,
+                "spec-ngram-map-k-size-n": 1, "spec-ngram-map-k-size-m": 4,
+                "spec-ngram-map-k4v-size-n": 1, "spec-ngram-map-k4v-size-m": 4,
+                "spec-ngram-mod-n-match": 1, "spec-ngram-mod-n-min": 1, "spec-ngram-mod-n-max": 4}
 
 
 @cache
@@ -50,7 +53,7 @@ def _model(arch: str) -> tuple[str, Tokenizer]:
     return path, Tokenizer.from_gguf(GGUFFile(path))
 
 
-def _engine(arch: str, backend: str, drafter: str, n_slots: int = 2) -> Engine:
+def _engine(arch: str, backend: str, drafter: str, n_slots: int = 3) -> Engine:
     path, tok = _model(arch)
     target = load_backend(backend, path, BackendOptions(n_ctx=N_CTX, n_seq_max=n_slots, threads=1))
     types = tuple(drafter.split(","))
@@ -86,36 +89,117 @@ async def serving(engine: Engine) -> AsyncIterator[Engine]:
 DRAFT_FIELDS = ("draft_n", "draft_n_accepted", "cache_n", "prompt_n")
 
 
+# draftless drafters keeping nothing per slot, a model drafter rebuilding its state from the history, both
+# together, and the drafters whose per-slot tables and counters the file carries (description.slot_state)
+DRAFTERS = ["ngram-simple", "draft-simple", "ngram-simple,draft-simple", "ngram-map-k", "ngram-map-k4v",
+            "ngram-cache", "ngram-mod", "suffix"]
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen35"])
 @pytest.mark.parametrize("backend", ["native", "torch"])
-@pytest.mark.parametrize("drafter", ["ngram-simple", "draft-simple", "ngram-simple,draft-simple"])
+@pytest.mark.parametrize("drafter", DRAFTERS)
 def test_restored_slot_continues_as_the_uninterrupted_one(arch: str, backend: str, drafter: str,
                                                           tmp_path: Path) -> None:
+    """Uninterrupted: turn 1 on slot 0, another request on slot 2, turn 2 on slot 0. Interrupted: turn 1 on
+    slot 0, saved, slot 0 erased, the other request on slot 2, the file restored into slot 1, turn 2 there.
+    The server-wide pools see the same requests in the same order, so everything a slot carries must come
+    through the file for turn 2 to draft and answer alike."""
     prompt, other = _prompt(1), _prompt(2)
 
-    async def uninterrupted() -> tuple[FinalEvent, FinalEvent]:
+    async def uninterrupted() -> tuple[FinalEvent, FinalEvent, dict[str, Any]]:
         async with serving(_engine(arch, backend, drafter)) as engine:
             first = await _complete(engine, prompt, 0)
-            return first, await _complete(engine, [*prompt, *first.tokens, 7, 8, 9], 0, 16)
+            await _complete(engine, other, 2)
+            second = await _complete(engine, [*prompt, *first.tokens, *prompt[:9]], 0, 48)
+            return first, second, _drafter_states(engine, 0)
 
-    async def interrupted() -> tuple[FinalEvent, FinalEvent, dict[str, Any]]:
+    async def interrupted() -> tuple[FinalEvent, FinalEvent, dict[str, Any], dict[str, Any]]:
         async with serving(_engine(arch, backend, drafter)) as engine:
             first = await _complete(engine, prompt, 0)
             saved = await engine.slot_action("save", 0, tmp_path / "s.bin")
-            await _complete(engine, other, 0)  # slot 0 now holds something else
-            await engine.slot_action("erase", 1)
+            await engine.slot_action("erase", 0)
+            await _complete(engine, other, 2)
             restored = await engine.slot_action("restore", 1, tmp_path / "s.bin")
             assert restored["n_restored"] == saved["n_saved"] == len(prompt) + len(first.tokens) - 1
             assert restored["n_read"] == saved["n_written"] == (tmp_path / "s.bin").stat().st_size
-            return first, await _complete(engine, [*prompt, *first.tokens, 7, 8, 9], 1, 16), saved
+            second = await _complete(engine, [*prompt, *first.tokens, *prompt[:9]], 1, 48)
+            return first, second, saved, _drafter_states(engine, 1)
 
-    first_u, second_u = anyio.run(uninterrupted)
-    first_i, second_i, saved = anyio.run(interrupted)
+    first_u, second_u, states_u = anyio.run(uninterrupted)
+    first_i, second_i, saved, states_i = anyio.run(interrupted)
     assert first_i.tokens == first_u.tokens
     assert second_i.tokens == second_u.tokens
     assert second_i.timings["cache_n"] == second_u.timings["cache_n"] == saved["n_saved"]
     assert {k: second_i.timings.get(k) for k in DRAFT_FIELDS} == {k: second_u.timings.get(k) for k in DRAFT_FIELDS}
-    assert second_u.timings.get("draft_n", 0) > 0  # speculation ran, and drafted alike
+    # after turn 2 the drafters' per-slot tables and counters are the same too
+    assert states_i.keys() == states_u.keys()
+    for name, arrays in states_u.items():
+        assert (arrays is None) == (states_i[name] is None)
+        for key, value in (arrays or {}).items():
+            np.testing.assert_array_equal(states_i[name][key], value, err_msg=f"{name} {key}")
+
+
+def _drafter_states(engine: Engine, slot: int) -> dict[str, Any]:
+    return {name: d.save_slot(slot) for name, d in engine._drafters.items() if hasattr(d, "save_slot")}
+
+
+def test_erase_and_restore_reach_the_drafters_saved_state(tmp_path: Path) -> None:
+    """The saved drafters' per-slot state goes into the file, comes back into another slot, and an erase
+    forgets it (so without the file the restored turn would draft differently: the test above can fail)."""
+    prompt = _prompt(6)
+
+    async def go() -> None:
+        async with serving(_engine("llama", "native", "ngram-map-k4v")) as engine:
+            await _complete(engine, prompt, 0)
+            drafter = engine._drafters["ngram-map-k4v"]
+            state = drafter.save_slot(0)
+            assert state is not None and len(state["key_tokens"]) > 0
+            await engine.slot_action("save", 0, tmp_path / "m.bin")
+            await engine.slot_action("erase", 0)
+            assert drafter.save_slot(0) is None
+            await engine.slot_action("restore", 2, tmp_path / "m.bin")
+            again = drafter.save_slot(2)
+            assert again is not None and again.keys() == state.keys()
+            for name in state:
+                np.testing.assert_array_equal(again[name], state[name])
+
+    anyio.run(go)
+
+
+def test_each_drafter_says_what_slot_files_carry_of_it() -> None:
+    from spekula.core.drafting.registry import drafter_entries
+
+    entries = [e for e in drafter_entries() if e.builtin]
+    assert {e.name for e in entries if e.description.slot_state == "saved"} == {
+        "ngram-map-k", "ngram-map-k4v", "ngram-cache", "ngram-mod"}
+    for e in entries:
+        cls = e.source
+        saved = e.description.slot_state == "saved"
+        assert hasattr(cls, "save_slot") == saved and hasattr(cls, "load_slot") == saved, e.name
+
+
+def test_drafter_states_that_do_not_fit_are_refused_before_anything_changes() -> None:
+    from spekula.drafters.draftless.ngram_map import NgramMapK4vDrafter
+
+    hist = np.array(_prompt(7, 30), np.int32)
+    mine, other = NgramMapK4vDrafter(1, 4), NgramMapK4vDrafter(2, 4)
+    for d in (mine, other):
+        d.begin(0, hist[:20])
+        d.draft_one(0, hist, 5)
+    state, before = mine.save_slot(0), other.save_slot(0)
+    assert state is not None and before is not None
+    with pytest.raises(ConfigError, match="size-n 1"):
+        other.load_slot(0, state)
+    with pytest.raises(ConfigError, match="no 'values'"):
+        mine.load_slot(1, {k: v for k, v in state.items() if k != "values"})
+    with pytest.raises(ConfigError, match="'seen'"):
+        mine.load_slot(1, {**state, "seen": state["seen"].astype(np.int64)})
+    after = other.save_slot(0)
+    assert after is not None and all(np.array_equal(after[k], before[k]) for k in before)
+    assert mine.save_slot(1) is None
+    mine.load_slot(1, state)
+    again = mine.save_slot(1)
+    assert again is not None and all(np.array_equal(again[k], state[k]) for k in state)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen35"])
@@ -279,7 +363,7 @@ def test_busy_slots_unknown_actions_and_ids_are_refused(tmp_path: Path) -> None:
             with pytest.raises(SlotActionError, match="Invalid action"):
                 await engine.slot_action("load", 0, tmp_path / "x")
             with pytest.raises(SlotActionError, match="Invalid slot ID"):
-                await engine.slot_action("erase", 2)
+                await engine.slot_action("erase", 3)
             with pytest.raises(SlotActionError, match="needs a file name"):
                 await engine.slot_action("save", 0)
             handle = engine.submit(CompletionRequest([5, 6, 7, 8], n_predict=200, sampling=GREEDY, id_slot=0,
