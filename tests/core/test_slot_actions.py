@@ -218,12 +218,41 @@ def test_exported_state_gives_bitwise_the_same_next_logits(arch: str, backend: s
     np.testing.assert_array_equal(got, want)
 
 
-def test_native_sliding_rings_round_trip_after_they_wrapped(monkeypatch: pytest.MonkeyPatch) -> None:
-    from spekula.backends.native import backend as native_backend
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_torch_half_precision_kv_round_trips_as_its_bits(dtype: str) -> None:
+    path, _ = _model("llama")
+    opts = BackendOptions(n_ctx=N_CTX, n_seq_max=1, threads=1, dtype=dtype)
+    a, b = load_backend("torch", path, opts), load_backend("torch", path, opts)
+    ids = random_tokens(30, 2, 3, 300)
+    sa, sb = a.new_seq(), b.new_seq()
+    a.forward([SeqInput(sa, ids[:27], 0)])
+    state = a.export_seq(sa)
+    assert state.arrays["k"].dtype == np.uint16 and dtype.replace("f16", "float16") in a.seq_state_format
+    b.import_seq(sb, state)
+    want = a.forward([SeqInput(sa, ids[27:], 27, np.arange(3))])[0].logits
+    np.testing.assert_array_equal(b.forward([SeqInput(sb, ids[27:], 27, np.arange(3))])[0].logits, want)
+
+
+def _sliding_model(name: str) -> Path:
+    if name == "gemma4":  # blocks reading other blocks' KV, and heads of two sizes
+        from spekula.fixtures.tiny_gemma4 import tiny_gemma4_gguf_path
+
+        return tiny_gemma4_gguf_path()
+    if name == "gptoss":
+        from spekula.fixtures.tiny_gptoss import tiny_gptoss_gguf_path
+
+        return tiny_gptoss_gguf_path()
     from spekula.fixtures.tiny_gemma3 import tiny_gemma3_gguf_path
 
+    return tiny_gemma3_gguf_path()
+
+
+@pytest.mark.parametrize("model", ["gemma3", "gemma4", "gptoss"])
+def test_native_sliding_rings_round_trip_after_they_wrapped(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from spekula.backends.native import backend as native_backend
+
     monkeypatch.setattr(native_backend, "SWA_ROW_CAP", 16)  # 256-row rings: 300 positions wrap them
-    path = tiny_gemma3_gguf_path()
+    path = _sliding_model(model)
     a, b = open_backend("native", path, n_ctx=512, n_seq=1, threads=1), open_backend("native", path, n_ctx=512,
                                                                                       n_seq=1, threads=1)
     ids = random_tokens(310, 9, 3, 300)
