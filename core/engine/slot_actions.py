@@ -72,7 +72,11 @@ def export_slot(backend: Backend, drafters: Mapping[str, Drafter], slot: Slot) -
         save = getattr(drafter, "save_slot", None)
         if save is not None and (arrays := save(slot.id)) is not None:
             states[name] = arrays
-    return SlotImage(slot.tokens[:n].copy(), backend.export_seq(slot.seq_id), states)
+    try:
+        state = backend.export_seq(slot.seq_id)
+    except (SpekulaError, MemoryError) as exc:
+        raise SlotActionError(f"Unable to save slot {slot.id}: {exc}", "io") from None
+    return SlotImage(slot.tokens[:n].copy(), state, states)
 
 
 def import_slot(backend: Backend, drafters: Mapping[str, Drafter], slot: Slot, image: SlotImage) -> None:
@@ -153,7 +157,10 @@ class SlotActionQueue:
                                   "and torch backends can", "unsupported")
         _idle(slot)  # at once, before reading or hashing anything
         t0 = time.perf_counter()
-        model = await anyio.to_thread.run_sync(model_identity, backend.info)
+        try:
+            model = await anyio.to_thread.run_sync(model_identity, backend.info)
+        except OSError as exc:
+            raise SlotActionError(f"cannot read the model file to identify it: {exc.strerror or exc}", "io") from None
         if action == "save":
             image: SlotImage = await self._between_steps(partial(export_slot, backend, drafters, slot))
             write = partial(write_slot_file, path, image, model=model, state_format=backend.seq_state_format,
