@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import mmap
 import os
 import secrets
@@ -116,8 +117,9 @@ def write_slot_file(path: Path, image: SlotImage, *, model: dict[str, Any], stat
     n = 0
     try:
         with open(tmp, "wb") as f:
+            payload = (memoryview(a.reshape(-1).view(np.uint8)) for _, a in arrays)  # no copies of the KV
             for chunk in (_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header)), header,
-                          np.ascontiguousarray(image.tokens, "<i4").tobytes(), *(memoryview(a.reshape(-1).view(np.uint8)) for _, a in arrays)):
+                          np.ascontiguousarray(image.tokens, "<i4").tobytes(), *payload):
                 h.update(chunk)
                 f.write(chunk)
                 n += len(chunk)
@@ -171,7 +173,9 @@ def read_slot_file(path: Path, *, model: dict[str, Any], state_format: str, n_ct
         saved_model, saved_format = header["model"], header["state_format"]
         n_tokens, length = int(header["n_tokens"]), int(header["length"])
         specs = [(str(a["name"]), np.dtype(a["dtype"]), tuple(int(d) for d in a["shape"])) for a in header["arrays"]]
-    except (ValueError, KeyError, TypeError) as exc:
+        if not isinstance(saved_model, dict) or not isinstance(saved_format, str):
+            raise TypeError("its model or state format is not what a slot file holds")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise SlotFileError(f"{path.name!r} has a bad header: {exc}") from None
     for name, dt, shape in specs:  # plain numbers only: nothing in a file may make objects
         if dt.kind not in "biuf" or dt.hasobject or any(d < 0 for d in shape):
@@ -187,7 +191,7 @@ def read_slot_file(path: Path, *, model: dict[str, Any], state_format: str, n_ct
         raise SlotFileError(f"{path.name!r} holds {n_tokens} tokens at length {length}; this server's slots hold "
                             f"up to {n_ctx}")
     o = _PREAMBLE.size + n_header
-    sizes = [n_tokens * 4] + [dt.itemsize * int(np.prod(shape, dtype=np.int64)) for _, dt, shape in specs]
+    sizes = [n_tokens * 4] + [dt.itemsize * math.prod(shape) for _, dt, shape in specs]
     if o + sum(sizes) != len(body):
         raise SlotFileError(f"{path.name!r} is truncated or corrupt (its payload is not the size its header says)")
     tokens = np.frombuffer(body, "<i4", n_tokens, o).astype(np.int32)

@@ -373,6 +373,51 @@ def test_bad_files_are_refused_and_the_slot_keeps_its_cache(tmp_path: Path) -> N
     anyio.run(go)
 
 
+def _rewrite_header(src: Path, name: str, edit: Any) -> Path:
+    """A copy of `src` whose JSON header `edit` changed, with a valid checksum again (a crafted file)."""
+    import hashlib
+    import json
+    import struct
+
+    data = src.read_bytes()
+    magic, version, n = struct.unpack_from("<8sII", data)
+    header = edit(json.loads(data[16 : 16 + n]))
+    raw = json.dumps(header).encode()
+    body = struct.pack("<8sII", magic, version, len(raw)) + raw + data[16 + n : -32]
+    out = src.with_name(name)
+    out.write_bytes(body + hashlib.sha256(body).digest())
+    return out
+
+
+def test_crafted_headers_with_a_valid_checksum_are_refused(tmp_path: Path) -> None:
+    good, *_ = _saved(tmp_path)
+
+    def arrays(edit: Any) -> Any:
+        def go(h: dict[str, Any]) -> dict[str, Any]:
+            edit(h["arrays"][0])
+            return h
+        return go
+
+    cases = {
+        _rewrite_header(good, "list.bin", lambda h: {**h, "model": [1, 2]}): "bad header",
+        _rewrite_header(good, "object.bin", arrays(lambda a: a.update(dtype="|O"))): "bad header",
+        _rewrite_header(good, "negative.bin", arrays(lambda a: a.update(shape=[-1, -4]))): "bad header",
+        _rewrite_header(good, "huge.bin", arrays(lambda a: a.update(shape=[2**40, 2**40]))): "not the size",
+        _rewrite_header(good, "name.bin", arrays(lambda a: a.update(name="elsewhere/kv"))): "array named",
+        _rewrite_header(good, "tokens.bin", lambda h: {**h, "n_tokens": h["n_tokens"] + 1}): "tokens at length",
+        _rewrite_header(good, "dtype.bin", arrays(lambda a: a.update(dtype="<i2"))): "Unable to restore",
+    }
+
+    async def go() -> None:
+        async with serving(_engine("llama", "native", "ngram-simple")) as engine:
+            for path, why in cases.items():
+                with pytest.raises((SlotFileError, SlotActionError), match=why):
+                    await engine.slot_action("restore", 0, path)
+            await engine.slot_action("restore", 0, good)
+
+    anyio.run(go)
+
+
 def test_foreign_files_are_refused(tmp_path: Path) -> None:
     good, *_ = _saved(tmp_path)
 
