@@ -139,3 +139,16 @@ def test_spekula_server_passes_the_option_on(tmp_path: Path) -> None:
     tr = translate(["--slot-save-path", str(tmp_path)], {})
     args = tr.serve_argv()
     assert not tr.errors and args[args.index("--slot-save-path") + 1] == str(tmp_path)
+
+
+def test_a_slot_save_path_that_cannot_be_a_directory_is_refused_at_start(tmp_path: Path) -> None:
+    from spekula.core.errors import ConfigError
+    from spekula.frontends.cli.serve_options import _slot_save_dir
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="cannot create the directory"):
+        _slot_save_dir(str(tmp_path / "file" / "sub"))
+    with pytest.raises(ConfigError, match="needs a directory"):
+        _slot_save_dir("")
+    assert _slot_save_dir(str(tmp_path / "new" / "dir")) == str(tmp_path / "new" / "dir")
+    assert (tmp_path / "new" / "dir").is_dir()
