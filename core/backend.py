@@ -13,6 +13,13 @@ a draft model's draft steps) and ask :meth:`Backend.restorable` before reusing a
 truncating to a length the backend cannot rebuild is a ConfigError. On KV-only models every length
 up to the current one is restorable and both calls cost nothing.
 
+A sequence's state can leave the backend and come back (a slot file, core/engine/slot_file.py):
+:meth:`Backend.export_seq` gives it at the current length as named numpy arrays in the backend's own
+layout, :meth:`Backend.import_seq` makes it a sequence's state. ``seq_state_format`` names that layout
+(backend, dtypes), so a state is only ever imported by a backend that wrote the same layout. After an
+import the sequence is at the state's length; a recurrent one can go back from there to 0 only, until
+new checkpoints and snapshots are taken. A backend that cannot do this says so (ConfigError).
+
 Implementations live in ``spekula.backends.<name>`` and export ``backend_class``; they are loaded
 by name through :func:`load_backend` so that onnxruntime is imported only when used.
 """
@@ -97,6 +104,14 @@ class SeqOutput:
     hidden_final: np.ndarray | None = None  # float32 [n, n_embd], after output_norm
 
 
+@dataclass(frozen=True, slots=True)
+class SeqState:
+    """A sequence's state at `length`: named arrays in its backend's layout (``Backend.seq_state_format``)."""
+
+    length: int
+    arrays: dict[str, np.ndarray]
+
+
 class Backend(ABC):
     """A model runtime. Not thread-safe: the scheduler calls it from one worker thread at a time."""
 
@@ -136,6 +151,22 @@ class Backend(ABC):
     def restorable(self, seq_id: int, n_keep: int) -> int:
         """The longest length <= `n_keep` that truncate can bring the sequence back to."""
         return max(0, min(int(n_keep), self.seq_len(seq_id)))
+
+    @property
+    def seq_state_format(self) -> str:
+        """What an exported state's arrays are (backend, dtypes, layout): states import only where it is equal."""
+        return ""
+
+    def export_seq(self, seq_id: int) -> SeqState:
+        """The sequence's state at its current length (KV rows, a recurrent model's state, a ring's bounds)."""
+        raise ConfigError(f"the {type(self).__name__} backend cannot export a sequence's state (slot save); "
+                          "the native and torch backends can")
+
+    def import_seq(self, seq_id: int, state: SeqState) -> None:
+        """Make `state` (an `export_seq` of the same format) the sequence's state. A state whose arrays do not
+        fit is a ConfigError and leaves the sequence as it was."""
+        raise ConfigError(f"the {type(self).__name__} backend cannot import a sequence's state (slot restore); "
+                          "the native and torch backends can")
 
     @abstractmethod
     def forward(self, inputs: Sequence[SeqInput], capture: Capture = Capture()) -> list[SeqOutput]:

@@ -41,7 +41,8 @@ from spekula.backends.native.weights import NativeWeights
 from spekula.backends.row_rounds import forward_in_rounds, needs_rounds
 from spekula.backends.seq_inputs import check_inputs
 from spekula.backends.seq_slots import PooledSeqs, SlotPool
-from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
+from spekula.backends.seq_state import ExpectedArrays, check_state_arrays
+from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput, SeqState
 from spekula.core.embedding import ClassifierHead
 from spekula.core.errors import ConfigError
 from spekula.core.modelfile.gguf_file import GGUFFile
@@ -216,6 +217,59 @@ class NativeBackend(PooledSeqs, Backend):
         if self._lib.sk_rs_read(self._ctx, self._seqs.get(seq_id).slot, layer, out.ctypes.data, out.size) < 0:
             raise ConfigError(f"no recurrent state for sequence {seq_id}")
         return out
+
+    # ---- a sequence's state in and out (slot files; core/backend.py) --------------------------------
+
+    @property
+    def seq_state_format(self) -> str:
+        return "native: f16 KV rows in the kernels' layout" + (", f32 delta-net state" if self.info.recurrent else "") + (
+            ", sliding rings" if self.sliding else "")
+
+    def _expected_state(self, n: int) -> ExpectedArrays:
+        out = {"kv": (np.dtype(np.uint16), (int(self._lib.sk_kv_state_elems(self._ctx, n)),))}
+        if self.info.recurrent:
+            out["recurrent"] = (np.dtype(np.float32), (int(self._lib.sk_rs_state_floats(self._ctx)),))
+        if self.sliding:
+            out["swa_floor"] = (np.dtype(np.int64), (1,))
+        return out
+
+    def export_seq(self, seq_id: int) -> SeqState:
+        if not self._ctx:
+            raise ConfigError("the native backend is closed")
+        seq = self._seqs.get(seq_id)
+        shapes = self._expected_state(seq.length)
+        arrays = {name: np.empty(shape, dtype) for name, (dtype, shape) in shapes.items()}
+        kv = arrays["kv"]
+        if self._lib.sk_kv_copy(self._ctx, seq.slot, seq.length, kv.ctypes.data, kv.size, 1) != kv.size:
+            raise ConfigError(f"cannot read the KV cache of sequence {seq_id}")
+        if self.info.recurrent:
+            rec = arrays["recurrent"]
+            if self._lib.sk_rs_export(self._ctx, seq.slot, rec.ctypes.data, rec.size) != rec.size:
+                raise MemoryError(f"cannot read the recurrent state of sequence {seq_id}: out of memory for its replay")
+        if self.sliding:
+            arrays["swa_floor"][0] = int(self._lib.sk_swa_floor(self._ctx, seq.slot))
+        return SeqState(seq.length, arrays)
+
+    def import_seq(self, seq_id: int, state: SeqState) -> None:
+        if not self._ctx:
+            raise ConfigError("the native backend is closed")
+        seq = self._seqs.get(seq_id)
+        n = int(state.length)
+        if not 0 <= n <= self.options.n_ctx:
+            raise ConfigError(f"a state of {n} positions does not fit a context of {self.options.n_ctx}")
+        check_state_arrays(state, self._expected_state(n))
+        if self.sliding and not 0 <= int(state.arrays["swa_floor"][0]) <= n:
+            raise ConfigError(f"the state's ring floor {int(state.arrays['swa_floor'][0])} is outside [0, {n}]")
+        kv = np.ascontiguousarray(state.arrays["kv"])
+        if self._lib.sk_kv_copy(self._ctx, seq.slot, n, kv.ctypes.data, kv.size, 0) != kv.size:
+            raise ConfigError(f"cannot write the KV cache of sequence {seq_id}")
+        if self.info.recurrent:
+            rec = np.ascontiguousarray(state.arrays["recurrent"])
+            if self._lib.sk_rs_import(self._ctx, seq.slot, rec.ctypes.data, rec.size, n) != 0:
+                raise ConfigError(f"cannot write the recurrent state of sequence {seq_id}")
+        if self.sliding:
+            self._lib.sk_swa_reset_slot(self._ctx, seq.slot, int(state.arrays["swa_floor"][0]))
+        seq.length = n
 
     # ---- forward -----------------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from spekula.backends.torch.exact_probe import attention_align, choose_exact_gem
 from spekula.backends.torch.kv import KVPool, SeqCache
 from spekula.backends.torch.model import AttnGroup, KVWrite, Tile, TorchModel, model_gemm_shapes
 from spekula.backends.torch.recurrent import RecurrentSeq
-from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput
+from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput, SeqState
 from spekula.core.embedding import ClassifierHead
 from spekula.core.errors import ConfigError
 from spekula.core.modelfile.gguf_file import GGUFFile
@@ -215,6 +215,17 @@ class TorchBackend(PooledSeqs, Backend):
 
     def classifier_head(self) -> ClassifierHead | None:
         return read_classifier_head(self.info.path)
+
+    @property
+    def seq_state_format(self) -> str:
+        return f"torch: {str(self.dtype).removeprefix('torch.')} KV [layer, kv head, position, head dim]" + (
+            ", f32 delta-net state" if self.info.recurrent else "")
+
+    def export_seq(self, seq_id: int) -> SeqState:
+        return self.kv.export_seq(seq_id)
+
+    def import_seq(self, seq_id: int, state: SeqState) -> None:
+        self.kv.import_seq(seq_id, state)
 
     def close(self) -> None:
         self.kv.clear()

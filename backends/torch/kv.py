@@ -14,9 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from spekula.backends.seq_state import ExpectedArrays, check_state_arrays
 from spekula.backends.torch.recurrent import RecurrentSeq
+from spekula.core.backend import SeqState
 from spekula.core.errors import ConfigError
 
 
@@ -98,6 +101,51 @@ class KVPool:
                 new = self._alloc(cap)
                 new[:, :, : old.shape[2]] = old
                 setattr(cache, name, new)
+
+    # ---- a sequence's state in and out (slot files; core/backend.py) ----------------------------
+
+    def _host_dtype(self) -> np.dtype:
+        """How the cache's elements travel as numpy: float32 as is, 16-bit floats as their bits."""
+        return np.dtype(np.float32) if self.dtype == torch.float32 else np.dtype(np.uint16)
+
+    def _to_numpy(self, t: torch.Tensor) -> np.ndarray:
+        t = t.detach().to("cpu").contiguous()
+        return t.numpy().copy() if t.dtype == torch.float32 else t.view(torch.int16).numpy().view(np.uint16).copy()
+
+    def _from_numpy(self, a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        return (t if a.dtype == np.float32 else t.view(torch.int16).view(dtype)).to(self.device)
+
+    def expected_state(self, n: int, rec: RecurrentSeq | None) -> ExpectedArrays:
+        kv = (self._host_dtype(), (self.n_layer, self.n_head_kv, n, self.head_dim))
+        out: ExpectedArrays = {"k": kv, "v": kv}
+        if rec is not None:
+            out["ssm"] = (np.dtype(np.float32), tuple(rec.ssm.shape))
+            out["conv"] = (np.dtype(np.float32), tuple(rec.conv.shape))
+        return out
+
+    def export_seq(self, seq_id: int) -> SeqState:
+        cache = self.get(seq_id)
+        n = cache.length
+        arrays = {"k": self._to_numpy(cache.k[:, :, :n]), "v": self._to_numpy(cache.v[:, :, :n])}
+        if cache.rec is not None:
+            arrays["ssm"], arrays["conv"] = self._to_numpy(cache.rec.ssm), self._to_numpy(cache.rec.conv)
+        return SeqState(n, arrays)
+
+    def import_seq(self, seq_id: int, state: SeqState) -> None:
+        cache = self.get(seq_id)
+        n = int(state.length)
+        if not 0 <= n <= self.n_ctx:
+            raise ConfigError(f"a state of {n} positions does not fit a context of {self.n_ctx}")
+        check_state_arrays(state, self.expected_state(n, cache.rec))
+        with torch.inference_mode():
+            self.reserve_for(cache, n)
+            cache.k[:, :, :n] = self._from_numpy(state.arrays["k"], self.dtype)
+            cache.v[:, :, :n] = self._from_numpy(state.arrays["v"], self.dtype)
+            if cache.rec is not None:
+                cache.rec.load(self._from_numpy(state.arrays["ssm"], torch.float32),
+                               self._from_numpy(state.arrays["conv"], torch.float32))
+        cache.length = n
 
     def clear(self) -> None:
         self._seqs.clear()

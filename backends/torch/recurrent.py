@@ -84,6 +84,13 @@ class RecurrentSeq:
             return
         self._log[block, off : off + n] = rows
 
+    def load(self, ssm: torch.Tensor, conv: torch.Tensor) -> None:
+        """A restored sequence's state: what was kept (checkpoint, snapshots) described the one replaced."""
+        self.ssm.copy_(ssm)
+        self.conv.copy_(conv)
+        self._checkpoint = None
+        self._snapshots = []
+
     # ---- what a truncate can reach ------------------------------------------------------------------
 
     def restorable(self, length: int, n_keep: int) -> int:

@@ -25,6 +25,11 @@ OptionType = type[int] | type[float] | type[str]
 # Whether a drafter reads a draft GGUF (-md / --spec-draft-model): never, when one is given (else it
 # finds its weights elsewhere: a shipped head, the target's own file), or always.
 DraftModelUse = Literal["none", "optional", "required"]
+# What a drafter keeps per slot from one request to the next (slot files, core/engine/slot_actions.py):
+# nothing; only what the next request's history rebuilds (a slot restored from a file drafts as the saved
+# one would have, with nothing saved); or state no history rebuilds (tables, counters), which the drafter
+# hands to slot files through save_slot / load_slot (core/drafting/drafter.py).
+SlotStateUse = Literal["none", "history", "saved"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +96,7 @@ class DrafterDescription:
     hidden_states: bool = False  # reads the target's hidden states (captured every forward)
     draft_model: DraftModelUse = "none"
     spec_default: bool = False  # --spec-default enables it, its options at their defaults
+    slot_state: SlotStateUse = "history"  # what it keeps per slot between requests (SlotStateUse)
     # A draft GGUF given without --spec-type means this type when this returns True (llama.cpp's inference).
     implied_by: Callable[[GGUFFile], bool] | None = None
     # Checks of the files (target path, draft path or None) from their headers alone, before any weights load.

@@ -21,6 +21,14 @@ that slot's generating rounds; the next forward it observes starts after a gap, 
 on from there (the positions in between are left out of its own cache). Prompt chunks are always
 observed. A drafter without the flag observes every forward.
 
+Optional: a drafter that keeps per-slot state between requests which the next request's history does
+not rebuild (``description.slot_state == "saved"``: n-gram tables, acceptance counters) defines
+``save_slot(slot) -> dict[str, np.ndarray] | None`` (None: it holds nothing for the slot) and
+``load_slot(slot, arrays)``, which makes `arrays` (a save_slot's, possibly of another slot or process)
+the slot's state, or forgets the slot's state when `arrays` is None; arrays it cannot take are a
+ConfigError, raised before anything changes. Slot files carry them (core/engine/slot_actions.py).
+The engine calls both only between steps, for an idle slot.
+
 A drafter instance is shared by all slots of an engine (ngram-mod's pool is global on purpose).
 Drafters are found through the ``spekula.drafters`` entry-point group; the entry point names a class
 with ``create(ctx) -> Drafter``. A drafter with a length cap of its own (docs/semantics.md §1.3: size_m,

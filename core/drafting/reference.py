@@ -41,6 +41,13 @@ def _option_row(opt: DrafterOption) -> str:
             f"{opt.help} |")
 
 
+_SLOT_STATE = {
+    "none": "nothing",
+    "history": "only what the next request's history rebuilds",
+    "saved": "tables or counters no history rebuilds: slot files carry them",
+}
+
+
 def render() -> str:
     entries = [e for e in drafter_entries() if e.builtin]
     lines = [_HEADER, "| type | class | needs | what it does |", "|---|---|---|---|"]
@@ -54,6 +61,11 @@ def render() -> str:
                   "|---|---|---|---|---|---|", *(_option_row(o) for o in e.description.options)]
         if e.description.spec_default:
             lines += ["", "`--spec-default` enables it with these options at their defaults."]
+    lines += ["", "## Per-slot state", "",
+              "What each keeps per slot from one request to the next, and so what a slot file "
+              "(`POST /slots/{id}?action=save`, docs/http.md) holds of it.", "",
+              "| type | kept per slot between requests |", "|---|---|",
+              *(f"| `{e.name}` | {_SLOT_STATE[e.description.slot_state]} |" for e in entries)]
     return "\n".join(lines) + "\n"
 
 

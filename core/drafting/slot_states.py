@@ -3,8 +3,12 @@ what belongs to one request (a KV sequence, counters, a sampler) in a `SlotState
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Generic, TypeVar
+
+import numpy as np
+
+from spekula.core.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -44,3 +48,16 @@ class SlotStates(Generic[T]):
 
     def __contains__(self, slot: object) -> bool:
         return slot in self._states
+
+
+def state_array(arrays: Mapping[str, np.ndarray], name: str, dtype: type, shape: tuple[int | None, ...]) -> np.ndarray:
+    """`arrays[name]` (a saved slot state's, see Drafter.load_slot) checked to be `dtype` of `shape` (None: any
+    size on that axis); a ConfigError naming what is wrong otherwise."""
+    arr = arrays.get(name)
+    if arr is None:
+        raise ConfigError(f"the saved slot state has no {name!r}")
+    if arr.dtype != np.dtype(dtype) or arr.ndim != len(shape) or any(
+            want is not None and got != want for got, want in zip(arr.shape, shape, strict=True)):
+        raise ConfigError(f"the saved slot state's {name!r} is {arr.dtype} {arr.shape}, not {np.dtype(dtype)} "
+                          f"{tuple('*' if d is None else d for d in shape)}")
+    return arr

@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -40,6 +41,7 @@ from spekula.core.engine.request_plan import RequestPlan, RequestRejected, plan_
 from spekula.core.engine.round_observer import RoundObserver, StatsRecorder
 from spekula.core.engine.scheduler import Scheduler
 from spekula.core.engine.slot import Slot, SlotState
+from spekula.core.engine.slot_actions import SlotActionQueue
 from spekula.core.errors import ConfigError
 from spekula.core.events import FinalEvent, PieceEvent, StopType
 from spekula.core.modelfile.grammar_llg import Grammars
@@ -133,6 +135,7 @@ class Engine:
         # Pieces of steps the worker made back to back (Engine._steps), waiting for the loop.
         self._pending: deque[tuple[Outbox, PieceEvent]] = deque()
         self._pending_wake: anyio.Event | None = None
+        self._slot_actions = SlotActionQueue(self._poke)  # save / restore / erase, run between steps
         self._tg: TaskGroup | None = None
         self.request_stats: OrderedDict[str, dict[str, Any]] = OrderedDict()
         # Compiled on first use (building the grammar engine's view of the vocabulary takes ~0.2 s).
@@ -181,6 +184,10 @@ class Engine:
     async def embed(self, tokens: Sequence[int]) -> np.ndarray:
         """The embedding of one sequence under the engine's pooling (core/engine/embedding_jobs.py)."""
         return await self._embeddings.embed(tokens, self._poke)
+    async def slot_action(self, action: str, slot_id: int, path: Path | None = None) -> dict[str, Any]:
+        """Save (to `path`), restore (from `path`) or erase an idle slot's cache, between steps
+        (core/engine/slot_actions.py): llama-server's result, or SlotActionError / SlotFileError."""
+        return await self._slot_actions.perform(action, slot_id, path, self.backend, self._slots, self._drafters)
 
     def _is_eog(self, token: int) -> bool:
         return bool(self.tokenizer.is_eog(token))
@@ -331,6 +338,8 @@ class Engine:
         while True:
             if self._embeddings:
                 await self._embeddings.run_on_idle_slot(self._slots, self.backend, self.observer)
+            if self._slot_actions:
+                await self._slot_actions.run_pending()
             self._admit()
             self._reap()
             if not any(s.busy for s in self._slots):
@@ -386,8 +395,8 @@ class Engine:
                 call_soon(self._deliver, pieces)
 
     def _keeps_stepping(self, busy: list[Slot]) -> bool:
-        if (self._queue or self._embeddings) and len(busy) < len(self._slots):
-            return False  # a request waits for a slot that is idle
+        if ((self._queue or self._embeddings) and len(busy) < len(self._slots)) or self._slot_actions:
+            return False  # a request waits for a slot that is idle, or a slot action for the loop
         return all(s.state is SlotState.GENERATING and not s.finished and not s.cancelled for s in busy)
 
     def _deliver(self, pieces: list[tuple[Outbox, PieceEvent]]) -> None:
@@ -425,3 +434,4 @@ class Engine:
         while self._queue:
             req, _plan, outbox = self._queue.popleft()
             self._send_final(outbox, FinalEvent(req.id, "", [], "error", error="engine stopped"))
+        self._slot_actions.fail_all("engine stopped")

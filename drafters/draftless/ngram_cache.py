@@ -18,7 +18,7 @@ import numpy as np
 
 from spekula.core.drafting.description import DrafterDescription, DrafterOption
 from spekula.core.drafting.drafter import Draft, Drafter, DrafterContext, DraftlessDrafter, DraftRequest
-from spekula.core.drafting.slot_states import SlotStates
+from spekula.core.drafting.slot_states import SlotStates, state_array
 from spekula.core.errors import ConfigError, SpekulaError
 from spekula.drafters.draftless.ngram_cache_file import (
     NGRAM_MAX,
@@ -115,6 +115,19 @@ class _SlotCache:
     delta: NgramCache = field(default_factory=dict)  # this request's counts, for the dynamic cache
 
 
+def _cache_rows(cache: NgramCache) -> np.ndarray:
+    """int64 [rows, 6]: (the 4-slot key, token, count) per count, in the dicts' order (drafting breaks ties by it)."""
+    rows = [(*key, tok, n) for key, part in cache.items() for tok, n in part.items()]
+    return np.array(rows, np.int64).reshape(len(rows), NGRAM_MAX + 2)
+
+
+def _cache_from_rows(rows: np.ndarray) -> NgramCache:
+    cache: NgramCache = {}
+    for k0, k1, k2, k3, tok, n in rows.tolist():
+        cache.setdefault((k0, k1, k2, k3), {})[tok] = n
+    return cache
+
+
 class NgramCacheDrafter(DraftlessDrafter, Drafter):
     """ngram-cache: n-gram count caches of sizes 1..4, drafting up to 8 tokens.
 
@@ -149,6 +162,7 @@ class NgramCacheDrafter(DraftlessDrafter, Drafter):
                           "requests", aliases=("-lcd",), llama_cpp=True, metavar="FILE"),
         ),
         builtin_order=4,
+        slot_state="saved",  # the context counts outlive a request
     )
     draft_cap: ClassVar[int] = N_DRAFT
 
@@ -221,6 +235,21 @@ class NgramCacheDrafter(DraftlessDrafter, Drafter):
 
     def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
         return None
+
+    def save_slot(self, slot: int) -> dict[str, np.ndarray] | None:
+        st = self._slots.peek(slot)
+        if st is None:
+            return None
+        return {"seen": np.array(st.seen, np.int32), "context": _cache_rows(st.context), "delta": _cache_rows(st.delta)}
+
+    def load_slot(self, slot: int, arrays: dict[str, np.ndarray] | None) -> None:
+        if arrays is None:
+            self._slots.pop(slot)
+            return
+        seen = state_array(arrays, "seen", np.int32, (None,)).tolist()
+        context = _cache_from_rows(state_array(arrays, "context", np.int64, (None, NGRAM_MAX + 2)))
+        delta = _cache_from_rows(state_array(arrays, "delta", np.int64, (None, NGRAM_MAX + 2)))
+        self._slots.put(slot, _SlotCache(seen, context, delta))
 
     def end(self, slot: int) -> None:
         st = self._slots.peek(slot)

@@ -16,7 +16,8 @@ import numpy as np
 
 from spekula.core.drafting.description import DrafterDescription
 from spekula.core.drafting.drafter import Drafter, DrafterContext
-from spekula.core.drafting.slot_states import SlotStates
+from spekula.core.drafting.slot_states import SlotStates, state_array
+from spekula.core.errors import ConfigError
 from spekula.drafters.draftless import ngram_lookup
 from spekula.drafters.draftless.ngram_lookup import last_match
 from spekula.drafters.draftless.ngram_match import (
@@ -275,6 +276,45 @@ class _NgramMapDrafter(SlotDraftless):
         # next begin() cleans up only what a shorter history invalidates.
         return None
 
+    # -- slot files: the map as arrays (Drafter.save_slot / load_slot) ------------------------------
+
+    def save_slot(self, slot: int) -> dict[str, np.ndarray] | None:
+        st = self._slots.peek(slot)
+        if st is None:
+            return None
+        keys = st.keys
+        return {
+            "config": np.array([self.n, self.m, int(self.key_only)], np.int64),
+            "cursors": np.array([st.key_map_last_idx, st.size_last_begin, st.idx_last_check], np.int64),
+            "key_map": st.key_map.copy(), "seen": np.asarray(st.seen, np.int32).copy(),
+            "key_tokens": np.array([k.tokens for k in keys], np.int32).reshape(len(keys), self.n),
+            "key_fields": np.array([(k.key_idx, k.stat_idx, k.key_num) for k in keys], np.int64).reshape(len(keys), 3),
+            "values": np.array([[(v.idx, v.num, v.n_accepted) for v in k.values] for k in keys],
+                               np.int64).reshape(len(keys), N_VALUES, 3),
+        }
+
+    def load_slot(self, slot: int, arrays: dict[str, np.ndarray] | None) -> None:
+        if arrays is None:
+            self._slots.pop(slot)
+            return
+        config = state_array(arrays, "config", np.int64, (3,)).tolist()
+        if config != [self.n, self.m, int(self.key_only)]:
+            raise ConfigError(f"the saved {self.name} state is of size-n {config[0]}, size-m {config[1]}; this "
+                              f"drafter's are {self.n}, {self.m}")
+        tokens = state_array(arrays, "key_tokens", np.int32, (None, self.n))
+        fields = state_array(arrays, "key_fields", np.int64, (tokens.shape[0], 3))
+        values = state_array(arrays, "values", np.int64, (tokens.shape[0], N_VALUES, 3))
+        last_idx, last_begin, last_check = (int(v) for v in state_array(arrays, "cursors", np.int64, (3,)))
+        st = _MapState(key_map=state_array(arrays, "key_map", np.uint32, (KEY_MAP_SIZE,)).copy(),
+                       key_map_last_idx=last_idx, size_last_begin=last_begin, idx_last_check=last_check,
+                       seen=state_array(arrays, "seen", np.int32, (None,)).copy())
+        for toks, (key_idx, stat_idx, key_num), vals in zip(tokens.tolist(), fields.tolist(), values.tolist(),
+                                                             strict=True):
+            key = _Key(key_idx, tuple(toks), [_Value(*v) for v in vals], stat_idx, key_num)
+            st.keys.append(key)
+            st.by_tokens.setdefault(key.tokens, key)
+        self._slots.put(slot, st)
+
 
 class NgramMapKDrafter(_NgramMapDrafter, Drafter):
     """ngram-map-k: draft the continuation after an earlier occurrence of the key n-gram.
@@ -296,6 +336,7 @@ class NgramMapKDrafter(_NgramMapDrafter, Drafter):
         options=ngram_size_options("spec-ngram-map-k", "n, key length", "m, longest draft",
                                    "successful lookups of the key before it drafts"),
         builtin_order=1,
+        slot_state="saved",  # the map and its counts outlive a request
     )
 
 
@@ -319,4 +360,5 @@ class NgramMapK4vDrafter(_NgramMapDrafter, Drafter):
         options=ngram_size_options("spec-ngram-map-k4v", "n, key length", "m, value length and longest draft",
                                    "successful lookups of the key before it drafts"),
         builtin_order=2,
+        slot_state="saved",  # the map and its counts outlive a request
     )

@@ -14,7 +14,7 @@ import numpy as np
 
 from spekula.core.drafting.description import DrafterDescription, DrafterOption
 from spekula.core.drafting.drafter import Drafter, DrafterContext
-from spekula.core.drafting.slot_states import SlotStates
+from spekula.core.drafting.slot_states import SlotStates, state_array
 from spekula.drafters.draftless import ngram_lookup
 from spekula.drafters.draftless.ngram_lookup import mod_add_range, mod_walk, mod_walk_after
 from spekula.drafters.draftless.ngram_match import SlotDraftless
@@ -101,6 +101,7 @@ class NgramModDrafter(SlotDraftless, Drafter):
             DrafterOption("spec-ngram-mod-n-max", int, 64, "longest draft", llama_cpp=True, minimum=0, maximum=1024),
         ),
         builtin_order=3,
+        slot_state="saved",  # the low-acceptance count outlives a request
         spec_default=True,  # llama.cpp's --spec-default: ngram-mod with 24/48/64
     )
 
@@ -177,3 +178,14 @@ class NgramModDrafter(SlotDraftless, Drafter):
     def end(self, slot: int) -> None:
         # The slot's counters stay (llama.cpp keeps n_low across requests); begin() resets the rest.
         return None
+
+    def save_slot(self, slot: int) -> dict[str, np.ndarray] | None:
+        info = self._slots.peek(slot)
+        return None if info is None else {"counters": np.array([info.i_last, info.n_draft_last, info.n_low], np.int64)}
+
+    def load_slot(self, slot: int, arrays: dict[str, np.ndarray] | None) -> None:
+        if arrays is None:
+            self._slots.pop(slot)
+            return
+        i_last, n_draft_last, n_low = (int(v) for v in state_array(arrays, "counters", np.int64, (3,)))
+        self._slots.put(slot, _SeqInfo(i_last, n_draft_last, n_low))

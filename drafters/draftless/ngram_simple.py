@@ -45,6 +45,7 @@ class NgramSimpleDrafter(DraftlessDrafter, Drafter):
         options=ngram_size_options("spec-ngram-simple", "N, pattern length", "M, longest draft",
                                    "occurrences of the pattern needed before drafting"),
         builtin_order=0,
+        slot_state="none",
     )
 
     def __init__(self, size_n: int = 12, size_m: int = 48, min_hits: int = 1) -> None:

@@ -70,6 +70,7 @@ class SuffixDrafter(DraftlessDrafter, Drafter):
                 "(suffix decoding; not a llama.cpp type)",
         options=(MAX_DEPTH, N_MAX, FACTOR, MIN_PROB, MIN_MATCH, MAX_NODES),
         builtin_order=5,  # after the llama.cpp draftless types (docs/semantics.md §10)
+        slot_state="none",  # a tree per request; the pool of earlier outputs is server-wide
     )
 
     def __init__(self, *, max_depth: int = 64, n_max: int = 32, factor: float = 1.0, min_prob: float = 0.1,

@@ -603,7 +603,7 @@ rejected("--mcp-servers-json", "MCP servers", nargs=1, env="LLAMA_ARG_MCP_SERVER
 rejected("-ag --agent", "llama-server agent mode", env="LLAMA_ARG_AGENT", env_sign=True)
 rejected("--ssl-key-file", "HTTPS", nargs=1, env="LLAMA_ARG_SSL_KEY_FILE")
 rejected("--ssl-cert-file", "HTTPS", nargs=1, env="LLAMA_ARG_SSL_CERT_FILE")
-rejected("--slot-save-path", "slot save/restore", nargs=1)
+translated("--slot-save-path", "--slot-save-path")
 rejected("--models-dir", "router mode (several models)", nargs=1, env="LLAMA_ARG_MODELS_DIR")
 rejected("--models-preset", "router mode (several models)", nargs=1, env="LLAMA_ARG_MODELS_PRESET")
 rejected("--models-max", "router mode (several models)", nargs=1, env="LLAMA_ARG_MODELS_MAX")

@@ -119,6 +119,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--slots", dest="slots_endpoint", action="store_true", default=True,
                    help="enable GET /slots (default)")
     h.add_argument("--no-slots", dest="slots_endpoint", action="store_false", help="disable GET /slots")
+    h.add_argument("--slot-save-path", default=None, metavar="DIR",
+                   help="enable POST /slots/{id}?action=save|restore|erase, with slot files in DIR (created if "
+                        "missing)")
     h.add_argument("--max-body-bytes", type=_line_bytes, default=MAX_BODY_DEFAULT, metavar="N",
                    help="largest accepted request body; larger ones get 413 (default: 32 MiB)")
     h.add_argument("--path", dest="static_path", default=None, metavar="DIR",
@@ -181,6 +184,21 @@ def _static_dir(path: str | None) -> str | None:
     return os.path.abspath(path)
 
 
+def _slot_save_dir(path: str | None) -> str | None:
+    """--slot-save-path, created if missing (as llama-server does); a path that cannot be a directory is refused."""
+    if path is None:
+        return None
+    if not path:
+        raise ConfigError("--slot-save-path needs a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--slot-save-path {path}: cannot create the directory: {exc.strerror or exc}") from None
+    if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"--slot-save-path {path} is not a writable directory")
+    return os.path.abspath(path)
+
+
 def http_state(args: argparse.Namespace) -> HttpState:
     """The HTTP frontend's settings from the command line (no engine yet)."""
     from spekula.frontends.http.state import HttpState
@@ -197,6 +215,7 @@ def http_state(args: argparse.Namespace) -> HttpState:
                      write_timeout=args.write_timeout, body_timeout=args.body_timeout,
                      cors_origins=args.cors_origins,
                      slots_endpoint=args.slots_endpoint, static_dir=_static_dir(args.static_path),
+                     slot_save_path=_slot_save_dir(args.slot_save_path),
                      verbose=bool(getattr(args, "verbose", False)), spm_infill=args.spm_infill,
                      embd_normalize=args.embd_normalize)
 

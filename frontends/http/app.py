@@ -33,6 +33,7 @@ from spekula.frontends.http.embeddings import embeddings_native, embeddings_oai,
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.http.infill import infill
 from spekula.frontends.http.responses import responses
+from spekula.frontends.http.slot_files import slot_action
 from spekula.frontends.http.state import HttpState
 from spekula.frontends.malloc_tuning import TRIM_AFTER_BYTES, release_free_memory
 
@@ -222,6 +223,7 @@ def build_app(state: HttpState) -> ASGIApp:
     routes = [
         Route("/health", native.health, methods=get), Route("/v1/health", native.health, methods=get),
         Route("/props", native.props, methods=get), Route("/slots", native.slots, methods=get),
+        Route("/slots/{id_slot}", slot_action, methods=post),
         Route("/metrics", _metrics, methods=get),
         Route("/completion", native.completion, methods=post), Route("/completions", native.completion, methods=post),
         Route("/tokenize", native.tokenize, methods=post), Route("/detokenize", native.detokenize, methods=post),

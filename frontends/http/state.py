@@ -40,6 +40,7 @@ class HttpState:
     body_timeout: float = 60.0
     cors_origins: str = "*"
     slots_endpoint: bool = True
+    slot_save_path: str | None = None  # --slot-save-path: POST /slots/{id}?action=save|restore|erase in this directory
     verbose: bool = False  # -v: every OpenAI answer carries `__verbose` (the native result), as llama-server's does
     static_dir: str | None = None  # --path: static files (e.g. a web UI build) served at /, without a key
     spm_infill: bool = False  # --spm-infill: /infill puts the suffix before the prefix

@@ -86,5 +86,11 @@ int sk_dn_truncate(sk_dn_ctx *d, int slot, int64_t n);
 /* Copy of one block's (S, conv rows) of a slot's state, for tests: floats written, or -1. */
 int64_t sk_dn_read_state(sk_dn_ctx *d, const sk_kernels *kern, sk_pool *pool, int slot, int layer, float *out,
                          int64_t cap);
+/* Floats of one slot's whole state (every recurrent block's S and conv rows). */
+int64_t sk_dn_state_floats(const sk_dn_ctx *d);
+/* The whole state at the slot's current length into out[cap] (pending rows run first): floats, or -1. */
+int64_t sk_dn_export(sk_dn_ctx *d, const sk_kernels *kern, sk_pool *pool, int slot, float *out, int64_t cap);
+/* Make `in` (sk_dn_export's) the slot's state at length n; its checkpoint and snapshots go: 0, or -2. */
+int sk_dn_import(sk_dn_ctx *d, int slot, const float *in, int64_t n_floats, int64_t n);
 
 #endif

@@ -128,3 +128,24 @@ int64_t sk_dn_read_state(sk_dn_ctx *d, const sk_kernels *kern, sk_pool *pool, in
            sizeof(float) * (size_t)d->block_floats);
     return d->block_floats;
 }
+
+int64_t sk_dn_state_floats(const sk_dn_ctx *d) { return d->state_floats; }
+
+int64_t sk_dn_export(sk_dn_ctx *d, const sk_kernels *kern, sk_pool *pool, int slot, float *out, int64_t cap) {
+    if (slot < 0 || slot >= d->n_seq_max || !d->rs[slot].buf[0] || cap < d->state_floats ||
+        settle(d, kern, pool, slot) != 0)
+        return -1;
+    const rs_state *st = &d->rs[slot];
+    memcpy(out, st->buf[st->live], sizeof(float) * (size_t)d->state_floats);
+    return d->state_floats;
+}
+
+int sk_dn_import(sk_dn_ctx *d, int slot, const float *in, int64_t n_floats, int64_t n) {
+    if (slot < 0 || slot >= d->n_seq_max || !d->rs[slot].buf[0] || n_floats != d->state_floats || n < 0) return -2;
+    rs_state *st = &d->rs[slot];
+    memcpy(st->buf[st->live], in, sizeof(float) * (size_t)d->state_floats);
+    st->base = st->len = n;
+    st->ckpt_len = -1; /* what was kept describes the replaced state */
+    for (int i = 0; i < SK_DN_SNAPSHOTS; i++) st->snap_len[i] = -1;
+    return 0;
+}

@@ -1114,6 +1114,57 @@ SK_API int sk_rs_truncate(sk_ctx *c, int slot, int64_t n) {
 
 SK_API int64_t sk_rs_length(const sk_ctx *c, int slot) { return has_state(c, slot) ? sk_dn_length(c->dn, slot) : -2; }
 
+/* ---- a sequence's state as a slot file carries it (backends/native/backend.py: export_seq / import_seq) ---- */
+
+/* Rows [0, n) of a KV block as stored: whole groups of 16 keys (the key layout's), a ring whole once n passes it. */
+static int64_t kv_rows_of(const sk_ctx *c, int layer, int64_t n) {
+    const int64_t r = sk_round_up(n, 16);
+    return r < c->kv_rows[layer] ? r : c->kv_rows[layer];
+}
+
+/* uint16 values sk_kv_copy moves for length n: every KV-owning block's keys then values, head by head. */
+SK_API int64_t sk_kv_state_elems(const sk_ctx *c, int64_t n) {
+    int64_t total = 0;
+    for (int l = 0; l < c->cfg.n_layer; l++)
+        if (c->kv_rows[l] > 0)
+            total += 2 * (int64_t)nkv_of(&c->cfg, &c->layers[l]) * kv_rows_of(c, l, n) * hd_of(&c->cfg, &c->layers[l]);
+    return total;
+}
+
+/* A slot's KV rows [0, n) into buf (to_buf) or from it: values moved, or -2 for a bad slot, n or size. */
+SK_API int64_t sk_kv_copy(sk_ctx *c, int slot, int64_t n, uint16_t *buf, int64_t cap, int to_buf) {
+    if (slot < 0 || slot >= c->cfg.n_seq_max || !c->kv[slot] || n < 0 || n > c->cfg.n_ctx ||
+        cap != sk_kv_state_elems(c, n))
+        return -2;
+    int64_t o = 0;
+    for (int l = 0; l < c->cfg.n_layer; l++) {
+        if (c->kv_rows[l] <= 0) continue; /* a recurrent block, or one reading another block's KV */
+        const int nkv = nkv_of(&c->cfg, &c->layers[l]);
+        const int64_t rows = kv_rows_of(c, l, n), hd = hd_of(&c->cfg, &c->layers[l]);
+        for (int h = 0; h < 2 * nkv; h++) { /* keys of every head, then values */
+            uint16_t *at = c->kv[slot] + c->kv_off[l] + (int64_t)h * c->kv_rows[l] * hd;
+            if (to_buf) memcpy(buf + o, at, sizeof(uint16_t) * (size_t)(rows * hd));
+            else memcpy(at, buf + o, sizeof(uint16_t) * (size_t)(rows * hd));
+            o += rows * hd;
+        }
+    }
+    return o;
+}
+
+SK_API int64_t sk_rs_state_floats(const sk_ctx *c) { return c->dn ? sk_dn_state_floats(c->dn) : 0; }
+
+SK_API int64_t sk_rs_export(sk_ctx *c, int slot, float *out, int64_t cap) {
+    return has_state(c, slot) ? sk_dn_export(c->dn, c->kern, c->pool, slot, out, cap) : -2;
+}
+
+SK_API int sk_rs_import(sk_ctx *c, int slot, const float *in, int64_t n_floats, int64_t n) {
+    return has_state(c, slot) ? sk_dn_import(c->dn, slot, in, n_floats, n) : -2;
+}
+
+SK_API void sk_swa_reset_slot(sk_ctx *c, int slot, int64_t floor) {
+    if (c->swa && slot >= 0 && slot < c->cfg.n_seq_max && c->kv[slot]) sk_swa_reset(c->swa, slot, floor);
+}
+
 /* Block `layer`'s live state of a slot ([S | conv rows]) into out[cap], for tests: floats written or -1. */
 SK_API int64_t sk_rs_read(sk_ctx *c, int slot, int layer, float *out, int64_t cap) {
     return has_state(c, slot) ? sk_dn_read_state(c->dn, c->kern, c->pool, slot, layer, out, cap) : -1;

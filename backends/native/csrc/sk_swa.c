@@ -128,6 +128,16 @@ void sk_swa_cut(sk_swa *s, int slot, int64_t n) {
     }
 }
 
+void sk_swa_reset(sk_swa *s, int slot, int64_t floor) {
+    if (bad_slot(s, slot)) return;
+    s->floor[slot] = floor;
+    for (int i = 0; i < SK_SWA_SNAPS; i++) {
+        snap *sn = &s->snaps[slot * SK_SWA_SNAPS + i];
+        free(sn->data);
+        sn->data = NULL;
+    }
+}
+
 int sk_swa_keep(sk_swa *s, int slot, int64_t n, uint16_t *const *heads, int n_heads, int head_dim) {
     const int64_t lo = window_start(s, n);
     if (bad_slot(s, slot) || lo < s->floor[slot]) return -2;

@@ -42,6 +42,8 @@ void sk_swa_cut(sk_swa *s, int slot, int64_t n);
 /* Keep the window before length n (0, -1 out of memory, -2 the rings no longer hold it); the longest
  * snapshot length <= n (-1: none); put the snapshot of length n back and cut to n (0, -2: none). */
 int sk_swa_keep(sk_swa *s, int slot, int64_t n, uint16_t *const *heads, int n_heads, int head_dim);
+/* A restored sequence: its rings hold what the saved ones did from `floor` on; every snapshot goes. */
+void sk_swa_reset(sk_swa *s, int slot, int64_t floor);
 int64_t sk_swa_kept_below(const sk_swa *s, int slot, int64_t n);
 int sk_swa_bring_back(sk_swa *s, int slot, int64_t n, uint16_t *const *heads, int n_heads, int head_dim);
 
