@@ -254,3 +254,22 @@ async def test_a_reply_that_is_not_a_well_formed_call_is_content(api: str, strea
     app, _ = scripted_app(template(QWEN3), bad)
     status, body = await post(app, PATHS[api], _body(api, stream=stream))
     assert status == 200 and _text_of(api, body, stream) == bad
+
+
+def test_forced_call_arguments_carry_only_the_declared_parameters() -> None:
+    """As llama.cpp reads a tool's schema: an object that lists its properties and says nothing of others is
+    closed (agent frameworks refuse a call with an undeclared argument); one that allows them stays open."""
+    from spekula.frontends.schema.tool_grammar import forced_call_grammar
+
+    params = {"type": "object", "properties": {"where": {"type": "object", "properties": {"city": {"type": "string"}}},
+                                               "properties": {"type": "string", "enum": [{"properties": 1}]},
+                                               "extra": {"type": "object", "additionalProperties": True,
+                                                         "properties": {"a": {"type": "string"}}}}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": params}}]
+    grammar = forced_call_grammar(tools, None, name=None, parallel=False).source
+    schema = json.loads(grammar.split("fn0: %json ", 1)[1].splitlines()[0])["properties"]["arguments"]
+    assert schema["additionalProperties"] is False
+    assert schema["properties"]["where"]["additionalProperties"] is False
+    assert schema["properties"]["properties"] == params["properties"]["properties"]  # a property's data untouched
+    assert schema["properties"]["extra"]["additionalProperties"] is True
+    assert "additionalProperties" not in params  # the request's own schema is not changed
