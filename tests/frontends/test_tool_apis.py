@@ -273,3 +273,60 @@ def test_forced_call_arguments_carry_only_the_declared_parameters() -> None:
     assert schema["properties"]["properties"] == params["properties"]["properties"]  # a property's data untouched
     assert schema["properties"]["extra"]["additionalProperties"] is True
     assert "additionalProperties" not in params  # the request's own schema is not changed
+
+
+class _FragmentStyle:
+    """ReplyStream's deltas rewritten in OpenAI's fragment style (a call's index, id and name first, then its
+    arguments three characters at a time): what the adapter must read as well as whole-call deltas."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    @property
+    def reply(self) -> Any:
+        return self.stream.reply
+
+    def feed(self, piece: str, *, final: str | None = None) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for delta in self.stream.feed(piece, final=final):
+            if "tool_calls" not in delta:
+                out.append(delta)
+                continue
+            for call in delta["tool_calls"]:
+                fn, i = call["function"], call["index"]
+                out.append({"tool_calls": [{**call, "function": {"name": fn["name"], "arguments": ""}}]})
+                out += [{"tool_calls": [{"index": i, "function": {"arguments": fn["arguments"][k:k + 3]}}]}
+                        for k in range(0, len(fn["arguments"]), 3)]
+        return out
+
+
+@pytest.mark.parametrize("fragment_style", [False, True])
+def test_streams_are_the_same_from_whole_or_fragmented_call_deltas(fragment_style: bool) -> None:
+    from spekula.frontends.http.anthropic_blocks import BlockStream, content_blocks
+    from spekula.frontends.http.responses_items import ItemStream, output_items
+    from spekula.frontends.schema.chat_reply import reply_format
+    from spekula.frontends.schema.reply_fragments import ReplyFragments
+
+    fmt = reply_format(template(QWEN3), "", tools=[CHAT_TOOL], parse_tools=True, reasoning_format="auto")
+    replies = ReplyFragments(fmt)
+    if fragment_style:
+        replies._stream = _FragmentStyle(replies._stream)  # type: ignore[assignment]
+    blocks, items = BlockStream(), ItemStream("msg_1")
+    anthropic_events: list[dict[str, Any]] = [{"type": "message_start"}]
+    responses_events: list[dict[str, Any]] = []
+    pieces = [REPLY[i:i + 5] for i in range(0, len(REPLY), 5)]
+    for piece, final in [*((p, None) for p in pieces), ("", REPLY)]:
+        for fragment in replies.feed(piece, final=final):
+            anthropic_events += blocks.feed(fragment)
+            responses_events += items.feed(fragment)
+    anthropic_events += [*blocks.close(), {"type": "message_delta", "delta": {"stop_reason": "tool_use"}},
+                         {"type": "message_stop"}]
+    responses_events += items.close()
+    responses_events.append(items.event("response.completed", response={"output": items.items}))
+    streamed, _ = _blocks_of_stream(anthropic_events)
+    whole = content_blocks(replies.reply)
+    assert streamed == whole and [b["type"] for b in whole] == ["thinking", "text", "tool_use", "tool_use"]
+    assert _without_ids(_items_of_stream(responses_events)) == _without_ids(output_items(replies.reply, "msg_1"))
+    calls_args = [e for e in responses_events if e["type"] == "response.function_call_arguments.delta"]
+    pieces_per_call = [-(-len(args) // 3) if fragment_style else 1 for args in ('{"city": "Paris"}', '{"city": "Rome"}')]
+    assert len(calls_args) == sum(pieces_per_call)
