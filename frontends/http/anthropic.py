@@ -28,9 +28,9 @@ from spekula.frontends.http.chat_tools import chat_reply_format, force_calls, re
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.http.fields import normalise
 from spekula.frontends.http.generation import typed_sse
-from spekula.frontends.schema.chat_reply import Reply, limited, parse_reply, with_ids
+from spekula.frontends.schema.chat_reply import Reply
 from spekula.frontends.schema.completion import CHAT_FIELDS
-from spekula.frontends.schema.reply_fragments import ReplyFragments
+from spekula.frontends.schema.reply_fragments import ReplyFragments, whole_reply
 
 if TYPE_CHECKING:
     from spekula.frontends.http.state import HttpState
@@ -211,8 +211,7 @@ async def messages(request: Request) -> Response:
     head = {"id": mid, "type": "message", "role": "assistant", "model": state.model_alias}
     if not parsed.stream:
         final = await state.service.run(gen, request)
-        reply = with_ids(limited(parse_reply(final.content, fmt), tool_opts.parallel), []) if fmt.active \
-            else Reply(content=final.content)
+        reply = whole_reply(final.content, fmt, tool_opts.parallel)
         return JSONResponse({**head, "content": content_blocks(reply), "stop_reason": stop_reason(final, reply),
                              "stop_sequence": final.stopping_word if final.stop_type == "word" else None,
                              "usage": _usage(final)})

@@ -28,9 +28,8 @@ from spekula.frontends.http.fields import normalise
 from spekula.frontends.http.generation import typed_sse
 from spekula.frontends.http.native import progress_fields
 from spekula.frontends.http.responses_items import ItemStream, output_items
-from spekula.frontends.schema.chat_reply import Reply, limited, parse_reply, with_ids
 from spekula.frontends.schema.completion import CHAT_FIELDS
-from spekula.frontends.schema.reply_fragments import ReplyFragments
+from spekula.frontends.schema.reply_fragments import ReplyFragments, whole_reply
 
 if TYPE_CHECKING:
     from spekula.frontends.http.state import HttpState
@@ -178,8 +177,7 @@ async def responses(request: Request) -> Response:
 
     if not parsed.stream:
         final = await state.service.run(gen, request)
-        reply = with_ids(limited(parse_reply(final.content, fmt), tool_opts.parallel), []) if fmt.active \
-            else Reply(content=final.content)
+        reply = whole_reply(final.content, fmt, tool_opts.parallel)
         return JSONResponse({**head, "status": "completed", "completed_at": int(time.time()),
                              "output": output_items(reply, mid), "usage": _usage(final)})
     replies = ReplyFragments(fmt, tool_opts.parallel)

@@ -53,9 +53,9 @@ from spekula.frontends.rpc.parse_off_loop import parse_limiter
 from spekula.frontends.rpc.protocol import CONTEXT_OVERFLOW, ENGINE_ERROR, EncodedResult, RpcError, dumps
 from spekula.frontends.schema import completion as rp
 from spekula.frontends.schema import token_probs_json
-from spekula.frontends.schema.chat_reply import limited, openai_message, parse_reply, with_ids
+from spekula.frontends.schema.chat_reply import openai_message
 from spekula.frontends.schema.errors import invalid_params
-from spekula.frontends.schema.reply_fragments import ReplyFragments, openai_delta
+from spekula.frontends.schema.reply_fragments import ReplyFragments, openai_delta, whole_reply
 from spekula.frontends.schema.template_fields import TEMPLATE_FIELDS, TemplateFieldError, read_template_fields
 from spekula.frontends.schema.tokenize_limits import check_content, check_pieces, tokenize_limiter
 from spekula.frontends.schema.tool_request import ToolFieldError
@@ -162,8 +162,7 @@ class SpekulaMethods:
             calls = False
         else:
             # streamed: the reply the chunks added up to (the same call ids); else parsed now
-            reply = fragments.reply if parsed.stream else with_ids(
-                limited(parse_reply(result["content"], fmt), tool_opts.parallel), [])
+            reply = fragments.reply if parsed.stream else whole_reply(result["content"], fmt, tool_opts.parallel)
             result["message"] = openai_message(reply)
             calls = bool(reply.tool_calls)
         result["finish_reason"] = "length" if result["stop_type"] == "limit" else "tool_calls" if calls else "stop"

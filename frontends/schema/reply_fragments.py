@@ -13,7 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from spekula.frontends.schema.chat_reply import Reply, ReplyFormat, ReplyStream
+from spekula.frontends.schema.chat_reply import (
+    Reply,
+    ReplyFormat,
+    ReplyStream,
+    limited,
+    parse_reply,
+    with_ids,
+)
 
 FragmentKind = Literal["reasoning", "content", "call_start", "call_arguments"]
 
@@ -71,6 +78,13 @@ class ReplyFragments:
         if fn.get("arguments"):
             out.append(Fragment("call_arguments", str(fn["arguments"]), index=index))
         return out
+
+
+def whole_reply(text: str, fmt: ReplyFormat, parallel: bool = True) -> Reply:
+    """An unstreamed reply, split (its calls given ids); a format that parses nothing keeps it as content."""
+    if not fmt.active:
+        return Reply(content=text)
+    return with_ids(limited(parse_reply(text, fmt), parallel), [])
 
 
 def openai_delta(fragment: Fragment) -> dict[str, Any]:
