@@ -55,7 +55,7 @@ DEFAULT_FILES = ("unit/test_tokenize.py", "unit/test_security.py", "unit/test_me
                  "unit/test_chat_completion.py", "unit/test_ctx_shift.py", "unit/test_speculative.py",
                  "unit/test_basic.py", "unit/test_ignore_eos.py", "unit/test_stream.py", "unit/test_template.py",
                  "unit/test_compat_anthropic.py", "unit/test_compat_oai_responses.py", "unit/test_slot_save.py",
-                 "unit/test_embedding.py", "unit/test_rerank.py")
+                 "unit/test_embedding.py", "unit/test_rerank.py", "unit/test_tool_call.py")
 DRAFT_FILE = "stories15M-q4_0.gguf"  # test_speculative: download_file(".../stories15M-q4_0.gguf") -> ./tmp/
 # Import name -> pip name, where they differ (tools/server/tests/requirements.txt).
 PIP_NAMES = {"prometheus_client": "prometheus-client", "xdist": "pytest-xdist"}

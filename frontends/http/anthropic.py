@@ -4,8 +4,12 @@ Clients written for Anthropic (its SDKs, coding agents) can talk to spekula as t
 llama-server. A request is translated into an OpenAI chat request and runs through the same
 template, sampling and speculation: `system` becomes a system message, text blocks the message
 text, an assistant's `tool_use` blocks its tool calls, `tool_result` blocks tool messages, and
-`thinking` blocks its reasoning, so a conversation's history reaches the template whole. The reply
-is one text block: spekula does not parse tool calls or reasoning out of the generated text.
+`thinking` blocks its reasoning, so a conversation's history reaches the template whole. `tools`
+(`input_schema`) reach the template as functions; `tool_choice` auto / none / any / tool is OpenAI's
+auto / none / required / a named function (any and tool force the calls by a grammar, as OpenAI's do;
+`disable_parallel_tool_use` allows one call). The reply is split as the chat endpoint splits it
+(frontends/schema/chat_reply.py) into a `thinking` block, a `text` block and `tool_use` blocks, with
+`stop_reason` "tool_use" when it calls tools; a stream sends them block by block (anthropic_blocks.py).
 """
 
 from __future__ import annotations
@@ -18,11 +22,15 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from spekula.core.events import Event, FinalEvent, PieceEvent, ProgressEvent
+from spekula.core.events import Event, FinalEvent, PieceEvent
+from spekula.frontends.http.anthropic_blocks import BlockStream, content_blocks
+from spekula.frontends.http.chat_tools import chat_reply_format, force_calls, read_chat_tools
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.http.fields import normalise
 from spekula.frontends.http.generation import typed_sse
+from spekula.frontends.schema.chat_reply import Reply
 from spekula.frontends.schema.completion import CHAT_FIELDS
+from spekula.frontends.schema.reply_fragments import ReplyFragments, whole_reply
 
 if TYPE_CHECKING:
     from spekula.frontends.http.state import HttpState
@@ -53,6 +61,8 @@ def to_chat(body: Any) -> dict[str, Any]:
             chat[ours] = body[theirs]
     if body.get("tools"):
         chat["tools"] = [_tool(t, f"'tools[{j}]'") for j, t in enumerate(_list(body["tools"], "'tools'"))]
+    if body.get("tool_choice") is not None:
+        chat.update(_tool_choice(body["tool_choice"]))
     thinking = body.get("thinking")
     if thinking is not None:
         kind = thinking.get("type") if isinstance(thinking, dict) else None
@@ -141,13 +151,40 @@ def _messages(m: Any, where: str) -> list[dict[str, Any]]:
 def _tool(tool: Any, where: str) -> dict[str, Any]:
     if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
         raise HttpError(f"{where} must be an object with a string 'name'")
+    if tool.get("type", "custom") != "custom":  # Anthropic's server tools (web search, bash, ...) run at Anthropic
+        raise HttpError(f"{where}: the tool type {json.dumps(tool['type'])[:60]} is not supported; only client "
+                        "tools ({'name', 'description', 'input_schema'}) are")
     fn = {"name": tool["name"], "parameters": tool.get("input_schema", {"type": "object"})}
     if isinstance(tool.get("description"), str):
         fn["description"] = tool["description"]
     return {"type": "function", "function": fn}
 
 
-def stop_reason(final: FinalEvent) -> str:
+_CHOICES = {"auto": "auto", "none": "none", "any": "required"}
+
+
+def _tool_choice(choice: Any) -> dict[str, Any]:
+    """Anthropic's `tool_choice` as OpenAI chat's `tool_choice` (and `parallel_tool_calls`)."""
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "tool" and isinstance(choice.get("name"), str):
+        out: dict[str, Any] = {"tool_choice": {"type": "function", "function": {"name": choice["name"]}}}
+    elif kind in _CHOICES:
+        out = {"tool_choice": _CHOICES[kind]}
+    else:
+        raise HttpError("'tool_choice' must be {\"type\": \"auto\" | \"any\" | \"none\"} or "
+                        "{\"type\": \"tool\", \"name\": ...}")
+    flag = choice.get("disable_parallel_tool_use")
+    if flag is not None and not isinstance(flag, bool):
+        raise HttpError("'tool_choice.disable_parallel_tool_use' must be true or false")
+    if flag:
+        out["parallel_tool_calls"] = False
+    return out
+
+
+def stop_reason(final: FinalEvent, reply: Reply | None = None) -> str:
+    """"tool_use" when the reply calls tools (unless it was cut at max_tokens), as llama-server says it."""
+    if final.stop_type != "limit" and reply is not None and reply.tool_calls:
+        return "tool_use"
     return {"limit": "max_tokens", "word": "stop_sequence"}.get(final.stop_type, "end_turn")
 
 
@@ -157,50 +194,52 @@ def _usage(final: FinalEvent) -> dict[str, int]:
             "cache_creation_input_tokens": 0, "output_tokens": len(final.tokens)}
 
 
-def _event(kind: str, data: dict[str, Any]) -> bytes:
-    return typed_sse({"type": kind, **data})
-
-
 async def messages(request: Request) -> Response:
     state: HttpState = request.app.state.http
     engine = state.ready()
-    params, opts = normalise(to_chat(await state.read_json(request)), allowed=CHAT_FIELDS,
-                             n_slots=engine.config.n_slots)
+    chat = to_chat(await state.read_json(request))
+    params, opts = normalise(chat, allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
+    tools, tool_opts = await read_chat_tools(chat, engine, state.service.defaults.reasoning_format,
+                                             schema_field="input_schema")
     text = state.render_chat(params.pop("messages"), opts, allow_empty=True)
+    fmt = chat_reply_format(engine, text, tools, tool_opts)
     prompt = await state.service.encode(text)
     gen, parsed = state.service.build(params, prompt, opts, text)
+    force_calls(gen, parsed, fmt, tools, tool_opts, engine.tokenizer)
     await state.service.check(parsed)
     mid = f"msg_{secrets.token_hex(12)}"
     head = {"id": mid, "type": "message", "role": "assistant", "model": state.model_alias}
     if not parsed.stream:
         final = await state.service.run(gen, request)
-        return JSONResponse({**head, "content": [{"type": "text", "text": final.content}],
-                             "stop_reason": stop_reason(final),
+        reply = whole_reply(final.content, fmt, tool_opts.parallel)
+        return JSONResponse({**head, "content": content_blocks(reply), "stop_reason": stop_reason(final, reply),
                              "stop_sequence": final.stopping_word if final.stop_type == "word" else None,
                              "usage": _usage(final)})
+    replies = ReplyFragments(fmt, tool_opts.parallel)
+    blocks = BlockStream()
     started = [False]
 
     def shape(event: Event) -> list[Any]:
-        out: list[Any] = []
+        out: list[dict[str, Any]] = []
         if not started[0]:
             started[0] = True
             usage = {"input_tokens": len(prompt), "cache_read_input_tokens": 0, "output_tokens": 0}
-            out += [_event("message_start", {"message": {**head, "content": [], "stop_reason": None,
-                                                          "stop_sequence": None, "usage": usage}}),
-                    _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})]
-        if isinstance(event, ProgressEvent):
-            return out
+            out.append({"type": "message_start", "message": {**head, "content": [], "stop_reason": None,
+                                                             "stop_sequence": None, "usage": usage}})
+            if not fmt.active:  # plain text: its one block opens at once, as before any reply parsing
+                out += blocks.start_text()
         if isinstance(event, PieceEvent):
-            if event.text:
-                out.append(_event("content_block_delta", {"index": 0, "delta": {"type": "text_delta",
-                                                                                 "text": event.text}}))
-            return out
-        out += [_event("content_block_stop", {"index": 0}),
-                _event("message_delta", {"delta": {"stop_reason": stop_reason(event),
-                                                   "stop_sequence": event.stopping_word or None},
-                                         "usage": {"output_tokens": len(event.tokens)}}),
-                _event("message_stop", {})]
-        return out
+            for fragment in replies.feed(event.text):
+                out += blocks.feed(fragment)
+        elif isinstance(event, FinalEvent):
+            for fragment in replies.feed("", final=event.content):
+                out += blocks.feed(fragment)
+            out += blocks.close() if blocks.started else [*blocks.start_text(), *blocks.close()]
+            out += [{"type": "message_delta", "delta": {"stop_reason": stop_reason(event, replies.reply),
+                                                        "stop_sequence": event.stopping_word or None},
+                     "usage": {"output_tokens": len(event.tokens)}},
+                    {"type": "message_stop"}]
+        return [typed_sse(o) for o in out]
 
     return state.service.stream(gen, shape, done_marker=False)  # type: ignore[return-value]
 

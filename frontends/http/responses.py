@@ -4,10 +4,12 @@ Newer OpenAI clients (the SDK's `client.responses`, agents built on it) send a R
 it is translated into a chat request and runs through the same template, samplers and
 speculation. `instructions` becomes a system message; `input` is a text or a list of items:
 messages (`input_text` / `output_text` parts), `function_call` and `function_call_output` items
-(the assistant's tool calls and their results) and `reasoning` items. The answer is one `message`
-output item with one `output_text` part; streams send the Responses event sequence. Tool calls
-and reasoning are not parsed out of the generated text. There is no server-side state, so
-`previous_response_id` is refused.
+(the assistant's tool calls and their results) and `reasoning` items. `tools` are function tools;
+`tool_choice` "auto" / "none" / "required" / {"type": "function", "name"} and `parallel_tool_calls` act
+as in chat (required and named force the calls by a grammar). The reply is split as the chat endpoint
+splits it (frontends/schema/chat_reply.py) into a `reasoning` item, a `message` item and `function_call`
+items; streams send the Responses event sequence item by item (responses_items.py). There is no
+server-side state, so `previous_response_id` is refused.
 """
 
 from __future__ import annotations
@@ -20,17 +22,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from spekula.core.events import Event, FinalEvent, PieceEvent, ProgressEvent
+from spekula.frontends.http.chat_tools import chat_reply_format, force_calls, read_chat_tools
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.http.fields import normalise
 from spekula.frontends.http.generation import typed_sse
 from spekula.frontends.http.native import progress_fields
+from spekula.frontends.http.responses_items import ItemStream, output_items
 from spekula.frontends.schema.completion import CHAT_FIELDS
+from spekula.frontends.schema.reply_fragments import ReplyFragments, whole_reply
 
 if TYPE_CHECKING:
     from spekula.frontends.http.state import HttpState
 
 # Fields of a Responses request with no chat counterpart that change nothing here.
-_IGNORED = frozenset({"store", "include", "truncation", "parallel_tool_calls", "background", "prompt_cache_key",
+_IGNORED = frozenset({"store", "include", "truncation", "background", "prompt_cache_key",
                       "safety_identifier", "top_logprobs"})
 
 
@@ -43,7 +48,8 @@ def to_chat(body: Any) -> dict[str, Any]:
     if body.get("previous_response_id"):
         raise HttpError("'previous_response_id' is not supported: spekula keeps no responses; send the whole input")
     chat = {k: v for k, v in body.items() if k not in ("input", "instructions", "max_output_tokens", "tools",
-                                                        "reasoning", "text", "previous_response_id", *_IGNORED)}
+                                                        "tool_choice", "reasoning", "text", "previous_response_id",
+                                                        *_IGNORED)}
     messages: list[dict[str, Any]] = []
     if body.get("instructions") is not None:
         if not isinstance(body["instructions"], str):
@@ -65,6 +71,8 @@ def to_chat(body: Any) -> dict[str, Any]:
         if not isinstance(tools, list):
             raise HttpError("'tools' must be a list")
         chat["tools"] = [_tool(t, f"'tools[{j}]'") for j, t in enumerate(tools)]
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
     reasoning = body.get("reasoning")
     if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
         chat["reasoning_effort"] = reasoning["effort"]
@@ -135,6 +143,16 @@ def _tool(tool: Any, where: str) -> dict[str, Any]:
     return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
 
 
+def _tool_choice(choice: Any) -> Any:
+    """The Responses `tool_choice` as chat's: a named function is {"type": "function", "name"} here."""
+    if choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise HttpError("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                    "\"name\": ...} (hosted tools and allowed_tools are not supported)")
+
+
 def _usage(final: FinalEvent) -> dict[str, Any]:
     n_in, n_out = final.tokens_evaluated, len(final.tokens)
     return {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out,
@@ -145,62 +163,47 @@ def _usage(final: FinalEvent) -> dict[str, Any]:
 async def responses(request: Request) -> Response:
     state: HttpState = request.app.state.http
     engine = state.ready()
-    params, opts = normalise(to_chat(await state.read_json(request)), allowed=CHAT_FIELDS,
-                             n_slots=engine.config.n_slots)
+    chat = to_chat(await state.read_json(request))
+    params, opts = normalise(chat, allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
+    tools, tool_opts = await read_chat_tools(chat, engine, state.service.defaults.reasoning_format)
     text = state.render_chat(params.pop("messages"), opts)
+    fmt = chat_reply_format(engine, text, tools, tool_opts)
     prompt = await state.service.encode(text)
     gen, parsed = state.service.build(params, prompt, opts, text)
+    force_calls(gen, parsed, fmt, tools, tool_opts, engine.tokenizer)
     await state.service.check(parsed)
     rid, mid, created = f"resp_{secrets.token_hex(12)}", f"msg_{secrets.token_hex(12)}", int(time.time())
     head = {"id": rid, "object": "response", "created_at": created, "model": state.model_alias}
 
-    def part(content: str) -> dict[str, Any]:
-        return {"type": "output_text", "text": content, "annotations": [], "logprobs": []}
-
-    def item(content: str, status: str) -> dict[str, Any]:
-        return {"id": mid, "type": "message", "status": status, "role": "assistant",
-                "content": [part(content)] if status == "completed" else []}
-
     if not parsed.stream:
         final = await state.service.run(gen, request)
+        reply = whole_reply(final.content, fmt, tool_opts.parallel)
         return JSONResponse({**head, "status": "completed", "completed_at": int(time.time()),
-                             "output": [item(final.content, "completed")], "usage": _usage(final)})
-    seq = [0]
-    text_so_far: list[str] = []
+                             "output": output_items(reply, mid), "usage": _usage(final)})
+    replies = ReplyFragments(fmt, tool_opts.parallel)
+    items = ItemStream(mid)
 
-    def event(kind: str, **data: Any) -> dict[str, Any]:
-        seq[0] += 1
-        return {"type": kind, "sequence_number": seq[0] - 1, **data}
-
-    def opening() -> list[Any]:
+    def opening() -> list[dict[str, Any]]:
         live = {**head, "status": "in_progress", "output": []}
-        return [event("response.created", response=live), event("response.in_progress", response=live),
-                event("response.output_item.added", output_index=0, item=item("", "in_progress")),
-                event("response.content_part.added", item_id=mid, output_index=0, content_index=0, part=part(""))]
+        out = [items.event("response.created", response=live), items.event("response.in_progress", response=live)]
+        return out + ([] if fmt.active else items.open_message())  # plain text: its message opens at once
 
     def shape(ev: Event) -> list[Any]:
-        out = opening() if seq[0] == 0 else []
+        out = [] if items.started else opening()
         if isinstance(ev, ProgressEvent):
-            out.append({**event("response.in_progress", response={**head, "status": "in_progress", "output": []}),
-                        **progress_fields(ev)})
+            out.append({**items.event("response.in_progress", response={**head, "status": "in_progress",
+                                                                        "output": []}), **progress_fields(ev)})
         elif isinstance(ev, PieceEvent):
-            if ev.text:
-                text_so_far.append(ev.text)
-                delta = event("response.output_text.delta", item_id=mid, output_index=0, content_index=0,
-                              delta=ev.text, logprobs=[])
-                out.append({**delta, **({"timings": ev.timings} if ev.timings is not None else {})})
+            new = [e for f in replies.feed(ev.text) for e in items.feed(f)]
+            if new and ev.timings is not None:
+                new[-1] = {**new[-1], "timings": ev.timings}
+            out += new
         else:
-            whole = "".join(text_so_far)
-            out += [event("response.output_text.done", item_id=mid, output_index=0, content_index=0, text=whole,
-                          logprobs=[]),
-                    event("response.content_part.done", item_id=mid, output_index=0, content_index=0,
-                          part=part(whole)),
-                    event("response.output_item.done", output_index=0, item=item(whole, "completed")),
-                    {**event("response.completed", response={
-                        **head, "status": "completed", "completed_at": int(time.time()),
-                        "output": [item(whole, "completed")], "usage": _usage(ev)}),
-                     "timings": dict(ev.timings)}]
+            out += [e for f in replies.feed("", final=ev.content) for e in items.feed(f)]
+            out += items.close() if items.any_item else [*items.open_message(), *items.close()]
+            out.append({**items.event("response.completed", response={
+                **head, "status": "completed", "completed_at": int(time.time()), "output": items.items,
+                "usage": _usage(ev)}), "timings": dict(ev.timings)})
         return [typed_sse(o) for o in out]
 
     return state.service.stream(gen, shape, done_marker=False)  # type: ignore[return-value]
-

@@ -16,9 +16,16 @@ Protocol (JSON-RPC 2.0, one JSON value per line, named params only, batches allo
                     {id (the request's JSON-RPC id), request_id, content, tokens, pieces, drafters,
                      [completion_probabilities] (then absent from the result)}
   chat.completion   messages [{role, content, tool_calls?, tool_call_id?, reasoning_content?}], tools,
-                    chat_template_kwargs, add_generation_prompt, continue_final_message
-                    (as the HTTP chat endpoints check them) + the same fields except prompt
-                    -> completion's result + message {role: assistant, content} + finish_reason
+                    tool_choice, parallel_tool_calls, reasoning_format, chat_template_kwargs,
+                    add_generation_prompt, continue_final_message (as the HTTP chat endpoint checks them;
+                    tool_choice "required" / named forces the calls by a grammar) + the same fields
+                    except prompt
+                    -> completion's result + message (OpenAI's: {role: assistant, content,
+                       reasoning_content?, tool_calls?}) + finish_reason ("tool_calls" when it calls)
+                    stream=true: each `completion.chunk` also carries `deltas`, the reply's OpenAI chat
+                    deltas (content, reasoning_content, tool_calls in OpenAI's fragment form: index, id
+                    and name first, then pieces of the arguments); a last chunk with no tokens carries
+                    the text held back until the reply ended
   tokenize          content, add_special=false, parse_special=true, with_pieces=false -> {tokens}
   detokenize        tokens -> {content}
   cancel            id (a JSON-RPC id of this connection) | request_id (an engine id this connection
@@ -46,9 +53,19 @@ from spekula.frontends.rpc.parse_off_loop import parse_limiter
 from spekula.frontends.rpc.protocol import CONTEXT_OVERFLOW, ENGINE_ERROR, EncodedResult, RpcError, dumps
 from spekula.frontends.schema import completion as rp
 from spekula.frontends.schema import token_probs_json
+from spekula.frontends.schema.chat_reply import openai_message
 from spekula.frontends.schema.errors import invalid_params
+from spekula.frontends.schema.reply_fragments import ReplyFragments, openai_delta, whole_reply
 from spekula.frontends.schema.template_fields import TEMPLATE_FIELDS, TemplateFieldError, read_template_fields
 from spekula.frontends.schema.tokenize_limits import check_content, check_pieces, tokenize_limiter
+from spekula.frontends.schema.tool_request import ToolFieldError
+from spekula.frontends.schema.tool_setup import (
+    check_tool_schemas,
+    field_of,
+    forced_grammar,
+    read_tools,
+    tool_reply_format,
+)
 
 if TYPE_CHECKING:
     from spekula.core.engine.engine import Engine
@@ -63,6 +80,8 @@ T = TypeVar("T")
 # Texts are capped before tokenizing: no tokenizer in use packs more characters than this into one
 # token, so a longer text cannot fit the context whatever it holds.
 MAX_CHARS_PER_TOKEN = 64
+# chat.completion's tool fields beside `tools` (a template field)
+TOOL_FIELDS = frozenset({"tool_choice", "parallel_tool_calls", "reasoning_format"})
 
 
 def _template_options(obj: dict[str, Any]) -> dict[str, Any]:
@@ -112,18 +131,41 @@ class SpekulaMethods:
 
     async def chat_completion(self, params: Any, ctx: CallContext) -> dict[str, Any]:
         obj = rp.as_object(params, "chat.completion")
-        rp.reject_unknown(obj, rp.CHAT_FIELDS | TEMPLATE_FIELDS, "chat.completion")
+        rp.reject_unknown(obj, rp.CHAT_FIELDS | TEMPLATE_FIELDS | TOOL_FIELDS, "chat.completion")
         messages = rp.messages_field(obj)
         options = _template_options(obj)  # outside the try below: a bad field is named as itself
+        tok = self.engine.tokenizer
         try:
-            text = chat_prompt(self.engine.tokenizer, messages, prefill=self.defaults.prefill_assistant, **options)
+            tools, tool_opts = read_tools(obj, tok, self.defaults.reasoning_format)
+            await check_tool_schemas(tools, self.engine)
+        except ToolFieldError as exc:
+            raise invalid_params(str(exc), field_of(exc)) from None
+        try:
+            text = chat_prompt(tok, messages, prefill=self.defaults.prefill_assistant, **options)
         except ChatTemplateError as exc:
             raise invalid_params(f"'messages': {exc}", "messages") from None
         except Exception as exc:  # noqa: BLE001 - a template error is the caller's message shape
             raise invalid_params(f"'messages': chat template failed: {exc}") from None
-        result = await self._generate(self._parse(obj, await self._encode(text)), ctx)
-        result["message"] = {"role": "assistant", "content": result["content"]}
-        result["finish_reason"] = "length" if result["stop_type"] == "limit" else "stop"
+        fmt = tool_reply_format(tok, text, tools, tool_opts)
+        parsed = self._parse(obj, await self._encode(text))
+        try:
+            grammar = forced_grammar(fmt, tools, tool_opts, tok, grammar_given=parsed.grammar_field
+                                     if parsed.request.grammar is not None else None)
+        except ToolFieldError as exc:
+            raise invalid_params(str(exc), field_of(exc)) from None
+        if grammar is not None:
+            parsed.request.grammar, parsed.grammar_field = grammar, "tool_choice"
+        fragments = ReplyFragments(fmt, tool_opts.parallel) if fmt.active else None
+        result = await self._generate(parsed, ctx, fragments)
+        if fragments is None:
+            result["message"] = {"role": "assistant", "content": result["content"]}
+            calls = False
+        else:
+            # streamed: the reply the chunks added up to (the same call ids); else parsed now
+            reply = fragments.reply if parsed.stream else whole_reply(result["content"], fmt, tool_opts.parallel)
+            result["message"] = openai_message(reply)
+            calls = bool(reply.tool_calls)
+        result["finish_reason"] = "length" if result["stop_type"] == "limit" else "tool_calls" if calls else "stop"
         return result
 
     def _parse(self, obj: dict[str, Any], prompt: list[int]) -> rp.ParsedCompletion:
@@ -155,7 +197,9 @@ class SpekulaMethods:
                 limiter=tokenize_limiter(len(text)))
         return tok.encode(text, add_special=add_special, parse_special=parse_special)
 
-    async def _generate(self, parsed: rp.ParsedCompletion, ctx: CallContext) -> dict[str, Any]:
+    async def _generate(self, parsed: rp.ParsedCompletion, ctx: CallContext,
+                        fragments: ReplyFragments | None = None) -> dict[str, Any]:
+        """Run the request; `fragments`: a chat reply's parser, whose deltas ride on the streamed chunks."""
         await rp.check_grammar(parsed, self.engine)
         handle = self.engine.submit(parsed.request)
         if not parsed.stream:
@@ -170,9 +214,17 @@ class SpekulaMethods:
             async for event in handle:
                 if isinstance(event, PieceEvent):
                     if parsed.stream:
-                        await ctx.notify(CHUNK_METHOD, chunk_params(ctx.id, event, self.engine.tokenizer))
+                        chunk = chunk_params(ctx.id, event, self.engine.tokenizer)
+                        if fragments is not None:
+                            chunk["deltas"] = [openai_delta(f) for f in fragments.feed(event.text)]
+                        await ctx.notify(CHUNK_METHOD, chunk)
                 else:
                     final = event
+                    if parsed.stream and fragments is not None:
+                        held = [openai_delta(f) for f in fragments.feed("", final=event.content)]
+                        if held:
+                            await ctx.notify(CHUNK_METHOD, {"id": ctx.id, "request_id": event.request_id, "content": "",
+                                                            "tokens": [], "pieces": [], "drafters": [], "deltas": held})
         finally:
             if owned is not None:
                 owned.pop(handle.id, None)

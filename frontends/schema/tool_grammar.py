@@ -29,8 +29,29 @@ def _tag(text: str, tokenizer: Any) -> str:
     return f"<[{ids[0]}]>" if len(ids) == 1 else json.dumps(text)
 
 
+# Keys whose values are data or name -> schema maps, not schemas themselves (see _closed).
+_DATA_KEYS = frozenset({"enum", "const", "default", "examples", "required"})
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
+def _closed(node: Any) -> Any:
+    """`node` with every object schema that lists `properties` and says nothing of `additionalProperties`
+    closed to others, as llama.cpp reads a tool's schema (common/json-schema.cpp): a forced call carries only
+    the parameters the tool declares (agent frameworks refuse a call with any other)."""
+    if isinstance(node, list):
+        return [_closed(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: v if k in _DATA_KEYS else
+           {n: _closed(s) for n, s in v.items()} if k in _SCHEMA_MAPS and isinstance(v, dict) else _closed(v)
+           for k, v in node.items()}
+    if isinstance(node.get("properties"), dict) and "additionalProperties" not in node:
+        out["additionalProperties"] = False
+    return out
+
+
 def _call_schema(fn: dict[str, Any]) -> dict[str, Any]:
-    params = fn.get("parameters") or {"type": "object"}
+    params = _closed(fn.get("parameters") or {"type": "object"})
     return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
             "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": _COMPACT}
 

@@ -222,7 +222,8 @@ def test_chat_and_tokenizer_methods() -> None:
                        {"role": "tool", "tool_call_id": "c", "content": "42"}]
             assert "result" in await peer.call("chat.completion", {"messages": history, "n_predict": 2}, rid=4)
             msg = await peer.call("chat.completion", {"messages": [{"role": "user", "content": "hi"}], "n_predict": 4,
-                                                      "tools": [{"type": "function"}],
+                                                      "tools": [{"type": "function", "function": {"name": "f"}}],
+                                                      "tool_choice": "none",
                                                       "chat_template_kwargs": {"enable_thinking": False}}, rid=6)
             assert msg["result"]["content"] == fakes.expected_text(
                 "<vars ['enable_thinking', 'tools']><user>hi\n<assistant>", 4)
