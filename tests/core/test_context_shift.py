@@ -138,6 +138,31 @@ def test_speculation_with_shifts_equals_plain_decoding(n_keep: int, n_discard: i
     assert spec.tokens == plain.tokens and plain.truncated and spec.truncated
 
 
+def test_slots_shift_independently_and_a_shifted_slot_serves_its_cache() -> None:
+    """Two slots shifting at different points, with ngram drafts, give what each gives alone; the next
+    request reuses a shifted slot's cache only as far as its tokens still name it, and equals a cold run."""
+    path, tok = _model(2)
+    n_ctx = 40
+    prompts = [tok.encode("abc abc abc ab", add_special=True), tok.encode("xyz xy", add_special=True)]
+    reqs = [dict(n_predict=70, n_keep=2, n_discard=9), dict(n_predict=55, n_keep=-1, n_discard=0)]
+    spec = SpecParams(types=("ngram-simple",), n_max=4, adaptive=False, drafter_options=dict(SMALL_NGRAMS))
+
+    def engine(n_slots: int) -> Engine:
+        b = load_backend("native", path, BackendOptions(n_ctx=n_ctx, n_seq_max=n_slots, threads=1))
+        config = EngineConfig(n_slots=n_slots, n_ctx=n_ctx, n_batch=16, spec=spec, context_shift=True)
+        return Engine(b, tok, config)
+
+    def request(i: int) -> CompletionRequest:
+        return CompletionRequest(list(prompts[i]), sampling=GREEDY, ignore_eos=True, **reqs[i])  # type: ignore[arg-type]
+
+    alone = [anyio.run(run_requests, engine(1), [request(i)])[0].tokens for i in range(2)]
+    both = engine(2)
+    finals = anyio.run(run_requests, both, [request(0), request(1)])
+    assert [f.tokens for f in finals] == alone and all(f.truncated for f in finals)
+    [again] = anyio.run(run_requests, both, [request(0)])
+    assert again.tokens == alone[0] and again.timings["cache_n"] <= 2
+
+
 def test_a_backend_without_shift_refuses_at_start_up() -> None:
     with pytest.raises(ConfigError, match="--context-shift: context shift is not supported by the ToyBackend"):
         Engine(ToyBackend(), ToyTokenizer(), EngineConfig(n_ctx=64, context_shift=True))
