@@ -180,8 +180,8 @@ def test_embedding_options_are_translated() -> None:
 
 
 def test_unimplemented_feature_from_environment_is_an_error() -> None:
-    assert _errors("", {"LLAMA_ARG_CONTEXT_SHIFT": "1"}) == [
-        "$LLAMA_ARG_CONTEXT_SHIFT (context shift) is not implemented by spekula"]
+    assert _errors("", {"LLAMA_ARG_MMPROJ_OFFLOAD": "1"}) == [
+        "$LLAMA_ARG_MMPROJ_OFFLOAD (multimodal input) is not implemented by spekula"]
     assert _errors("", {"LLAMA_ARG_CONTEXT_SHIFT": "maybe"}) == ["$LLAMA_ARG_CONTEXT_SHIFT='maybe': invalid boolean value"]
 
 
@@ -218,7 +218,7 @@ def test_errors_name_the_option_and_exit_1(argv: str, message: str, capsys: pyte
 
 
 def test_every_error_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--context-shift", "--lora", "x", "--tools", "all"]) == 1
+    assert main(["--mmproj-offload", "--lora", "x", "--tools", "all"]) == 1
     assert len(capsys.readouterr().err.splitlines()) == 3
 
 
