@@ -20,6 +20,9 @@ layout, :meth:`Backend.import_seq` makes it a sequence's state. ``seq_state_form
 import the sequence is at the state's length; a recurrent one can go back from there to 0 only, until
 new checkpoints and snapshots are taken. A backend that cannot do this says so (ConfigError).
 
+A context shift (``shift``, a server's --context-shift) takes a span out of the middle of a sequence and
+moves the rest down; backends that cannot do it exactly say why in ``context_shift_refusal``.
+
 Implementations live in ``spekula.backends.<name>`` and export ``backend_class``; they are loaded
 by name through :func:`load_backend` so that onnxruntime is imported only when used.
 """
@@ -167,6 +170,16 @@ class Backend(ABC):
         fit is a ConfigError and leaves the sequence as it was."""
         raise ConfigError(f"the {type(self).__name__} backend cannot import a sequence's state (slot restore); "
                           "the native and torch backends can")
+
+    def context_shift_refusal(self) -> str | None:
+        """Why this backend cannot shift a sequence's context with this model (None: it can)."""
+        return f"context shift is not supported by the {type(self).__name__} backend"
+
+    def shift(self, seq_id: int, n_keep: int, n_discard: int) -> None:
+        """Context shift: drop positions [n_keep, n_keep + n_discard) and move the later ones down by
+        n_discard, their keys re-roped to their new positions, as if computed there (within float
+        rounding: keys are rotated from what the cache stores). ConfigError where unsupported."""
+        raise ConfigError(self.context_shift_refusal() or f"{type(self).__name__} does not implement shift")
 
     @abstractmethod
     def forward(self, inputs: Sequence[SeqInput], capture: Capture = Capture()) -> list[SeqOutput]:

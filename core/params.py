@@ -112,3 +112,7 @@ class CompletionRequest:
     # with every event (timings_per_token).
     return_progress: bool = False
     timings_per_token: bool = False
+    # Context shift (an engine with context_shift on; core/engine/context_shift.py): the first n_keep
+    # tokens (-1: the whole prompt) stay when a full context drops n_discard (0: half the rest) after them.
+    n_keep: int = 0
+    n_discard: int = 0

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from spekula.backends.context_shift import check_shift, shift_refusal
 from spekula.backends.gguf.architecture import FEATURES, read_hparams
 from spekula.backends.gguf.classifier import read_classifier_head
 from spekula.backends.gguf.weights import rope_inv_freq
@@ -206,6 +207,19 @@ class NativeBackend(PooledSeqs, Backend):
                 raise ConfigError(f"truncate to {n}: sequence {seq_id} of a recurrent model cannot go back there (it is "
                                   f"at {seq.length}; the longest restorable length below is {self.restorable(seq_id, n)})")
         seq.length = n
+
+    def context_shift_refusal(self) -> str | None:
+        return shift_refusal(self.hparams, "the native backend")
+
+    def shift(self, seq_id: int, n_keep: int, n_discard: int) -> None:
+        refusal = self.context_shift_refusal()
+        if refusal is not None:
+            raise ConfigError(refusal)
+        seq = self._seqs.get(seq_id)
+        check_shift(n_keep, n_discard, seq.length)
+        if self._lib.sk_kv_shift(self._ctx, seq.slot, n_keep, n_discard, seq.length) != 0:
+            raise MemoryError(f"native context shift of sequence {seq_id}: out of memory for its row buffers")
+        seq.length -= n_discard
 
     def recurrent_state(self, seq_id: int, layer: int) -> np.ndarray:
         """A copy of delta-net block `layer`'s state of the sequence: [S (n_v_heads x head_v_dim x

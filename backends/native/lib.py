@@ -158,6 +158,8 @@ def lib() -> ctypes.CDLL:
     so.sk_ctx_kernel_name.argtypes = [ctypes.c_void_p]
     so.sk_kv_alloc.restype = ctypes.c_int
     so.sk_kv_alloc.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    so.sk_kv_shift.restype = ctypes.c_int
+    so.sk_kv_shift.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
     so.sk_kv_release.restype = None
     so.sk_kv_release.argtypes = [ctypes.c_void_p, ctypes.c_int]
     so.sk_forward.restype = ctypes.c_int

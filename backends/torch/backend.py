@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from spekula.backends.context_shift import check_shift, shift_refusal
 from spekula.backends.gguf.architecture import FEATURES, ModelHParams, read_hparams
 from spekula.backends.gguf.classifier import read_classifier_head
 from spekula.backends.gguf.weights import load_model_weights
@@ -194,6 +195,23 @@ class TorchBackend(PooledSeqs, Backend):
             with torch.inference_mode():
                 cache.rec.restore(cache.length, min(n_keep, cache.length), self.model.replay)
         self.kv.truncate(seq_id, n_keep)
+
+    def context_shift_refusal(self) -> str | None:
+        return shift_refusal(self.hparams, "the torch backend")
+
+    def shift(self, seq_id: int, n_keep: int, n_discard: int) -> None:
+        refusal = self.context_shift_refusal()
+        if refusal is not None:
+            raise ConfigError(refusal)
+        cache = self.kv.get(seq_id)
+        check_shift(n_keep, n_discard, cache.length)
+        if n_discard == 0:
+            return
+        src, end = n_keep + n_discard, cache.length
+        with torch.inference_mode():  # clone: source and destination overlap
+            cache.k[:, :, n_keep : end - n_discard] = self.model.rotate_keys(cache.k[:, :, src:end].clone(), -n_discard)
+            cache.v[:, :, n_keep : end - n_discard] = cache.v[:, :, src:end].clone()
+        cache.length = end - n_discard
 
     def checkpoint(self, seq_id: int) -> None:
         cache = self.kv.get(seq_id)

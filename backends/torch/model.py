@@ -298,6 +298,18 @@ class TorchModel:
         return (torch.from_numpy(cos_full.astype(np.float32)).to(self.device),
                 torch.from_numpy(sin_full.astype(np.float32)).to(self.device))
 
+    def rotate_keys(self, k: torch.Tensor, delta: int) -> torch.Tensor:
+        """Keys [..., hd] roped at positions p, re-roped to p + delta (a context shift): one rotation for all,
+        since angles add per frequency; YaRN's magnitude is in the keys already, so cos and sin are unscaled."""
+        ang = float(delta) * self._rope_inv
+        cos, sin = np.cos(ang), np.sin(ang)
+        if self.neox:
+            cos_full, sin_full = np.concatenate([cos, cos]), np.concatenate([-sin, sin])
+        else:
+            cos_full, sin_full = np.repeat(cos, 2), np.stack([-sin, sin], axis=1).reshape(-1)
+        return self._rope(k, torch.from_numpy(cos_full.astype(np.float32)).to(self.device),
+                          torch.from_numpy(sin_full.astype(np.float32)).to(self.device))
+
     def tile_rope(self, pos: torch.Tensor) -> dict[str, torch.Tensor]:
         """The Tile rope fields (cos, sin and the sliding blocks' when some slide) of positions `pos`."""
         out = {"cos": self.rope_cos[pos].unsqueeze(1), "sin": self.rope_sin[pos].unsqueeze(1)}

@@ -37,7 +37,13 @@ from spekula.core.embedding import Pooling
 from spekula.core.engine.embedding_jobs import EmbeddingQueue
 from spekula.core.engine.prompt_cache import SlotCache, choose_slot, drafters_reuse_prefix
 from spekula.core.engine.request_handle import Outbox, RequestHandle, open_request
-from spekula.core.engine.request_plan import RequestPlan, RequestRejected, plan_request, synthetic_rates
+from spekula.core.engine.request_plan import (
+    RequestPlan,
+    RequestRejected,
+    plan_request,
+    synthetic_rates,
+    unshiftable_drafters,
+)
 from spekula.core.engine.round_observer import RoundObserver, StatsRecorder
 from spekula.core.engine.scheduler import Scheduler
 from spekula.core.engine.slot import Slot, SlotState
@@ -84,6 +90,9 @@ class EngineConfig:
     slot_prompt_similarity: float = 0.1
     # --embedding: the pooling embeddings are served with (None: embeddings off, llama-server's default)
     pooling: Pooling | None = None
+    # --context-shift: a generating slot whose context fills drops a span and goes on
+    # (core/engine/context_shift.py); off, it stops there with finish reason "length" and `truncated`.
+    context_shift: bool = False
 
 
 def end_drafter(drafter: Drafter, slot: int) -> None:
@@ -110,6 +119,8 @@ class Engine:
             raise ConfigError(f"--slot-prompt-similarity must be in [0, 1]; got {config.slot_prompt_similarity}")
         if config.n_ctx > backend.n_ctx:
             raise ConfigError(f"ctx-size {config.n_ctx} exceeds the backend's context {backend.n_ctx}")
+        if config.context_shift and (refusal := backend.context_shift_refusal()) is not None:
+            raise ConfigError(f"--context-shift: {refusal}")
         self.backend, self.tokenizer, self.config = backend, tokenizer, config
         self._extra = sources_by_name(drafters)
         self._ctx = DrafterContext(spec=config.spec, target=backend, tokenizer=tokenizer,
@@ -120,15 +131,19 @@ class Engine:
         self.spec_stats = EngineSpecStats()
         self.observer: RoundObserver = StatsRecorder(self.spec_stats)
         # Server-wide drafters are created now so that a bad type, plugin or draft model fails start-up.
-        synthetic_rates(config.spec, self._drafters_for(config.spec))
-        self._slots = [Slot(i, backend.new_seq(), config.n_ctx) for i in range(config.n_slots)]
+        server_drafters = self._drafters_for(config.spec)
+        synthetic_rates(config.spec, server_drafters)
+        if config.context_shift and (unshiftable := unshiftable_drafters(server_drafters)):
+            raise ConfigError(f"--context-shift: {', '.join(unshiftable)} cannot follow a context shift")
+        self._slots = [Slot(i, backend.new_seq(), config.n_ctx, context_shift=config.context_shift)
+                       for i in range(config.n_slots)]
         # The cost model measures the backend on its first forwards (no timing forwards delay the first
         # request); a request's plan picks the fixed policy or the adaptive one, and both see every round.
         max_rows = min(config.n_batch, config.n_ctx - 1, 128 if config.n_slots > 1 else 64)
         self.adaptive = AdaptiveController(CostModel.prior(max_rows))
         self._fixed_policy, self._adaptive_policy = FixedPolicy(), AdaptivePolicy(self.adaptive)
         self._scheduler = Scheduler(backend, tokenizer, config.n_batch, self.observer,
-                                    (self._fixed_policy, self._adaptive_policy))
+                                    (self._fixed_policy, self._adaptive_policy), context_shift=config.context_shift)
         self._queue: deque[tuple[CompletionRequest, RequestPlan, Outbox]] = deque()
         self._embeddings = EmbeddingQueue(config.pooling, config.n_ctx, backend.info.n_vocab, config.n_batch)
         self._wake: anyio.Event | None = None
@@ -170,7 +185,8 @@ class Engine:
                                 n_vocab=self.backend.info.n_vocab, drafters_for=self._drafters_for,
                                 is_eog=self._is_eog, fixed_policy=self._fixed_policy,
                                 adaptive_policy=self._adaptive_policy, new_constraint=self.grammars.new,
-                                dry_breakers=self._dry_breakers)
+                                dry_breakers=self._dry_breakers,
+                                context_shift=self.config.context_shift)
         except RequestRejected as exc:
             self._send_final(outbox, FinalEvent(req.id, "", [], "error", error=str(exc), rejected_spec=exc.spec_at_fault))
         except Exception as exc:  # noqa: BLE001 - e.g. a third-party drafter failing to build: this request only

@@ -53,6 +53,12 @@ def drafter_cap(drafter: Drafter, spec: SpecParams) -> int:
     return cap if isinstance(cap, int) and not isinstance(cap, bool) else spec.n_max
 
 
+def unshiftable_drafters(drafters: Sequence[Drafter]) -> list[str]:
+    """The model drafters whose own caches cannot follow a context shift (core/engine/context_shift.py);
+    draftless ones read the shifted history at their next call, so they always can."""
+    return [d.name for d in drafters if d.model_based and not getattr(d, "follows_context_shift", False)]
+
+
 def synthetic_rates(spec: SpecParams, drafters: Sequence[Drafter]) -> tuple[float, ...] | None:
     """Conditional synthetic acceptance rates when --spec-synth-* is on (validated against the cap)."""
     k_eff = max((drafter_cap(d, spec) for d in drafters), default=0)
@@ -74,9 +80,11 @@ def plan_request(req: CompletionRequest, *, server_spec: SpecParams, n_ctx: int,
                  drafters_for: Callable[[SpecParams], list[Drafter]],
                  is_eog: Callable[[int], bool], fixed_policy: DraftPolicy, adaptive_policy: DraftPolicy,
                  new_constraint: Callable[[GrammarSpec], Constraint] | None = None,
-                 dry_breakers: Callable[[tuple[str, ...]], Breakers] | None = None) -> RequestPlan:
+                 dry_breakers: Callable[[tuple[str, ...]], Breakers] | None = None,
+                 context_shift: bool = False) -> RequestPlan:
     """Check `req` and resolve it into a RequestPlan, or raise RequestRejected. `dry_breakers` turns
-    DRY's sequence breakers into token sequences (with the tokenizer), for requests that use DRY."""
+    DRY's sequence breakers into token sequences (with the tokenizer), for requests that use DRY. `context_shift`: the engine shifts full contexts, so
+    model drafters that cannot follow a shift are refused."""
     check_prompt(req, n_ctx, n_vocab)
     spec = req.spec or server_spec
     try:
@@ -84,6 +92,9 @@ def plan_request(req: CompletionRequest, *, server_spec: SpecParams, n_ctx: int,
         synth = synthetic_rates(spec, drafters)
     except SpekulaError as exc:
         raise RequestRejected(str(exc), spec_at_fault=req.spec is not None) from None
+    if context_shift and (unshiftable := unshiftable_drafters(drafters)):
+        raise RequestRejected(f"{', '.join(unshiftable)} cannot follow a context shift, which this server does "
+                              "(--context-shift)", spec_at_fault=req.spec is not None)
     try:
         breakers = None
         if dry_breakers is not None and uses_dry(req.sampling):

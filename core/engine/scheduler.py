@@ -13,6 +13,7 @@ so nothing here needs a lock. No torch: arrays cross the Backend boundary as num
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from spekula.core.backend import Backend, Capture, SeqOutput
 from spekula.core.drafting.drafter import Drafter
+from spekula.core.engine.context_shift import needs_shift, shift_slot
 from spekula.core.engine.round_observer import RoundObserver
 from spekula.core.engine.round_planner import RoundPlanner, Work
 from spekula.core.engine.slot import Slot, SlotState
@@ -28,11 +30,15 @@ from spekula.core.policy.policy import DraftPolicy, RoundOutcome, Verified
 from spekula.core.verify.sampling import Sampler
 from spekula.core.verify.token_probs import TokenProbs, emitted_probs
 
+log = logging.getLogger(__name__)
+
 
 class Scheduler:
     def __init__(self, backend: Backend, tokenizer: object, n_batch: int, observer: RoundObserver,
-                 policies: Sequence[DraftPolicy]) -> None:
+                 policies: Sequence[DraftPolicy], *, context_shift: bool = False) -> None:
         self.backend = backend
+        self.context_shift = context_shift
+        self.add_bos = bool(getattr(tokenizer, "add_bos", False))  # llama-server keeps the BOS on top of n_keep
         self.tokenizer = tokenizer
         self.observer = observer
         self.policies = tuple(policies)  # every policy a request may choose: all learn from every round
@@ -41,6 +47,8 @@ class Scheduler:
     def step(self, slots: list[Slot]) -> list[tuple[Slot, PieceEvent | None]]:
         """Run one forward for every busy slot; return each touched slot with its piece event."""
         t_start = time.perf_counter()
+        if self.context_shift:
+            self._shift_full(slots)
         plan = self.planner.plan(slots)
         if not plan.work:
             return []
@@ -81,6 +89,18 @@ class Scheduler:
             for a in policy.learn(outcome):
                 self.observer.adapted(a.decision, a.emitted, a.predicted_cost, a.measured_cost)
         return results
+
+    def _shift_full(self, slots: list[Slot]) -> None:
+        """Before the round, as llama-server's pre-decode: every generating slot with a full context shifts."""
+        for s in slots:
+            if not needs_shift(s):
+                continue
+            try:
+                n_keep, n_discard = shift_slot(self.backend, s, self.add_bos)
+            except Exception as exc:  # the shift failed: this request ends, the others go on
+                s.error = f"context shift failed: {type(exc).__name__}: {exc}"
+                continue
+            log.info("slot %d: context shift, n_keep = %d, n_discard = %d", s.id, n_keep, n_discard)
 
     def _is_eog(self, token: int) -> bool:
         return bool(self.tokenizer.is_eog(token))  # type: ignore[attr-defined]

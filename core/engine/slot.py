@@ -87,6 +87,7 @@ class Slot:
     id: int
     seq_id: int
     n_ctx: int
+    context_shift: bool = False  # a full context shifts (core/engine/context_shift.py) instead of stopping
     state: SlotState = SlotState.IDLE
     tokens: np.ndarray = field(init=False)  # H in tokens[:n_hist]
     n_hist: int = 0
@@ -223,7 +224,7 @@ class Slot:
             self.stop_type, self.stopping_word = "word", word
         elif req.n_predict >= 0 and len(self.generated) >= req.n_predict:
             self.stop_type = "limit"
-        elif len(self.prompt) + len(self.generated) >= self.n_ctx:
+        elif not self.context_shift and len(self.prompt) + len(self.generated) >= self.n_ctx:
             # Counted as if tokens were generated one at a time, so a speculative round stops at
             # the same token as plain decoding would (llama.cpp can stop a round early instead).
             self.stop_type = "limit"

@@ -94,6 +94,9 @@ class _Run:
 class DraftSimpleDrafter:
     name: ClassVar[str] = "draft-simple"
     model_based: ClassVar[bool] = True
+    # After a context shift the draft cache is re-decoded from the first position whose token changed
+    # (`draft` keeps only the prefix the cache shares with the history), so it always matches the history.
+    follows_context_shift: ClassVar[bool] = True
     description: ClassVar[DrafterDescription] = DrafterDescription(
         summary="a smaller model with the target's vocabulary drafts (-md), greedily or by sampling",
         builtin_order=6, draft_model="required",

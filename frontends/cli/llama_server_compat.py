@@ -11,7 +11,7 @@ table below:
 - accepted: it changes only speed, memory or logging, or selects what spekula always does
   (`-ngl`, `-fa`, `--ubatch-size`, `--cont-batching`, `--jinja`, ...); it is read and dropped;
 - rejected: a llama-server feature spekula does not implement (`--lora`,
-  `--context-shift`, `--grammar`, ...): a one-line error naming it, exit status 1. The adaptive-p
+  `--grammar`, ...): a one-line error naming it, exit status 1. The adaptive-p
   sampler's options are accepted when their value is llama.cpp's "disabled" default (`--adaptive-target -1`).
 
 Anything else is not a llama-server option at all: an error naming it, exit status 1 too.
@@ -375,6 +375,9 @@ special("--no-slots", "--no-slots", _flag("slots", False), nargs=0, env="LLAMA_A
 special("-a --alias", "--alias (the first of a comma-separated list)", _alias, env="LLAMA_ARG_ALIAS")
 special("--cors-origins", "--cors-origins (default *)", _cors, env="LLAMA_ARG_CORS_ORIGINS")
 translated("-sps --slot-prompt-similarity", "-sps")
+translated("--context-shift", "--context-shift", nargs=0, env="LLAMA_ARG_CONTEXT_SHIFT", env_sign=True)
+translated("--no-context-shift", "--no-context-shift", nargs=0, env="LLAMA_ARG_CONTEXT_SHIFT", env_sign=False)
+translated("--keep", "--keep")
 # llama-server's read/write timeout; spekula's --timeout is the idle keep-alive time (5 s, as httplib's).
 translated("-to --timeout", "--write-timeout", env="LLAMA_ARG_TIMEOUT")
 translated("-v --verbose --log-verbose", "-v", nargs=0)
@@ -456,9 +459,6 @@ accepted("--no-cache-idle-slots", "host-RAM prompt cache policy: speed only", en
 accepted("--cache-reuse", "KV chunk reuse by shifting: speed only", nargs=1, env="LLAMA_ARG_CACHE_REUSE")
 accepted("--cache-prompt", "spekula always reuses a slot's cached prompt prefix (per request: cache_prompt)",
          env="LLAMA_ARG_CACHE_PROMPT", env_sign=True)
-accepted("--no-context-shift", "spekula never shifts the context (llama-server's default too)",
-         env="LLAMA_ARG_CONTEXT_SHIFT", env_sign=False)
-accepted("--keep", "tokens kept by a context shift, which spekula never does", nargs=1)
 for _names, _env_name in (("-ctk --cache-type-k", "LLAMA_ARG_CACHE_TYPE_K"), ("-ctv --cache-type-v", "LLAMA_ARG_CACHE_TYPE_V"),
                           ("--spec-draft-type-k -ctkd --cache-type-k-draft", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K"),
                           ("--spec-draft-type-v -ctvd --cache-type-v-draft", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V")):
@@ -518,7 +518,6 @@ rejected("--lora --lora-scaled", "LoRA adapters", nargs=1)
 rejected("--lora-init-without-apply", "LoRA adapters")
 rejected("--control-vector --control-vector-scaled", "control vectors", nargs=1)
 rejected("--control-vector-layer-range", "control vectors", nargs=2)
-rejected("--context-shift", "context shift", env="LLAMA_ARG_CONTEXT_SHIFT", env_sign=True)
 rejected("--no-cache-prompt", "turning prompt caching off server-wide", env="LLAMA_ARG_CACHE_PROMPT", env_sign=False)
 rejected("-gan --grp-attn-n -gaw --grp-attn-w", "group attention / self-extend", nargs=1)
 for _names, _env_name in (("--rope-scaling", "LLAMA_ARG_ROPE_SCALING_TYPE"), ("--rope-scale", "LLAMA_ARG_ROPE_SCALE"),

@@ -110,6 +110,13 @@ def _ctx_size(text: str) -> int:
     return value
 
 
+def _n_keep(text: str) -> int:
+    value = int(text)
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"must be -1 (the whole prompt) or a count of tokens, got {value}")
+    return value
+
+
 def _n_slots(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -149,6 +156,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("-c", "--ctx-size", type=_ctx_size, default=4096, help="context size per slot (default: 4096)")
     g.add_argument("-np", "--parallel", type=_n_slots, default=1, help="number of slots (default: 1)")
     g.add_argument("-b", "--batch-size", type=int, default=512, help="max tokens per forward (default: 512)")
+    g.add_argument("--context-shift", action=argparse.BooleanOptionalAction, default=False,
+                   help="when a generating slot's context fills, keep the first --keep tokens, drop half of the rest "
+                        "and go on, instead of stopping with finish reason length (default: off, as llama-server)")
     g.add_argument("-sps", "--slot-prompt-similarity", type=_probability, default=0.1, metavar="F",
                    help="a request goes to the idle slot whose cached prompt prefix covers more than F of its "
                         "prompt (0: least recently used slot only; default: %(default)s)")
@@ -174,6 +184,8 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     d = SamplingParams()
     g = p.add_argument_group("sampling")
     g.add_argument("-n", "--n-predict", type=int, default=-1, help="tokens to generate (-1: until EOS/context)")
+    g.add_argument("--keep", type=_n_keep, default=0, metavar="N",
+                   help="tokens of the prompt a context shift keeps (-1: all; default: 0; per request: n_keep)")
     g.add_argument("--temp", type=float, default=d.temperature, help=f"temperature (default: {d.temperature}; <= 0 greedy)")
     g.add_argument("--top-k", type=int, default=d.top_k, help=f"(default: {d.top_k})")
     g.add_argument("--top-p", type=float, default=d.top_p, help=f"(default: {d.top_p})")
@@ -477,7 +489,8 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
         raise
     backend = loading.result()
     config = EngineConfig(n_slots=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, spec=spec,
-                          slot_prompt_similarity=args.slot_prompt_similarity, pooling=pooling)
+                          slot_prompt_similarity=args.slot_prompt_similarity, pooling=pooling,
+                          context_shift=bool(getattr(args, "context_shift", False)))
     try:
         return Engine(backend, tokenizer, config, drafters=drafters, backend_name=backend_name,
                       draft_model_path=draft_path, draft_backend_options=draft_opts)
@@ -487,4 +500,5 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
 
 
 def completion_request(args: argparse.Namespace, prompt: list[int], **kw: Any) -> CompletionRequest:
-    return CompletionRequest(prompt=prompt, n_predict=args.n_predict, sampling=sampling_from_args(args), **kw)
+    return CompletionRequest(prompt=prompt, n_predict=args.n_predict, sampling=sampling_from_args(args),
+                             n_keep=int(getattr(args, "keep", 0)), **kw)

@@ -222,4 +222,5 @@ def http_state(args: argparse.Namespace) -> HttpState:
 
 def server_defaults(args: argparse.Namespace) -> ServerDefaults:
     return ServerDefaults(sampling=sampling_from_args(args), n_predict=args.n_predict,
-                          prefill_assistant=args.prefill_assistant, reasoning_format=args.reasoning_format)
+                          prefill_assistant=args.prefill_assistant, reasoning_format=args.reasoning_format,
+                          n_keep=args.keep)

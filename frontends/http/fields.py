@@ -37,7 +37,7 @@ NEUTRAL: dict[str, Any] = {
 }
 # Fields that never change the generated tokens here.
 INFORMATIONAL = frozenset({
-    "model", "n_keep", "penalize_nl", "backend_sampling", "tool_choice",
+    "model", "penalize_nl", "backend_sampling", "tool_choice",
     "parallel_tool_calls", "metadata", "store", "service_tier", "reasoning_format",
     "id", "cache_reuse",
     # llama.cpp web UI: keep-alive pings for its stream, and its channel for ending reasoning early

@@ -59,6 +59,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "mirostat": (0, 2),
     "mirostat_tau": (0.0, 100.0),
     "mirostat_eta": (0.0, 100.0),
+    "n_keep": (-1, I32_MAX),  # context shift: tokens kept (-1: the prompt); the context bounds it further
+    "n_discard": (0, I32_MAX),  # context shift: tokens dropped (0: half); the context bounds it further
 }
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
@@ -74,7 +76,7 @@ SPEC_FIELDS = ("n_max", "n_min", "p_min", "type", "adaptive")
 GRAMMAR_FIELDS = ("grammar", "json_schema", "response_format")
 COMPLETION_FIELDS = frozenset(
     {"prompt", "n_predict", "stop", "stream", "return_tokens", "ignore_eos", "speculative", "cache_prompt", "id_slot",
-     "n_probs", "post_sampling_probs", *SAMPLING_FIELDS, *GRAMMAR_FIELDS}
+     "n_probs", "post_sampling_probs", "n_keep", "n_discard", *SAMPLING_FIELDS, *GRAMMAR_FIELDS}
     | {f"speculative.{f}" for f in SPEC_FIELDS}
 )
 CHAT_FIELDS = (COMPLETION_FIELDS - {"prompt"}) | {"messages"}
@@ -88,6 +90,7 @@ class ServerDefaults:
     n_predict: int = -1
     prefill_assistant: bool = True  # a chat ending with an assistant message continues it (--no-prefill-assistant)
     reasoning_format: str = "auto"  # chat replies: <think> into reasoning_content unless "none" (--reasoning-format)
+    n_keep: int = 0  # --keep: tokens a context shift keeps (-1: the whole prompt)
 
 
 @dataclass(slots=True)
@@ -347,7 +350,15 @@ def parse_completion(
         grammar=parse_grammar(params),
         n_probs=get_int(params, "n_probs", 0),
         post_sampling_probs=get_bool(params, "post_sampling_probs", False),
+        n_keep=get_int(params, "n_keep", defaults.n_keep),
+        n_discard=get_int(params, "n_discard", 0),
     )
+    # llama-server caps n_keep at n_ctx - 4 and clamps n_discard to what follows it; values past the
+    # whole context can only be a client's mistake, so they are refused rather than quietly capped.
+    for name in ("n_keep", "n_discard"):
+        value = getattr(request, name)
+        if value > n_ctx:
+            raise invalid_params(f"'{name}' ({value}) is larger than the context of {n_ctx} tokens per slot", name)
     request.token_probs = request.n_probs > 0  # llama-server reports probabilities only when n_probs > 0
     if request.ignore_eos and request.grammar is None and tokenizer is not None:
         # A grammar's own end still ends its request, so a constrained request keeps them.

@@ -180,16 +180,22 @@ def test_embedding_options_are_translated() -> None:
 
 
 def test_unimplemented_feature_from_environment_is_an_error() -> None:
-    assert _errors("", {"LLAMA_ARG_CONTEXT_SHIFT": "1"}) == [
-        "$LLAMA_ARG_CONTEXT_SHIFT (context shift) is not implemented by spekula"]
+    assert _errors("", {"LLAMA_ARG_MMPROJ_OFFLOAD": "1"}) == [
+        "$LLAMA_ARG_MMPROJ_OFFLOAD (multimodal input) is not implemented by spekula"]
     assert _errors("", {"LLAMA_ARG_CONTEXT_SHIFT": "maybe"}) == ["$LLAMA_ARG_CONTEXT_SHIFT='maybe': invalid boolean value"]
+
+
+def test_context_shift_options_pass_through() -> None:
+    assert translate(["--context-shift", "--keep", "-1"], {}).args[-3:] == ["--context-shift", "--keep", "-1"]
+    assert "--no-context-shift" in translate(["--no-context-shift"], {}).args
+    assert "--context-shift" in translate([], {"LLAMA_ARG_CONTEXT_SHIFT": "1"}).args
+    assert "--no-context-shift" in translate([], {"LLAMA_ARG_CONTEXT_SHIFT": "0"}).args
 
 
 # -- errors ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("argv", "message"), [
     ("--lora a.gguf", "spekula-server: --lora (LoRA adapters) is not implemented by spekula"),
-    ("--context-shift", "spekula-server: --context-shift (context shift) is not implemented by spekula"),
     ("--mmproj-url http://x", "spekula-server: --mmproj-url (multimodal input) is not implemented by spekula"),
     ("--grammar-file g.gbnf", "spekula-server: --grammar-file (server-wide grammar) is not implemented by spekula"),
     ("--reasoning-budget 10", "spekula-server: --reasoning-budget 10 (reasoning budget) is not implemented by spekula"),
@@ -212,7 +218,7 @@ def test_errors_name_the_option_and_exit_1(argv: str, message: str, capsys: pyte
 
 
 def test_every_error_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--context-shift", "--lora", "x", "--tools", "all"]) == 1
+    assert main(["--mmproj-offload", "--lora", "x", "--tools", "all"]) == 1
     assert len(capsys.readouterr().err.splitlines()) == 3
 
 

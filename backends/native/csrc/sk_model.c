@@ -630,6 +630,49 @@ static uint16_t *vcache(sk_ctx *c, int slot, int layer, int head) {
     return kcache(c, slot, layer, head) + (int64_t)nkv_of(&c->cfg, &c->layers[o]) * c->kv_rows[o] * hd_of(&c->cfg, &c->layers[o]);
 }
 
+static void rope_head(float *v, const float *cs, int n_rot, int neox);
+
+/* Context shift of one slot (a server's --context-shift): positions [n_keep, n_keep + n_discard) leave the
+ * cache and positions [n_keep + n_discard, n_past) move down by n_discard. Keys are re-roped by -n_discard
+ * (a pure rotation: angles add per frequency, and YaRN's magnitude is already in the stored keys), in
+ * float32 from the stored float16 and rounded back once, as llama.cpp's K-shift does; values are moved.
+ * Only full-context attention blocks: -1 for a model with sliding-window rings or a recurrent state,
+ * a bad slot or bad bounds. */
+SK_API int sk_kv_shift(sk_ctx *c, int slot, int64_t n_keep, int64_t n_discard, int64_t n_past) {
+    const sk_config *g = &c->cfg;
+    if (slot < 0 || slot >= g->n_seq_max || !c->kv[slot] || c->swa || c->dn) return -1;
+    if (n_keep < 0 || n_discard < 0 || n_keep + n_discard > n_past || n_past > c->n_ctx_pad) return -1;
+    if (n_discard == 0) return 0;
+    const int n_rot = g->n_rot, half = n_rot / 2;
+    float *cs = malloc(sizeof(float) * (size_t)(n_rot > 0 ? n_rot : 1)), *k = malloc(sizeof(float) * (size_t)c->max_hd);
+    if (!cs || !k) { free(cs); free(k); return -1; }
+    for (int i = 0; i < half; i++) { /* the same rotation for every moved row: cos and sin of -n_discard * freq */
+        const double th = -(double)n_discard * g->rope_inv_freq[i];
+        cs[i] = (float)cos(th);
+        cs[half + i] = (float)sin(th);
+    }
+    for (int l = 0; l < g->n_layer; l++) {
+        const sk_layer *L = &c->layers[l];
+        if (L->kv_shared || L->dn.qkv.data) continue; /* another block's cache, or no cache */
+        const int hd = hd_of(g, L), nkv = nkv_of(g, L);
+        for (int h = 0; h < nkv; h++) {
+            uint16_t *kc = kcache(c, slot, l, h), *vc = vcache(c, slot, l, h);
+            for (int64_t t = n_keep + n_discard; t < n_past; t++) { /* ascending: a row moves below its source */
+                const int64_t to = t - n_discard;
+                uint16_t *ks = kc + (t / SK_KEY_BLOCK) * hd * SK_KEY_BLOCK + t % SK_KEY_BLOCK;
+                uint16_t *kd = kc + (to / SK_KEY_BLOCK) * hd * SK_KEY_BLOCK + to % SK_KEY_BLOCK;
+                for (int d = 0; d < hd; d++) k[d] = sk_f16_to_f32(ks[d * SK_KEY_BLOCK]);
+                rope_head(k, cs, n_rot, g->rope_neox);
+                for (int d = 0; d < hd; d++) kd[d * SK_KEY_BLOCK] = sk_f32_to_f16(k[d]);
+                memmove(vc + to * hd, vc + t * hd, sizeof(uint16_t) * (size_t)hd);
+            }
+        }
+    }
+    free(cs);
+    free(k);
+    return 0;
+}
+
 static const sk_kernels *kern_for(const sk_ctx *c, const sk_tensor *w) {
     return c->kern->supports(w) ? c->kern : &sk_generic_kernels;
 }
