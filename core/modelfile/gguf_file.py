@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from spekula.core.errors import ModelFileError
-from spekula.core.modelfile import file_cache, gguf_split
+from spekula.core.modelfile import file_cache, gguf_split, gguf_strings
+from spekula.core.modelfile.gguf_strings import LAZY_MIN_STRINGS, cache_form, from_cache_form, read_strings
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -136,6 +137,12 @@ class _Cursor:
             return self.string()
         if vtype == _ARRAY:
             etype, count = self.scalar("<I"), self.scalar("<Q")
+            if etype == _STRING and count >= LAZY_MIN_STRINGS:
+                read = read_strings(self.buf, self.pos, count)
+                if read is None:
+                    raise ModelFileError(self.path, f"truncated header: {count} strings at offset {self.pos}")
+                self.pos = read[1]
+                return read[0]
             if etype == _STRING:
                 return self.strings(count)
             if etype not in _SCALARS:
@@ -151,7 +158,9 @@ class _Cursor:
 
 class GGUFFile:
     """An opened GGUF model: one file, or every shard of a split one. `path` is the (first) file,
-    `shard_paths` all of them. Metadata values are plain Python (str, int, float, bool, list)."""
+    `shard_paths` all of them. Metadata values are plain Python (str, int, float, bool, list), except
+    string arrays of LAZY_MIN_STRINGS or more (vocabularies, merges): read-only `Sequence[str]`s
+    (modelfile/gguf_strings.py) that compare equal to the lists they stand for."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._open_one(Path(path))
@@ -207,7 +216,7 @@ class GGUFFile:
         if self._mmap[:4] != GGUF_MAGIC:
             raise ModelFileError(self.path, f"not a GGUF file (magic {bytes(self._mmap[:4])!r}, expected b'GGUF')")
         identity = file_cache.file_identity(self.path)
-        code = file_cache.source_digest(__file__)
+        code = file_cache.source_digest(__file__) + file_cache.source_digest(gguf_strings.__file__)
         if self._restore(file_cache.load("gguf-header", identity, code)):
             return
         try:
@@ -218,16 +227,18 @@ class GGUFFile:
             raise ModelFileError(self.path, f"corrupt GGUF header ({type(exc).__name__}: {exc})") from None
         if header_bytes >= CACHE_MIN_HEADER_BYTES:
             infos = [(i.name, i.type_id, i.ne, i.offset) for i in self._infos.values()]
-            file_cache.store("gguf-header", identity, code, (self.metadata_dict, self._value_types, infos))
+            meta = {key: cache_form(value) for key, value in self.metadata_dict.items()}
+            file_cache.store("gguf-header", identity, code, (meta, self._value_types, infos))
 
     def _restore(self, cached: Any) -> bool:
         """Take the header from a cache entry of this very file (see file_cache); False if it is not one."""
         try:
             meta, types, infos = cached
             tensors = {name: _TensorInfo(name, type_id, tuple(ne), offset) for name, type_id, ne, offset in infos}
+            if not (isinstance(meta, dict) and isinstance(types, dict)):
+                return False
+            meta = {key: from_cache_form(value) for key, value in meta.items()}
         except (TypeError, ValueError):
-            return False
-        if not (isinstance(meta, dict) and isinstance(types, dict)):
             return False
         self.metadata_dict, self._value_types, self._infos = meta, types, tensors
         return True

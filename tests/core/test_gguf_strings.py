@@ -1,0 +1,90 @@
+"""Large header string arrays stay bytes (StringArray) and token pieces live in one buffer (PieceTable):
+both read back exactly what lists of the same strings and bytes give, from a parse and from the cache."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import gguf
+import pytest
+from backend_conformance import smollm2_path
+
+from spekula.core.modelfile import file_cache
+from spekula.core.modelfile.gguf_file import GGUFFile
+from spekula.core.modelfile.gguf_strings import LAZY_MIN_STRINGS, StringArray, from_cache_form, read_strings
+from spekula.core.modelfile.token_pieces import PieceTable
+from spekula.core.modelfile.tokenizer import Tokenizer
+
+WORDS = ["", "a", "héllo", "\u2581the", "<|im_end|>", "x" * 300, "日本語"]
+
+
+def _packed(words: list[str]) -> bytes:
+    return b"".join(struct.pack("<Q", len(w.encode())) + w.encode() for w in words)
+
+
+def test_string_array_reads_as_the_list() -> None:
+    raw = b"junk" + _packed(WORDS) + b"tail"
+    read = read_strings(raw, 4, len(WORDS))
+    assert read is not None
+    arr, end = read
+    assert end == len(raw) - 4
+    assert len(arr) == len(WORDS) and list(arr) == WORDS and arr == WORDS and WORDS == arr
+    assert [arr[i] for i in range(-len(WORDS), len(WORDS))] == WORDS + WORDS
+    assert arr[1:4] == WORDS[1:4] and arr[::-2] == WORDS[::-2]
+    assert arr != WORDS[:-1] and arr != [*WORDS[:-1], "other"]
+    with pytest.raises(IndexError):
+        arr[len(WORDS)]
+    assert "héllo" in arr and arr.index("<|im_end|>") == 4
+    assert from_cache_form(arr.to_cache()) == arr
+
+
+def test_truncated_or_invalid_strings() -> None:
+    raw = _packed(WORDS)
+    assert read_strings(raw[:-1], 0, len(WORDS)) is None
+    assert read_strings(raw, 0, len(WORDS) + 1) is None
+    bad = struct.pack("<Q", 2) + b"\xff\xfe"
+    read = read_strings(bad, 0, 1)
+    assert read is not None and read[0][0] == b"\xff\xfe".decode("utf-8", errors="replace")
+    with pytest.raises(ValueError):
+        from_cache_form(("gguf-strings-v1", b"ab", b"\x00"))
+
+
+def test_piece_table() -> None:
+    pieces = [w.encode() for w in WORDS]
+    table = PieceTable.from_pieces(pieces)
+    assert len(table) == len(pieces) and [table[i] for i in range(len(pieces))] == pieces
+    assert table.join([3, 0, 6]) == [pieces[3], b"", pieces[6]]
+    assert table.join([3, 4], skip=bytes([0, 0, 0, 0, 1, 0, 0])) == [pieces[3], b""]
+    again = PieceTable.from_cache(*table.to_cache())
+    assert [again[i] for i in range(len(pieces))] == pieces
+    with pytest.raises(ValueError):
+        PieceTable.from_cache(b"abc", table.to_cache()[1])
+
+
+def test_large_vocabulary_is_a_string_array_equal_to_gguf_readers(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    path = smollm2_path()
+    monkeypatch.setenv("SPEKULA_CACHE_DIR", str(tmp_path / "cache"))
+    ref = gguf.GGUFReader(str(path))
+    want = ref.fields["tokenizer.ggml.tokens"].contents()
+    assert len(want) >= LAZY_MIN_STRINGS
+    cold, warm = GGUFFile(path), GGUFFile(path)  # the second one from the header cache
+    assert list(file_cache.cache_root().glob("gguf-header-*"))
+    for f in (cold, warm):
+        tokens = f.metadata["tokenizer.ggml.tokens"]
+        assert isinstance(tokens, StringArray) and tokens == want
+        assert f.metadata["tokenizer.ggml.merges"] == ref.fields["tokenizer.ggml.merges"].contents()
+    # The tokenizer built over it, cold and from its own cache, keeps no list of the strings and says
+    # the same as one built over plain lists.
+    plain = {k: list(v) if isinstance(v, StringArray) else v for k, v in cold.metadata.items()}
+    ref_tok = Tokenizer(plain)
+    text = "Hello, world! <|im_start|>user\nSpeculative décodage 日本語 1234\n<|im_end|>"
+    for tok in (Tokenizer.from_gguf(cold), Tokenizer.from_gguf(warm)):
+        assert isinstance(tok._tokens, StringArray)
+        ids = tok.encode(text)
+        assert ids == ref_tok.encode(text)
+        assert tok.decode(ids) == ref_tok.decode(ids)
+        assert [tok.token_text(i) for i in ids] == [ref_tok.token_text(i) for i in ids]
+        assert [tok.token_bytes(i) for i in range(tok.n_vocab)] == [ref_tok.token_bytes(i) for i in range(tok.n_vocab)]
+        assert tok.decode(ids, skip_special=True) == ref_tok.decode(ids, skip_special=True)
