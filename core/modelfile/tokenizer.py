@@ -102,6 +102,10 @@ class _Special:
     always: bool  # user-defined tokens are split out even when parse_special is off
 
 
+# bytes.translate table: 1 for the token types decode(skip_special=True) leaves out, 0 for the rest
+_SKIPPED_TYPES = bytes(int(t in (CONTROL, UNKNOWN)) for t in range(256))
+
+
 def _type_bytes(types: Sequence[Any]) -> bytearray:
     """Token types one byte each (a list of 262k ints is 2 MB). A value outside 0-255 is no type llama.cpp
     defines: it is read as 0 (undefined), which, like any type not known here, renders as nothing."""
@@ -134,11 +138,11 @@ class Tokenizer:
         if model is None or tokens is None:
             missing = "tokenizer.ggml.model" if model is None else "tokenizer.ggml.tokens"
             raise ModelFileError(source, f"no tokenizer in this file (missing metadata key {missing!r})")
-        # The metadata's own sequence when it holds strings (a GGUF's always does): a large vocabulary
-        # stays bytes (gguf_strings.StringArray), each text decoded when read, so the 262k strings
-        # made to build the encoder below are freed again once it is built.
-        as_is = isinstance(tokens, StringArray) or (type(tokens) is list and all(type(t) is str for t in tokens))
-        self._tokens: Sequence[str] = tokens if as_is else list(map(str, tokens))
+        # Construction reads every text several times, from a list; afterwards a large vocabulary stays
+        # the metadata's bytes (gguf_strings.StringArray, a text decoded when read), so the 262k strings
+        # made here are freed once the encoder is built (see the end of __init__).
+        kept: Sequence[str] | None = tokens if isinstance(tokens, StringArray) else None
+        self._tokens: Sequence[str] = kept.to_list() if kept is not None else list(map(str, tokens))
         self.n_vocab = len(self._tokens)
         if self.n_vocab == 0:
             raise ModelFileError(source, "tokenizer.ggml.tokens is empty")
@@ -179,13 +183,15 @@ class Tokenizer:
             merges = self._derive(meta, vocab)
             if self.n_vocab >= CACHE_MIN_VOCAB:
                 file_cache.store("tokenizer", cache_identity, _code_digest(), self._derived(merges, vocab))
-        self._skip = bytes(t in (CONTROL, UNKNOWN) for t in self._types)
+        self._skip = bytes(self._types.translate(_SKIPPED_TYPES))
         if self.model_kind == "gpt2":
             self._init_bpe(vocab, merges)
         elif self.model_kind == "gemma4":
             self._init_spaced_bpe(vocab, merges)
         else:
             self._init_spm(meta, vocab, merges, has_bytes)
+        if kept is not None:
+            self._tokens = kept
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> Tokenizer:
@@ -457,11 +463,13 @@ class Tokenizer:
         """Ids -> text; with SentencePiece the space prefix that encode() added is removed again."""
         self._check_ids(ids)
         ids = [int(t) for t in ids]
-        pieces = self._pieces.join(ids, self._skip if skip_special else None)
+        skip = self._skip if skip_special else None
+        text = self._pieces.concat(ids, skip)
         # llama.cpp strips one leading space from the first token only, and never after a BOS
-        if self._add_space_prefix and pieces and ids[0] != self.bos_id and pieces[0].startswith(b" "):
-            pieces[0] = pieces[0][1:]
-        return b"".join(pieces).decode("utf-8", errors="replace")
+        if (self._add_space_prefix and ids and ids[0] != self.bos_id and not (skip and skip[ids[0]])
+                and text.startswith(b" ")):
+            text = text[1:]
+        return text.decode("utf-8", errors="replace")
 
     def stream_decoder(self, *, skip_special: bool = False) -> StreamDecoder:
         """Incremental decoder for generated tokens (no space-prefix removal, like llama.cpp's pieces)."""
