@@ -34,8 +34,14 @@ from typing import Any
 import numpy as np
 
 from spekula.core.errors import ModelFileError
-from spekula.core.modelfile import file_cache, gguf_split, gguf_strings
-from spekula.core.modelfile.gguf_strings import LAZY_MIN_STRINGS, cache_form, from_cache_form, read_strings
+from spekula.core.modelfile import file_cache, gguf_arrays, gguf_split
+from spekula.core.modelfile.gguf_arrays import (
+    LAZY_MIN_ITEMS,
+    NumberArray,
+    cache_form,
+    from_cache_form,
+    read_strings,
+)
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -139,7 +145,7 @@ class _Cursor:
             return self.string()
         if vtype == _ARRAY:
             etype, count = self.scalar("<I"), self.scalar("<Q")
-            if etype == _STRING and count >= LAZY_MIN_STRINGS:
+            if etype == _STRING and count >= LAZY_MIN_ITEMS:
                 read = read_strings(self.buf, self.pos, count)
                 if read is None:
                     raise ModelFileError(self.path, f"truncated header: {count} strings at offset {self.pos}")
@@ -151,7 +157,9 @@ class _Cursor:
                 raise ModelFileError(self.path, f"unknown array element type {etype}")
             dtype = np.dtype(_SCALARS[etype][1])
             arr = np.frombuffer(self.take(count * dtype.itemsize), dtype=dtype)
-            return [bool(v) for v in arr] if etype == _BOOL else arr.tolist()
+            if etype == _BOOL:
+                return [bool(v) for v in arr]
+            return NumberArray(arr.copy()) if count >= LAZY_MIN_ITEMS else arr.tolist()
         if vtype not in _SCALARS:
             raise ModelFileError(self.path, f"unknown metadata value type {vtype}")
         v = self.scalar(_SCALARS[vtype][0])
@@ -161,8 +169,8 @@ class _Cursor:
 class GGUFFile:
     """An opened GGUF model: one file, or every shard of a split one. `path` is the (first) file,
     `shard_paths` all of them. Metadata values are plain Python (str, int, float, bool, list), except
-    string arrays of LAZY_MIN_STRINGS or more (vocabularies, merges): read-only `Sequence[str]`s
-    (modelfile/gguf_strings.py) that compare equal to the lists they stand for."""
+    arrays of LAZY_MIN_ITEMS or more (vocabularies, scores, merges): read-only `Sequence`s
+    (modelfile/gguf_arrays.py) that compare equal to the lists they stand for."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._open_one(Path(path))
@@ -218,7 +226,7 @@ class GGUFFile:
         if self._mmap[:4] != GGUF_MAGIC:
             raise ModelFileError(self.path, f"not a GGUF file (magic {bytes(self._mmap[:4])!r}, expected b'GGUF')")
         identity = file_cache.file_identity(self.path)
-        code = file_cache.source_digest(__file__) + file_cache.source_digest(gguf_strings.__file__)
+        code = file_cache.source_digest(__file__) + file_cache.source_digest(gguf_arrays.__file__)
         if self._restore(file_cache.load("gguf-header", identity, code)):
             return
         try:

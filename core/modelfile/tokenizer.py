@@ -26,8 +26,8 @@ from tokenizers import decoders, models
 
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile import file_cache, gguf_file, pretokenizers, token_pieces
+from spekula.core.modelfile.gguf_arrays import StringArray
 from spekula.core.modelfile.gguf_file import GGUFFile
-from spekula.core.modelfile.gguf_strings import StringArray
 from spekula.core.modelfile.pretokenizers import (
     PRE_ADD_BOS,
     PRE_TYPES,
@@ -140,7 +140,7 @@ class Tokenizer:
             missing = "tokenizer.ggml.model" if model is None else "tokenizer.ggml.tokens"
             raise ModelFileError(source, f"no tokenizer in this file (missing metadata key {missing!r})")
         # Construction reads every text several times, from a list; afterwards a large vocabulary stays
-        # the metadata's bytes (gguf_strings.StringArray, a text decoded when read), so the 262k strings
+        # the metadata's bytes (gguf_arrays.StringArray, a text decoded when read), so the 262k strings
         # made here are freed once the encoder is built (see the end of __init__).
         kept: Sequence[str] | None = tokens if isinstance(tokens, StringArray) else None
         self._tokens: Sequence[str] = kept.to_list() if kept is not None else list(map(str, tokens))

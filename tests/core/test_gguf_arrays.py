@@ -1,5 +1,5 @@
-"""Large header string arrays stay bytes (StringArray) and token pieces live in one buffer (PieceTable):
-both read back exactly what lists of the same strings and bytes give, from a parse and from the cache."""
+"""Large header arrays stay compact (StringArray, NumberArray) and token pieces live in one buffer
+(PieceTable): each reads back exactly what lists of the same items give, from a parse and from the cache."""
 
 from __future__ import annotations
 
@@ -9,12 +9,20 @@ import struct
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 from backend_conformance import smollm2_path
 
 from spekula.core.modelfile import file_cache
+from spekula.core.modelfile.gguf_arrays import (
+    LAZY_MIN_ITEMS,
+    NumberArray,
+    StringArray,
+    cache_form,
+    from_cache_form,
+    read_strings,
+)
 from spekula.core.modelfile.gguf_file import GGUFFile
-from spekula.core.modelfile.gguf_strings import LAZY_MIN_STRINGS, StringArray, from_cache_form, read_strings
 from spekula.core.modelfile.token_pieces import PieceTable
 from spekula.core.modelfile.tokenizer import Tokenizer
 
@@ -41,6 +49,20 @@ def test_string_array_reads_as_the_list() -> None:
     assert "héllo" in arr and arr.index("<|im_end|>") == 4
     assert from_cache_form(arr.to_cache()) == arr
     assert pickle.loads(pickle.dumps(arr)) == WORDS  # engines travel to Ray replicas pickled
+
+
+@pytest.mark.parametrize("dtype", ["<f4", "<i4", "<u1", "<i8"])
+def test_number_array_reads_as_the_list(dtype: str) -> None:
+    values = (np.arange(-5, 300) / 3 if dtype == "<f4" else np.arange(-5, 300) % 200).astype(dtype)
+    want = values.tolist()
+    arr = NumberArray(values)
+    assert len(arr) == len(want) and list(arr) == want and arr == want
+    assert want == arr  # noqa: SIM300 - a list on the left: the reflected comparison
+    assert type(arr[0]) is type(want[0]) and arr[-1] == want[-1] and arr[3:9] == want[3:9]
+    assert arr != want[:-1] and arr != [*want[:-1], 12345]
+    assert from_cache_form(cache_form(arr)) == want and pickle.loads(pickle.dumps(arr)) == want
+    with pytest.raises(IndexError):
+        arr[len(want)]
 
 
 def test_truncated_or_invalid_strings() -> None:
@@ -76,16 +98,18 @@ def test_large_vocabulary_is_a_string_array_equal_to_gguf_readers(tmp_path: Path
     monkeypatch.setenv("SPEKULA_CACHE_DIR", str(tmp_path / "cache"))
     ref = gguf.GGUFReader(str(path))
     want = ref.fields["tokenizer.ggml.tokens"].contents()
-    assert len(want) >= LAZY_MIN_STRINGS
+    assert len(want) >= LAZY_MIN_ITEMS
     cold, warm = GGUFFile(path), GGUFFile(path)  # the second one from the header cache
     assert list(file_cache.cache_root().glob("gguf-header-*"))
     for f in (cold, warm):
         tokens = f.metadata["tokenizer.ggml.tokens"]
         assert isinstance(tokens, StringArray) and tokens == want
         assert f.metadata["tokenizer.ggml.merges"] == ref.fields["tokenizer.ggml.merges"].contents()
+        types = f.metadata["tokenizer.ggml.token_type"]
+        assert isinstance(types, NumberArray) and types == ref.fields["tokenizer.ggml.token_type"].contents()
     # The tokenizer built over it, cold and from its own cache, keeps no list of the strings and says
     # the same as one built over plain lists.
-    plain = {k: list(v) if isinstance(v, StringArray) else v for k, v in cold.metadata.items()}
+    plain = {k: list(v) if isinstance(v, StringArray | NumberArray) else v for k, v in cold.metadata.items()}
     ref_tok = Tokenizer(plain)
     text = "Hello, world! <|im_start|>user\nSpeculative décodage 日本語 1234\n<|im_end|>"
     for tok in (Tokenizer.from_gguf(cold), Tokenizer.from_gguf(warm)):

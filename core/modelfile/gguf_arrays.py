@@ -1,11 +1,17 @@
-"""Large string arrays of a GGUF header (vocabularies, merge lists) kept as bytes, decoded when read.
+"""Large arrays of a GGUF header (vocabularies, their scores and types, merge lists) kept compact.
 
 A 262k-token vocabulary as a list of Python strings holds about 18 MB for the whole life of a server,
-while after start-up it is read only a token at a time (a token's text) or once whole (building a
-tokenizer, comparing a draft's vocabulary). `StringArray` keeps the bytes of every string, as the
-file stores them, in one buffer with 4-byte offsets (about 5 MB for the same vocabulary) and decodes
-an item when it is read, with the parser's own rule (invalid UTF-8 replaced). It is a read-only `Sequence[str]`, equal to the
-list of the same strings; the header cache stores its two buffers (`to_cache`, `from_cache`).
+its scores as a list of floats 8 MB, while after start-up they are read only an item at a time (a
+token's text) or once whole (building a tokenizer, comparing a draft's vocabulary).
+
+* `StringArray` keeps the bytes of every string, as the file stores them, in one buffer with 4-byte
+  offsets (about 5 MB for that vocabulary) and decodes an item when it is read, with the parser's own
+  rule (invalid UTF-8 replaced).
+* `NumberArray` keeps a numeric array as the numpy array of the file's element type and gives Python
+  ints and floats back.
+
+Both are read-only `Sequence`s equal to the lists they stand for; the header cache stores them as
+tagged tuples of bytes (`cache_form`, `from_cache_form`: marshal stores no classes).
 """
 
 from __future__ import annotations
@@ -15,11 +21,14 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
-# Arrays with at least this many strings are kept as StringArray; shorter ones as lists.
-LAZY_MIN_STRINGS = 4096
+import numpy as np
+
+# Arrays with at least this many items are kept compact; shorter ones as lists.
+LAZY_MIN_ITEMS = 4096
 _OFFSET_CODE = "I"  # 4-byte offsets: a header's string bytes are far below 4 GiB
 _U64 = struct.Struct("<Q")
-CACHE_TAG = "gguf-strings-v1"  # marks a StringArray in a header-cache entry (marshal stores no classes)
+CACHE_TAG = "gguf-strings-v1"  # marks a StringArray in a header-cache entry
+NUMBERS_TAG = "gguf-numbers-v1"  # marks a NumberArray
 
 
 class StringArray(Sequence[str]):
@@ -109,13 +118,63 @@ def read_strings(buf: Any, pos: int, count: int) -> tuple[StringArray, int] | No
     return StringArray(blob, starts), pos
 
 
+class NumberArray(Sequence[Any]):
+    """A numeric GGUF array as a read-only numpy array; items come back as Python ints or floats."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: np.ndarray) -> None:
+        if values.ndim != 1 or values.dtype.kind not in "iuf":
+            raise ValueError("a number array is one-dimensional ints or floats")
+        values.flags.writeable = False
+        self._values = values
+
+    @property
+    def values(self) -> np.ndarray:
+        """The numbers as a read-only numpy array (no copy)."""
+        return self._values
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return self._values[index].tolist()
+        return self._values[index].item()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, NumberArray):
+            return bool(np.array_equal(self._values, other._values))
+        if isinstance(other, list | tuple):
+            return len(other) == len(self) and self._values.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"NumberArray({len(self)} x {self._values.dtype})"
+
+
 def cache_form(value: Any) -> Any:
-    """A metadata value as the header cache stores it (a StringArray as its tagged buffers)."""
-    return value.to_cache() if isinstance(value, StringArray) else value
+    """A metadata value as the header cache stores it (the compact arrays as tagged bytes)."""
+    if isinstance(value, StringArray):
+        return value.to_cache()
+    if isinstance(value, NumberArray):
+        return NUMBERS_TAG, value.values.dtype.str, value.values.tobytes()
+    return value
 
 
 def from_cache_form(value: Any) -> Any:
-    """`cache_form` undone; ValueError for a tagged entry that is damaged."""
+    """`cache_form` undone; ValueError (or TypeError) for a tagged entry that is damaged."""
     if isinstance(value, tuple) and len(value) == 3 and value[0] == CACHE_TAG:
         return StringArray.from_cache(value)
+    if isinstance(value, tuple) and len(value) == 3 and value[0] == NUMBERS_TAG:
+        return NumberArray(np.frombuffer(value[2], dtype=np.dtype(value[1])))
     return value
