@@ -64,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-ctx", type=int, default=2048)
     p.add_argument("--native-library", metavar="SO", help="the native kernels library to load (default: the package's)")
     args = p.parse_args(argv)
+    # The serving process's imports as the CLI makes them: structlog first, without rich (13 MB of rich
+    # and pygments that `spekula serve` never loads; frontends/logging_setup.py).
+    from spekula.frontends import logging_setup  # noqa: F401
+
     job = json.loads(Path(args.job).read_text())
     # Only the result goes to stdout: anything the runtimes print (exporter progress) goes to stderr.
     result_out, sys.stdout = sys.stdout, sys.stderr
@@ -87,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     backend_name, dtype = PATHS[args.path]
     backend = load_backend(backend_name, args.model,
                            BackendOptions(n_ctx=args.n_ctx, n_seq_max=1, threads=args.threads, dtype=dtype))
-    tokenizer = Tokenizer.from_gguf(GGUFFile(args.model))
+    # The backend's own parse of the header, as `spekula serve` shares it (frontends/cli/options.py): a
+    # second parse would hold a second copy of the vocabulary.
+    tokenizer = Tokenizer.from_gguf(GGUFFile.shared(args.model))
     load_s = time.perf_counter() - t0
     forward_s: list[float] = []  # each forward's seconds during the current request
     inner = backend.forward

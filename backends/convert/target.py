@@ -10,6 +10,7 @@ draft's vocabulary is the target's exactly; llama.cpp refuses a draft whose voca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -93,7 +94,7 @@ class GGUFTarget:
         if n_layer <= 0 or not f.has_tensor("blk.0.attn_norm.weight"):
             raise ModelFileError(f.path, "has no decoder blocks (blk.0.*): not a target model")
         tokens = f.get("tokenizer.ggml.tokens")
-        if not isinstance(tokens, list) or not tokens:
+        if not isinstance(tokens, Sequence) or isinstance(tokens, str) or not tokens:
             raise ModelFileError(f.path, "has no vocabulary (tokenizer.ggml.tokens): not a target model")
         if not f.has_tensor("token_embd.weight"):
             raise ModelFileError(f.path, "missing tensor 'token_embd.weight': not a target model")

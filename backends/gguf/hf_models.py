@@ -6,7 +6,8 @@ Which file a repository yields follows llama.cpp (common/download.cpp, `find_bes
 - else `:quant` picks the first GGUF whose path contains the tag followed by `.` or `-`, ignoring
   case (`:q4_k_m` finds `model-Q4_K_M.gguf` but `:Q4_K` does not find `model-Q4_K_S.gguf`);
 - without a tag Q4_K_M is preferred, then Q8_0, then the first GGUF;
-- a split model (`-00001-of-0000N.gguf`) is chosen by its first part, and every part is fetched;
+- a split model (`-00001-of-0000N.gguf`) is chosen by its first part, and every part is fetched
+  into the same snapshot folder, where the loader finds them beside the first (modelfile/gguf_split.py);
 - projector, importance-matrix and draft-head sidecars (mmproj, imatrix, mtp-, eagle3-, dflash-,
   dspark-) are never the model.
 
@@ -247,10 +248,6 @@ def _download(spec: HfModelSpec, cache_dir: Path, cache_note: str) -> Path:
         raise ConfigError(f"{spec.label}: no {_what(spec)} in the repository; "
                           f"its GGUF files: {_gguf_list(files)}")
     parts = split_parts(files, primary)
-    if len(parts) > 1:
-        log.warning("hf_split_model", repo=spec.repo_id, file=primary, parts=len(parts),
-                    hint="spekula reads single-file GGUFs; merge the parts with llama-gguf-split --merge "
-                         "if loading fails")
     paths: dict[str, Path] = {}
     for part in parts:
         try:

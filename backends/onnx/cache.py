@@ -89,6 +89,15 @@ def gguf_sha256(model_path: str | os.PathLike[str]) -> str:
     return digest
 
 
+def model_sha256(shard_paths: list[Path]) -> str:
+    """The content hash of a model: its file's, or for a split model one over every shard's, so that
+    an edit to any shard misses the cache."""
+    digests = [gguf_sha256(p) for p in shard_paths]
+    if len(digests) == 1:
+        return digests[0]
+    return hashlib.sha256(" ".join(digests).encode()).hexdigest()
+
+
 def _drop_orphans(old_digest: str, memo: dict[str, Any]) -> None:
     """The file at a known path changed: its old exports are garbage unless another path has that content."""
     if any(isinstance(e, dict) and e.get("sha256") == old_digest for e in memo.values()):

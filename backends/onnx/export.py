@@ -116,7 +116,7 @@ def ensure_export(model_path: str | os.PathLike[str], weight_format: str = "f32"
     if weight_format not in WEIGHT_FORMATS:
         raise ConfigError(f"onnx weight format {weight_format!r} unknown; available: {', '.join(WEIGHT_FORMATS)}")
     f, hp = open_model(model_path)
-    digest = onnx_cache.gguf_sha256(f.path)
+    digest = onnx_cache.model_sha256(f.shard_paths)
     onnx_path = onnx_cache.onnx_dir() / f"{digest}-v{EXPORTER_VERSION}-{weight_format}.onnx"
     meta: dict[str, object] = {"exporter": EXPORTER_VERSION, "gguf_sha256": digest, "format": weight_format}
     why = onnx_cache.verify_export(onnx_path, meta)

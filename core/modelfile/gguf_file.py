@@ -10,6 +10,12 @@ the same file reads them from there, several times faster than parsing; the tens
 The header is parsed here rather than with ``gguf.GGUFReader`` because that reader builds numpy
 views for every element of every array: SmolLM2's 49k-token vocabulary took 4-14 s per open. This
 parser reads string arrays in one pass and memory-maps tensor data (same views as GGUFReader).
+
+A model split over several files by llama-gguf-split opens as one `GGUFFile`, given any of its shards
+(modelfile/gguf_split.py): the metadata is the first shard's, the tensors are every shard's, each
+shard mapped on its own, so nothing is copied or held twice. (Over 400 lines: the parser, the header
+cache's round trip and the split-set join all build one private tensor directory; apart, they would
+have to export it.)
 """
 
 from __future__ import annotations
@@ -28,7 +34,14 @@ from typing import Any
 import numpy as np
 
 from spekula.core.errors import ModelFileError
-from spekula.core.modelfile import file_cache
+from spekula.core.modelfile import file_cache, gguf_arrays, gguf_split
+from spekula.core.modelfile.gguf_arrays import (
+    LAZY_MIN_ITEMS,
+    NumberArray,
+    cache_form,
+    from_cache_form,
+    read_strings,
+)
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -82,7 +95,8 @@ class _TensorInfo:
     name: str
     type_id: int
     ne: tuple[int, ...]  # ggml order (innermost first)
-    offset: int  # absolute file offset of the data
+    offset: int  # absolute offset of the data in its file
+    shard: int = 0  # which file of a split model holds it (GGUFFile.shard_paths)
 
 
 class _Cursor:
@@ -131,13 +145,21 @@ class _Cursor:
             return self.string()
         if vtype == _ARRAY:
             etype, count = self.scalar("<I"), self.scalar("<Q")
+            if etype == _STRING and count >= LAZY_MIN_ITEMS:
+                read = read_strings(self.buf, self.pos, count)
+                if read is None:
+                    raise ModelFileError(self.path, f"truncated header: {count} strings at offset {self.pos}")
+                self.pos = read[1]
+                return read[0]
             if etype == _STRING:
                 return self.strings(count)
             if etype not in _SCALARS:
                 raise ModelFileError(self.path, f"unknown array element type {etype}")
             dtype = np.dtype(_SCALARS[etype][1])
             arr = np.frombuffer(self.take(count * dtype.itemsize), dtype=dtype)
-            return [bool(v) for v in arr] if etype == _BOOL else arr.tolist()
+            if etype == _BOOL:
+                return [bool(v) for v in arr]
+            return NumberArray(arr.copy()) if count >= LAZY_MIN_ITEMS else arr.tolist()
         if vtype not in _SCALARS:
             raise ModelFileError(self.path, f"unknown metadata value type {vtype}")
         v = self.scalar(_SCALARS[vtype][0])
@@ -145,10 +167,53 @@ class _Cursor:
 
 
 class GGUFFile:
-    """An opened GGUF file. Metadata values are plain Python (str, int, float, bool, list)."""
+    """An opened GGUF model: one file, or every shard of a split one. `path` is the (first) file,
+    `shard_paths` all of them. Metadata values are plain Python (str, int, float, bool, list), except
+    arrays of LAZY_MIN_ITEMS or more (vocabularies, scores, merges): read-only `Sequence`s
+    (modelfile/gguf_arrays.py) that compare equal to the lists they stand for."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+        self._open_one(Path(path))
+        self.shard_paths = [self.path]
+        self._maps = [self._mmap]
+        count = gguf_split.split_count(self.metadata_dict, self.path)
+        if count > 1:
+            self._join_split_set(count)
+
+    def _join_split_set(self, count: int) -> None:
+        """Open every shard of the split model this file is one of; take the metadata from the first."""
+        index = gguf_split.shard_index(self.metadata_dict, self.path, count)
+        paths = gguf_split.shard_paths(self.path, index, count)
+        shards: list[GGUFFile] = []
+        for i, shard_path in enumerate(paths):
+            if i == index:
+                shards.append(self)
+                continue
+            if not shard_path.is_file():
+                raise ModelFileError(shard_path, f"missing: shard {i + 1} of the {count}-file split model "
+                                     f"{paths[0].name} (every shard must be in {shard_path.parent})")
+            shard = object.__new__(GGUFFile)
+            shard._open_one(shard_path)
+            shards.append(shard)
+        first = shards[0]
+        n_tensors = gguf_split.tensor_total(first.path, first.metadata_dict)
+        for i, shard in enumerate(shards):
+            gguf_split.check_shard(shard.path, shard.metadata_dict, i, count, n_tensors)
+        infos: dict[str, _TensorInfo] = {}
+        for i, shard in enumerate(shards):
+            for name, info in shard._infos.items():
+                if name in infos:
+                    raise ModelFileError(shard.path, f"duplicated tensor {name!r}: shard "
+                                         f"{paths[infos[name].shard].name} holds it too")
+                infos[name] = _TensorInfo(name, info.type_id, info.ne, info.offset, i)
+        gguf_split.check_tensor_total(paths[0], n_tensors, len(infos))
+        self.path, self.shard_paths = paths[0], paths
+        self.metadata_dict, self._value_types = first.metadata_dict, first._value_types
+        self._mmap, self._maps, self._infos = first._mmap, [s._mmap for s in shards], infos
+
+    def _open_one(self, path: Path) -> None:
+        """Map one file and read its header (from the header cache when it is there)."""
+        self.path = path
         if self.path.is_dir():
             raise ModelFileError(self.path, "is a directory, not a GGUF file")
         if not self.path.is_file():
@@ -161,7 +226,7 @@ class GGUFFile:
         if self._mmap[:4] != GGUF_MAGIC:
             raise ModelFileError(self.path, f"not a GGUF file (magic {bytes(self._mmap[:4])!r}, expected b'GGUF')")
         identity = file_cache.file_identity(self.path)
-        code = file_cache.source_digest(__file__)
+        code = file_cache.source_digest(__file__) + file_cache.source_digest(gguf_arrays.__file__)
         if self._restore(file_cache.load("gguf-header", identity, code)):
             return
         try:
@@ -172,16 +237,18 @@ class GGUFFile:
             raise ModelFileError(self.path, f"corrupt GGUF header ({type(exc).__name__}: {exc})") from None
         if header_bytes >= CACHE_MIN_HEADER_BYTES:
             infos = [(i.name, i.type_id, i.ne, i.offset) for i in self._infos.values()]
-            file_cache.store("gguf-header", identity, code, (self.metadata_dict, self._value_types, infos))
+            meta = {key: cache_form(value) for key, value in self.metadata_dict.items()}
+            file_cache.store("gguf-header", identity, code, (meta, self._value_types, infos))
 
     def _restore(self, cached: Any) -> bool:
         """Take the header from a cache entry of this very file (see file_cache); False if it is not one."""
         try:
             meta, types, infos = cached
             tensors = {name: _TensorInfo(name, type_id, tuple(ne), offset) for name, type_id, ne, offset in infos}
+            if not (isinstance(meta, dict) and isinstance(types, dict)):
+                return False
+            meta = {key: from_cache_form(value) for key, value in meta.items()}
         except (TypeError, ValueError):
-            return False
-        if not (isinstance(meta, dict) and isinstance(types, dict)):
             return False
         self.metadata_dict, self._value_types, self._infos = meta, types, tensors
         return True
@@ -288,7 +355,7 @@ class GGUFFile:
         type_name = _type_name(info.type_id, self.path)
         shape = tuple(int(d) for d in reversed(info.ne))
         n_bytes = _n_bytes(info, self.path)
-        raw = np.frombuffer(self._mmap, dtype=np.uint8, count=n_bytes, offset=info.offset)
+        raw = np.frombuffer(self._maps[info.shard], dtype=np.uint8, count=n_bytes, offset=info.offset)
         if type_name in _PLAIN_TENSOR_DTYPES:
             data = raw.view(np.dtype(_PLAIN_TENSOR_DTYPES[type_name])).reshape(shape)
         else:
@@ -304,6 +371,9 @@ class GGUFFile:
     @cached_property
     def _reader(self) -> Any:
         """A full ``gguf.GGUFReader`` (slow to build) for tools that rewrite files field by field."""
+        if len(self.shard_paths) > 1:
+            raise ModelFileError(self.path, f"is split over {len(self.shard_paths)} files, which this tool does not "
+                                 f"rewrite; {gguf_split.MERGE_HINT}")
         import gguf
 
         return gguf.GGUFReader(str(self.path), "r")

@@ -10,7 +10,8 @@ Three vocabulary kinds are supported:
 
 Special tokens are split out of the text first, the way llama.cpp does it (longest special first,
 control tokens only when ``parse_special``, user-defined tokens always); each plain-text fragment is then
-encoded by a `tokenizers` BPE model that knows nothing about specials.
+encoded by a `tokenizers` BPE model that knows nothing about specials. (Over 400 lines: the three
+vocabulary kinds are derived, cached and encoded through the same private tables.)
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models
 
 from spekula.core.errors import ModelFileError
-from spekula.core.modelfile import file_cache, gguf_file, pretokenizers
+from spekula.core.modelfile import file_cache, gguf_file, pretokenizers, token_pieces
+from spekula.core.modelfile.gguf_arrays import StringArray
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.modelfile.pretokenizers import (
     PRE_ADD_BOS,
@@ -33,6 +35,7 @@ from spekula.core.modelfile.pretokenizers import (
     supported_pre_tokenizers,
 )
 from spekula.core.modelfile.stream_decode import StreamDecoder
+from spekula.core.modelfile.token_pieces import PieceTable
 
 # tokenizer.ggml.token_type values
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -87,10 +90,10 @@ _LATIN1_OF_CHAR = {**{i: chr(i).encode("utf-8").decode("latin-1") for i in range
 
 
 def _code_digest() -> str:
-    """What a tokenizer cache entry depends on besides the file: this module and the header reader."""
-    return "".join(file_cache.source_digest(m.__file__) for m in (gguf_file, pretokenizers)) + file_cache.source_digest(
-        __file__
-    )
+    """What a tokenizer cache entry depends on besides the file: this module, the header reader and the
+    piece table's layout."""
+    modules = (gguf_file, pretokenizers, token_pieces)
+    return "".join(file_cache.source_digest(m.__file__) for m in modules) + file_cache.source_digest(__file__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,19 @@ class _Special:
     token: int
     text: str
     always: bool  # user-defined tokens are split out even when parse_special is off
+
+
+# bytes.translate table: 1 for the token types decode(skip_special=True) leaves out, 0 for the rest
+_SKIPPED_TYPES = bytes(int(t in (CONTROL, UNKNOWN)) for t in range(256))
+
+
+def _type_bytes(types: Sequence[Any]) -> bytearray:
+    """Token types one byte each (a list of 262k ints is 2 MB). A value outside 0-255 is no type llama.cpp
+    defines: it is read as 0 (undefined), which, like any type not known here, renders as nothing."""
+    try:
+        return bytearray(map(int, types))
+    except ValueError:
+        return bytearray(t if 0 <= t < 256 else 0 for t in map(int, types))
 
 
 class Tokenizer:
@@ -123,12 +139,16 @@ class Tokenizer:
         if model is None or tokens is None:
             missing = "tokenizer.ggml.model" if model is None else "tokenizer.ggml.tokens"
             raise ModelFileError(source, f"no tokenizer in this file (missing metadata key {missing!r})")
-        self._tokens: list[str] = list(map(str, tokens))
+        # Construction reads every text several times, from a list; afterwards a large vocabulary stays
+        # the metadata's bytes (gguf_arrays.StringArray, a text decoded when read), so the 262k strings
+        # made here are freed once the encoder is built (see the end of __init__).
+        kept: Sequence[str] | None = tokens if isinstance(tokens, StringArray) else None
+        self._tokens: Sequence[str] = kept.to_list() if kept is not None else list(map(str, tokens))
         self.n_vocab = len(self._tokens)
         if self.n_vocab == 0:
             raise ModelFileError(source, "tokenizer.ggml.tokens is empty")
         types = meta.get("tokenizer.ggml.token_type")
-        self._types: list[int] = list(map(int, types)) if types is not None else [NORMAL] * self.n_vocab
+        self._types = _type_bytes(types) if types is not None else bytearray([NORMAL]) * self.n_vocab
         if len(self._types) != self.n_vocab:
             raise ModelFileError(
                 source, f"token_type has {len(self._types)} entries for {self.n_vocab} tokens"
@@ -164,13 +184,15 @@ class Tokenizer:
             merges = self._derive(meta, vocab)
             if self.n_vocab >= CACHE_MIN_VOCAB:
                 file_cache.store("tokenizer", cache_identity, _code_digest(), self._derived(merges, vocab))
-        self._skip = [t in (CONTROL, UNKNOWN) for t in self._types]
+        self._skip = bytes(self._types.translate(_SKIPPED_TYPES))
         if self.model_kind == "gpt2":
             self._init_bpe(vocab, merges)
         elif self.model_kind == "gemma4":
             self._init_spaced_bpe(vocab, merges)
         else:
             self._init_spm(meta, vocab, merges, has_bytes)
+        if kept is not None:
+            self._tokens = kept
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> Tokenizer:
@@ -190,7 +212,7 @@ class Tokenizer:
         self.fim = self._find_fim(meta, vocab)
         self.eog_ids = self._build_eog(meta, vocab)
         self._specials = self._build_specials()
-        self._pieces = [self._piece(i) for i in range(self.n_vocab)]
+        self._pieces = PieceTable.from_pieces(self._piece(i) for i in range(self.n_vocab))
         return merges
 
     def _derived(self, merges: list[tuple[str, str]], vocab: dict[str, int]) -> tuple[Any, ...]:
@@ -198,12 +220,13 @@ class Tokenizer:
         # several times faster than tens of thousands of string pairs.
         merge_ids = ([vocab[a] for a, _ in merges], [vocab[b] for _, b in merges])
         specials = [(s.token, s.text, s.always) for s in self._specials]
-        return merge_ids, self._types, self.fim, sorted(self.eog_ids), specials, self._pieces
+        return merge_ids, bytes(self._types), self.fim, sorted(self.eog_ids), specials, self._pieces.to_cache()
 
     def _restore(self, cached: Any) -> list[tuple[str, str]] | None:
         """The merges of a header-cache entry (`_derived`), its other parts set on self; None if it is not one."""
         try:
-            (firsts, seconds), types, fim, eog, specials, pieces = cached
+            (firsts, seconds), types, fim, eog, specials, (blob, offsets) = cached
+            pieces = PieceTable.from_cache(blob, offsets)
             if len(types) != self.n_vocab or len(pieces) != self.n_vocab:
                 return None
             token_text = self._tokens.__getitem__
@@ -211,8 +234,8 @@ class Tokenizer:
             restored = [_Special(token, text, always) for token, text, always in specials]
         except (TypeError, ValueError, IndexError):
             return None
-        self._types, self.fim, self.eog_ids = list(types), dict(fim), frozenset(eog)
-        self._specials, self._pieces = restored, list(pieces)
+        self._types, self.fim, self.eog_ids = bytearray(types), dict(fim), frozenset(eog)
+        self._specials, self._pieces = restored, pieces
         return merges
 
     def _bpe_merges(self, meta: dict[str, Any], vocab: dict[str, int]) -> list[tuple[str, str]]:
@@ -441,11 +464,13 @@ class Tokenizer:
         """Ids -> text; with SentencePiece the space prefix that encode() added is removed again."""
         self._check_ids(ids)
         ids = [int(t) for t in ids]
-        pieces = [b"" if skip_special and self._skip[t] else self._pieces[t] for t in ids]
+        skip = self._skip if skip_special else None
+        text = self._pieces.concat(ids, skip)
         # llama.cpp strips one leading space from the first token only, and never after a BOS
-        if self._add_space_prefix and pieces and ids[0] != self.bos_id and pieces[0].startswith(b" "):
-            pieces[0] = pieces[0][1:]
-        return b"".join(pieces).decode("utf-8", errors="replace")
+        if (self._add_space_prefix and ids and ids[0] != self.bos_id and not (skip and skip[ids[0]])
+                and text.startswith(b" ")):
+            text = text[1:]
+        return text.decode("utf-8", errors="replace")
 
     def stream_decoder(self, *, skip_special: bool = False) -> StreamDecoder:
         """Incremental decoder for generated tokens (no space-prefix removal, like llama.cpp's pieces)."""
