@@ -123,6 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     except SpekulaError as exc:
         print(f"spekula: error: {exc}", file=sys.stderr)
         return 1
+    except BaseExceptionGroup as group:
+        # `serve` loads the model inside its task group, so a file it refuses arrives wrapped.
+        errors, rest = group.split(SpekulaError)
+        if errors is None or rest is not None:
+            raise
+        for exc in _leaves(errors):
+            print(f"spekula: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -134,6 +142,13 @@ def main(argv: list[str] | None = None) -> int:
         if _whole_process:
             gc.freeze()  # the process ends now: its final collections need not walk what it built
 
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return out
 
 
 def silence_stdout() -> None:

@@ -431,3 +431,10 @@ def test_serve_draft_type_without_a_draft_model(server: str) -> None:
             assert "'speculative.type'" in info.value.message
             assert kind in info.value.message and "-md" in info.value.message
         assert c.completion("the cat", n_predict=4, speculative={"type": "ngram-simple"})["tokens_predicted"] == 4
+
+
+def test_serve_refusing_its_model_says_so_in_one_line(tmp_path: Path, llama: str) -> None:
+    """`serve` loads the model inside its task group: the refusal must still be one error line, not a traceback."""
+    proc = run_cli("serve", "-m", llama, "-hf", "org/repo", "--port", "0", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "spekula: error: give either -m/--model or -hf/--hf-repo, not both"
