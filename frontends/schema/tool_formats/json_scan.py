@@ -1,0 +1,105 @@
+"""Where a JSON value written by a model ends, found without parsing it: calls are cut out of free text,
+and a call still being written streams its arguments as they come.
+
+The scan moves by regular-expression tokens (strings whole, brackets, runs of anything else), so a long
+argument costs a few C-speed matches rather than a Python step per character."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from spekula.frontends.schema.tool_formats.reply import ReplyFormat, ToolCall, arguments_text, object_text
+from spekula.frontends.schema.tool_formats.segments import Unfinished
+
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|"|[{}\[\]]|[^"{}\[\]]+', re.S)
+_SCALAR = re.compile(r'-?[0-9][0-9.eE+-]*|true|false|null')
+_SPACE = re.compile(r"\s*")
+
+
+def skip_space(text: str, pos: int) -> int:
+    return _SPACE.match(text, pos).end()  # type: ignore[union-attr]
+
+
+def value_end(text: str, start: int) -> int | None:
+    """The index just past the JSON value starting at `start` (no leading space), or None when `text`
+    ends before it does. A value that is not JSON ends where its scan stops; json.loads judges it."""
+    if start >= len(text):
+        return None
+    first = text[start]
+    if first in "{[":
+        depth = 0
+        for m in _TOKEN.finditer(text, start):
+            tok = m.group()
+            if tok in ("{", "["):
+                depth += 1
+            elif tok in ("}", "]"):
+                depth -= 1
+                if depth == 0:
+                    return m.end()
+            elif tok == '"':
+                return None  # a string still open
+        return None
+    if first == '"':
+        m = _TOKEN.match(text, start)
+        return m.end() if m is not None and m.group() != '"' else None
+    m = _SCALAR.match(text, start)
+    if m is None:
+        return start + 1
+    return m.end() if m.end() < len(text) else None
+
+
+# A call object's head as models write it: {"name": "NAME", "arguments": (or "parameters"), optionally
+# after "type": "function"; its arguments follow.
+_CALL_HEAD = re.compile(r'\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*'
+                        r'"(arguments|parameters)"\s*:\s*')
+
+
+def call_head(text: str, pos: int) -> tuple[str, str, int] | None:
+    """(name, its arguments' key, index where the arguments begin) when a call object's head starts at `pos`."""
+    m = _CALL_HEAD.match(text, pos)
+    if m is None:
+        return None
+    try:
+        name = json.loads(f'"{m.group(1)}"')
+    except json.JSONDecodeError:
+        return None
+    return name, m.group(2), m.end()
+
+
+def json_arguments(text: str, pos: int, name: str, fmt: ReplyFormat) -> tuple[ToolCall, int] | Unfinished | None:
+    """The call of `name` whose JSON arguments start at `pos` (after spaces): the call and where its
+    arguments end, Unfinished while they are being written (streamed when they are an object), None
+    when `name` is not one of the request's tools or the arguments are not a JSON object."""
+    if fmt.tool(name) is None:
+        return None
+    pos = skip_space(text, pos)
+    end = value_end(text, pos)
+    if end is None:
+        return Unfinished.writing(ToolCall(name, text[pos:], complete=False) if text[pos:pos + 1] == "{" else None)
+    args = object_text(text[pos:end])
+    return (ToolCall(name, args), end) if args is not None else None
+
+
+def streamed_call(text: str, pos: int, end: int, fmt: ReplyFormat,
+                  keys: tuple[str, ...] = ("arguments",)) -> tuple[ToolCall, int] | Unfinished | None:
+    """A call object at `pos` written name first, arguments an object (the form a stream can send in
+    pieces): the call and where its arguments end, Unfinished while they are being written; None when the
+    object is not of that form (the caller then reads it whole)."""
+    head = call_head(text[:end], skip_space(text, pos))
+    if head is None or head[1] not in keys or text[head[2]:head[2] + 1] != "{":
+        return None
+    return json_arguments(text[:end], head[2], head[0], fmt)
+
+
+def object_call(body: str, fmt: ReplyFormat, key: str = "arguments") -> ToolCall | None:
+    """A whole call object `{"name": .., key: ..}`, read as JSON (any key order, arguments as a string)."""
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    name = value.get("name") if isinstance(value, dict) else None
+    if not isinstance(name, str) or fmt.tool(name) is None:
+        return None
+    args = arguments_text(value.get(key, {}))
+    return ToolCall(name, args, id=str(value.get("id") or "")) if args is not None else None
