@@ -106,7 +106,7 @@ def _streamed_message(chunks: list[dict[str, Any]]) -> tuple[dict[str, Any], str
             content += delta.get("content") or ""
             reasoning += delta.get("reasoning_content") or ""
             for call in delta.get("tool_calls", []):
-                entry = calls.setdefault(call["index"], {"id": call["id"], "type": "function",
+                entry = calls.setdefault(call["index"], {"id": call.get("id"), "type": "function",
                                                          "function": {"name": "", "arguments": ""}})
                 entry["function"]["name"] += call["function"].get("name", "")
                 entry["function"]["arguments"] += call["function"].get("arguments", "")
@@ -203,15 +203,20 @@ async def test_forced_tool_choice_sets_the_calls_grammar() -> None:
     assert status == 200 and len(grammars) == 2 and grammars[0] == grammars[1]  # every copy is forced
     assert grammars[0].kind == "lark" and '"const": "get_weather"' in grammars[0].source
     assert body["choices"][1]["finish_reason"] == "tool_calls"
-    app, _ = _app(_template("Qwen3.5-4B"), CALLS)  # XML calls: no forcing grammar is built for them
+    app, tok = _app(_template("Qwen3.5-4B"), CALLS)  # XML calls: their own form is forced
     status, body = await _chat(app, tools=[TOOL], tool_choice="required")
-    assert status == 400 and "JSON call form" in body["error"]["message"]
+    assert status == 200 and "<function=get_weather>" in tok.requests[-1].grammar.source
+    status, body = await _chat(app, tools=[TOOL], tool_choice="auto")  # "auto": lazy, armed by <tool_call>
+    assert status == 200 and "%llguidance" in tok.requests[-1].grammar.source
 
 
 @pytest.mark.anyio
-async def test_tools_for_a_template_that_cannot_show_them_are_refused() -> None:
-    app, _ = _app(None, "unused")  # ChatML: no tools in the prompt, so the model could never call one
+async def test_tools_for_a_template_that_cannot_show_them_take_the_generic_form() -> None:
+    reply = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
+    app, tok = _app(None, reply)  # ChatML: tools told in a system message, the reply one JSON object
     status, body = await _chat(app, tools=[TOOL])
-    assert status == 400 and "does not render tools" in body["error"]["message"]
+    assert status == 200 and "get_weather" in tok.prompts[-1] and tok.requests[-1].grammar.kind == "json_schema"
+    assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    app, _ = _app(None, "unused")
     status, body = await _chat(app, tools=[TOOL], tool_choice="none")
     assert status == 200 and body["choices"][0]["message"]["content"] == "unused"

@@ -67,7 +67,7 @@ def _calls(reply: Reply) -> list[tuple[str, Any]]:
 
 def test_families_are_told_from_the_template() -> None:
     expected = {LLAMA31: "llama3", LLAMA32: "llama3", "meta-llama-Llama-3.3-70B-Instruct": "llama3",
-                NEMO: "mistral", DEVSTRAL: "ministral3", MINISTRAL: "ministral3", GPTOSS: "harmony",
+                NEMO: "mistral_nemo", "Mistral-Small-3.2-24B-Instruct-2506": "mistral_small", DEVSTRAL: "ministral3", MINISTRAL: "ministral3", GPTOSS: "harmony",
                 R1_LLAMA: "deepseek_r1", R1_QWEN: "deepseek_r1", V31: "deepseek_v31",
                 FUNC31: "functionary_v31", FUNC32: "functionary_v32", "Qwen3.5-4B": "xml",
                 "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "json", GEMMA2: ""}
@@ -205,7 +205,7 @@ def test_streamed_deltas_add_up_to_the_unstreamed_reply(case: tuple[Any, ...], c
 
 
 def test_arguments_stream_in_pieces_before_the_call_ends() -> None:
-    text = '<tool_call>\n{"name": "edit", "arguments": {"oldString": "' + "x" * 50 + '", "newString": "y"}}\n</tool_call>'
+    text = '<tool_call>\n{"name": "edit", "arguments": {"replaceAll": false, "oldString": "' + "x" * 50 + '", "newString": "y"}}\n</tool_call>'
     fmt = _format("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use")
     stream = ReplyStream(fmt)
     pieces = [stream.feed(text[i:i + 5]) for i in range(0, len(text), 5)]

@@ -13,7 +13,8 @@ from spekula.core.modelfile.family_messages import is_harmony_template, is_minis
 from spekula.frontends.schema.tool_formats.reply import ReplyFormat
 
 # the reasoning opening and closing tags of the families that do not use <think>
-_REASONING_TAGS = {"ministral3": ("[THINK]", "[/THINK]"), "mistral": ("[THINK]", "[/THINK]")}
+_REASONING_TAGS = {"ministral3": ("[THINK]", "[/THINK]"), "mistral_small": ("[THINK]", "[/THINK]"),
+                   "mistral_nemo": ("[THINK]", "[/THINK]")}
 
 
 def template_family(source: str) -> str:
@@ -28,8 +29,8 @@ def template_family(source: str) -> str:
         return "xml"
     if "<｜tool▁calls▁begin｜>" in source:
         return "deepseek_v31" if "<｜tool▁call▁begin｜>'+ tool['function']['name']" in source else "deepseek_r1"
-    if "[TOOL_CALLS]" in source:
-        return "mistral"
+    if "[TOOL_CALLS]" in source:  # Mistral Small 3.2 names its calls' ids; Nemo writes a JSON array
+        return "mistral_small" if "[CALL_ID]" in source else "mistral_nemo"
     if "<function=" in source and "<|python_tag|>" in source:
         return "functionary_v31"
     if "<|start_header_id|>ipython<|end_header_id|>" in source:

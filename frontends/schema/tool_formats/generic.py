@@ -43,7 +43,7 @@ def parse(text: str, fmt: ReplyFormat, out: Reply, partial: bool) -> Reply:
     return out
 
 
-def tool_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]], *,
+def tool_system_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]], *,
                   json_form: bool = True) -> list[dict[str, Any]]:
     """`messages` with the tools (and, `json_form`, the generic reply's form) told in the system message,
     added or extended: for templates that do not write tools into the prompt themselves."""

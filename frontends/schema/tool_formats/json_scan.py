@@ -49,6 +49,20 @@ def value_end(text: str, start: int) -> int | None:
     return m.end() if m.end() < len(text) else None
 
 
+def first_member_done(args: str) -> bool:
+    """Whether an object's text so far holds its first member whole (a comma at its top level follows it)."""
+    depth = 0
+    for m in _TOKEN.finditer(args):
+        tok = m.group()
+        if tok in ("{", "["):
+            depth += 1
+        elif tok in ("}", "]"):
+            depth -= 1
+        elif depth == 1 and tok[0] != '"' and "," in tok:
+            return True
+    return False
+
+
 # A call object's head as models write it: {"name": "NAME", "arguments": (or "parameters"), optionally
 # after "type": "function"; its arguments follow.
 _CALL_HEAD = re.compile(r'\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*'

@@ -22,7 +22,7 @@ Parser = Callable[[str, ReplyFormat, Reply, bool], Reply]
 PARSERS: dict[str, Parser] = {
     "": hermes.parse, "json": hermes.parse, "xml": qwen_xml.parse, "llama3": llama3.parse_llama3,
     "functionary_v31": llama3.parse_functionary_v31, "functionary_v32": functionary.parse,
-    "mistral": mistral.parse, "ministral3": mistral.parse, "harmony": harmony.parse,
+    "mistral_nemo": mistral.parse, "mistral_small": mistral.parse, "ministral3": mistral.parse, "harmony": harmony.parse,
     "deepseek_r1": deepseek.parse, "deepseek_v31": deepseek.parse, "generic": generic.parse,
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from spekula.frontends.schema.tool_formats.json_scan import first_member_done
 from spekula.frontends.schema.tool_formats.parse import parse_reply
 from spekula.frontends.schema.tool_formats.reply import Reply, ReplyFormat, limited, with_ids
 
@@ -40,6 +41,9 @@ class ReplyStream:
             deltas.append({"content": reply.content[self._content:]})
             self._content = len(reply.content)
         for i, call in enumerate(reply.tool_calls):
+            if i == len(self._sent_args) and not call.complete and not first_member_done(call.arguments):
+                break  # a call is announced once a first argument is written whole, so that a call that is
+                # malformed from its start (or cut off at once) is never sent
             if i == len(self._sent_args):
                 self._sent_args.append(call.arguments)
                 deltas.append({"tool_calls": [{"index": i, "id": call.id, "type": "function",
