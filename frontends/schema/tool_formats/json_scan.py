@@ -8,17 +8,37 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from spekula.frontends.schema.tool_formats.reply import ReplyFormat, ToolCall, arguments_text, object_text
 from spekula.frontends.schema.tool_formats.segments import Unfinished
 
-_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|"|[{}\[\]]|[^"{}\[\]]+', re.S)
+# strings in the unrolled, possessive form: an unterminated one fails in one pass, without backtracking
+_TOKEN = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"|"|[{}\[\]]|[^"{}\[\]]+', re.S)
 _SCALAR = re.compile(r'-?[0-9][0-9.eE+-]*|true|false|null')
 _SPACE = re.compile(r"\s*")
 
 
 def skip_space(text: str, pos: int) -> int:
     return _SPACE.match(text, pos).end()  # type: ignore[union-attr]
+
+
+# A stream's memo of how far each bracketed value was scanned (see `scan_memo`), keyed by where it starts:
+# (end of the last whole token scanned, depth there, hash of the text scanned), checked before it is used.
+_MEMO: ContextVar[dict[int, tuple[int, int, int]] | None] = ContextVar("json_scan_memo", default=None)
+
+
+@contextmanager
+def scan_memo(memo: dict[int, tuple[int, int, int]]) -> Iterator[None]:
+    """Scans inside resume from `memo` (one stream's, whose text only grows), so that a long value being
+    written is not rescanned from its start on every piece."""
+    token = _MEMO.set(memo)
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
 
 
 def value_end(text: str, start: int) -> int | None:
@@ -28,8 +48,13 @@ def value_end(text: str, start: int) -> int | None:
         return None
     first = text[start]
     if first in "{[":
-        depth = 0
-        for m in _TOKEN.finditer(text, start):
+        memo = _MEMO.get()
+        pos, depth = start, 0
+        if memo is not None and start in memo:
+            seen, seen_depth, digest = memo[start]
+            if seen <= len(text) and hash(text[start:seen]) == digest:
+                pos, depth = seen, seen_depth
+        for m in _TOKEN.finditer(text, pos):
             tok = m.group()
             if tok in ("{", "["):
                 depth += 1
@@ -38,7 +63,13 @@ def value_end(text: str, start: int) -> int | None:
                 if depth == 0:
                     return m.end()
             elif tok == '"':
-                return None  # a string still open
+                break  # a string still open
+            if memo is not None and m.end() < len(text):  # a whole token: scanning may resume after it
+                pos = m.end()
+                memo[start] = (pos, depth, 0)
+        if memo is not None and start in memo and memo[start][2] == 0:
+            seen, seen_depth, _ = memo[start]
+            memo[start] = (seen, seen_depth, hash(text[start:seen]))
         return None
     if first == '"':
         m = _TOKEN.match(text, start)

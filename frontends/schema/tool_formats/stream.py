@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spekula.frontends.schema.tool_formats.json_scan import first_member_done
+from spekula.frontends.schema.tool_formats.json_scan import first_member_done, scan_memo
 from spekula.frontends.schema.tool_formats.parse import parse_reply
 from spekula.frontends.schema.tool_formats.reply import Reply, ReplyFormat, limited, with_ids
 
@@ -27,11 +27,13 @@ class ReplyStream:
         self._content = self._reasoning = 0
         self._sent_args: list[str] = []  # per call, the arguments sent so far
         self.reply = Reply()
+        self._scans: dict[int, tuple[int, int, int]] = {}  # json_scan's memo for this stream's text
 
     def feed(self, piece: str, *, final: str | None = None) -> list[dict[str, Any]]:
         """The deltas `piece` adds; `final`: the whole reply, parsed as a whole (the stream's end)."""
         self.text = final if final is not None else self.text + piece
-        reply = limited(parse_reply(self.text, self.fmt, partial=final is None), self.parallel)
+        with scan_memo(self._scans):
+            reply = limited(parse_reply(self.text, self.fmt, partial=final is None), self.parallel)
         self.reply = with_ids(reply, self.ids)
         deltas: list[dict[str, Any]] = []
         if len(reply.reasoning) > self._reasoning:
