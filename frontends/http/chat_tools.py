@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.schema.chat_reply import ReplyFormat
+from spekula.frontends.schema.reasoning_budget import closed_reasoning
+from spekula.frontends.schema.tool_formats.detect import reasoning_tags, template_family
 from spekula.frontends.schema.tool_request import ToolFieldError, ToolOptions
 from spekula.frontends.schema.tool_setup import (
     calls_grammar,
@@ -35,6 +37,12 @@ async def read_chat_tools(body: dict[str, Any], engine: ServingEngine, reasoning
     except ToolFieldError as exc:
         raise HttpError(str(exc)) from None
     return tools, options
+
+
+def without_reasoning(engine: ServingEngine, prompt_text: str) -> str:
+    """A reasoning budget of 0: the prompt's open reasoning closed (frontends/schema/reasoning_budget.py)."""
+    template = getattr(engine.tokenizer, "chat_template", None) or ""
+    return closed_reasoning(prompt_text, *reasoning_tags(template_family(template)))
 
 
 def messages_with_tools(engine: ServingEngine, messages: Any, tools: list[dict[str, Any]],

@@ -45,6 +45,7 @@ class TemplateTokenizer(ToyTokenizer):
         self.chat_template_kwargs: dict[str, Any] = {}
         self.prompts: list[str] = []
         self.requests: list[Any] = []  # what the engine was asked
+        self.encoded: list[str] = []  # the prompts as encoded (after the route's own additions)
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True, **extra: Any) -> str:
         text = render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt, **extra)
@@ -52,6 +53,7 @@ class TemplateTokenizer(ToyTokenizer):
         return text
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        self.encoded.append(text)
         return [1, 2, 3]
 
 
@@ -220,3 +222,18 @@ async def test_tools_for_a_template_that_cannot_show_them_take_the_generic_form(
     app, _ = _app(None, "unused")
     status, body = await _chat(app, tools=[TOOL], tool_choice="none")
     assert status == 200 and body["choices"][0]["message"]["content"] == "unused"
+
+
+@pytest.mark.anyio
+async def test_a_reasoning_budget_of_zero_asks_for_no_reasoning() -> None:
+    app, tok = _app(_template("Qwen-Qwen3-0.6B"), "Hello.")  # a template with the enable_thinking switch
+    status, body = await _chat(app, reasoning_budget_tokens=0)
+    assert status == 200 and tok.prompts[-1].endswith("<think>\n\n</think>\n\n")
+    status, body = await _chat(app, thinking_budget_tokens=-1)
+    assert status == 200 and tok.prompts[-1].endswith("<|im_start|>assistant\n")
+    app, tok = _app(_template("deepseek-ai-DeepSeek-R1-Distill-Llama-8B"), "Hello.")  # the prompt opens <think>
+    status, body = await _chat(app, reasoning_budget_tokens=0)
+    assert status == 200 and body["choices"][0]["message"] == {"role": "assistant", "content": "Hello."}
+    assert tok.prompts[-1].endswith("<think>\n") and tok.encoded[-1] == tok.prompts[-1] + "</think>"
+    status, body = await _chat(app, reasoning_budget_tokens=100)
+    assert status == 400 and "positive reasoning budget" in body["error"]["message"]
