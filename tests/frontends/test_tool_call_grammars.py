@@ -1,7 +1,8 @@
 """Every family's call grammar (frontends/schema/tool_grammar.py) against its parser: a call the family's
 syntax writes is what the grammar admits (forced, and after free text when lazy), the family's parser
 reads it back, and arguments outside the tool's schema are refused where they go wrong. A lazy grammar
-leaves text without the trigger free; drafting under it changes no token (the tiny fixture, sampled)."""
+leaves text without the trigger free. Drafting under a tool grammar changes no token, with every drafter
+(the tiny fixture, sampled), as tests/core/test_grammar.py checks for other grammars."""
 
 from __future__ import annotations
 
@@ -109,23 +110,34 @@ def test_xml_string_keywords_not_built_are_named() -> None:
         call_grammar("xml", tools, _tiny()[1], name=None, parallel=True, lazy=False)
 
 
-@pytest.mark.parametrize(("family", "seed"), [("json", 1), ("xml", 2), ("ministral3", 3), ("generic", 4)])
-def test_drafting_under_a_lazy_tool_grammar_changes_nothing(family: str, seed: int) -> None:
-    path, tok, _ = _tiny()
-    grammar = call_grammar(family, TOOLS, tok, name=None, parallel=True, lazy=True)
-    prompt = tok.encode("call a tool call a tool <tool_call> [TOOL_CALLS]", add_special=True)
-    ngrams = {"spec-ngram-simple-size-n": 2, "spec-ngram-simple-size-m": 5}
+DRAFTERS = [("ngram-simple",), ("ngram-map-k",), ("ngram-map-k4v",), ("ngram-mod",), ("ngram-cache",), ("suffix",),
+            ("draft-simple",), ("ngram-simple", "ngram-mod", "suffix", "draft-simple")]
+SMALL_NGRAMS = {"spec-ngram-simple-size-n": 2, "spec-ngram-simple-size-m": 5, "spec-ngram-mod-n-match": 2,
+                "spec-ngram-mod-n-min": 1, "spec-ngram-mod-n-max": 5}
 
-    async def run(types: tuple[str, ...]) -> Any:
+
+@pytest.mark.parametrize(("family", "lazy", "seed"), [("json", True, 1), ("xml", False, 2), ("mistral_nemo", True, 3),
+                                                      ("generic", True, 4)])
+@pytest.mark.parametrize("types", DRAFTERS, ids="+".join)
+def test_drafting_under_a_tool_grammar_changes_nothing(family: str, lazy: bool, seed: int, types: tuple[str, ...]) -> None:
+    path, tok, grammars = _tiny()
+    grammar = call_grammar(family, TOOLS, tok, name=None, parallel=True, lazy=lazy)
+    prompt = tok.encode("call a tool call a tool <tool_call> [TOOL_CALLS]", add_special=True)
+
+    async def run(spec_types: tuple[str, ...]) -> Any:
         backend = load_backend("native", path, BackendOptions(n_ctx=512, n_seq_max=1, threads=1))
-        engine = make_engine(backend, tok, n_ctx=512, spec=SpecParams(types=types, drafter_options=dict(ngrams)))
-        [final] = await run_requests(engine, [CompletionRequest(list(prompt), n_predict=120, grammar=grammar,
+        # draft-simple drafts with the same tiny model: good drafts, so the grammar's cut is exercised
+        engine = make_engine(backend, tok, n_ctx=512, spec=SpecParams(types=spec_types, drafter_options=dict(SMALL_NGRAMS)),
+                             draft_model_path=path)
+        [final] = await run_requests(engine, [CompletionRequest(list(prompt), n_predict=80, grammar=grammar,
                                                                 sampling=SamplingParams(temperature=0.8, seed=seed))])
         engine.close()
         return final
 
-    plain, drafted = anyio.run(run, ()), anyio.run(run, ("ngram-simple",))
+    plain, drafted = anyio.run(run, ()), anyio.run(run, types)
     assert plain.error is None and drafted.tokens == plain.tokens
+    body = [t for t in plain.tokens if not tok.is_eog(t)]
+    assert grammars.new(grammar).valid_prefix(body) == len(body)
 
 
 class _OpenerToken:
