@@ -155,6 +155,18 @@ CASES: list[tuple[str, dict[str, Any], str, str, str, list[tuple[str, Any]]]] = 
     (GEMMA2, {}, '{"tool_call": {"name": "special_function", "arguments": {"arg1": 1}}}', "", "", ONE),
     (GEMMA2, {}, '{"response": "Hello, world!\\nWhat\'s up?"}', HELLO, "", []),
     (GEMMA2, {}, "not JSON at all", "not JSON at all", "", []),
+    # malformed calls are content, never an error
+    (MINISTRAL, {}, "[TOOL_CALLS]nope[ARGS]{}", "[TOOL_CALLS]nope[ARGS]{}", "", []),
+    (MINISTRAL, {}, '[TOOL_CALLS]special_function[ARGS]{"arg1": ', '[TOOL_CALLS]special_function[ARGS]{"arg1":', "", []),
+    (FUNC32, {}, 'all\nSure.>>>nope\n{"a": 1}', 'Sure.>>>nope\n{"a": 1}', "", []),
+    (GPTOSS, {}, '<|channel|>commentary to=functions.special_function<|message|>{"arg1": ', '<|channel|>commentary '
+                 'to=functions.special_function<|message|>{"arg1": ', "", []),
+    (R1_LLAMA, {}, "</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function\n"
+                   "```json\n{\"arg1\": ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function\n```json\n{\"arg1\": ```"
+     "<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "", []),
+    (LLAMA31, {}, '<|python_tag|>{"name": "special_function", "parameters": {"arg1": 1}', '<|python_tag|>{"name": '
+                  '"special_function", "parameters": {"arg1": 1}', "", []),
 ]
 
 

@@ -3,7 +3,9 @@ header (`` to=RECIPIENT``, ``<|channel|>CHANNEL``, ``<|constrain|>TYPE``, in eit
 ``<|message|>`` and its body, ended by ``<|end|>`` (the next message opens with ``<|start|>assistant``)
 or by ``<|call|>`` / ``<|return|>``. A message to ``functions.NAME`` is a call of NAME with the body as
 its JSON arguments; ``analysis`` is reasoning; ``final`` and ``commentary`` are content; messages to other
-recipients (the built-in ``python``, ``browser``, ``container``) are dropped, as llama.cpp drops them.
+recipients (the built-in ``python``, ``browser``, ``container``) are dropped, as llama.cpp drops them; a
+message to a function that is not a call of the request's tools (unknown, or its arguments not a JSON
+object) stays in the content as written.
 With reasoning format "none" the analysis messages stay in the content as written."""
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ def parse(text: str, fmt: ReplyFormat, out: Reply, partial: bool) -> Reply:
                 out.tool_calls.append(call[0])
             elif partial and last and isinstance(call, Unfinished):
                 out.tool_calls.extend(call.calls)
+            else:  # not a call of the request's tools with JSON arguments: the message stays, as written
+                content.append(header + MESSAGE + body)
             continue
         if channel == "analysis":
             if fmt.thinks:

@@ -4,7 +4,7 @@ content; reasoning in ``<think>``."""
 
 from __future__ import annotations
 
-from spekula.frontends.schema.tool_formats.json_scan import object_call, streamed_call
+from spekula.frontends.schema.tool_formats.json_scan import object_call, streamed_call, writing_calls
 from spekula.frontends.schema.tool_formats.reply import Reply, ReplyFormat, ToolCall
 from spekula.frontends.schema.tool_formats.segments import Unfinished, split_calls, split_reasoning
 
@@ -14,10 +14,8 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 def _call_at(text: str, pos: int, fmt: ReplyFormat) -> tuple[list[ToolCall], int] | Unfinished | None:
     close = text.find(CLOSE, pos)
     streamed = streamed_call(text, pos, close if close >= 0 else len(text), fmt)
-    if close < 0:
-        if isinstance(streamed, tuple):  # the arguments are written, the closing tag not yet
-            return Unfinished.writing(ToolCall(streamed[0].name, streamed[0].arguments, complete=False))
-        return streamed if isinstance(streamed, Unfinished) else Unfinished()
+    if close < 0:  # the call is still being written (its arguments perhaps whole, the closing tag not yet)
+        return Unfinished(writing_calls(streamed))
     call = object_call(text[pos:close], fmt)
     if call is None:
         return None

@@ -148,3 +148,11 @@ def object_call(body: str, fmt: ReplyFormat, key: str = "arguments") -> ToolCall
         return None
     args = arguments_text(value.get(key, {}))
     return ToolCall(name, args, id=str(value.get("id") or "")) if args is not None else None
+
+
+def writing_calls(found: tuple[ToolCall, int] | Unfinished | None) -> list[ToolCall]:
+    """The calls a stream may send of `found` (a json_arguments or streamed_call answer) while its call is
+    not closed yet: a call whose arguments are written is still being written (`complete` False)."""
+    if isinstance(found, tuple):
+        return [ToolCall(found[0].name, found[0].arguments, found[0].id, complete=False)]
+    return found.calls if isinstance(found, Unfinished) else []

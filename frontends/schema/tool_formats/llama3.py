@@ -16,6 +16,7 @@ from spekula.frontends.schema.tool_formats.json_scan import (
     skip_space,
     streamed_call,
     value_end,
+    writing_calls,
 )
 from spekula.frontends.schema.tool_formats.reply import Reply, ReplyFormat, ToolCall
 from spekula.frontends.schema.tool_formats.segments import Unfinished, split_calls
@@ -28,27 +29,24 @@ _FUNCTION = re.compile(r"([^>\s]+)>")
 
 
 def _json_calls(text: str, pos: int, fmt: ReplyFormat) -> tuple[list[ToolCall], int] | Unfinished | None:
-    """One or more call objects from `pos` to the end, separated by ``;``."""
+    """One or more call objects from `pos` to the end of the reply, separated by ``;``."""
     calls: list[ToolCall] = []
     while True:
         pos = skip_space(text, pos)
-        end = value_end(text, pos) if pos < len(text) else None
-        streamed = streamed_call(text, pos, len(text), fmt, ("parameters", "arguments"))
-        if end is None:
-            if isinstance(streamed, tuple):
-                streamed = Unfinished.writing(ToolCall(streamed[0].name, streamed[0].arguments, complete=False))
-            return Unfinished(calls + (streamed.calls if isinstance(streamed, Unfinished) else []))
+        end = value_end(text, pos)
+        written = streamed_call(text, pos, len(text), fmt, ("parameters", "arguments"))
+        if end is None:  # the object is still being written
+            return Unfinished(calls + writing_calls(written))
         call = object_call(text[pos:end], fmt, "parameters") or object_call(text[pos:end], fmt)
         if call is None:
             return None
-        if isinstance(streamed, tuple):
-            call.arguments = streamed[0].arguments
+        if isinstance(written, tuple):
+            call.arguments = written[0].arguments  # as written, which is what a stream sent
         calls.append(call)
         pos = skip_space(text, end)
-        if text.startswith(";", pos):
-            pos += 1
-            continue
-        return (calls, pos) if pos == len(text) else None
+        if not text.startswith(";", pos):
+            return (calls, pos) if pos == len(text) else None
+        pos += 1
 
 
 def _may_be_call(text: str) -> bool:
@@ -89,9 +87,7 @@ def _function_at(text: str, pos: int, fmt: ReplyFormat) -> tuple[list[ToolCall],
     close = text.find("</function>", head.end())
     found = json_arguments(text[:close] if close >= 0 else text, head.end(), head.group(1), fmt)
     if close < 0:
-        if isinstance(found, tuple):
-            return Unfinished.writing(ToolCall(found[0].name, found[0].arguments, complete=False))
-        return found
+        return Unfinished(writing_calls(found)) if found is not None else None
     if not isinstance(found, tuple) or text[found[1]:close].strip():
         return None
     return [found[0]], close + len("</function>")

@@ -13,6 +13,7 @@ from spekula.frontends.schema.tool_formats.json_scan import (
     skip_space,
     streamed_call,
     value_end,
+    writing_calls,
 )
 from spekula.frontends.schema.tool_formats.reply import Reply, ReplyFormat, ToolCall
 from spekula.frontends.schema.tool_formats.segments import Unfinished, split_calls, split_reasoning
@@ -32,16 +33,14 @@ def _array_at(text: str, pos: int, fmt: ReplyFormat) -> tuple[list[ToolCall], in
         if text[pos] == "]" and calls:
             return calls, pos + 1
         end = value_end(text, pos)
-        streamed = streamed_call(text, pos, len(text), fmt)
-        if end is None:
-            if isinstance(streamed, tuple):
-                streamed = Unfinished.writing(ToolCall(streamed[0].name, streamed[0].arguments, complete=False))
-            return Unfinished(calls + (streamed.calls if isinstance(streamed, Unfinished) else []))
+        written = streamed_call(text, pos, len(text), fmt)
+        if end is None:  # the object is still being written
+            return Unfinished(calls + writing_calls(written))
         call = object_call(text[pos:end], fmt)
         if call is None:
             return None
-        if isinstance(streamed, tuple):
-            call.arguments = streamed[0].arguments
+        if isinstance(written, tuple):
+            call.arguments = written[0].arguments  # as written, which is what a stream sent
         calls.append(call)
         pos = skip_space(text, end)
         if text.startswith(",", pos):
