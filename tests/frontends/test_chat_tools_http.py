@@ -237,3 +237,16 @@ async def test_a_reasoning_budget_of_zero_asks_for_no_reasoning() -> None:
     assert tok.prompts[-1].endswith("<think>\n") and tok.encoded[-1] == tok.prompts[-1] + "</think>"
     status, body = await _chat(app, reasoning_budget_tokens=100)
     assert status == 400 and "positive reasoning budget" in body["error"]["message"]
+
+
+@pytest.mark.anyio
+async def test_streamed_calls_arrive_as_openai_fragments() -> None:
+    reply = '<tool_call>\n{"name": "get_weather", "arguments": {"unit": "C", "city": "' + "Paris " * 8 + '"}}\n</tool_call>'
+    app, _ = _app(_template("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use"), reply, step=4)
+    status, chunks = await _chat(app, tools=[TOOL], stream=True)
+    entries = [c for chunk in chunks for choice in chunk["choices"] for c in choice["delta"].get("tool_calls", [])]
+    assert status == 200 and entries[0]["function"]["name"] == "get_weather" and entries[0]["id"]
+    assert len(entries) > 3 and all(set(e) == {"index", "function"} and set(e["function"]) == {"arguments"}
+                                    for e in entries[1:])  # the arguments in pieces, after the call's head
+    message, finish = _streamed_message(chunks)
+    assert finish == "tool_calls" and json.loads(message["tool_calls"][0]["function"]["arguments"])["unit"] == "C"
