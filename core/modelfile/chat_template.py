@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from spekula.core.errors import SpekulaError
+from spekula.core.modelfile.argument_caps import takes_object_arguments, text_arguments
 from spekula.core.modelfile.content_caps import content_caps, join_text_parts, shaped_messages
 from spekula.core.modelfile.family_messages import family_messages
 from spekula.core.modelfile.named_templates import NAMED_TEMPLATES as _BUILT_IN
@@ -86,7 +87,8 @@ def render_chat(
 ) -> str:
     """Render `messages` with `template` (None or empty: ChatML). A content may be a string or a list of
     ``{"type": "text", "text": ...}`` parts; each reaches the template in the form it takes
-    (modelfile/content_caps.py). Raises ChatTemplateError on failure."""
+    (modelfile/content_caps.py), and so do a call's arguments (an object, or JSON text:
+    modelfile/argument_caps.py). Raises ChatTemplateError on failure."""
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise ChatTemplateError("messages must be a list of {'role': ..., 'content': ...} objects")
     if not template:
@@ -96,9 +98,12 @@ def render_chat(
 
     compiled = _checked(llamacpp_patched(template))
     context = {**_default_variables(), **extra}
+    shaped = shaped_messages(messages, content_caps(template))
+    if any(m.get("tool_calls") for m in shaped) and not takes_object_arguments(template):
+        shaped = text_arguments(shaped)
     try:
         return compiled.render(
-            messages=family_messages(template, shaped_messages(messages, content_caps(template))),
+            messages=family_messages(template, shaped),
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,

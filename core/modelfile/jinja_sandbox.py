@@ -89,6 +89,8 @@ def sandbox_environment() -> ImmutableSandboxedEnvironment:
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols], undefined=_Undefined
     )
     env.filters["tojson"] = _tojson
+    # llama.cpp's engine escapes nothing: jinja2's `safe` would make a Markup whose `+` escapes the other side
+    env.filters["safe"] = str
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env

@@ -16,6 +16,7 @@ from spekula.frontends.rpc.framing import DEFAULT_MAX_LINE_BYTES, DEFAULT_WRITE_
 from spekula.frontends.rpc.server import DEFAULT_MAX_CONNECTIONS
 from spekula.frontends.rpc.socket_identity import default_socket_path
 from spekula.frontends.schema.completion import ServerDefaults
+from spekula.frontends.schema.reasoning_budget import ReasoningBudgetError, read_budget
 
 if TYPE_CHECKING:
     from spekula.frontends.http.state import HttpState
@@ -44,6 +45,14 @@ def _seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
+
+
+def _reasoning_budget(text: str) -> int:
+    try:
+        return read_budget(int(text), "--reasoning-budget")
+    except ValueError as exc:  # not an integer, or a budget that is not built
+        raise argparse.ArgumentTypeError(str(exc) if isinstance(exc, ReasoningBudgetError) else
+                                         f"expected an integer, got {text!r}") from None
 
 
 def _positive(text: str) -> int:
@@ -80,6 +89,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="chat replies of templates that think: <think> text into reasoning_content (auto, "
                         "deepseek: llama-server's default) or left in the content (none); a request's "
                         "reasoning_format overrides it")
+    g.add_argument("--reasoning-budget", type=_reasoning_budget, default=-1, metavar="N",
+                   help="chat reasoning: -1 unlimited, 0 none (the template asked for none, a prompt that opens "
+                        "reasoning closed); a positive budget is not built (default: -1); a request's "
+                        "reasoning_budget_tokens overrides it")
     g.add_argument("--spm-infill", action="store_true",
                    help="/infill: the suffix before the prefix, for models trained that way (default: prefix first)")
     g.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
@@ -223,4 +236,4 @@ def http_state(args: argparse.Namespace) -> HttpState:
 def server_defaults(args: argparse.Namespace) -> ServerDefaults:
     return ServerDefaults(sampling=sampling_from_args(args), n_predict=args.n_predict,
                           prefill_assistant=args.prefill_assistant, reasoning_format=args.reasoning_format,
-                          n_keep=args.keep)
+                          n_keep=args.keep, reasoning_budget=args.reasoning_budget)

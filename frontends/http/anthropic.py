@@ -24,7 +24,12 @@ from starlette.responses import JSONResponse, Response
 
 from spekula.core.events import Event, FinalEvent, PieceEvent
 from spekula.frontends.http.anthropic_blocks import BlockStream, content_blocks
-from spekula.frontends.http.chat_tools import chat_reply_format, force_calls, read_chat_tools
+from spekula.frontends.http.chat_tools import (
+    chat_reply_format,
+    force_calls,
+    messages_with_tools,
+    read_chat_tools,
+)
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.http.fields import normalise
 from spekula.frontends.http.generation import typed_sse
@@ -201,7 +206,8 @@ async def messages(request: Request) -> Response:
     params, opts = normalise(chat, allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
     tools, tool_opts = await read_chat_tools(chat, engine, state.service.defaults.reasoning_format,
                                              schema_field="input_schema")
-    text = state.render_chat(params.pop("messages"), opts, allow_empty=True)
+    text = state.render_chat(messages_with_tools(engine, params.pop("messages"), tools, tool_opts), opts,
+                             allow_empty=True)
     fmt = chat_reply_format(engine, text, tools, tool_opts)
     prompt = await state.service.encode(text)
     gen, parsed = state.service.build(params, prompt, opts, text)

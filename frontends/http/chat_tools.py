@@ -1,7 +1,8 @@
 """Chat tools and reasoning over HTTP: the request's tool fields checked (each tool's parameter schema by
-the grammar engine, as a 400 naming the tool), the reply's format for the prompt rendered, and a forced
-`tool_choice`'s grammar; frontends/schema/tool_setup.py does the work, this answers its refusals as 400s.
-Used by every chat-shaped API (OpenAI chat, Anthropic Messages, Responses)."""
+the grammar engine, as a 400 naming the tool), the tools told in a system message to templates that do
+not show them, the reply's format for the prompt rendered, and the calls' grammar (forced, lazy for
+"auto", or the generic JSON form's); frontends/schema/tool_setup.py does the work, this answers its
+refusals as 400s. Used by every chat-shaped API (OpenAI chat, Anthropic Messages, Responses)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.schema.chat_reply import ReplyFormat
+from spekula.frontends.schema.reasoning_budget import closed_reasoning
+from spekula.frontends.schema.tool_formats.detect import reasoning_tags, template_family
 from spekula.frontends.schema.tool_request import ToolFieldError, ToolOptions
 from spekula.frontends.schema.tool_setup import (
+    calls_grammar,
     check_tool_schemas,
-    forced_grammar,
     read_tools,
+    tool_messages,
     tool_reply_format,
 )
 
@@ -25,15 +29,26 @@ if TYPE_CHECKING:
 
 async def read_chat_tools(body: dict[str, Any], engine: ServingEngine, reasoning_format: str, *,
                           schema_field: str = "parameters") -> tuple[list[dict[str, Any]], ToolOptions]:
-    """The request's tools and tool options; a bad one is a 400 naming it. Tools for a template that does
-    not write them into the prompt are refused: the model would never see them (a generic tool prompt for
-    such templates is not built). `schema_field`: what the API calls a tool's parameter schema."""
+    """The request's tools and tool options; a bad one is a 400 naming it. `schema_field`: what the API
+    calls a tool's parameter schema."""
     try:
         tools, options = read_tools(body, engine.tokenizer, reasoning_format)
         await check_tool_schemas(tools, engine, schema_field)
     except ToolFieldError as exc:
         raise HttpError(str(exc)) from None
     return tools, options
+
+
+def without_reasoning(engine: ServingEngine, prompt_text: str) -> str:
+    """A reasoning budget of 0: the prompt's open reasoning closed (frontends/schema/reasoning_budget.py)."""
+    template = getattr(engine.tokenizer, "chat_template", None) or ""
+    return closed_reasoning(prompt_text, *reasoning_tags(template_family(template)))
+
+
+def messages_with_tools(engine: ServingEngine, messages: Any, tools: list[dict[str, Any]],
+                        options: ToolOptions) -> Any:
+    """`messages`, with the tools told in a system message when the template would not show them."""
+    return tool_messages(engine.tokenizer, messages, tools, options)
 
 
 def chat_reply_format(engine: ServingEngine, prompt_text: str, tools: list[dict[str, Any]],
@@ -43,10 +58,10 @@ def chat_reply_format(engine: ServingEngine, prompt_text: str, tools: list[dict[
 
 def force_calls(gen: Generation, parsed: ParsedCompletion, fmt: ReplyFormat, tools: list[dict[str, Any]],
                 options: ToolOptions, tokenizer: Any) -> None:
-    """`tool_choice` "required" or named: the request's grammar becomes the calls' (see tool_grammar.py)."""
+    """The calls' grammar becomes the request's (see tool_setup.calls_grammar)."""
     try:
-        grammar = forced_grammar(fmt, tools, options, tokenizer,
-                                 grammar_given=parsed.grammar_field if gen.request.grammar is not None else None)
+        grammar = calls_grammar(fmt, tools, options, tokenizer,
+                                grammar_given=parsed.grammar_field if gen.request.grammar is not None else None)
     except ToolFieldError as exc:
         raise HttpError(str(exc)) from None
     if grammar is not None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from spekula.core.verify.token_probs import MAX_N_PROBS
 from spekula.frontends.http.errors import HttpError
+from spekula.frontends.schema.reasoning_budget import UNLIMITED, ReasoningBudgetError, read_budget
 from spekula.frontends.schema.template_fields import (
     TEMPLATE_FIELDS,
     TemplateFieldError,
@@ -33,7 +34,7 @@ from spekula.frontends.schema.template_fields import (
 NEUTRAL: dict[str, Any] = {
     "tfs_z": 1.0, "n_indent": 0, "t_max_predict_ms": 0, "t_max_prompt_ms": 0,
     "best_of": 1, "echo": False, "lora": None,
-    "suffix": None, "thinking_budget_tokens": -1,
+    "suffix": None,
 }
 # Fields that never change the generated tokens here.
 INFORMATIONAL = frozenset({
@@ -85,6 +86,7 @@ class HttpOptions:
     template: TemplateFields = field(default_factory=TemplateFields)
     return_progress: bool = False  # streamed: llama-server's prompt_progress events while the prompt is processed
     timings_per_token: bool = False  # streamed: the timings so far on every event
+    reasoning_budget: int = UNLIMITED  # chat: reasoning_budget_tokens / thinking_budget_tokens (-1: the server's)
 
 
 def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict[str, Any], HttpOptions]:
@@ -128,6 +130,14 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
         elif name == "reasoning_effort":
             if value is not None and (not isinstance(value, str) or "messages" not in allowed):
                 raise HttpError("'reasoning_effort' must be a string, in a chat request")
+        elif name in ("reasoning_budget_tokens", "thinking_budget_tokens"):
+            if value is not None:
+                if "messages" not in allowed and value != UNLIMITED:
+                    raise HttpError(f"'{name}' needs a chat request (/v1/chat/completions)")
+                try:
+                    opts.reasoning_budget = read_budget(value, f"'{name}'")
+                except ReasoningBudgetError as exc:
+                    raise HttpError(str(exc)) from None
         elif name in INFORMATIONAL:
             pass
         elif name in allowed:

@@ -15,7 +15,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from spekula.core.events import Event, FinalEvent, PieceEvent, ProgressEvent
-from spekula.frontends.http.chat_tools import chat_reply_format, force_calls, read_chat_tools
+from spekula.frontends.http.chat_tools import (
+    chat_reply_format,
+    force_calls,
+    messages_with_tools,
+    read_chat_tools,
+    without_reasoning,
+)
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.http.fields import normalise
 from spekula.frontends.http.native import completion_result, progress_fields
@@ -126,7 +132,12 @@ async def chat_completions(request: Request) -> Response:
     body = await state.read_json(request)
     params, opts = normalise(body, allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
     tools, tool_opts = await read_chat_tools(body, engine, state.service.defaults.reasoning_format)
-    text = state.render_chat(params.pop("messages", None), opts)
+    budget = opts.reasoning_budget if opts.reasoning_budget != -1 else state.service.defaults.reasoning_budget
+    if budget == 0:
+        opts.template.template_kwargs["enable_thinking"] = False
+    text = state.render_chat(messages_with_tools(engine, params.pop("messages", None), tools, tool_opts), opts)
+    if budget == 0:
+        text = without_reasoning(engine, text)
     fmt = chat_reply_format(engine, text, tools, tool_opts)
     prompt = await state.service.encode(text)
     gen, parsed = state.service.build(params, prompt, opts, text)

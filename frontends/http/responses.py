@@ -22,7 +22,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from spekula.core.events import Event, FinalEvent, PieceEvent, ProgressEvent
-from spekula.frontends.http.chat_tools import chat_reply_format, force_calls, read_chat_tools
+from spekula.frontends.http.chat_tools import (
+    chat_reply_format,
+    force_calls,
+    messages_with_tools,
+    read_chat_tools,
+)
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.http.fields import normalise
 from spekula.frontends.http.generation import typed_sse
@@ -166,7 +171,7 @@ async def responses(request: Request) -> Response:
     chat = to_chat(await state.read_json(request))
     params, opts = normalise(chat, allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
     tools, tool_opts = await read_chat_tools(chat, engine, state.service.defaults.reasoning_format)
-    text = state.render_chat(params.pop("messages"), opts)
+    text = state.render_chat(messages_with_tools(engine, params.pop("messages"), tools, tool_opts), opts)
     fmt = chat_reply_format(engine, text, tools, tool_opts)
     prompt = await state.service.encode(text)
     gen, parsed = state.service.build(params, prompt, opts, text)

@@ -60,10 +60,11 @@ from spekula.frontends.schema.template_fields import TEMPLATE_FIELDS, TemplateFi
 from spekula.frontends.schema.tokenize_limits import check_content, check_pieces, tokenize_limiter
 from spekula.frontends.schema.tool_request import ToolFieldError
 from spekula.frontends.schema.tool_setup import (
+    calls_grammar,
     check_tool_schemas,
     field_of,
-    forced_grammar,
     read_tools,
+    tool_messages,
     tool_reply_format,
 )
 
@@ -141,7 +142,8 @@ class SpekulaMethods:
         except ToolFieldError as exc:
             raise invalid_params(str(exc), field_of(exc)) from None
         try:
-            text = chat_prompt(tok, messages, prefill=self.defaults.prefill_assistant, **options)
+            text = chat_prompt(tok, tool_messages(tok, messages, tools, tool_opts),
+                               prefill=self.defaults.prefill_assistant, **options)
         except ChatTemplateError as exc:
             raise invalid_params(f"'messages': {exc}", "messages") from None
         except Exception as exc:  # noqa: BLE001 - a template error is the caller's message shape
@@ -149,7 +151,7 @@ class SpekulaMethods:
         fmt = tool_reply_format(tok, text, tools, tool_opts)
         parsed = self._parse(obj, await self._encode(text))
         try:
-            grammar = forced_grammar(fmt, tools, tool_opts, tok, grammar_given=parsed.grammar_field
+            grammar = calls_grammar(fmt, tools, tool_opts, tok, grammar_given=parsed.grammar_field
                                      if parsed.request.grammar is not None else None)
         except ToolFieldError as exc:
             raise invalid_params(str(exc), field_of(exc)) from None

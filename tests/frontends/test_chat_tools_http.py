@@ -45,6 +45,7 @@ class TemplateTokenizer(ToyTokenizer):
         self.chat_template_kwargs: dict[str, Any] = {}
         self.prompts: list[str] = []
         self.requests: list[Any] = []  # what the engine was asked
+        self.encoded: list[str] = []  # the prompts as encoded (after the route's own additions)
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True, **extra: Any) -> str:
         text = render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt, **extra)
@@ -52,6 +53,7 @@ class TemplateTokenizer(ToyTokenizer):
         return text
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        self.encoded.append(text)
         return [1, 2, 3]
 
 
@@ -106,7 +108,7 @@ def _streamed_message(chunks: list[dict[str, Any]]) -> tuple[dict[str, Any], str
             content += delta.get("content") or ""
             reasoning += delta.get("reasoning_content") or ""
             for call in delta.get("tool_calls", []):
-                entry = calls.setdefault(call["index"], {"id": call["id"], "type": "function",
+                entry = calls.setdefault(call["index"], {"id": call.get("id"), "type": "function",
                                                          "function": {"name": "", "arguments": ""}})
                 entry["function"]["name"] += call["function"].get("name", "")
                 entry["function"]["arguments"] += call["function"].get("arguments", "")
@@ -203,15 +205,48 @@ async def test_forced_tool_choice_sets_the_calls_grammar() -> None:
     assert status == 200 and len(grammars) == 2 and grammars[0] == grammars[1]  # every copy is forced
     assert grammars[0].kind == "lark" and '"const": "get_weather"' in grammars[0].source
     assert body["choices"][1]["finish_reason"] == "tool_calls"
-    app, _ = _app(_template("Qwen3.5-4B"), CALLS)  # XML calls: no forcing grammar is built for them
+    app, tok = _app(_template("Qwen3.5-4B"), CALLS)  # XML calls: their own form is forced
     status, body = await _chat(app, tools=[TOOL], tool_choice="required")
-    assert status == 400 and "JSON call form" in body["error"]["message"]
+    assert status == 200 and "<function=get_weather>" in tok.requests[-1].grammar.source
+    status, body = await _chat(app, tools=[TOOL], tool_choice="auto")  # "auto": lazy, armed by <tool_call>
+    assert status == 200 and "%llguidance" in tok.requests[-1].grammar.source
 
 
 @pytest.mark.anyio
-async def test_tools_for_a_template_that_cannot_show_them_are_refused() -> None:
-    app, _ = _app(None, "unused")  # ChatML: no tools in the prompt, so the model could never call one
+async def test_tools_for_a_template_that_cannot_show_them_take_the_generic_form() -> None:
+    reply = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
+    app, tok = _app(None, reply)  # ChatML: tools told in a system message, the reply one JSON object
     status, body = await _chat(app, tools=[TOOL])
-    assert status == 400 and "does not render tools" in body["error"]["message"]
+    assert status == 200 and "get_weather" in tok.prompts[-1] and tok.requests[-1].grammar.kind == "json_schema"
+    assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    app, _ = _app(None, "unused")
     status, body = await _chat(app, tools=[TOOL], tool_choice="none")
     assert status == 200 and body["choices"][0]["message"]["content"] == "unused"
+
+
+@pytest.mark.anyio
+async def test_a_reasoning_budget_of_zero_asks_for_no_reasoning() -> None:
+    app, tok = _app(_template("Qwen-Qwen3-0.6B"), "Hello.")  # a template with the enable_thinking switch
+    status, body = await _chat(app, reasoning_budget_tokens=0)
+    assert status == 200 and tok.prompts[-1].endswith("<think>\n\n</think>\n\n")
+    status, body = await _chat(app, thinking_budget_tokens=-1)
+    assert status == 200 and tok.prompts[-1].endswith("<|im_start|>assistant\n")
+    app, tok = _app(_template("deepseek-ai-DeepSeek-R1-Distill-Llama-8B"), "Hello.")  # the prompt opens <think>
+    status, body = await _chat(app, reasoning_budget_tokens=0)
+    assert status == 200 and body["choices"][0]["message"] == {"role": "assistant", "content": "Hello."}
+    assert tok.prompts[-1].endswith("<think>\n") and tok.encoded[-1] == tok.prompts[-1] + "</think>"
+    status, body = await _chat(app, reasoning_budget_tokens=100)
+    assert status == 400 and "positive reasoning budget" in body["error"]["message"]
+
+
+@pytest.mark.anyio
+async def test_streamed_calls_arrive_as_openai_fragments() -> None:
+    reply = '<tool_call>\n{"name": "get_weather", "arguments": {"unit": "C", "city": "' + "Paris " * 8 + '"}}\n</tool_call>'
+    app, _ = _app(_template("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use"), reply, step=4)
+    status, chunks = await _chat(app, tools=[TOOL], stream=True)
+    entries = [c for chunk in chunks for choice in chunk["choices"] for c in choice["delta"].get("tool_calls", [])]
+    assert status == 200 and entries[0]["function"]["name"] == "get_weather" and entries[0]["id"]
+    assert len(entries) > 3 and all(set(e) == {"index", "function"} and set(e["function"]) == {"arguments"}
+                                    for e in entries[1:])  # the arguments in pieces, after the call's head
+    message, finish = _streamed_message(chunks)
+    assert finish == "tool_calls" and json.loads(message["tool_calls"][0]["function"]["arguments"])["unit"] == "C"

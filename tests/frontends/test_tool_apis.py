@@ -129,8 +129,8 @@ async def test_anthropic_tool_choice_forces_calls_as_chat_does(choice: dict[str,
     status, body = await post(app, "/v1/messages", _anthropic(tool_choice=choice))
     assert status == 200, body
     grammar = tok.requests[-1].grammar
-    if forced_name == "-":
-        assert grammar is None
+    if forced_name == "-":  # "auto": a lazy grammar, free text until <tool_call>
+        assert grammar.kind == "lark" and "%llguidance" in grammar.source and "trig[lazy]" in grammar.source
     else:
         assert grammar.kind == "lark" and "<tool_call>" in grammar.source
         assert forced_name is None or f'"const": "{forced_name}"' in grammar.source
@@ -184,7 +184,7 @@ async def test_responses_tool_choice_forces_calls_as_chat_does(choice: Any, forc
     status, body = await post(app, "/v1/responses", _responses(tool_choice=choice))
     assert status == 200, body
     grammar = tok.requests[-1].grammar
-    assert (grammar is None) == (forced_name == "-")
+    assert ("trig[lazy]" in grammar.source) == (forced_name == "-")  # "auto": lazy, free text until <tool_call>
     assert forced_name in (None, "-") or f'"const": "{forced_name}"' in grammar.source
     assert sum(i["type"] == "function_call" for i in body["output"]) == calls
     status, body = await post(app, "/v1/responses", _responses(parallel_tool_calls=False))
@@ -267,7 +267,8 @@ def test_forced_call_arguments_carry_only_the_declared_parameters() -> None:
                                                          "properties": {"a": {"type": "string"}}}}}
     tools = [{"type": "function", "function": {"name": "f", "parameters": params}}]
     grammar = forced_call_grammar(tools, None, name=None, parallel=False).source
-    schema = json.loads(grammar.split("fn0: %json ", 1)[1].splitlines()[0])["properties"]["arguments"]
+    rule = grammar.split("fn0: ", 1)[1].splitlines()[0]
+    schema = json.JSONDecoder().raw_decode(rule[rule.index("%json ") + len("%json "):])[0]["properties"]["arguments"]
     assert schema["additionalProperties"] is False
     assert schema["properties"]["where"]["additionalProperties"] is False
     assert schema["properties"]["properties"] == params["properties"]["properties"]  # a property's data untouched
