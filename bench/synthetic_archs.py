@@ -118,11 +118,16 @@ def write_gemma4_1b(path: Path, seed: int = 0) -> Path:
                         "per_layer_proj_norm.weight": _ones(P), "rope_freqs.weight": rope_freqs}
     for i in range(L):
         b, h = f"blk.{i}.", hd_swa if pattern[i] else hd
+        # Attention scale 1 (Gemma 4 leaves it to the q/k norms): with unit norm weights, random q and k of
+        # 512 dims score with a spread of ~22, a softmax so peaked that float rounding decides which key wins
+        # (spekula and llama-server then part from the first token). Weights h^-1/4 give scores of unit spread,
+        # what trained norms do.
+        qk_norm = np.full(h, h**-0.25, np.float32)
         block: Tensors = {b + "attn_q.weight": d.mat(nh * h, E), b + "attn_output.weight": d.mat(E, nh * h),
-                          b + "attn_q_norm.weight": _ones(h)}
+                          b + "attn_q_norm.weight": qk_norm}
         if i < first_shared:  # a block that owns its keys and values
             block |= {b + "attn_k.weight": d.mat(nkv * h, E), b + "attn_v.weight": d.mat(nkv * h, E),
-                      b + "attn_k_norm.weight": _ones(h)}
+                      b + "attn_k_norm.weight": qk_norm}
         tensors |= block | _ffn(d, b, E, n_ff[i]) | {
             b + "attn_norm.weight": _ones(E), b + "ffn_norm.weight": _ones(E),
             b + "post_attention_norm.weight": _ones(E), b + "post_ffw_norm.weight": _ones(E),
