@@ -52,7 +52,8 @@ def read_bandwidth(threads: int, mib: int = 1024, reps: int = 5) -> float:
 
 def bytes_read_per_token(model: str) -> int:
     """Bytes of `model`'s weights one decoded token reads: every tensor, except the token embedding
-    when an output head is stored apart, and the used share of the expert tensors."""
+    when an output head is stored apart and Gemma 4's per-layer token embeddings (lookups: a token
+    reads its one row), and the used share of the expert tensors."""
     from spekula.core.modelfile.gguf_file import GGUFFile
 
     f = GGUFFile(model)
@@ -62,7 +63,7 @@ def bytes_read_per_token(model: str) -> int:
     tied = not any(e.name == "output.weight" for e in entries)
     total = 0.0
     for e in entries:
-        if e.name == "token_embd.weight" and not tied:
+        if (e.name == "token_embd.weight" and not tied) or e.name == "per_layer_token_embd.weight":
             continue
         share = used / experts if experts and "_exps." in e.name else 1.0
         total += e.data.nbytes * share

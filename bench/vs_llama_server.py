@@ -29,7 +29,7 @@ Qwen3-30B-A3B's layer shapes (bench/synthetic_moe.py), plain decoding on the nat
 bytes its packed weights take per block type against the file's. --native-before SO adds the native
 path on another build of the kernels library (an older commit's, built as setup.py builds it) to the
 synthetic models' runs, alternating with the others. --synthetic-archs SHAPE[:MIX],... adds files in
-the shapes of Gemma 3 270M, Ministral 3 3B and gpt-oss-20b (bench/synthetic_archs.py; MIX a
+the shapes of Gemma 3 270M, Gemma 4 E2B (cut to 10 blocks), Ministral 3 3B and gpt-oss-20b (bench/synthetic_archs.py; MIX a
 llama-quantize type, Q4_K_M unless named, MXFP4_MOE for gpt-oss), with the speculation configs asked for.
 --workloads keeps only the named workloads and --no-sampling drops the default-sampling pass, to fit
 large files in a run's time.

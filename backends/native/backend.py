@@ -152,6 +152,10 @@ class NativeBackend(PooledSeqs, Backend):
     def _release_kv(self, slot: int) -> None:
         self._lib.sk_kv_release(self._ctx, slot)
 
+    def kv_slot(self, seq_id: int) -> int:
+        """The C context's KV slot of a sequence (native/gemma4_assistant.py reads its keys there)."""
+        return self._seqs.get(seq_id).slot
+
     def classifier_head(self) -> ClassifierHead | None:
         return read_classifier_head(self.info.path)
 

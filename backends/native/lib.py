@@ -116,6 +116,23 @@ class Batch(ctypes.Structure):
                 ("key_end", ctypes.c_void_p)]  # NULL: causal; else row r attends keys [0, key_end[r])
 
 
+class AssistantBlock(ctypes.Structure):
+    """One block of Gemma 4's assistant (csrc/sk_assistant.h): query-only attention over a target block's KV."""
+
+    _fields_ = [("sliding", ctypes.c_int32), ("kv_layer", ctypes.c_int32)] + [
+        (name, ctypes.c_void_p) for name in ("attn_norm", "q_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm")] + [
+        (name, Tensor) for name in ("wq", "wo", "w_gate", "w_up", "w_down")] + [("out_scale", ctypes.c_float)]
+
+
+class Assistant(ctypes.Structure):
+    """Gemma 4's assistant (csrc/sk_assistant.h): its projections to and from the target's width, tied head, blocks."""
+
+    _fields_ = [("n_embd", ctypes.c_int32), ("n_head", ctypes.c_int32), ("n_layer", ctypes.c_int32),
+                ("rms_eps", ctypes.c_float), ("embd_scale", ctypes.c_float), ("pre_proj", Tensor),
+                ("post_proj", Tensor), ("embd", Tensor), ("output_norm", ctypes.c_void_p),
+                ("blocks", ctypes.POINTER(AssistantBlock))]
+
+
 def forward(ctx: int, batch: Batch, what: str) -> None:
     """Run one native forward of `batch`; out of scratch memory is a MemoryError and a batch the library
     refuses a ConfigError, both naming `what` ("native forward", "native MTP forward", ...)."""
@@ -164,6 +181,12 @@ def lib() -> ctypes.CDLL:
     so.sk_kv_release.argtypes = [ctypes.c_void_p, ctypes.c_int]
     so.sk_forward.restype = ctypes.c_int
     so.sk_forward.argtypes = [ctypes.c_void_p, ctypes.POINTER(Batch)]
+    so.sk_asst_new.restype = ctypes.c_void_p
+    so.sk_asst_new.argtypes = [ctypes.POINTER(Assistant), ctypes.c_void_p]
+    so.sk_asst_free.restype = None
+    so.sk_asst_free.argtypes = [ctypes.c_void_p]
+    so.sk_asst_step.restype = ctypes.c_int
+    so.sk_asst_step.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 6
     so.sk_project_in.restype = ctypes.c_int
     so.sk_project_in.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     so.sk_inject_kv.restype = ctypes.c_int

@@ -101,6 +101,6 @@ def open_assistant_runtime(runtimes: RuntimeTable, backend_name: str, target: Ba
     check_assistant_fits(info, target.info.path, target.info.arch, target.info.n_embd, target.info.n_vocab)
     cls, _ = runtime_class(runtimes, backend_name, "assistant",
                            f"draft-mtp: {f.path} is a {info.arch!r} drafter, which reads the target's KV cache; "
-                           f"the {backend_name} backend does not run it (use --backend torch)")
+                           f"the {backend_name} backend does not run it (use --backend native or torch)")
     runtime: AssistantRuntime = cls(f, info, target)
     return runtime

@@ -24,7 +24,8 @@ DRAFT_RUNTIMES: dict[tuple[str, str], RuntimeEntry] = {
     ("torch", "dflash"): _TORCH_DFLASH,
     ("torch", "dspark"): _TORCH_DFLASH,
     ("torch", "mtp"): RuntimeEntry("spekula.backends.torch.mtp:TorchMtpRuntime"),
-    # Gemma 4's assistant reads the target's KV cache: it runs on the target's own backend (torch only, yet).
+    # Gemma 4's assistant reads the target's KV cache: it runs on the target's own backend.
+    ("native", "assistant"): RuntimeEntry("spekula.backends.native.gemma4_assistant:NativeGemma4Assistant"),
     ("torch", "assistant"): RuntimeEntry("spekula.backends.torch.gemma4_assistant:TorchGemma4Assistant"),
 }
 

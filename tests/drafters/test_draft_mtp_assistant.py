@@ -86,13 +86,6 @@ def test_drafts_are_transformers_assistant_drafts() -> None:
     assert checked >= 3
 
 
-def test_the_native_backend_refuses_it_by_name() -> None:
-    target = target_backend(tiny_gemma4_gguf_path(), name="native")
-    with pytest.raises(ConfigError, match=r"is a 'gemma4-assistant' drafter, which reads the target's KV cache; "
-                                          r"the native backend does not run it \(use --backend torch\)"):
-        MtpDrafter.create(context(target, SPEC, tiny_assistant_gguf_path(), backend_name="native"))
-
-
 @pytest.mark.parametrize("n_accepted", [0, 1, 2])
 def test_accept_rebases_the_pending_hidden_state(n_accepted: int) -> None:
     """After a verify forward of [x, d1, d2] of which n are accepted, the next draft starts from the

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "sk.h"
+#include "sk_assistant.h"
 #include "sk_deltanet.h"
 #include "sk_gemma4.h"
 #include "sk_moe.h"
@@ -1083,6 +1084,30 @@ static int swa_heads(sk_ctx *c, int slot) {
 }
 
 static int has_rings(const sk_ctx *c, int slot) { return c->swa && slot >= 0 && slot < c->cfg.n_seq_max && c->kv[slot]; }
+
+/* Gemma 4's assistant (sk_assistant.c) reads the target's tables and caches through these two. */
+int sk_assistant_target(const sk_ctx *c, sk_target_view *out) {
+    const sk_config *g = &c->cfg;
+    if (!g->rope_inv_freq || g->in_proj.data || g->wide_input || g->ctx_proj.data) return -1;
+    *out = (sk_target_view){c->kern, c->pool, &g->token_embd, g->n_embd, g->n_vocab, g->n_seq_max, g->swa_window,
+                            g->rope_neox, g->n_rot, n_rot_swa(g), g->rope_inv_freq,
+                            g->rope_inv_freq_swa ? g->rope_inv_freq_swa : g->rope_inv_freq, g->rope_mscale};
+    return 0;
+}
+
+int sk_assistant_kv(const sk_ctx *c, int slot, int layer, int64_t lo, int64_t hi, sk_kv_view *out) {
+    if (slot < 0 || slot >= c->cfg.n_seq_max || !c->kv[slot] || layer < 0 || layer >= c->cfg.n_layer ||
+        c->kv_layer[layer] < 0 || c->layers[layer].kv_shared)
+        return -1;
+    const sk_layer *L = &c->layers[layer];
+    if (lo < 0 || hi <= lo || hi > c->n_ctx_pad || hi - lo > c->kv_rows[layer] ||
+        (L->sliding && sk_swa_floor_of(c->swa, slot) > lo))
+        return -2;
+    const int hd = hd_of(&c->cfg, L), nkv = nkv_of(&c->cfg, L);
+    uint16_t *k = kcache((sk_ctx *)c, slot, layer, 0);
+    *out = (sk_kv_view){k, k + (int64_t)nkv * c->kv_rows[layer] * hd, c->kv_rows[layer] * hd, c->kv_rows[layer], hd, nkv};
+    return 0;
+}
 
 SK_API int64_t sk_swa_floor(const sk_ctx *c, int slot) { return has_rings(c, slot) ? sk_swa_floor_of(c->swa, slot) : -2; }
 
