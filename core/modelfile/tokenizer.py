@@ -36,6 +36,7 @@ from spekula.core.modelfile.pretokenizers import (
 )
 from spekula.core.modelfile.stream_decode import StreamDecoder
 from spekula.core.modelfile.token_pieces import PieceTable
+from spekula.core.modelfile.wordpiece import WordPiece
 
 # tokenizer.ggml.token_type values
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -165,9 +166,12 @@ class Tokenizer:
             default_bos = default_eos = None
             default_add_bos = True
             self.pre = "gemma4"  # llama.cpp sets it whatever the file says
+        elif self.model_kind == "bert":
+            default_bos, default_eos = 101, None  # [CLS]; llama.cpp's WPM defaults
+            default_add_bos = True
         else:
             raise ModelFileError(
-                source, f"unsupported tokenizer model {self.model_kind!r} (supported: 'gpt2', 'llama', 'gemma4')"
+                source, f"unsupported tokenizer model {self.model_kind!r} (supported: 'gpt2', 'llama', 'gemma4', 'bert')"
             )
         self.bos_id = self._special_id(meta, "bos", default_bos)
         self.eos_id = self._special_id(meta, "eos", default_eos)
@@ -175,6 +179,11 @@ class Tokenizer:
         if self.model_kind == "gemma4":
             self.add_bos = True  # llama.cpp overrides a false add_bos_token for Gemma 4
         self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+        # what closes an encoded text when add_eos: EOS, or for WordPiece [SEP] always (llama.cpp's add_sep)
+        self._end_id = self.eos_id
+        if self.model_kind == "bert":
+            self.add_bos = self.add_eos = True  # llama.cpp adds [CLS] and [SEP] whatever the file says
+            self._end_id = self._special_id(meta, "seperator", 102)
         self.chat_template = meta.get("tokenizer.chat_template")
         self.chat_template_kwargs = {}
         has_bytes = BYTE in self._types  # as declared, before the type fixes below
@@ -189,6 +198,8 @@ class Tokenizer:
             self._init_bpe(vocab, merges)
         elif self.model_kind == "gemma4":
             self._init_spaced_bpe(vocab, merges)
+        elif self.model_kind == "bert":
+            self._init_wordpiece(meta, vocab)
         else:
             self._init_spm(meta, vocab, merges, has_bytes)
         if kept is not None:
@@ -205,6 +216,8 @@ class Tokenizer:
         BPE merges, the special-token fixes to the types, fim, eog, the specials and the pieces."""
         if self.model_kind == "llama":
             merges = self._spm_merges(meta, vocab)
+        elif self.model_kind == "bert":
+            merges = []  # WordPiece has no merges
         else:
             if self.model_kind == "gpt2":
                 self._checked_pre()  # an unsupported pre-tokenizer fails before any work
@@ -276,6 +289,15 @@ class Tokenizer:
         word split but at newlines, ``<0xNN>`` tokens for characters the vocabulary lacks."""
         self._core = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=True))
         self._vocab = vocab
+        self._add_space_prefix = False
+
+    def _init_wordpiece(self, meta: dict[str, Any], vocab: dict[str, int]) -> None:
+        """llama.cpp's WPM (wordpiece.py): lower-casing from the file, accent stripping with it unless the
+        file says otherwise."""
+        lowercase = bool(meta.get("tokenizer.ggml.normalizer.lowercase", True))
+        strip_accents = bool(meta.get("tokenizer.ggml.normalizer.strip_accents", lowercase))
+        unk = self._special_id(meta, "unknown", 100)
+        self._wordpiece = WordPiece(vocab, unk if unk is not None else 0, lowercase, strip_accents)
         self._add_space_prefix = False
 
     def _spm_merges(self, meta: dict[str, Any], vocab: dict[str, int]) -> list[tuple[str, str]]:
@@ -366,12 +388,12 @@ class Tokenizer:
         if kind in (CONTROL, USER_DEFINED, UNKNOWN):
             return text.encode("utf-8")
         if kind == BYTE:
-            if self.model_kind in ("llama", "gemma4") and text.startswith("<0x") and text.endswith(">"):
+            if self.model_kind in ("llama", "gemma4", "bert") and text.startswith("<0x") and text.endswith(">"):
                 return bytes([int(text[3:-1], 16)])
             return bytes([_BYTE_OF_CHAR[text]]) if text in _BYTE_OF_CHAR else text.encode("utf-8")
         if kind != NORMAL:
             return b""  # UNUSED and undefined tokens render as nothing in llama.cpp
-        if self.model_kind in ("llama", "gemma4"):
+        if self.model_kind in ("llama", "gemma4", "bert"):
             return text.replace("\u2581", " ").encode("utf-8")
         # characters outside the byte alphabet (hand-added tokens) stand for their own UTF-8
         try:
@@ -432,6 +454,8 @@ class Tokenizer:
     def _encode_fragment(self, fragment: str, prev_special: bool) -> list[int]:
         if self.model_kind == "gemma4":
             return self._encode_spaced(fragment)
+        if self.model_kind == "bert":
+            return self._wordpiece.encode(fragment)
         if self.model_kind == "llama":
             if self._add_space_prefix and prev_special:
                 fragment = " " + fragment
@@ -451,8 +475,8 @@ class Tokenizer:
             else:
                 out.extend(self._encode_fragment(part, prev_special))
                 prev_special = False
-        if add_special and self.add_eos and self.eos_id is not None:
-            out.append(self.eos_id)
+        if add_special and self.add_eos and self._end_id is not None:
+            out.append(self._end_id)
         return out
 
     def _check_ids(self, ids: Sequence[int]) -> None:
