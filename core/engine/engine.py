@@ -151,7 +151,9 @@ class Engine:
         self._scheduler = Scheduler(backend, tokenizer, config.n_batch, self.observer,
                                     (self._fixed_policy, self._adaptive_policy), context_shift=config.context_shift)
         self._queue: deque[tuple[CompletionRequest, RequestPlan, Outbox]] = deque()
-        self._embeddings = EmbeddingQueue(config.pooling, config.n_ctx, backend.info.n_vocab, config.n_batch)
+        # an encoder's learned positions end at its position table: a longer input is the caller's error
+        embd_ctx = min(config.n_ctx, backend.info.n_ctx_train) if config.embeddings_only else config.n_ctx
+        self._embeddings = EmbeddingQueue(config.pooling, embd_ctx, backend.info.n_vocab, config.n_batch)
         self._wake: anyio.Event | None = None
         # Pieces of steps the worker made back to back (Engine._steps), waiting for the loop.
         self._pending: deque[tuple[Outbox, PieceEvent]] = deque()
