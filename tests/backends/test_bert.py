@@ -17,6 +17,7 @@ from spekula.core.embedding import Pooling, normalize
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.modelfile.tokenizer import Tokenizer
+from spekula.fixtures.tiny_bert import N_POSITIONS
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -91,9 +92,10 @@ def test_encoder_refuses_generation_and_long_inputs() -> None:
     try:
         with pytest.raises(ConfigError, match="encoder"):
             b.forward([SeqInput(seq, np.array([101, 102], np.int32), 0)])
-        too_long = np.full(129, 150, np.int32)  # the fixture's position table has 128 rows
-        with pytest.raises(ValueError, match=r"input \(129 tokens\) is longer than the model's position table \(128"):
-            b.embed(seq, too_long, Pooling.CLS, 512)
+        too_long = np.full(N_POSITIONS + 1, 150, np.int32)
+        with pytest.raises(ValueError, match=rf"input \({N_POSITIONS + 1} tokens\) is longer than the model's position "
+                                             rf"table \({N_POSITIONS} positions"):
+            b.embed(seq, too_long, Pooling.CLS, 1024)
         with pytest.raises(ValueError, match="increase the physical batch size"):
             b.embed(seq, too_long[:20], Pooling.CLS, 16)  # non-causal: one sequence is one batch
         with pytest.raises(ConfigError, match="rank pooling"):

@@ -18,6 +18,7 @@ from spekula.core.backend import BackendOptions, load_backend
 from spekula.core.embedding import Pooling, normalize
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.modelfile.tokenizer import Tokenizer
+from spekula.fixtures.tiny_bert import N_POSITIONS
 
 pytest.importorskip("torch")
 TEXT = "the quick brown fox jumps over the lazy dog"
@@ -32,7 +33,7 @@ def _bert() -> Path:
 @pytest.fixture(scope="module")
 def bert_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
     log = tmp_path_factory.mktemp("bert") / "server.log"
-    with running(_bert(), "--embedding", "-np", "2", "-c", "256", "-b", "256", "-t", "1", log=log) as server:
+    with running(_bert(), "--embedding", "-np", "2", "-c", "1024", "-b", "1024", "-t", "1", log=log) as server:
         yield server
 
 
@@ -58,9 +59,10 @@ def test_completions_are_not_supported(bert_server: HttpServer) -> None:
 
 
 def test_longer_than_the_position_table(bert_server: HttpServer) -> None:
-    status, reply = bert_server.post("/v1/embeddings", {"input": "one " * 140})  # 142 tokens, 128 positions
+    n_words = N_POSITIONS  # with [CLS] and [SEP], two tokens more than the positions
+    status, reply = bert_server.post("/v1/embeddings", {"input": "one " * n_words})
     assert status == 400 and "too large" in reply["error"]["message"]
-    assert reply["error"]["n_prompt_tokens"] == 142 and reply["error"]["n_ctx"] == 128
+    assert reply["error"]["n_prompt_tokens"] == n_words + 2 and reply["error"]["n_ctx"] == N_POSITIONS
     assert bert_server.post("/v1/embeddings", {"input": "still here"})[0] == 200
 
 
