@@ -1,16 +1,18 @@
 """The model's tokenizer, rebuilt from GGUF metadata with llama.cpp's semantics.
 
-Three vocabulary kinds are supported:
+Four vocabulary kinds are supported:
 * ``tokenizer.ggml.model == "gpt2"``: byte-level BPE with a pre-tokenizer named by ``tokenizer.ggml.pre``
   (pretokenizers.py lists them: GPT-2's, starcoder's, qwen2's, llama3's, o200k's ``gpt-4o``, ``tekken``...);
 * ``tokenizer.ggml.model == "llama"``: SentencePiece-style BPE driven by token scores, ``▁`` for spaces,
   ``<0xNN>`` byte fallback tokens and a space prefix (Llama 2, Gemma 3, Mistral's older vocabularies);
 * ``tokenizer.ggml.model == "gemma4"``: BPE ranked by its merge list over UTF-8 characters, ``▁`` for
   spaces, no space prefix, ``<0xNN>`` byte fallback, words split only at newlines.
+* ``tokenizer.ggml.model == "bert"``: llama.cpp's WordPiece (wordpiece.py), ``[CLS]`` and ``[SEP]`` around
+  every encoded text; decoding joins ``▁`` pieces with spaces and cleans spaces as llama.cpp does.
 
 Special tokens are split out of the text first, the way llama.cpp does it (longest special first,
 control tokens only when ``parse_special``, user-defined tokens always); each plain-text fragment is then
-encoded by a `tokenizers` BPE model that knows nothing about specials. (Over 400 lines: the three
+encoded by a `tokenizers` BPE model that knows nothing about specials. (Over 400 lines: the four
 vocabulary kinds are derived, cached and encoded through the same private tables.)
 """
 
@@ -36,7 +38,7 @@ from spekula.core.modelfile.pretokenizers import (
 )
 from spekula.core.modelfile.stream_decode import StreamDecoder
 from spekula.core.modelfile.token_pieces import PieceTable
-from spekula.core.modelfile.wordpiece import WordPiece
+from spekula.core.modelfile.wordpiece import WordPiece, clean_spaces
 
 # tokenizer.ggml.token_type values
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -494,6 +496,8 @@ class Tokenizer:
         if (self._add_space_prefix and ids and ids[0] != self.bos_id and not (skip and skip[ids[0]])
                 and text.startswith(b" ")):
             text = text[1:]
+        if self.model_kind == "bert":
+            text = clean_spaces(text)  # llama.cpp's detokenize does it for WordPiece vocabularies
         return text.decode("utf-8", errors="replace")
 
     def stream_decoder(self, *, skip_special: bool = False) -> StreamDecoder:

@@ -13,6 +13,8 @@ tokens ([CLS], [SEP], ...) keep their text. Encoding a text fragment, as llm_tok
    any part that matches nothing becomes the one unknown token (no length limit, unlike Hugging Face's
    100 characters).
 
+Decoded text gets llama.cpp's ``clean_spaces`` passes (:func:`clean_spaces`).
+
 Hugging Face's `tokenizers` WordPiece (BertNormalizer, BertPreTokenizer) gives llama.cpp's ids on all of
 llama.cpp's bge test vectors, but not everywhere: its accent stripping keeps a full NFD decomposition, so a
 Hangul syllable becomes its two or three jamo where llama.cpp keeps only the first ("한국어": llama-tokenize
@@ -101,3 +103,37 @@ class WordPiece:
             else:
                 return [self.unk_id]  # a part matches nothing: the whole word is unknown
         return pieces or [self.unk_id]
+
+
+def clean_spaces(text: bytes) -> bytes:
+    """llama.cpp's `clean_spaces` pass over a detokenized WordPiece text, in its three in-place passes: no
+    space before ``?!.,``; `` ' `` loses both spaces; `` 's``, `` 'm``, `` 're``, `` 've`` lose theirs."""
+    buf = bytearray(text)
+    n = len(buf)
+    total = 1 if n else 0
+    for i in range(1, n):  # pass 1
+        x = buf[i]
+        if buf[i - 1] == 0x20 and x in b"?!.,":
+            total -= 1
+        buf[total] = x
+        total += 1
+    n, total, i = total, 1 if total else 0, 1
+    while i < n:  # pass 2: the space after the apostrophe is skipped (and zeroed, as llama.cpp does)
+        x = buf[i]
+        if x == 0x27 and i + 1 < n and buf[i - 1] == 0x20 and buf[i + 1] == 0x20:
+            total -= 1
+            i += 1
+            buf[i] = 0
+        buf[total] = x
+        total += 1
+        i += 1
+    n, total = total, 1 if total else 0
+    for i in range(1, n):  # pass 3
+        x = buf[i]
+        if buf[i - 1] == 0x20 and x == 0x27 and i + 1 < n:
+            x1 = buf[i + 1]
+            if x1 in b"sm" or (i + 2 < n and bytes((x1, buf[i + 2])) in (b"re", b"ve")):
+                total -= 1
+        buf[total] = x
+        total += 1
+    return bytes(buf[:total])

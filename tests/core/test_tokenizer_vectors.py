@@ -163,3 +163,21 @@ def test_bert_adds_cls_and_sep(vocab_dir: Path) -> None:
     tok = Tokenizer(GGUFFile(vocab_dir / "ggml-vocab-bert-bge.gguf").metadata)
     assert tok.encode("hello hello hello") == [101, 7592, 7592, 7592, 102]
     assert tok.encode("[CLS] hi [SEP]", add_special=False) == [101, 7632, 102]  # control tokens parsed
+
+
+@pytest.mark.parametrize(("raw", "clean"), [
+    (b" hello , world ! ok ? yes .", b" hello, world! ok? yes."),  # pass 1: no space before ?!.,
+    (b" a ' b", b" a'b"),  # pass 2: a lone apostrophe loses both spaces
+    (b" it 's i 'm we 're you 've", b" it's i'm we're you've"),  # pass 3: these contractions join
+    (b" don 't i 'd we 'll", b" don 't i 'd we 'll"),  # ... and these do not (llama.cpp leaves them)
+    (b"", b""),
+])
+def test_wordpiece_detokenize_cleans_spaces_as_llamacpp(raw: bytes, clean: bytes) -> None:
+    from spekula.core.modelfile.wordpiece import clean_spaces
+
+    assert clean_spaces(raw) == clean
+
+
+def test_bert_decode_joins_pieces(vocab_dir: Path) -> None:
+    tok = Tokenizer(GGUFFile(vocab_dir / "ggml-vocab-bert-bge.gguf").metadata)
+    assert tok.decode(tok.encode("Hello, world! It's fine.", add_special=False)) == " hello, world! it's fine."
