@@ -12,7 +12,7 @@ Four vocabulary kinds are supported:
 
 Special tokens are split out of the text first, the way llama.cpp does it (longest special first,
 control tokens only when ``parse_special``, user-defined tokens always); each plain-text fragment is then
-encoded by a `tokenizers` BPE model that knows nothing about specials. (Over 400 lines: the four
+encoded by a `tokenizers` BPE model (WordPiece: wordpiece.py) that knows nothing about specials. (Over 400 lines: the four
 vocabulary kinds are derived, cached and encoded through the same private tables.)
 """
 
