@@ -10,7 +10,8 @@ from :class:`EncoderHParams` alone. The graph, as llama.cpp's ``llama_model_bert
 * each block, post-norm: ``x = LN_attn_out(x + attn_output(attn(q, k, v)))`` with biased q/k/v/o
   projections and attention over every token of the sequence (non-causal, scale 1/sqrt(head_dim));
   then ``x = LN_layer_out(x + ffn_down(gelu(ffn_up(x))))`` with biases (GELU in ggml's tanh form);
-* output: the last block's hidden states, pooled by the file's ``bert.pooling_type`` (CLS for BGE).
+* output: the last block's hidden states, pooled by the file's ``bert.pooling_type`` (CLS for BGE; read
+  where the server's pooling is chosen, frontends/cli/embedding_options.py).
 
 LayerNorm epsilon is ``attention.layer_norm_epsilon``. A file with what this graph does not run (attention
 q/k norms, a fused qkv, a gated FFN, MoE blocks: llama.cpp's other BERT variants) is refused by name; so are
@@ -56,7 +57,6 @@ class EncoderHParams:
     n_positions: int  # rows of position_embd (context_length): the longest sequence it encodes
     n_token_types: int  # rows of token_types (0: the file has none)
     norm_eps: float
-    pooling_type: int | None  # llama.cpp's id from bert.pooling_type (None: not declared)
 
     @property
     def head_dim(self) -> int:
@@ -99,7 +99,6 @@ def read_encoder_hparams(f: GGUFFile) -> EncoderHParams:
                     raise ModelFileError(f.path, f"missing tensor 'blk.{i}.{stem}.{part}'")
     if f.has_tensor("cls.weight") or f.has_tensor("cls.output.weight"):
         raise ModelFileError(f.path, "bert classifier heads (rerankers: cls, cls.output) are not supported")
-    pooling = f.get(f"{arch}.pooling_type", None)
     return EncoderHParams(
         arch=arch,
         n_vocab=int(f.tensor("token_embd.weight").shape[0]),
@@ -110,5 +109,4 @@ def read_encoder_hparams(f: GGUFFile) -> EncoderHParams:
         n_positions=int(f.tensor("position_embd.weight").shape[0]),
         n_token_types=int(f.tensor("token_types.weight").shape[0]) if f.has_tensor("token_types.weight") else 0,
         norm_eps=float(f.require(f"{arch}.attention.layer_norm_epsilon")),
-        pooling_type=None if pooling is None else int(pooling),
     )
