@@ -44,6 +44,7 @@ class FakeConfig:
     n_slots: int = 2
     n_ctx: int = 256
     spec: SpecParams = field(default_factory=lambda: SpecParams(types=("ngram-mod",)))
+    embeddings_only: bool = False
 
 
 def expected_text(prompt: str, n_predict: int) -> str:

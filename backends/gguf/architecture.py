@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from spekula.backends.gguf.block_layout import BlockLayout, read_block_layout
+from spekula.backends.gguf.encoder import ENCODER_ARCHS
 from spekula.backends.gguf.rope_scaling import AttnTemperature, PositionScaling, read_position_scaling
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
@@ -444,6 +445,9 @@ def unsupported_options(hp: ModelHParams) -> list[str]:
 def _recipe_of(f: GGUFFile) -> BlockRecipe:
     """The recipe of `f`'s architecture; an architecture not in the table is a ModelFileError."""
     recipe = ARCHITECTURES.get(f.architecture)
+    if recipe is None and f.architecture in ENCODER_ARCHS:
+        raise ModelFileError(f.path, f"encoder architecture {f.architecture!r} (embeddings only) runs on the torch "
+                                     "backend only: use --backend torch")
     if recipe is None:
         raise ModelFileError(f.path, f"unsupported architecture {f.architecture!r} (supported: {', '.join(ARCHITECTURES)})")
     return recipe

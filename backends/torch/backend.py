@@ -38,10 +38,12 @@ import torch
 from spekula.backends.context_shift import check_shift, shift_refusal
 from spekula.backends.gguf.architecture import FEATURES, ModelHParams, read_hparams
 from spekula.backends.gguf.classifier import read_classifier_head
+from spekula.backends.gguf.encoder import is_encoder
 from spekula.backends.gguf.weights import load_model_weights
 from spekula.backends.seq_inputs import check_inputs
 from spekula.backends.seq_slots import PooledSeqs
 from spekula.backends.torch.delta_net import recurrence_width
+from spekula.backends.torch.encoder import TorchEncoderBackend
 from spekula.backends.torch.exact_probe import attention_align, choose_exact_gemm, onednn_packing_available
 from spekula.backends.torch.kv import KVPool, SeqCache
 from spekula.backends.torch.model import AttnGroup, KVWrite, Tile, TorchModel, model_gemm_shapes
@@ -381,4 +383,10 @@ class TorchBackend(PooledSeqs, Backend):
                 out.hidden_final[j] = fin[i]
 
 
-backend_class = TorchBackend
+def backend_class(model_path: str, options: BackendOptions) -> Backend:
+    """The torch runtime for `model_path`: TorchBackend for decoders, TorchEncoderBackend for BERT-style
+    encoders (embeddings only, backends/torch/encoder.py)."""
+    if is_encoder(GGUFFile.shared(model_path)):
+        device = resolve_device(options)
+        return TorchEncoderBackend(model_path, options, device, resolve_dtype(options, device))
+    return TorchBackend(model_path, options)

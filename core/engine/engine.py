@@ -79,6 +79,10 @@ def _has_content(piece: PieceEvent | None) -> bool:
     return piece is not None and bool(piece.tokens or piece.text)
 
 
+# What a completion request on an encoder's engine is told (HTTP: llama-server's not_supported error).
+EMBEDDINGS_ONLY = "This server does not support completions: its model is an encoder, which computes embeddings only"
+
+
 @dataclass
 class EngineConfig:
     n_slots: int = 1  # -np
@@ -93,6 +97,8 @@ class EngineConfig:
     # --context-shift: a generating slot whose context fills drops a span and goes on
     # (core/engine/context_shift.py); off, it stops there with finish reason "length" and `truncated`.
     context_shift: bool = False
+    # An encoder model (BERT): it computes embeddings only, so every completion request is refused.
+    embeddings_only: bool = False
 
 
 def end_drafter(drafter: Drafter, slot: int) -> None:
@@ -145,7 +151,9 @@ class Engine:
         self._scheduler = Scheduler(backend, tokenizer, config.n_batch, self.observer,
                                     (self._fixed_policy, self._adaptive_policy), context_shift=config.context_shift)
         self._queue: deque[tuple[CompletionRequest, RequestPlan, Outbox]] = deque()
-        self._embeddings = EmbeddingQueue(config.pooling, config.n_ctx, backend.info.n_vocab, config.n_batch)
+        # an encoder's learned positions end at its position table: a longer input is the caller's error
+        embd_ctx = min(config.n_ctx, backend.info.n_ctx_train) if config.embeddings_only else config.n_ctx
+        self._embeddings = EmbeddingQueue(config.pooling, embd_ctx, backend.info.n_vocab, config.n_batch)
         self._wake: anyio.Event | None = None
         # Pieces of steps the worker made back to back (Engine._steps), waiting for the loop.
         self._pending: deque[tuple[Outbox, PieceEvent]] = deque()
@@ -179,6 +187,9 @@ class Engine:
         if not -1 <= req.id_slot < self.config.n_slots:
             self._send_final(outbox, FinalEvent(req.id, "", [], "error",
                                                 error=f"id_slot {req.id_slot} is not a slot (0..{self.config.n_slots - 1})"))
+            return handle
+        if self.config.embeddings_only:
+            self._send_final(outbox, FinalEvent(req.id, "", [], "error", error=EMBEDDINGS_ONLY))
             return handle
         try:
             plan = plan_request(req, server_spec=self.config.spec, n_ctx=self.config.n_ctx,

@@ -1,16 +1,18 @@
 """The model's tokenizer, rebuilt from GGUF metadata with llama.cpp's semantics.
 
-Three vocabulary kinds are supported:
+Four vocabulary kinds are supported:
 * ``tokenizer.ggml.model == "gpt2"``: byte-level BPE with a pre-tokenizer named by ``tokenizer.ggml.pre``
   (pretokenizers.py lists them: GPT-2's, starcoder's, qwen2's, llama3's, o200k's ``gpt-4o``, ``tekken``...);
 * ``tokenizer.ggml.model == "llama"``: SentencePiece-style BPE driven by token scores, ``▁`` for spaces,
   ``<0xNN>`` byte fallback tokens and a space prefix (Llama 2, Gemma 3, Mistral's older vocabularies);
 * ``tokenizer.ggml.model == "gemma4"``: BPE ranked by its merge list over UTF-8 characters, ``▁`` for
   spaces, no space prefix, ``<0xNN>`` byte fallback, words split only at newlines.
+* ``tokenizer.ggml.model == "bert"``: llama.cpp's WordPiece (wordpiece.py), ``[CLS]`` and ``[SEP]`` around
+  every encoded text; decoding joins ``▁`` pieces with spaces and cleans spaces as llama.cpp does.
 
 Special tokens are split out of the text first, the way llama.cpp does it (longest special first,
 control tokens only when ``parse_special``, user-defined tokens always); each plain-text fragment is then
-encoded by a `tokenizers` BPE model that knows nothing about specials. (Over 400 lines: the three
+encoded by a `tokenizers` BPE model (WordPiece: wordpiece.py) that knows nothing about specials. (Over 400 lines: the four
 vocabulary kinds are derived, cached and encoded through the same private tables.)
 """
 
@@ -36,6 +38,7 @@ from spekula.core.modelfile.pretokenizers import (
 )
 from spekula.core.modelfile.stream_decode import StreamDecoder
 from spekula.core.modelfile.token_pieces import PieceTable
+from spekula.core.modelfile.wordpiece import WordPiece, clean_spaces
 
 # tokenizer.ggml.token_type values
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -165,9 +168,12 @@ class Tokenizer:
             default_bos = default_eos = None
             default_add_bos = True
             self.pre = "gemma4"  # llama.cpp sets it whatever the file says
+        elif self.model_kind == "bert":
+            default_bos, default_eos = 101, None  # [CLS]; llama.cpp's WPM defaults
+            default_add_bos = True
         else:
             raise ModelFileError(
-                source, f"unsupported tokenizer model {self.model_kind!r} (supported: 'gpt2', 'llama', 'gemma4')"
+                source, f"unsupported tokenizer model {self.model_kind!r} (supported: 'gpt2', 'llama', 'gemma4', 'bert')"
             )
         self.bos_id = self._special_id(meta, "bos", default_bos)
         self.eos_id = self._special_id(meta, "eos", default_eos)
@@ -175,6 +181,11 @@ class Tokenizer:
         if self.model_kind == "gemma4":
             self.add_bos = True  # llama.cpp overrides a false add_bos_token for Gemma 4
         self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+        # what closes an encoded text when add_eos: EOS, or for WordPiece [SEP] always (llama.cpp's add_sep)
+        self._end_id = self.eos_id
+        if self.model_kind == "bert":
+            self.add_bos = self.add_eos = True  # llama.cpp adds [CLS] and [SEP] whatever the file says
+            self._end_id = self._special_id(meta, "seperator", 102)
         self.chat_template = meta.get("tokenizer.chat_template")
         self.chat_template_kwargs = {}
         has_bytes = BYTE in self._types  # as declared, before the type fixes below
@@ -189,6 +200,8 @@ class Tokenizer:
             self._init_bpe(vocab, merges)
         elif self.model_kind == "gemma4":
             self._init_spaced_bpe(vocab, merges)
+        elif self.model_kind == "bert":
+            self._init_wordpiece(meta, vocab)
         else:
             self._init_spm(meta, vocab, merges, has_bytes)
         if kept is not None:
@@ -205,6 +218,8 @@ class Tokenizer:
         BPE merges, the special-token fixes to the types, fim, eog, the specials and the pieces."""
         if self.model_kind == "llama":
             merges = self._spm_merges(meta, vocab)
+        elif self.model_kind == "bert":
+            merges = []  # WordPiece has no merges
         else:
             if self.model_kind == "gpt2":
                 self._checked_pre()  # an unsupported pre-tokenizer fails before any work
@@ -276,6 +291,15 @@ class Tokenizer:
         word split but at newlines, ``<0xNN>`` tokens for characters the vocabulary lacks."""
         self._core = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=True))
         self._vocab = vocab
+        self._add_space_prefix = False
+
+    def _init_wordpiece(self, meta: dict[str, Any], vocab: dict[str, int]) -> None:
+        """llama.cpp's WPM (wordpiece.py): lower-casing from the file, accent stripping with it unless the
+        file says otherwise."""
+        lowercase = bool(meta.get("tokenizer.ggml.normalizer.lowercase", True))
+        strip_accents = bool(meta.get("tokenizer.ggml.normalizer.strip_accents", lowercase))
+        unk = self._special_id(meta, "unknown", 100)
+        self._wordpiece = WordPiece(vocab, unk if unk is not None else 0, lowercase, strip_accents)
         self._add_space_prefix = False
 
     def _spm_merges(self, meta: dict[str, Any], vocab: dict[str, int]) -> list[tuple[str, str]]:
@@ -366,12 +390,12 @@ class Tokenizer:
         if kind in (CONTROL, USER_DEFINED, UNKNOWN):
             return text.encode("utf-8")
         if kind == BYTE:
-            if self.model_kind in ("llama", "gemma4") and text.startswith("<0x") and text.endswith(">"):
+            if self.model_kind in ("llama", "gemma4", "bert") and text.startswith("<0x") and text.endswith(">"):
                 return bytes([int(text[3:-1], 16)])
             return bytes([_BYTE_OF_CHAR[text]]) if text in _BYTE_OF_CHAR else text.encode("utf-8")
         if kind != NORMAL:
             return b""  # UNUSED and undefined tokens render as nothing in llama.cpp
-        if self.model_kind in ("llama", "gemma4"):
+        if self.model_kind in ("llama", "gemma4", "bert"):
             return text.replace("\u2581", " ").encode("utf-8")
         # characters outside the byte alphabet (hand-added tokens) stand for their own UTF-8
         try:
@@ -432,6 +456,8 @@ class Tokenizer:
     def _encode_fragment(self, fragment: str, prev_special: bool) -> list[int]:
         if self.model_kind == "gemma4":
             return self._encode_spaced(fragment)
+        if self.model_kind == "bert":
+            return self._wordpiece.encode(fragment)
         if self.model_kind == "llama":
             if self._add_space_prefix and prev_special:
                 fragment = " " + fragment
@@ -451,8 +477,8 @@ class Tokenizer:
             else:
                 out.extend(self._encode_fragment(part, prev_special))
                 prev_special = False
-        if add_special and self.add_eos and self.eos_id is not None:
-            out.append(self.eos_id)
+        if add_special and self.add_eos and self._end_id is not None:
+            out.append(self._end_id)
         return out
 
     def _check_ids(self, ids: Sequence[int]) -> None:
@@ -470,6 +496,8 @@ class Tokenizer:
         if (self._add_space_prefix and ids and ids[0] != self.bos_id and not (skip and skip[ids[0]])
                 and text.startswith(b" ")):
             text = text[1:]
+        if self.model_kind == "bert":
+            text = clean_spaces(text)  # llama.cpp's detokenize does it for WordPiece vocabularies
         return text.decode("utf-8", errors="replace")
 
     def stream_decoder(self, *, skip_special: bool = False) -> StreamDecoder:

@@ -3,8 +3,9 @@ model file before any weights load.
 
 As in llama-server: an explicit `--pooling` wins, else the file's `{arch}.pooling_type`, else none (a
 vector per token, which the OpenAI endpoint refuses); `--reranking` is `--embedding --pooling rank`.
-Rank pooling needs a reranker file (backends/gguf/classifier.py) and is refused otherwise. Encoder
-architectures (BERT and its kin) are not built: their files are refused by name.
+Rank pooling needs a reranker file (backends/gguf/classifier.py) and is refused otherwise. An encoder
+(``bert``, backends/gguf/encoder.py) computes embeddings only: it needs --embedding, has no rank pooling
+here, and llama.cpp's other encoder architectures are refused by name.
 """
 
 from __future__ import annotations
@@ -12,13 +13,10 @@ from __future__ import annotations
 import argparse
 
 from spekula.backends.gguf.classifier import read_classifier_head
+from spekula.backends.gguf.encoder import is_encoder, read_encoder_hparams
 from spekula.core.embedding import Pooling, parse_pooling, pooling_from_gguf_id
 from spekula.core.errors import ConfigError
 from spekula.core.modelfile.gguf_file import GGUFFile
-
-# llama.cpp's encoder-only embedding architectures; spekula runs decoders only
-ENCODER_ARCHS = ("bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert",
-                 "neo-bert", "eurobert", "t5encoder")
 
 
 def serving_pooling(args: argparse.Namespace, model_file: GGUFFile) -> Pooling | None:
@@ -26,15 +24,20 @@ def serving_pooling(args: argparse.Namespace, model_file: GGUFFile) -> Pooling |
     embedding = bool(getattr(args, "embedding", False))
     reranking = bool(getattr(args, "reranking", False))
     asked = getattr(args, "pooling", None)
+    arch = model_file.architecture
+    encoder = is_encoder(model_file)
+    if encoder:
+        read_encoder_hparams(model_file)  # an encoder spekula does not build is refused by name, here
     if not (embedding or reranking):
         if asked is not None:
             raise ConfigError("--pooling needs --embedding (or --reranking)")
+        if encoder:
+            raise ConfigError(f"{model_file.path}: {arch!r} is an encoder model, which computes embeddings only: "
+                              "serve it with --embedding")
         return None
-    arch = model_file.architecture
-    if arch in ENCODER_ARCHS:
-        raise ConfigError(f"{model_file.path}: encoder architecture {arch!r} is not supported "
-                          "(embeddings come from decoder models only)")
     pooling = parse_pooling(asked) if asked is not None else None
+    if encoder and (reranking or pooling is Pooling.RANK):
+        raise ConfigError(f"rank pooling (--reranking) is not supported on {arch!r} encoders")
     if reranking:
         if pooling not in (None, Pooling.RANK):
             raise ConfigError(f"--reranking is rank pooling; --pooling {asked} contradicts it")

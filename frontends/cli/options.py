@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from spekula.backends.gguf.encoder import is_encoder
 from spekula.core.backend import BACKEND_NAMES, BackendOptions, backend_class, resolve_backend_name
 from spekula.core.drafting.registry import (
     DrafterEntry,
@@ -475,6 +476,13 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
                                 threads=args.threads if args.spec_draft_threads is None else args.spec_draft_threads,
                                 ort_provider=args.ort_provider)
     backend_name = resolve_backend_name(args.backend, opts)
+    encoder = is_encoder(model_file)
+    if encoder:
+        if spec.types or draft_path:
+            raise ConfigError(f"{path}: an encoder model generates nothing, so there is nothing to speculate on: "
+                              "--spec-type and draft models do not apply (it serves embeddings only)")
+        if args.backend == "auto":
+            backend_name = "torch"  # encoders run on torch only (backends/torch/encoder.py)
     # The backend loads in a thread while the tokenizer is built here (in_thread.py says why); a failure
     # here is reported before the backend's own, as when they ran one after the other. Its module is
     # imported first, here: the thread then holds the GIL only briefly before the GIL-free part of its load.
@@ -490,7 +498,7 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
     backend = loading.result()
     config = EngineConfig(n_slots=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, spec=spec,
                           slot_prompt_similarity=args.slot_prompt_similarity, pooling=pooling,
-                          context_shift=bool(getattr(args, "context_shift", False)))
+                          context_shift=bool(getattr(args, "context_shift", False)), embeddings_only=encoder)
     try:
         return Engine(backend, tokenizer, config, drafters=drafters, backend_name=backend_name,
                       draft_model_path=draft_path, draft_backend_options=draft_opts)

@@ -17,6 +17,7 @@ import anyio
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from spekula.core.engine.engine import EMBEDDINGS_ONLY
 from spekula.core.events import Event, FinalEvent
 from spekula.frontends.http import prompts as http_prompts
 from spekula.frontends.http.errors import HttpError, anthropic_path, from_rpc
@@ -74,6 +75,8 @@ class GenerationService:
     def build(self, params: dict[str, Any], prompt: list[int], options: HttpOptions,
               prompt_text: str | None) -> tuple[Generation, rp.ParsedCompletion]:
         cfg = self.engine.config
+        if cfg.embeddings_only:
+            raise HttpError(EMBEDDINGS_ONLY, "not_supported_error")
         try:
             parsed = rp.parse_completion(params, prompt, defaults=self.defaults, spec_base=cfg.spec, n_ctx=cfg.n_ctx,
                                          n_slots=cfg.n_slots, tokenizer=self.engine.tokenizer)

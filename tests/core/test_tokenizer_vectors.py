@@ -21,11 +21,11 @@ from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.modelfile.tokenizer import Tokenizer
 
-SUPPORTED = ("command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2", "llama-bpe", "llama-spm",
+SUPPORTED = ("bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2", "llama-bpe", "llama-spm",
              "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder")
 # Vocabularies with vectors whose tokenizer model or pre-tokenizer spekula does not implement: their
 # test checks that the tokenizer refuses them, then skips naming them.
-UNSUPPORTED = ("bert-bge",)
+UNSUPPORTED: tuple[str, ...] = ()
 _VOCAB_PREFIX = ROOT + "models/ggml-vocab-"
 _SEPARATOR = "\n__ggml_vocab_test__\n"
 
@@ -141,3 +141,43 @@ def test_gemma4_specials_bos_and_decoding(vocab_dir: Path) -> None:
     assert ids == [482, 381, 429, 427]
     assert [tok.token_text(t) for t in ids] == [f"<0x{b:02X}>" for b in rare.encode()]
     assert tok.decode(ids) == rare
+
+
+# ---- WordPiece (bert-bge): what the vectors do not cover ------------------------------------------
+
+# llama-tokenize -m ggml-vocab-bert-bge.gguf (build 11434): without specials, then with them
+BGE_CASES = [
+    ("\ud55c\uad6d\uc5b4", [1469, 29991, 29999]),  # a Hangul syllable keeps only its first jamo (one-code-point NFD)
+    ("\u0130stanbul", [9960]),  # the simple lower case of U+0130 is "i"
+    ("a\x1fb", [11113]),  # \\p{C} is dropped, not a word break
+]
+
+
+@pytest.mark.parametrize(("text", "ids"), BGE_CASES)
+def test_bert_wordpiece_follows_llamacpp(vocab_dir: Path, text: str, ids: list[int]) -> None:
+    tok = Tokenizer(GGUFFile(vocab_dir / "ggml-vocab-bert-bge.gguf").metadata)
+    assert tok.encode(text, add_special=False) == ids
+
+
+def test_bert_adds_cls_and_sep(vocab_dir: Path) -> None:
+    tok = Tokenizer(GGUFFile(vocab_dir / "ggml-vocab-bert-bge.gguf").metadata)
+    assert tok.encode("hello hello hello") == [101, 7592, 7592, 7592, 102]
+    assert tok.encode("[CLS] hi [SEP]", add_special=False) == [101, 7632, 102]  # control tokens parsed
+
+
+@pytest.mark.parametrize(("raw", "clean"), [
+    (b" hello , world ! ok ? yes .", b" hello, world! ok? yes."),  # pass 1: no space before ?!.,
+    (b" a ' b", b" a'b"),  # pass 2: a lone apostrophe loses both spaces
+    (b" it 's i 'm we 're you 've", b" it's i'm we're you've"),  # pass 3: these contractions join
+    (b" don 't i 'd we 'll", b" don 't i 'd we 'll"),  # ... and these do not (llama.cpp leaves them)
+    (b"", b""),
+])
+def test_wordpiece_detokenize_cleans_spaces_as_llamacpp(raw: bytes, clean: bytes) -> None:
+    from spekula.core.modelfile.wordpiece import clean_spaces
+
+    assert clean_spaces(raw) == clean
+
+
+def test_bert_decode_joins_pieces(vocab_dir: Path) -> None:
+    tok = Tokenizer(GGUFFile(vocab_dir / "ggml-vocab-bert-bge.gguf").metadata)
+    assert tok.decode(tok.encode("Hello, world! It's fine.", add_special=False)) == " hello, world! it's fine."

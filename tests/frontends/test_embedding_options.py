@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from spekula.core.embedding import Pooling
-from spekula.core.errors import ConfigError
+from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.frontends.cli.embedding_options import serving_pooling
 
@@ -54,10 +54,27 @@ def test_reranking_needs_a_reranker() -> None:
         serving_pooling(_args(embedding=True, pooling="max"), _llama())
 
 
-def test_an_encoder_model_is_refused_by_name(tmp_path: Path) -> None:
+def _bert() -> GGUFFile:
+    from spekula.fixtures.tiny_bert import tiny_bert_path
+
+    return GGUFFile(tiny_bert_path())
+
+
+def test_a_bert_encoder_serves_embeddings_only() -> None:
+    assert serving_pooling(_args(embedding=True), _bert()) is Pooling.CLS  # the file's bert.pooling_type
+    assert serving_pooling(_args(embedding=True, pooling="mean"), _bert()) is Pooling.MEAN
+    with pytest.raises(ConfigError, match="'bert' is an encoder model, which computes embeddings only: serve it "
+                                          "with --embedding"):
+        serving_pooling(_args(), _bert())
+    with pytest.raises(ConfigError, match="rank pooling .* not supported on 'bert' encoders"):
+        serving_pooling(_args(reranking=True), _bert())
+
+
+def test_other_encoder_models_are_refused_by_name(tmp_path: Path) -> None:
     from spekula.fixtures.tiny_gguf import write_gguf
 
-    path = write_gguf(tmp_path / "bert.gguf", "bert", {"pooling_type": 2, "embedding_length": 8},
+    path = write_gguf(tmp_path / "nomic.gguf", "nomic-bert", {"pooling_type": 1, "embedding_length": 8},
                       {"token_embd.weight": np.zeros((4, 8), np.float32)}, {})
-    with pytest.raises(ConfigError, match="encoder architecture 'bert' is not supported"):
-        serving_pooling(_args(embedding=True), GGUFFile(path))
+    for args in (_args(embedding=True), _args()):
+        with pytest.raises(ModelFileError, match="encoder architecture 'nomic-bert' is not supported"):
+            serving_pooling(args, GGUFFile(path))

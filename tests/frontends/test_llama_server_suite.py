@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PASSING = Path(__file__).parents[1] / "data" / "llama_server_suite_passing.txt"
 INFILL = Path(__file__).parents[1] / "data" / "llama_server_suite_infill.txt"
 RERANK = Path(__file__).parents[1] / "data" / "llama_server_suite_rerank.txt"
+EMBEDDING = Path(__file__).parents[1] / "data" / "llama_server_suite_embedding.txt"
 
 
 def _passes(ids_file: Path, model: Path, tmp_path: Path) -> None:
@@ -59,3 +60,12 @@ def test_llama_server_rerank_tests_pass_on_a_reranker_fixture(tmp_path: Path) ->
     from spekula.fixtures.tiny_reranker import tiny_qwen3_reranker_path
 
     _passes(RERANK, tiny_qwen3_reranker_path(), tmp_path)
+
+
+@pytest.mark.slow
+def test_llama_server_embedding_tests_pass_on_a_bert_fixture(tmp_path: Path) -> None:
+    """test_embedding's presets serve bge-small, a BERT encoder: it runs on the tiny BERT fixture, where
+    everything but bge's token counts passes (tests/data/llama_server_suite_embedding.txt)."""
+    from spekula.fixtures.tiny_bert import tiny_bert_path
+
+    _passes(EMBEDDING, tiny_bert_path(), tmp_path)
