@@ -132,19 +132,31 @@ class NativeDFlashRuntime(NativeHeadContext, DFlashRuntime):
         seq = np.concatenate([np.full(len(b.tokens), self._seqs.get(b.seq_id).slot, np.int32) for b in blocks])
         # Every row of a block sees the whole block (and the context before it), unless the head is causal.
         key_end = np.concatenate([np.full(len(b.tokens), b.start + len(b.tokens), np.int32) for b in blocks])
-        out_rows = np.arange(m, dtype=np.int32)
-        logits = np.empty((m, self.n_out_vocab), np.float32)
-        batch = nl.Batch(n_rows=m, tokens=nl.ptr(tokens), pos=nl.ptr(pos), seq=nl.ptr(seq), n_out=m,
-                         out_rows=nl.ptr(out_rows), logits=nl.ptr(logits), capture=None, hidden_final=None,
-                         hidden_in=None, key_end=None if self.causal else nl.ptr(key_end))
+        # Only the rows each caller reads go through the output head (DFlashBlock.logit_rows).
+        wanted = [np.arange(n, dtype=np.int32) if b.logit_rows is None else _logit_rows(b.logit_rows, n)
+                  for b, n in zip(blocks, sizes, strict=True)]
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
+        out_rows = np.concatenate([w + s for w, s in zip(wanted, starts, strict=True)]).astype(np.int32)
+        logits = np.empty((out_rows.size, self.n_out_vocab), np.float32)
+        batch = nl.Batch(n_rows=m, tokens=nl.ptr(tokens), pos=nl.ptr(pos), seq=nl.ptr(seq), n_out=out_rows.size,
+                         out_rows=nl.ptr(out_rows) if out_rows.size else None, logits=nl.ptr(logits), capture=None,
+                         hidden_final=None, hidden_in=None, key_end=None if self.causal else nl.ptr(key_end))
         nl.forward(self._live(), batch, "native DFlash forward")
         outs: list[DFlashOut] = []
         off = 0
-        for b, n in zip(blocks, sizes, strict=True):
+        for b, n, w in zip(blocks, sizes, wanted, strict=True):
             self._seqs.get(b.seq_id).length = b.start + n
-            outs.append(DFlashOut(logits[off:off + n], None, self.vocab))
-            off += n
+            outs.append(DFlashOut(logits[off:off + w.size], None, self.vocab))
+            off += w.size
         return outs
+
+
+def _logit_rows(rows: Sequence[int], n: int) -> np.ndarray:
+    """A block's wanted logit rows as int32 block indices, checked: increasing, within the block."""
+    wanted = np.asarray(rows, dtype=np.int32).reshape(-1)
+    if wanted.size and (wanted[0] < 0 or wanted[-1] >= n or np.any(np.diff(wanted) <= 0)):
+        raise ValueError(f"DFlash logit rows {wanted.tolist()} are not increasing block indices below {n}")
+    return wanted
 
 
 runtime_class = NativeDFlashRuntime

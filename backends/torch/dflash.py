@@ -150,6 +150,9 @@ class TorchDFlashRuntime(TorchDraftBase, DFlashRuntime):
             bl, conf = logits[off:off + m], None
             if self.markov_w1 is not None and m <= self.info.block_size:  # longer blocks skip the head (docs/model-formats.md §4)
                 bl, conf = self._markov(bl, hid[off:off + m].float(), int(b.tokens[0]))
+            if b.logit_rows is not None:  # the Markov chain runs through every row; the caller reads these
+                rows = torch.as_tensor(list(b.logit_rows), dtype=torch.long, device=bl.device)
+                bl, conf = bl[rows], None if conf is None else conf[rows]
             outs.append(DFlashOut(bl.cpu().numpy(), None if conf is None else conf.cpu().numpy()))
             off += m
         return outs

@@ -70,6 +70,11 @@ class DFlashBlock:
     seq_id: int
     tokens: np.ndarray  # int32 [B]: [last, MASK, ...] at positions start .. start+B-1
     start: int
+    # The block indices whose logits the caller reads, increasing (None: every index). DFlashOut's
+    # logits and confidence then hold one row per listed index, in this order. Every row still takes
+    # part in the block's attention; only the output head is spared for the others (over a target's
+    # whole vocabulary it is most of a block's time, and a short draft reads two or three rows).
+    logit_rows: Sequence[int] | None = None
 
 
 @dataclass(slots=True)

@@ -26,11 +26,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # A call weighs LEDGER_DECAY^age (about the last 7 calls); a ledger is judged once its calls weigh
-# MIN_EVIDENCE, two calls (before that the drafter is given the benefit of the doubt: a head that
-# pays must pay from the first rounds; and every call of one that does not costs about a round on
-# SmolLM2, so a short request cannot afford many to find out).
+# MIN_EVIDENCE, from the first call on: a head that pays must pay from its first call, and every call
+# of one that does not costs about a round on SmolLM2 (with the prompt's catch-up, the first one
+# more), so a short request cannot afford a second to find out. Judging after two calls instead left
+# SmolLM2's shipped DFlash head on held-out chat at 0.94-0.95x plain where one call gave 0.99-1.0x
+# (alternating runs, 2026-12-06); on the code prompts, where the heads pay, it changed nothing beyond
+# the noise. A first call that loses by bad luck costs the slot REST_FIRST rounds before its probe.
 LEDGER_DECAY = 0.85
-MIN_EVIDENCE = 1.8
+MIN_EVIDENCE = 1.0
 # A slot's own calls count after PRIOR_CALLS pseudo-calls of the drafter's global record.
 PRIOR_CALLS = 2.0
 REST_FIRST = 32

@@ -164,13 +164,18 @@ class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, DFlashSlot]):
         """Block indices holding the n drafts, in order."""
         return range(1, n + 1)
 
+    def logit_rows(self, plan: _Plan) -> range:
+        """The block indices a plan's draft is read from, in order: its cap's worth of read_rows (the
+        runtime computes logits for these only; DFlashOut's row i is index i of this range)."""
+        return self.read_rows(plan.n_spec)[: plan.cap]
+
     def select(self, plan: _Plan, out: DFlashOut, req: DraftRequest) -> Draft:
         rng = plan.slot.rng if req.spec.draft_sampling == "probabilistic" and req.temperature > 0 else None
         tokens: list[int] = []
         probs: list[np.ndarray] = []
         confidence: list[float] = []
-        for j in self.read_rows(plan.n_spec)[: plan.cap]:
-            c = choose(out.logits[j], req.temperature, rng, vocab=out.vocab, n_vocab=self.info.n_vocab)
+        for i in range(len(self.logit_rows(plan))):
+            c = choose(out.logits[i], req.temperature, rng, vocab=out.vocab, n_vocab=self.info.n_vocab)
             if c.p_top < float(req.spec.p_min):
                 break
             tokens.append(c.token)
@@ -193,7 +198,7 @@ class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, DFlashSlot]):
                 continue
             self.probabilistic(st, r)
             plans.append(_Plan(i, st, pos0 - st.offset, block, n_spec, min(n_spec, int(r.n_max))))
-        outs = self.runtime.draft_blocks([DFlashBlock(p.slot.seq, p.block, p.pos0) for p in plans])
+        outs = self.runtime.draft_blocks([DFlashBlock(p.slot.seq, p.block, p.pos0, self.logit_rows(p)) for p in plans])
         result = [Draft.empty() for _ in requests]
         for plan, out in zip(plans, outs, strict=True):
             self.runtime.truncate(plan.slot.seq, plan.pos0)  # only target context persists

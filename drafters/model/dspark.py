@@ -58,12 +58,12 @@ class DSparkDrafter(DFlashDrafter):
             p_min = 0.0
         tokens: list[int] = []
         confidence: list[float] = []
-        for j in self.read_rows(plan.n_spec)[: plan.cap]:
-            if p_min > 0 and out.confidence is not None and float(out.confidence[j]) < p_min:
+        for i in range(len(self.logit_rows(plan))):  # row i of out is block index logit_rows(plan)[i]
+            if p_min > 0 and out.confidence is not None and float(out.confidence[i]) < p_min:
                 break
-            best = int(np.argmax(out.logits[j]))
+            best = int(np.argmax(out.logits[i]))
             tokens.append(best if out.vocab is None else int(out.vocab[best]))
             if out.confidence is not None:
-                confidence.append(float(out.confidence[j]))
+                confidence.append(float(out.confidence[i]))
         # Its confidence head's number is what a DSpark draft is sure of; without one there is none.
         return Draft(tokens, None, confidence if out.confidence is not None else None)

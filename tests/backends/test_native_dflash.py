@@ -146,6 +146,29 @@ def test_outputs_do_not_depend_on_batching_injection_chunks_or_threads(models: d
     assert np.array_equal(other.draft_blocks([DFlashBlock(s, block(other), N_CONTEXT)])[0].logits, want.logits)
 
 
+@pytest.mark.parametrize("runtime", ["native", "torch"])
+@pytest.mark.parametrize("kind", ["f32", "vocab"])
+def test_logit_rows_are_those_rows_of_the_whole_block(models: dict[str, Path], kind: str, runtime: str) -> None:
+    """A block that asks for some rows' logits (DFlashBlock.logit_rows: what a short draft reads) gets
+    exactly those rows of the whole block's logits, batched beside a block that asks for all."""
+    rt = native_runtime(models, kind) if runtime == "native" else torch_runtime(models, kind)
+    x, y = features(rt, N_CONTEXT, seed=1), features(rt, 5, seed=2)
+    s, t = rt.new_seq(), rt.new_seq()
+    rt.inject(s, x, 0)
+    rt.inject(t, y, 0)
+    whole = rt.draft_blocks([DFlashBlock(s, block(rt), N_CONTEXT)])[0]
+    for rows in ([1], [1, 2], [0, 2, 3], []):
+        rt.truncate(s, N_CONTEXT)
+        rt.truncate(t, 5)
+        some, other = rt.draft_blocks([DFlashBlock(s, block(rt), N_CONTEXT, rows), DFlashBlock(t, block(rt, 9, 3), 5)])
+        assert np.array_equal(some.logits, whole.logits[rows]) and len(other.logits) == 3
+        assert rt.seq_len(s) == N_CONTEXT + 4  # every row of the block still wrote its keys
+    if runtime == "native":
+        rt.truncate(s, N_CONTEXT)
+        with pytest.raises(ValueError, match="logit rows"):
+            rt.draft_blocks([DFlashBlock(s, block(rt), N_CONTEXT, [2, 1])])
+
+
 def test_over_a_native_target_it_uses_the_targets_threads_and_embedding(models: dict[str, Path]) -> None:
     target = native_target(models, threads=2)
     over = native_runtime(models, "q8_0", target=target)

@@ -49,6 +49,21 @@ def test_a_drafter_that_loses_rests_then_probes_at_doubling_intervals() -> None:
                          min(16 * REST_FIRST, REST_MAX)]
 
 
+def test_the_first_call_of_a_drafter_without_a_record_decides() -> None:
+    """One call is evidence enough: a first call that loses rests the drafter for the slot at once (a
+    short request cannot afford a second losing call), one that pays keeps it active."""
+    losing, paying = DrafterBackoff(), DrafterBackoff()
+    for b in (losing, paying):
+        b.next_round()
+        assert b.may_call("head", 0) and not b.probing("head", 0)
+    losing.called("head", 0, gained=0, spent=0.6)
+    paying.called("head", 0, gained=2, spent=0.6)
+    losing.next_round()
+    paying.next_round()
+    assert not losing.may_call("head", 0) and losing.resting("head", 0)
+    assert paying.may_call("head", 0) and not paying.probing("head", 0)
+
+
 def test_a_probe_that_pays_makes_the_drafter_active_again() -> None:
     b = DrafterBackoff()
     _lose(b)
