@@ -197,7 +197,7 @@ class Engine:
                                 is_eog=self._is_eog, fixed_policy=self._fixed_policy,
                                 adaptive_policy=self._adaptive_policy, new_constraint=self.grammars.new,
                                 dry_breakers=self._dry_breakers,
-                                context_shift=self.config.context_shift)
+                                context_shift=self.config.context_shift, token_piece=self._token_piece)
         except RequestRejected as exc:
             self._send_final(outbox, FinalEvent(req.id, "", [], "error", error=str(exc), rejected_spec=exc.spec_at_fault))
         except Exception as exc:  # noqa: BLE001 - e.g. a third-party drafter failing to build: this request only
@@ -218,6 +218,11 @@ class Engine:
 
     def _is_eog(self, token: int) -> bool:
         return bool(self.tokenizer.is_eog(token))
+
+    def _token_piece(self, token: int) -> bytes:
+        """A token's bytes as decoded output holds them (a tokenizer without bytes: its text)."""
+        tok = self.tokenizer
+        return bytes(tok.token_bytes(token)) if hasattr(tok, "token_bytes") else str(tok.token_text(token)).encode()
 
     def cancel(self, request_id: str) -> bool:
         for i, (req, _plan, outbox) in enumerate(self._queue):
