@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import numpy as np
 
@@ -221,6 +222,13 @@ class JointConstraint:
     @property
     def stopped(self) -> bool:
         return self.grammar.stopped
+
+
+def token_piece_of(tokenizer: Any) -> Callable[[int], bytes]:
+    """A token's bytes as decoded output holds them (a tokenizer without bytes: its text), for the UTF-8 check."""
+    if hasattr(tokenizer, "token_bytes"):
+        return lambda t: bytes(tokenizer.token_bytes(t))
+    return lambda t: str(tokenizer.token_text(t)).encode()
 
 
 def _last_start(prompt: Sequence[int], start: Sequence[int]) -> int:
