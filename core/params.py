@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from spekula.core.modelfile.constraint import GrammarSpec
+from spekula.core.modelfile.reasoning_budget import ReasoningBudget
 
 # llama.cpp's default `samplers` chain, in its order (logit bias always runs first, the draw last).
 DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
@@ -103,6 +104,8 @@ class CompletionRequest:
     cache_prompt: bool = True
     id_slot: int = -1  # run in this slot (waiting for it if busy); -1: the engine chooses
     grammar: GrammarSpec | None = None  # constrained decoding: GBNF, a JSON schema, ...
+    # A positive reasoning budget: its message and end forced after N reasoning tokens (a constraint too)
+    reasoning_budget: ReasoningBudget | None = None
     # Report the target's probability of every emitted token (core/verify/token_probs.py), with its
     # n_probs most likely alternatives; after the sampler chain instead of before it if post_sampling_probs.
     token_probs: bool = False

@@ -29,7 +29,7 @@ TEMPLATES = (
     "mistralai-Ministral-3-14B-Reasoning-2512", "unsloth-mistral-Devstral-Small-2507", "openai-gpt-oss-120b",
     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "deepseek-ai-DeepSeek-V3.1",
     "meetkai-functionary-medium-v3.1", "meetkai-functionary-medium-v3.2", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
-    "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B", "Qwen3.5-4B", "Qwen3-Coder",
+    "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B", "Qwen3.5-4B", "Qwen3-Coder", "llama-cpp-deepseek-r1",
 )
 TOOLS = [{"type": "function", "function": {
     "name": "read_file", "description": "Read a file of the repository",

@@ -51,6 +51,7 @@ from spekula.core.engine.slot_actions import SlotActionQueue
 from spekula.core.errors import ConfigError
 from spekula.core.events import FinalEvent, PieceEvent, StopType
 from spekula.core.modelfile.grammar_llg import Grammars
+from spekula.core.modelfile.reasoning_budget import token_piece_of
 from spekula.core.params import CompletionRequest, SpecParams
 from spekula.core.policy.adaptive import AdaptivePolicy
 from spekula.core.policy.controller import AdaptiveController
@@ -197,7 +198,7 @@ class Engine:
                                 is_eog=self._is_eog, fixed_policy=self._fixed_policy,
                                 adaptive_policy=self._adaptive_policy, new_constraint=self.grammars.new,
                                 dry_breakers=self._dry_breakers,
-                                context_shift=self.config.context_shift)
+                                context_shift=self.config.context_shift, token_piece=token_piece_of(self.tokenizer))
         except RequestRejected as exc:
             self._send_final(outbox, FinalEvent(req.id, "", [], "error", error=str(exc), rejected_spec=exc.spec_at_fault))
         except Exception as exc:  # noqa: BLE001 - e.g. a third-party drafter failing to build: this request only

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from spekula.core.drafting.drafter import Drafter
 from spekula.core.errors import ContextOverflowError, SpekulaError
 from spekula.core.modelfile.constraint import Constraint, ConstraintError, GrammarSpec
+from spekula.core.modelfile.reasoning_budget import JointConstraint, ReasoningBudgetConstraint
 from spekula.core.params import CompletionRequest, SpecParams
 from spekula.core.policy.policy import DraftPolicy
 from spekula.core.verify.dry import Breakers
@@ -39,7 +40,7 @@ class RequestPlan:
     sampler: Sampler  # the target's sampler, its penalty history already fed with the prompt
     verifier: Verifier
     policy: DraftPolicy  # how long the drafts are: fixed caps or the cost model's choice
-    constraint: Constraint | None = None  # the request's grammar state (masks every verification row)
+    constraint: Constraint | None = None  # grammar and reasoning budget state (masks every verification row)
 
     @property
     def seed(self) -> int:
@@ -81,10 +82,11 @@ def plan_request(req: CompletionRequest, *, server_spec: SpecParams, n_ctx: int,
                  is_eog: Callable[[int], bool], fixed_policy: DraftPolicy, adaptive_policy: DraftPolicy,
                  new_constraint: Callable[[GrammarSpec], Constraint] | None = None,
                  dry_breakers: Callable[[tuple[str, ...]], Breakers] | None = None,
-                 context_shift: bool = False) -> RequestPlan:
+                 context_shift: bool = False, token_piece: Callable[[int], bytes] | None = None) -> RequestPlan:
     """Check `req` and resolve it into a RequestPlan, or raise RequestRejected. `dry_breakers` turns
     DRY's sequence breakers into token sequences (with the tokenizer), for requests that use DRY. `context_shift`: the engine shifts full contexts, so
-    model drafters that cannot follow a shift are refused."""
+    model drafters that cannot follow a shift are refused. `token_piece`: a token's bytes, which a
+    reasoning budget reads (it lets a split character finish before forcing)."""
     check_prompt(req, n_ctx, n_vocab)
     spec = req.spec or server_spec
     try:
@@ -108,7 +110,7 @@ def plan_request(req: CompletionRequest, *, server_spec: SpecParams, n_ctx: int,
                                synth_rates=synth, seed=sampler.seed)
     # Synthetic acceptance measures the engine at chosen rates: the lengths stay fixed for it.
     policy = adaptive_policy if spec.adaptive and synth is None else fixed_policy
-    constraint = None
+    constraint: Constraint | None = None
     if req.grammar is not None:
         if new_constraint is None:
             raise RequestRejected("this engine has no grammar support")
@@ -116,5 +118,10 @@ def plan_request(req: CompletionRequest, *, server_spec: SpecParams, n_ctx: int,
             constraint = new_constraint(req.grammar)
         except ConstraintError as exc:
             raise RequestRejected(f"invalid {req.grammar.kind}: {exc}") from None
+    if req.reasoning_budget is not None:
+        if token_piece is None:
+            raise RequestRejected("this engine has no reasoning budget support")
+        budget = ReasoningBudgetConstraint(req.reasoning_budget, token_piece, req.prompt)
+        constraint = budget if constraint is None else JointConstraint(budget, constraint)
     return RequestPlan(spec=spec, drafters=drafters, n_max_eff=max((drafter_cap(d, spec) for d in drafters), default=0),
                        sampler=sampler, verifier=verifier, policy=policy, constraint=constraint)

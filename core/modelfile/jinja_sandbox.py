@@ -1,7 +1,7 @@
 """The Jinja environment chat templates render in, the way Hugging Face transformers sets it up.
 
 An immutable sandbox, ``trim_blocks`` and ``lstrip_blocks``, loop controls, a ``tojson`` filter that
-keeps non-ASCII text, ``raise_exception`` and ``strftime_now`` globals, and the ``{% generation %}``
+keeps non-ASCII text and writes a filter's generator (``tools | map(attribute='function')``) as a list, ``raise_exception`` and ``strftime_now`` globals, and the ``{% generation %}``
 block tag (rendered as its plain body). A module of its own so that jinja2 (a tenth of the CLI's
 start-up) is imported by the first template compiled, not by whoever names a chat-template helper.
 """
@@ -9,6 +9,7 @@ start-up) is imported by the first template compiled, not by whoever names a cha
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -55,8 +56,16 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:  # fmt: skip
     return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys, default=_as_list
     )
+
+
+def _as_list(value: Any) -> list[Any]:
+    """What `map`, `select` and the like return (a generator in jinja2, a list in llama.cpp's engine) as
+    the list llama-server writes; anything else stays unserialisable."""
+    if isinstance(value, Iterator):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 class _GenerationTag(Extension):

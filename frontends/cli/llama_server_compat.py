@@ -167,14 +167,6 @@ def _refuse(feature: str, noop: Iterable[str] = ()) -> Handler:
     return handle
 
 
-def _reasoning_budget(tr: Translation, name: str, values: list[str]) -> None:
-    """-1 (unlimited) and 0 (no reasoning) are built; a positive budget is refused as a missing feature."""
-    if values and values[0].strip().lstrip("-").isdigit() and int(values[0]) > 0:
-        tr.errors.append(f"{name} {values[0]} (a positive reasoning budget) is not implemented by spekula")
-        return
-    _emit("--reasoning-budget")(tr, name, values)
-
-
 def _is_noop(value: str, allowed: Sequence[str]) -> bool:
     for ok in allowed:
         if value.strip().lower() == ok.lower():
@@ -557,9 +549,8 @@ translated("--no-prefill-assistant", "--no-prefill-assistant", nargs=0, env="LLA
 translated("--reasoning-format", "--reasoning-format", env="LLAMA_ARG_THINK")
 translated("-rea --reasoning", "--reasoning", env="LLAMA_ARG_REASONING")
 translated("--reasoning-effort", "--reasoning-effort", env="LLAMA_ARG_REASONING_EFFORT")
-special("--reasoning-budget", "-1 and 0 to `spekula serve --reasoning-budget`; a positive budget refused",
-        _reasoning_budget, env="LLAMA_ARG_THINK_BUDGET")
-rejected("--reasoning-budget-message", "reasoning budget", nargs=1, env="LLAMA_ARG_THINK_BUDGET_MESSAGE")
+translated("--reasoning-budget", "--reasoning-budget", env="LLAMA_ARG_THINK_BUDGET")
+translated("--reasoning-budget-message", "--reasoning-budget-message", env="LLAMA_ARG_THINK_BUDGET_MESSAGE")
 rejected("--reasoning-preserve", "reasoning history control", env="LLAMA_ARG_REASONING_PRESERVE", env_sign=True)
 rejected("--no-reasoning-preserve", "reasoning history control", env="LLAMA_ARG_REASONING_PRESERVE", env_sign=False)
 rejected("--grammar --grammar-file", "server-wide grammar", nargs=1)

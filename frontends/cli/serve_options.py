@@ -91,8 +91,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "reasoning_format overrides it")
     g.add_argument("--reasoning-budget", type=_reasoning_budget, default=-1, metavar="N",
                    help="chat reasoning: -1 unlimited, 0 none (the template asked for none, a prompt that opens "
-                        "reasoning closed); a positive budget is not built (default: -1); a request's "
-                        "reasoning_budget_tokens overrides it")
+                        "reasoning closed), N > 0: N tokens of reasoning, then its end tag forced (default: -1); "
+                        "a request's reasoning_budget_tokens overrides it")
+    g.add_argument("--reasoning-budget-message", default="", metavar="MESSAGE",
+                   help="text forced before the end-of-reasoning tag when a reasoning budget runs out "
+                        "(default: none); a request's reasoning_budget_message overrides it")
     g.add_argument("--spm-infill", action="store_true",
                    help="/infill: the suffix before the prefix, for models trained that way (default: prefix first)")
     g.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
@@ -236,4 +239,5 @@ def http_state(args: argparse.Namespace) -> HttpState:
 def server_defaults(args: argparse.Namespace) -> ServerDefaults:
     return ServerDefaults(sampling=sampling_from_args(args), n_predict=args.n_predict,
                           prefill_assistant=args.prefill_assistant, reasoning_format=args.reasoning_format,
-                          n_keep=args.keep, reasoning_budget=args.reasoning_budget)
+                          n_keep=args.keep, reasoning_budget=args.reasoning_budget,
+                          reasoning_budget_message=args.reasoning_budget_message)

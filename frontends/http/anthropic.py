@@ -7,7 +7,8 @@ text, an assistant's `tool_use` blocks its tool calls, `tool_result` blocks tool
 `thinking` blocks its reasoning, so a conversation's history reaches the template whole. `tools`
 (`input_schema`) reach the template as functions; `tool_choice` auto / none / any / tool is OpenAI's
 auto / none / required / a named function (any and tool force the calls by a grammar, as OpenAI's do;
-`disable_parallel_tool_use` allows one call). The reply is split as the chat endpoint splits it
+`disable_parallel_tool_use` allows one call). `thinking: {"type": "enabled", "budget_tokens": N}` is a
+reasoning budget of N tokens (10000 when left out), as llama-server reads it. The reply is split as the chat endpoint splits it
 (frontends/schema/chat_reply.py) into a `thinking` block, a `text` block and `tool_use` blocks, with
 `stop_reason` "tool_use" when it calls tools; a stream sends them block by block (anthropic_blocks.py).
 """
@@ -25,16 +26,20 @@ from starlette.responses import JSONResponse, Response
 from spekula.core.events import Event, FinalEvent, PieceEvent
 from spekula.frontends.http.anthropic_blocks import BlockStream, content_blocks
 from spekula.frontends.http.chat_tools import (
+    chat_budget,
     chat_reply_format,
     force_calls,
+    limit_reasoning,
     messages_with_tools,
     read_chat_tools,
+    without_reasoning,
 )
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.http.fields import normalise
 from spekula.frontends.http.generation import typed_sse
 from spekula.frontends.schema.chat_reply import Reply
 from spekula.frontends.schema.completion import CHAT_FIELDS
+from spekula.frontends.schema.reasoning_budget import ANTHROPIC_DEFAULT_BUDGET
 from spekula.frontends.schema.reply_fragments import ReplyFragments, whole_reply
 
 if TYPE_CHECKING:
@@ -75,6 +80,8 @@ def to_chat(body: Any) -> dict[str, Any]:
             raise HttpError("'thinking' must be {\"type\": \"enabled\" | \"disabled\"}")
         if kind != "adaptive":
             chat["chat_template_kwargs"] = {"enable_thinking": kind == "enabled"}
+        if kind == "enabled":  # llama-server's budget: budget_tokens, 10000 when left out
+            chat["thinking_budget_tokens"] = thinking.get("budget_tokens", ANTHROPIC_DEFAULT_BUDGET)
     metadata = body.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
         chat["user"] = metadata["user_id"]
@@ -206,12 +213,15 @@ async def messages(request: Request) -> Response:
     params, opts = normalise(chat, allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
     tools, tool_opts = await read_chat_tools(chat, engine, state.service.defaults.reasoning_format,
                                              schema_field="input_schema")
+    budget = chat_budget(opts, state.service.defaults)
     text = state.render_chat(messages_with_tools(engine, params.pop("messages"), tools, tool_opts), opts,
                              allow_empty=True)
+    text = without_reasoning(engine, text, budget)
     fmt = chat_reply_format(engine, text, tools, tool_opts)
     prompt = await state.service.encode(text)
     gen, parsed = state.service.build(params, prompt, opts, text)
     force_calls(gen, parsed, fmt, tools, tool_opts, engine.tokenizer)
+    limit_reasoning(gen, engine, budget, opts, state.service.defaults)
     await state.service.check(parsed)
     mid = f"msg_{secrets.token_hex(12)}"
     head = {"id": mid, "type": "message", "role": "assistant", "model": state.model_alias}

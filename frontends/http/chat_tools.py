@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.schema.chat_reply import ReplyFormat
-from spekula.frontends.schema.reasoning_budget import closed_reasoning
-from spekula.frontends.schema.tool_formats.detect import reasoning_tags, template_family
+from spekula.frontends.schema.reasoning_budget import UNLIMITED, token_budget, without_open_reasoning
 from spekula.frontends.schema.tool_request import ToolFieldError, ToolOptions
 from spekula.frontends.schema.tool_setup import (
     calls_grammar,
@@ -22,9 +21,10 @@ from spekula.frontends.schema.tool_setup import (
 )
 
 if TYPE_CHECKING:
+    from spekula.frontends.http.fields import HttpOptions
     from spekula.frontends.http.generation import Generation
     from spekula.frontends.http.serving_engine import ServingEngine
-    from spekula.frontends.schema.completion import ParsedCompletion
+    from spekula.frontends.schema.completion import ParsedCompletion, ServerDefaults
 
 
 async def read_chat_tools(body: dict[str, Any], engine: ServingEngine, reasoning_format: str, *,
@@ -39,10 +39,26 @@ async def read_chat_tools(body: dict[str, Any], engine: ServingEngine, reasoning
     return tools, options
 
 
-def without_reasoning(engine: ServingEngine, prompt_text: str) -> str:
+def chat_budget(opts: HttpOptions, defaults: ServerDefaults) -> int:
+    """The request's reasoning budget (its -1: the server's); a budget of 0 asks the template for no
+    reasoning (frontends/schema/reasoning_budget.py)."""
+    budget = opts.reasoning_budget if opts.reasoning_budget != UNLIMITED else defaults.reasoning_budget
+    if budget == 0:
+        opts.template.template_kwargs["enable_thinking"] = False
+    return budget
+
+
+def without_reasoning(engine: ServingEngine, prompt_text: str, budget: int) -> str:
     """A reasoning budget of 0: the prompt's open reasoning closed (frontends/schema/reasoning_budget.py)."""
-    template = getattr(engine.tokenizer, "chat_template", None) or ""
-    return closed_reasoning(prompt_text, *reasoning_tags(template_family(template)))
+    return without_open_reasoning(engine.tokenizer, prompt_text) if budget == 0 else prompt_text
+
+
+def limit_reasoning(gen: Generation, engine: ServingEngine, budget: int, opts: HttpOptions,
+                    defaults: ServerDefaults) -> None:
+    """A positive budget: the request's reasoning forced to end after `budget` tokens (with its message)."""
+    message = opts.reasoning_budget_message
+    gen.request.reasoning_budget = token_budget(engine.tokenizer, budget, defaults.reasoning_budget_message
+                                                if message is None else message)
 
 
 def messages_with_tools(engine: ServingEngine, messages: Any, tools: list[dict[str, Any]],

@@ -22,7 +22,12 @@ from typing import Any
 
 from spekula.core.verify.token_probs import MAX_N_PROBS
 from spekula.frontends.http.errors import HttpError
-from spekula.frontends.schema.reasoning_budget import UNLIMITED, ReasoningBudgetError, read_budget
+from spekula.frontends.schema.reasoning_budget import (
+    UNLIMITED,
+    ReasoningBudgetError,
+    read_budget,
+    read_message,
+)
 from spekula.frontends.schema.template_fields import (
     TEMPLATE_FIELDS,
     TemplateFieldError,
@@ -87,6 +92,7 @@ class HttpOptions:
     return_progress: bool = False  # streamed: llama-server's prompt_progress events while the prompt is processed
     timings_per_token: bool = False  # streamed: the timings so far on every event
     reasoning_budget: int = UNLIMITED  # chat: reasoning_budget_tokens / thinking_budget_tokens (-1: the server's)
+    reasoning_budget_message: str | None = None  # chat: forced before the end tag when the budget runs out (None: the server's)
 
 
 def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict[str, Any], HttpOptions]:
@@ -136,6 +142,14 @@ def normalise(body: Any, *, allowed: frozenset[str], n_slots: int) -> tuple[dict
                     raise HttpError(f"'{name}' needs a chat request (/v1/chat/completions)")
                 try:
                     opts.reasoning_budget = read_budget(value, f"'{name}'")
+                except ReasoningBudgetError as exc:
+                    raise HttpError(str(exc)) from None
+        elif name == "reasoning_budget_message":
+            if value is not None:
+                if "messages" not in allowed:
+                    raise HttpError(f"'{name}' needs a chat request (/v1/chat/completions)")
+                try:
+                    opts.reasoning_budget_message = read_message(value, f"'{name}'")
                 except ReasoningBudgetError as exc:
                     raise HttpError(str(exc)) from None
         elif name in INFORMATIONAL:

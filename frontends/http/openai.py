@@ -16,8 +16,10 @@ from starlette.responses import JSONResponse, Response
 
 from spekula.core.events import Event, FinalEvent, PieceEvent, ProgressEvent
 from spekula.frontends.http.chat_tools import (
+    chat_budget,
     chat_reply_format,
     force_calls,
+    limit_reasoning,
     messages_with_tools,
     read_chat_tools,
     without_reasoning,
@@ -132,16 +134,14 @@ async def chat_completions(request: Request) -> Response:
     body = await state.read_json(request)
     params, opts = normalise(body, allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
     tools, tool_opts = await read_chat_tools(body, engine, state.service.defaults.reasoning_format)
-    budget = opts.reasoning_budget if opts.reasoning_budget != -1 else state.service.defaults.reasoning_budget
-    if budget == 0:
-        opts.template.template_kwargs["enable_thinking"] = False
+    budget = chat_budget(opts, state.service.defaults)
     text = state.render_chat(messages_with_tools(engine, params.pop("messages", None), tools, tool_opts), opts)
-    if budget == 0:
-        text = without_reasoning(engine, text)
+    text = without_reasoning(engine, text, budget)
     fmt = chat_reply_format(engine, text, tools, tool_opts)
     prompt = await state.service.encode(text)
     gen, parsed = state.service.build(params, prompt, opts, text)
     force_calls(gen, parsed, fmt, tools, tool_opts, engine.tokenizer)
+    limit_reasoning(gen, engine, budget, opts, state.service.defaults)
     await state.service.check(parsed)
     cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
     if parsed.stream and opts.n > 1:

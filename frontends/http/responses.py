@@ -23,10 +23,13 @@ from starlette.responses import JSONResponse, Response
 
 from spekula.core.events import Event, FinalEvent, PieceEvent, ProgressEvent
 from spekula.frontends.http.chat_tools import (
+    chat_budget,
     chat_reply_format,
     force_calls,
+    limit_reasoning,
     messages_with_tools,
     read_chat_tools,
+    without_reasoning,
 )
 from spekula.frontends.http.errors import HttpError
 from spekula.frontends.http.fields import normalise
@@ -171,11 +174,14 @@ async def responses(request: Request) -> Response:
     chat = to_chat(await state.read_json(request))
     params, opts = normalise(chat, allowed=CHAT_FIELDS, n_slots=engine.config.n_slots)
     tools, tool_opts = await read_chat_tools(chat, engine, state.service.defaults.reasoning_format)
+    budget = chat_budget(opts, state.service.defaults)
     text = state.render_chat(messages_with_tools(engine, params.pop("messages"), tools, tool_opts), opts)
+    text = without_reasoning(engine, text, budget)
     fmt = chat_reply_format(engine, text, tools, tool_opts)
     prompt = await state.service.encode(text)
     gen, parsed = state.service.build(params, prompt, opts, text)
     force_calls(gen, parsed, fmt, tools, tool_opts, engine.tokenizer)
+    limit_reasoning(gen, engine, budget, opts, state.service.defaults)
     await state.service.check(parsed)
     rid, mid, created = f"resp_{secrets.token_hex(12)}", f"msg_{secrets.token_hex(12)}", int(time.time())
     head = {"id": rid, "object": "response", "created_at": created, "model": state.model_alias}

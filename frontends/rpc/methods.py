@@ -17,7 +17,8 @@ Protocol (JSON-RPC 2.0, one JSON value per line, named params only, batches allo
                      [completion_probabilities] (then absent from the result)}
   chat.completion   messages [{role, content, tool_calls?, tool_call_id?, reasoning_content?}], tools,
                     tool_choice, parallel_tool_calls, reasoning_format, chat_template_kwargs,
-                    add_generation_prompt, continue_final_message (as the HTTP chat endpoint checks them;
+                    add_generation_prompt, continue_final_message, reasoning_budget_tokens (or
+                    thinking_budget_tokens), reasoning_budget_message (as the HTTP chat endpoint checks them;
                     tool_choice "required" / named forces the calls by a grammar) + the same fields
                     except prompt
                     -> completion's result + message (OpenAI's: {role: assistant, content,
@@ -55,6 +56,14 @@ from spekula.frontends.schema import completion as rp
 from spekula.frontends.schema import token_probs_json
 from spekula.frontends.schema.chat_reply import openai_message
 from spekula.frontends.schema.errors import invalid_params
+from spekula.frontends.schema.reasoning_budget import (
+    BUDGET_FIELDS,
+    UNLIMITED,
+    ReasoningBudgetError,
+    read_budget_fields,
+    token_budget,
+    without_open_reasoning,
+)
 from spekula.frontends.schema.reply_fragments import ReplyFragments, openai_delta, whole_reply
 from spekula.frontends.schema.template_fields import TEMPLATE_FIELDS, TemplateFieldError, read_template_fields
 from spekula.frontends.schema.tokenize_limits import check_content, check_pieces, tokenize_limiter
@@ -132,9 +141,16 @@ class SpekulaMethods:
 
     async def chat_completion(self, params: Any, ctx: CallContext) -> dict[str, Any]:
         obj = rp.as_object(params, "chat.completion")
-        rp.reject_unknown(obj, rp.CHAT_FIELDS | TEMPLATE_FIELDS | TOOL_FIELDS, "chat.completion")
+        rp.reject_unknown(obj, rp.CHAT_FIELDS | TEMPLATE_FIELDS | TOOL_FIELDS | BUDGET_FIELDS, "chat.completion")
         messages = rp.messages_field(obj)
         options = _template_options(obj)  # outside the try below: a bad field is named as itself
+        try:
+            budget, message = read_budget_fields(obj)
+        except ReasoningBudgetError as exc:
+            raise invalid_params(str(exc), str(exc)[1:].split("'", 1)[0]) from None
+        budget = self.defaults.reasoning_budget if budget == UNLIMITED else budget
+        if budget == 0:  # no reasoning (frontends/schema/reasoning_budget.py)
+            options["enable_thinking"] = False
         tok = self.engine.tokenizer
         try:
             tools, tool_opts = read_tools(obj, tok, self.defaults.reasoning_format)
@@ -148,8 +164,12 @@ class SpekulaMethods:
             raise invalid_params(f"'messages': {exc}", "messages") from None
         except Exception as exc:  # noqa: BLE001 - a template error is the caller's message shape
             raise invalid_params(f"'messages': chat template failed: {exc}") from None
+        if budget == 0:
+            text = without_open_reasoning(tok, text)
         fmt = tool_reply_format(tok, text, tools, tool_opts)
         parsed = self._parse(obj, await self._encode(text))
+        parsed.request.reasoning_budget = token_budget(tok, budget, self.defaults.reasoning_budget_message
+                                                       if message is None else message)
         try:
             grammar = calls_grammar(fmt, tools, tool_opts, tok, grammar_given=parsed.grammar_field
                                      if parsed.request.grammar is not None else None)

@@ -91,7 +91,8 @@ class ServerDefaults:
     prefill_assistant: bool = True  # a chat ending with an assistant message continues it (--no-prefill-assistant)
     reasoning_format: str = "auto"  # chat replies: <think> into reasoning_content unless "none" (--reasoning-format)
     n_keep: int = 0  # --keep: tokens a context shift keeps (-1: the whole prompt)
-    reasoning_budget: int = -1  # --reasoning-budget: -1 unlimited, 0 no reasoning (frontends/schema/reasoning_budget.py)
+    reasoning_budget: int = -1  # --reasoning-budget: -1 unlimited, 0 none, N tokens (frontends/schema/reasoning_budget.py)
+    reasoning_budget_message: str = ""  # --reasoning-budget-message: forced before the end tag when a budget runs out
 
 
 @dataclass(slots=True)

@@ -235,8 +235,29 @@ async def test_a_reasoning_budget_of_zero_asks_for_no_reasoning() -> None:
     status, body = await _chat(app, reasoning_budget_tokens=0)
     assert status == 200 and body["choices"][0]["message"] == {"role": "assistant", "content": "Hello."}
     assert tok.prompts[-1].endswith("<think>\n") and tok.encoded[-1] == tok.prompts[-1] + "</think>"
-    status, body = await _chat(app, reasoning_budget_tokens=100)
-    assert status == 400 and "positive reasoning budget" in body["error"]["message"]
+    status, body = await _chat(app, reasoning_budget_tokens=-2)
+    assert status == 400 and "'reasoning_budget_tokens' must be an integer >= -1" in body["error"]["message"]
+
+
+@pytest.mark.anyio
+async def test_a_positive_reasoning_budget_rides_on_every_chat_api() -> None:
+    app, tok = _app(_template("Qwen-Qwen3-0.6B"), "Hello.")
+    status, _ = await _chat(app, reasoning_budget_tokens=100, reasoning_budget_message="Enough.")
+    budget = tok.requests[-1].reasoning_budget
+    assert status == 200 and budget.budget == 100 and {"<think>", "</think>", "Enough."} <= set(tok.encoded)
+    assert len(budget.forced) == 6  # the message's tokens, then the end tag's (the stand-in gives 3 each)
+    status, _ = await _chat(app, thinking_budget_tokens=7)  # the server's message: none
+    assert status == 200 and tok.requests[-1].reasoning_budget.budget == 7
+    assert len(tok.requests[-1].reasoning_budget.forced) == 3
+    anthropic = {"model": "m", "max_tokens": 20, "messages": USER}
+    for thinking, expected in (({"type": "enabled", "budget_tokens": 64}, 64), ({"type": "enabled"}, 10000)):
+        status, _, _ = await asgi(app, "POST", "/v1/messages", json.dumps({**anthropic, "thinking": thinking}).encode())
+        assert status == 200 and tok.requests[-1].reasoning_budget.budget == expected
+    status, _, _ = await asgi(app, "POST", "/v1/responses", json.dumps({"input": "Hi", "reasoning_budget_tokens": 9}).encode())
+    assert status == 200 and tok.requests[-1].reasoning_budget.budget == 9
+    app, tok = _app(None, "Hello.")  # ChatML does not reason: no budget
+    status, _ = await _chat(app, reasoning_budget_tokens=100)
+    assert status == 200 and tok.requests[-1].reasoning_budget is None
 
 
 @pytest.mark.anyio

@@ -108,14 +108,16 @@ def test_chat_template_options_are_passed_on() -> None:
     assert _value(args, "--chat-template") == "llama3"
     assert _value(args, "--chat-template-kwargs") == '{"enable_thinking":false}'
     assert "--no-prefill-assistant" in args
-    assert _value(_serve("--reasoning-budget 0"), "--reasoning-budget") == "0"  # -1 and 0 are built
+    assert _value(_serve("--reasoning-budget 0"), "--reasoning-budget") == "0"
+    assert _value(_serve("--reasoning-budget 10"), "--reasoning-budget") == "10"
+    assert _value(_serve("--reasoning-budget-message Done."), "--reasoning-budget-message") == "Done."
 
 
 def test_serve_reads_the_reasoning_budget() -> None:
     from spekula.frontends.cli.serve_options import _reasoning_budget
 
-    assert (_reasoning_budget("-1"), _reasoning_budget("0")) == (-1, 0)
-    for bad in ("5", "-2", "x"):
+    assert (_reasoning_budget("-1"), _reasoning_budget("0"), _reasoning_budget("5")) == (-1, 0, 5)
+    for bad in ("-2", "x"):
         with pytest.raises(argparse.ArgumentTypeError):
             _reasoning_budget(bad)
 
@@ -209,8 +211,6 @@ def test_context_shift_options_pass_through() -> None:
     ("--lora a.gguf", "spekula-server: --lora (LoRA adapters) is not implemented by spekula"),
     ("--mmproj-url http://x", "spekula-server: --mmproj-url (multimodal input) is not implemented by spekula"),
     ("--grammar-file g.gbnf", "spekula-server: --grammar-file (server-wide grammar) is not implemented by spekula"),
-    ("--reasoning-budget 10", "spekula-server: --reasoning-budget 10 (a positive reasoning budget) is not implemented "
-                              "by spekula"),
     ("--models-dir d", "spekula-server: --models-dir (router mode (several models)) is not implemented by spekula"),
     ("-ctk q8_0", "spekula-server: -ctk q8_0 (quantized KV cache) is not implemented by spekula"),
     ("--rope-freq-base 10000", "spekula-server: --rope-freq-base (RoPE/YaRN overrides) is not implemented by spekula"),

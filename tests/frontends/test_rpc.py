@@ -286,3 +286,27 @@ def test_long_token_lists_are_checked_off_the_event_loop(monkeypatch: pytest.Mon
             assert checked_on == [loop_thread]
 
     run(body, timeout=60)
+
+
+def test_chat_reasoning_budget_fields() -> None:
+    """A positive budget reaches the engine as the template's tags in tokens; a bad one names its field."""
+    engine = fakes.FakeEngine()
+    engine.tokenizer.chat_template = "{{ '<think>' }}"  # type: ignore[attr-defined]  # a template that reasons
+
+    async def body() -> None:
+        async with connected(engine) as peer:
+            hi = {"messages": [{"role": "user", "content": "hi"}], "n_predict": 2}
+            msg = await peer.call("chat.completion", {**hi, "reasoning_budget_tokens": 5,
+                                                      "reasoning_budget_message": "ok"})
+            assert "result" in msg, msg
+            budget = engine.submitted[-1].reasoning_budget
+            assert budget is not None and budget.budget == 5 and budget.start == tuple(b"<think>")
+            assert budget.forced == tuple(b"ok</think>") and budget.ends == (tuple(b"</think>"),)
+            msg = await peer.call("chat.completion", {**hi, "thinking_budget_tokens": 3}, rid=2)
+            assert engine.submitted[-1].reasoning_budget.budget == 3  # type: ignore[union-attr]
+            msg = await peer.call("chat.completion", hi, rid=3)
+            assert engine.submitted[-1].reasoning_budget is None  # the server's: unlimited
+            msg = await peer.call("chat.completion", {**hi, "reasoning_budget_tokens": -3}, rid=4)
+            assert msg["error"]["code"] == p.INVALID_PARAMS and "'reasoning_budget_tokens'" in msg["error"]["message"]
+
+    run(body)

@@ -44,7 +44,7 @@ USER = [{"role": "user", "content": "Hi"}]
 LLAMA31, LLAMA32 = "meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct"
 NEMO, MINISTRAL = "mistralai-Mistral-Nemo-Instruct-2407", "mistralai-Ministral-3-14B-Reasoning-2512"
 DEVSTRAL, GPTOSS = "unsloth-mistral-Devstral-Small-2507", "openai-gpt-oss-120b"
-# (llama.cpp's own llama-cpp-deepseek-r1.jinja pipes a generator into tojson, which spekula's renderer refuses)
+# (llama.cpp's own llama-cpp-deepseek-r1.jinja is checked against llama-server in test_apply_template_recordings.py)
 R1_LLAMA, R1_QWEN = "deepseek-ai-DeepSeek-R1-Distill-Llama-8B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"
 V31, FUNC31, FUNC32 = "deepseek-ai-DeepSeek-V3.1", "meetkai-functionary-medium-v3.1", "meetkai-functionary-medium-v3.2"
 GEMMA2 = "google-gemma-2-2b-it"  # knows no tools: the generic form
@@ -155,6 +155,17 @@ CASES: list[tuple[str, dict[str, Any], str, str, str, list[tuple[str, Any]]]] = 
     (GEMMA2, {}, '{"tool_call": {"name": "special_function", "arguments": {"arg1": 1}}}', "", "", ONE),
     (GEMMA2, {}, '{"response": "Hello, world!\\nWhat\'s up?"}', HELLO, "", []),
     (GEMMA2, {}, "not JSON at all", "not JSON at all", "", []),
+    (GEMMA2, {}, '{"response": "caf\\u00e9 \\ud83d\\ude00 \\"quoted\\" \\\\ end"}', 'café 😀 "quoted" \\ end', "", []),
+    (GEMMA2, {}, '{"response": "cut off at max_tokens \\u00', "cut off at max_tokens ", "", []),  # the response so far
+    (GEMMA2, {}, '{"tool_calls": [{"name": "get_time", "arguments": {"city": "Paris"}}, {"name": "special_function", '
+                 '"arguments": {"arg1": 1}}]}', "", "", [("get_time", {"city": "Paris"}), *ONE]),
+    (GEMMA2, {}, '{"tool_calls": [{"name": "special_function", "arguments": {"arg1": 1',
+     '{"tool_calls": [{"name": "special_function", "arguments": {"arg1": 1', "", []),  # cut off: content
+    (GEMMA2, {}, '{"tool_calls": [{"name": "special_function", "arguments": {"arg1": 1}}, {"na', "", "", ONE),
+    (GEMMA2, {}, '{"tool_call": {"name": "get_time", "arguments": {"city": "Paris, France', '{"tool_call": {"name": '
+                 '"get_time", "arguments": {"city": "Paris, France', "", []),  # never announced: its comma is text
+    (GEMMA2, {}, '{"tool_call": {"name": "nope", "arguments": {}}}', '{"tool_call": {"name": "nope", "arguments": {}}}',
+     "", []),
     # malformed calls are content, never an error
     (MINISTRAL, {}, "[TOOL_CALLS]nope[ARGS]{}", "[TOOL_CALLS]nope[ARGS]{}", "", []),
     (MINISTRAL, {}, '[TOOL_CALLS]special_function[ARGS]{"arg1": ', '[TOOL_CALLS]special_function[ARGS]{"arg1":', "", []),
@@ -226,3 +237,25 @@ def test_arguments_stream_in_pieces_before_the_call_ends() -> None:
     assert names[0]["function"]["name"] == "edit" and "id" in names[0]
     assert len(names) > 5 and all("name" not in c["function"] for c in names[1:])  # fragments after the head
     assert first * 5 < len(text) // 2
+
+
+def test_the_generic_form_streams_its_response_and_calls_as_they_are_written() -> None:
+    fmt = _format(GEMMA2)
+    said = "word " * 20
+    stream = ReplyStream(fmt)
+    text = json.dumps({"response": said})
+    pieces = [stream.feed(text[i:i + 4]) for i in range(0, len(text), 4)]
+    assert "".join(d["content"] for p in pieces for d in p) == said  # all of it before the stream's end
+    assert sum(1 for p in pieces if p) > 10
+    stream = ReplyStream(fmt)
+    text = '{"tool_call": {"name": "edit", "arguments": {"replaceAll": false, "oldString": "' + "x" * 40 + '"}}}'
+    pieces = [stream.feed(text[i:i + 4]) for i in range(0, len(text), 4)]
+    calls = [d["tool_calls"][0] for p in pieces for d in p if "tool_calls" in d]
+    assert calls[0]["function"]["name"] == "edit" and len(calls) > 5
+    assert "".join(c["function"]["arguments"] for c in calls) == text[text.index('{"replaceAll'):-2]
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=st.sampled_from([c for c in CASES if c[0] == GEMMA2]), cuts=st.lists(st.integers(0, 400), max_size=20))
+def test_generic_deltas_add_up_to_the_unstreamed_reply(case: tuple[Any, ...], cuts: list[int]) -> None:
+    test_streamed_deltas_add_up_to_the_unstreamed_reply.hypothesis.inner_test(case, cuts)  # type: ignore[attr-defined]

@@ -89,6 +89,8 @@ def first_member_done(args: str) -> bool:
             depth += 1
         elif tok in ("}", "]"):
             depth -= 1
+        elif tok == '"':
+            return False  # a string still open: its commas are text
         elif depth == 1 and tok[0] != '"' and "," in tok:
             return True
     return False
