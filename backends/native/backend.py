@@ -58,7 +58,7 @@ MAX_THREADS = 1024
 # the window plus this many rows, so a rollback of up to this many rows (a rejected draft) stays exact.
 SWA_ROW_CAP = 512
 # The most rows of one C forward of a model without recurrent blocks: the kernels' scratch is sized by a
-# forward's rows (~41 KB a row on Gemma 3 270M, ~180 KB on Ministral 3), and a longer input runs in
+# forward's rows (~27 KB a row on Gemma 3 270M, ~120 KB on Ministral 3), and a longer input runs in
 # rounds of this many, which give the same bits (batch invariance). 256 rows keep prompt speed (within
 # 3 % of 512 on Ministral 3 IQ4_XS; 128 cost 7 %: bench/RESULTS.md, #47); a recurrent model's rollback
 # snapshots are per forward, so its forwards are not cut.
