@@ -79,21 +79,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.native_library:
         native_lib.library_path = lambda: Path(args.native_library)  # before the first call loads it
 
-    from spekula.core.backend import BackendOptions, load_backend
+    from spekula.core.backend import BackendOptions, backend_class
     from spekula.core.drafting.registry import parse_spec_types
     from spekula.core.engine.engine import Engine, EngineConfig
     from spekula.core.modelfile.gguf_file import GGUFFile
     from spekula.core.modelfile.tokenizer import Tokenizer
     from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
     from spekula.core.verify.sampling import banning_end_of_generation
+    from spekula.frontends.cli.in_thread import InThread
 
     t0 = time.perf_counter()
     backend_name, dtype = PATHS[args.path]
-    backend = load_backend(backend_name, args.model,
-                           BackendOptions(n_ctx=args.n_ctx, n_seq_max=1, threads=args.threads, dtype=dtype))
-    # The backend's own parse of the header, as `spekula serve` shares it (frontends/cli/options.py): a
-    # second parse would hold a second copy of the vocabulary.
-    tokenizer = Tokenizer.from_gguf(GGUFFile.shared(args.model))
+    options = BackendOptions(n_ctx=args.n_ctx, n_seq_max=1, threads=args.threads, dtype=dtype)
+    # As `spekula serve` loads (frontends/cli/options.py build_engine): the header parsed once and shared
+    # (a second parse would hold a second copy of the vocabulary), the backend loading in a thread while
+    # the tokenizer is built, so the peak RSS is the server's, not that of the two loads one after the other.
+    model_file = GGUFFile.shared(args.model)
+    make_backend = backend_class(backend_name, options)
+    loading = InThread(lambda: make_backend(args.model, options), name="spekula-backend-load")
+    tokenizer = Tokenizer.from_gguf(model_file)
+    backend = loading.result()
     load_s = time.perf_counter() - t0
     forward_s: list[float] = []  # each forward's seconds during the current request
     inner = backend.forward

@@ -18,7 +18,8 @@ follows core/backend.py's contract: a checkpoint costs nothing, a truncate back 
 checkpoint on replays the logged rows after it through the recurrence alone (bitwise the forward's
 state), and snapshots are copies. Sliding-window blocks (Gemma 3) keep their keys and values in a ring of
 the window plus ``swa_row_cap`` rows per sequence (backends/native/csrc/sk_swa.h): a forward adds at most
-that many rows to a sequence (longer inputs run in rounds, backends/row_rounds.py), and a truncate may go
+that many rows to a sequence (longer inputs run in rounds, backends/row_rounds.py; so does a forward of more
+than ``FORWARD_ROW_CAP`` rows in all, but a hybrid model's), and a truncate may go
 back to any length whose window is still in the ring, to a snapshot (a copy of the window: two per sequence),
 or to 0 (``restorable``); anything else is refused. Mixture-of-experts blocks describe each expert as a view of its slice of the 3-D
 expert tensor (native/moe.py); the C side runs them as grouped matmuls (backends/native/csrc/sk_moe.c).
@@ -56,6 +57,12 @@ MAX_THREADS = 1024
 # The most rows one forward adds to a sequence of a model with sliding-window blocks: their rings keep
 # the window plus this many rows, so a rollback of up to this many rows (a rejected draft) stays exact.
 SWA_ROW_CAP = 512
+# The most rows of one C forward of a model without recurrent blocks: the kernels' scratch is sized by a
+# forward's rows (~27 KB a row on Gemma 3 270M, ~120 KB on Ministral 3), and a longer input runs in
+# rounds of this many, which give the same bits (batch invariance). 256 rows keep prompt speed (within
+# 3 % of 512 on Ministral 3 IQ4_XS; 128 cost 7 %: bench/RESULTS.md, #47); a recurrent model's rollback
+# snapshots are per forward, so its forwards are not cut.
+FORWARD_ROW_CAP = 256
 
 
 def check_head_options(options: BackendOptions, what: str) -> None:
@@ -98,6 +105,7 @@ class NativeBackend(PooledSeqs, Backend):
                               recurrent=hp.is_hybrid)
         self.sliding = any(hp.swa_layers)  # sliding blocks: bounded rings, so not every length is restorable
         self.swa_row_cap = SWA_ROW_CAP
+        self.forward_row_cap: int | None = None if hp.is_hybrid else FORWARD_ROW_CAP
         self._file = f
         w = self._weights = NativeWeights(f, hp)
         self._layers = (nl.Layer * hp.n_layer)(*[build_layer(w, i) for i in range(hp.n_layer)])
@@ -309,8 +317,9 @@ class NativeBackend(PooledSeqs, Backend):
             for c in checked:
                 if c.start != self.seq_len(c.seq_id):
                     self.truncate(c.seq_id, c.start)
-        if self.sliding and needs_rounds(checked, self.swa_row_cap):
-            return forward_in_rounds(self.forward, checked, capture, self.swa_row_cap, hp.n_vocab)
+        seq_cap = self.swa_row_cap if self.sliding else self.options.n_ctx
+        if needs_rounds(checked, seq_cap, self.forward_row_cap):
+            return forward_in_rounds(self.forward, checked, capture, seq_cap, hp.n_vocab, self.forward_row_cap)
         m = sum(int(c.tokens.size) for c in checked)
         if m == 0:
             return [SeqOutput(logits=np.empty((c.logit_rows.size, hp.n_vocab), np.float32)) for c in checked]

@@ -196,6 +196,8 @@ class Tokenizer:
             if self.n_vocab >= CACHE_MIN_VOCAB:
                 file_cache.store("tokenizer", cache_identity, _code_digest(), self._derived(merges, vocab))
         self._skip = bytes(self._types.translate(_SKIPPED_TYPES))
+        if kept is not None:  # the list goes before the encoder's own copy of the vocabulary is made
+            self._tokens = kept
         if self.model_kind == "gpt2":
             self._init_bpe(vocab, merges)
         elif self.model_kind == "gemma4":
@@ -204,8 +206,6 @@ class Tokenizer:
             self._init_wordpiece(meta, vocab)
         else:
             self._init_spm(meta, vocab, merges, has_bytes)
-        if kept is not None:
-            self._tokens = kept
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> Tokenizer:

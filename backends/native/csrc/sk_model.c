@@ -239,10 +239,8 @@ static int n_rot_swa(const sk_config *g) { return g->n_rot_swa ? g->n_rot_swa : 
 static int64_t q_stride(const sk_config *g, const sk_layer *L) { return (int64_t)hd_of(g, L) * (L->attn_gate ? 2 : 1); }
 static int64_t q_width(const sk_config *g, const sk_layer *L) { return (int64_t)g->n_head * q_stride(g, L); }
 
-static int64_t max3(int64_t a, int64_t b, int64_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
-
 static void free_scratch(sk_ctx *c) {
-    free(c->x); free(c->h); free(c->qkv); free(c->att); free(c->gu); free(c->rope); free(c->rope_swa);
+    free(c->x); free(c->h); free(c->qkv); free(c->rope); free(c->rope_swa); /* att and gu live in qkv's block */
     free(c->ple); free(c->ple_tmp); free(c->beside);
     c->ple = c->ple_tmp = c->beside = NULL;
     free(c->act.q); free(c->act.d); free(c->act.s); free(c->act.qs16);
@@ -305,19 +303,26 @@ static int ensure_scratch(sk_ctx *c, int64_t m) {
     if (m <= c->cap_rows) return 0;
     free_scratch(c);
     const sk_config *g = &c->cfg;
-    int64_t qd = (int64_t)g->n_head * c->max_hd, wide = max3(g->n_embd, qd, g->n_ff);
+    /* h: a block's normed input, its attention output projected, ...; not the FFN's activation rows, which
+     * replace their gate rows in gu (the quantized activations below still take n_ff) */
+    int64_t qd = (int64_t)g->n_head * c->max_hd, wide = g->n_embd > qd ? g->n_embd : qd;
     if ((g->in_proj.data || g->wide_input) && 2 * (int64_t)g->n_embd > wide) wide = 2 * (int64_t)g->n_embd; /* [e; h] */
     if (g->wide_input && g->in_proj.data && g->in_proj.n_cols > wide) wide = g->in_proj.n_cols; /* the encoder's input */
     if (g->ctx_proj.data && g->ctx_proj.n_cols > wide) wide = g->ctx_proj.n_cols; /* the context encoder's input */
     for (int l = 0; l < g->n_layer; l++) /* a delta-net block's ssm_out input */
         if (g->layers[l].dn.out.n_cols > wide) wide = g->layers[l].dn.out.n_cols;
-    int64_t kp = sk_round_up(wide, 64);
+    int64_t kp = sk_round_up(wide > g->n_ff ? wide : g->n_ff, 64);
     c->x = malloc((size_t)(m * g->n_embd) * 4);
     c->h = malloc((size_t)(m * wide) * 4);
-    c->qkv = malloc((size_t)(m * c->qkvd) * 4);
-    c->att = malloc((size_t)(m * qd) * 4);
-    /* n_ff 0: every block is MoE; a post-normed FFN's down projection lands here too (n_embd wide) */
-    c->gu = malloc((size_t)(m * (2 * g->n_ff > g->n_embd ? 2 * g->n_ff : g->n_embd)) * 4);
+    /* gu (n_ff 0: every block is MoE; a post-normed FFN's down projection lands here too, n_embd wide) shares
+     * one block with qkv and att: an FFN starts after the output projection's closing barrier, when no
+     * thread reads a block's q/k/v or attention rows any more, and the next block's q/k/v projection writes
+     * after the barrier that closes the FFN. ~40 KB a row less on Ministral 3's widths. */
+    const int64_t gu_w = 2 * g->n_ff > g->n_embd ? 2 * g->n_ff : g->n_embd;
+    const int64_t qkv_att_w = c->qkvd + qd;
+    c->qkv = malloc((size_t)(m * (gu_w > qkv_att_w ? gu_w : qkv_att_w)) * 4);
+    c->att = c->qkv ? c->qkv + m * c->qkvd : NULL;
+    c->gu = c->qkv;
     c->rope = malloc((size_t)(m * g->n_rot) * 4);
     c->rope_swa = g->rope_inv_freq_swa ? malloc((size_t)(m * n_rot_swa(g)) * 4) : NULL;
     for (int l = 0; l < g->n_layer; l++)
@@ -963,14 +968,17 @@ static void dense_beside_experts(sk_ctx *c, const sk_batch *b, const sk_layer *L
     }
     part gu[2] = {{&L->w_gate, c->gu, 2 * ff, 0}, {&L->w_up, c->gu + ff, 2 * ff, 0}};
     project(c, gu, 2, c->h, E, E, m, r0, r1, ith, nth, PH_FFN_UP, t);
-    for (int64_t r = r0; r < r1; r++) sk_geglu(c->gu + r * 2 * ff, c->gu + r * 2 * ff + ff, ff, c->h + r * ff);
-    part dn = {&L->w_down, c->gu, E, 0};
-    project(c, &dn, 1, c->h, ff, ff, m, r0, r1, ith, nth, PH_FFN_DOWN, t);
+    for (int64_t r = r0; r < r1; r++) { /* the activation in place of the gate row */
+        float *gr = c->gu + r * 2 * ff;
+        sk_geglu(gr, gr + ff, ff, gr);
+    }
+    part dn = {&L->w_down, c->h, E, 0};
+    project(c, &dn, 1, c->gu, 2 * ff, ff, m, r0, r1, ith, nth, PH_FFN_DOWN, t);
     const sk_moe_env env = {c->kern, c->pool, c->moe_scratch};
     sk_moe_ffn_routed(&env, L->moe, route, moe_in, moe_out, E, m, ith, nth); /* set_up_blocks checked it fits */
     phase(ith, PH_MOE, t);
     for (int64_t r = r0; r < r1; r++) {
-        float *d = c->gu + r * E, *o = moe_out + r * E, *h = c->h + r * E;
+        float *d = c->h + r * E, *o = moe_out + r * E, *h = c->h + r * E;
         c->kern->rms_norm(d, L->dense_post_norm, E, g->rms_eps, d);
         c->kern->rms_norm(o, L->moe_post_norm, E, g->rms_eps, o);
         for (int64_t i = 0; i < E; i++) h[i] = d[i] + o[i];
@@ -1038,16 +1046,17 @@ static void forward_job(void *arg, int ith, int nth) {
         const int64_t ff = L->w_down.n_cols; /* the block's own width (Gemma 4's may vary); g->n_ff: the widest */
         part gu[2] = {{&L->w_gate, c->gu, 2 * ff, 0}, {&L->w_up, c->gu + ff, 2 * ff, 0}};
         project(c, gu, 2, c->h, E, E, m, r0, r1, ith, nth, PH_FFN_UP, &t);
-        for (int64_t r = r0; r < r1; r++)
-            (g->ffn_geglu ? sk_geglu : c->kern->silu_mul)(c->gu + r * 2 * ff, c->gu + r * 2 * ff + ff, ff, c->h + r * ff);
-        if (L->ffn_post_norm) { /* down into gu (free again), then normed into the residual */
-            part dn = {&L->w_down, c->gu, E, 0};
-            project(c, &dn, 1, c->h, ff, ff, m, r0, r1, ith, nth, PH_FFN_DOWN, &t);
-            for (int64_t r = r0; r < r1; r++) memcpy(c->h + r * E, c->gu + r * E, (size_t)E * 4);
+        for (int64_t r = r0; r < r1; r++) { /* the activation in place of the gate row (the kernels allow y == g) */
+            float *gr = c->gu + r * 2 * ff;
+            (g->ffn_geglu ? sk_geglu : c->kern->silu_mul)(gr, gr + ff, ff, gr);
+        }
+        if (L->ffn_post_norm) { /* down into h, then normed into the residual */
+            part dn = {&L->w_down, c->h, E, 0};
+            project(c, &dn, 1, c->gu, 2 * ff, ff, m, r0, r1, ith, nth, PH_FFN_DOWN, &t);
             add_post_normed(c, L->ffn_post_norm, r0, r1);
         } else {
             part dn = {&L->w_down, c->x, E, 1};
-            project(c, &dn, 1, c->h, ff, ff, m, r0, r1, ith, nth, PH_FFN_DOWN, &t);
+            project(c, &dn, 1, c->gu, 2 * ff, ff, m, r0, r1, ith, nth, PH_FFN_DOWN, &t);
         }
         block_tail(c, b, L, l, r0, r1, ith, nth, &t);
     }
