@@ -8,7 +8,7 @@ import re
 
 from spekula.frontends.schema.tool_formats.json_scan import json_arguments, skip_space
 from spekula.frontends.schema.tool_formats.reply import Reply, ReplyFormat, ToolCall
-from spekula.frontends.schema.tool_formats.segments import Unfinished, split_calls, split_reasoning
+from spekula.frontends.schema.tool_formats.segments import Unfinished, reasoning_then_calls
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -50,12 +50,5 @@ def _calls_at(text: str, pos: int, fmt: ReplyFormat, r1: bool) -> tuple[list[Too
 
 
 def parse(text: str, fmt: ReplyFormat, out: Reply, partial: bool) -> Reply:
-    rest = split_reasoning(text, fmt, out, partial)
-    if rest is None:
-        return out
-    if fmt.tool_style is None:
-        out.content = rest
-        return out
     r1 = fmt.tool_style == "deepseek_r1"
-    split_calls(rest, (CALLS_BEGIN,), lambda t, p: _calls_at(t, p, fmt, r1), out, partial)
-    return out
+    return reasoning_then_calls(text, fmt, out, partial, (CALLS_BEGIN,), lambda t, p: _calls_at(t, p, fmt, r1))

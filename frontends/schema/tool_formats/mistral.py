@@ -16,7 +16,7 @@ from spekula.frontends.schema.tool_formats.json_scan import (
     writing_calls,
 )
 from spekula.frontends.schema.tool_formats.reply import Reply, ReplyFormat, ToolCall
-from spekula.frontends.schema.tool_formats.segments import Unfinished, split_calls, split_reasoning
+from spekula.frontends.schema.tool_formats.segments import Unfinished, reasoning_then_calls
 
 OPEN = "[TOOL_CALLS]"
 THINK, END_THINK = "[THINK]", "[/THINK]"
@@ -64,11 +64,5 @@ def _call_at(text: str, pos: int, fmt: ReplyFormat) -> tuple[list[ToolCall], int
 
 
 def parse(text: str, fmt: ReplyFormat, out: Reply, partial: bool) -> Reply:
-    rest = split_reasoning(text, fmt, out, partial, THINK, END_THINK)
-    if rest is None:
-        return out
-    if fmt.tool_style is None:
-        out.content = rest
-        return out
-    split_calls(rest, (OPEN,), lambda t, p: _call_at(t, p, fmt), out, partial)
-    return out
+    return reasoning_then_calls(text, fmt, out, partial, (OPEN,), lambda t, p: _call_at(t, p, fmt),
+                                (THINK, END_THINK))

@@ -12,7 +12,7 @@ from typing import Any
 
 from spekula.frontends.schema.tool_formats.json_scan import skip_space
 from spekula.frontends.schema.tool_formats.reply import Reply, ReplyFormat, ToolCall, held
-from spekula.frontends.schema.tool_formats.segments import Unfinished, split_calls, split_reasoning
+from spekula.frontends.schema.tool_formats.segments import Unfinished, reasoning_then_calls
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>\s*")
@@ -85,11 +85,4 @@ def _open_call(name: str, fields: list[str], key: str, value: str, schema: Any) 
 
 
 def parse(text: str, fmt: ReplyFormat, out: Reply, partial: bool) -> Reply:
-    rest = split_reasoning(text, fmt, out, partial)
-    if rest is None:
-        return out
-    if fmt.tool_style is None:
-        out.content = rest
-        return out
-    split_calls(rest, (OPEN,), lambda t, p: _call_at(t, p, fmt), out, partial)
-    return out
+    return reasoning_then_calls(text, fmt, out, partial, (OPEN,), lambda t, p: _call_at(t, p, fmt))

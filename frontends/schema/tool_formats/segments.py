@@ -77,3 +77,17 @@ def split_calls(text: str, openers: tuple[str, ...], parse_at: CallParser, out: 
     # stripped whether or not calls follow, so that what a stream sent is a prefix of the whole
     content = "".join(pieces)
     out.content = content.strip() if strip else content
+
+
+def reasoning_then_calls(text: str, fmt: ReplyFormat, out: Reply, partial: bool, openers: tuple[str, ...],
+                         parse_at: CallParser, think: tuple[str, str] = ("<think>", "</think>")) -> Reply:
+    """Both shapes in turn, as most families reply: reasoning first, then content with its calls (the
+    calls only when the request has tools)."""
+    rest = split_reasoning(text, fmt, out, partial, *think)
+    if rest is None:
+        return out
+    if fmt.tool_style is None:
+        out.content = rest
+        return out
+    split_calls(rest, openers, parse_at, out, partial)
+    return out
