@@ -36,7 +36,8 @@ class TemplateTokenizer(ToyTokenizer):
         self.chat_template = chat_template
         self.chat_template_kwargs: dict[str, Any] = {}
         self.prompts: list[str] = []
-        self.requests: list[Any] = []
+        self.requests: list[Any] = []  # what the engine was asked
+        self.encoded: list[str] = []  # the prompts as encoded (after the route's own additions)
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True, **extra: Any) -> str:
         text = render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt, **extra)
@@ -44,6 +45,7 @@ class TemplateTokenizer(ToyTokenizer):
         return text
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        self.encoded.append(text)
         return [1, 2, 3]
 
 
@@ -66,7 +68,8 @@ class Scripted:
         pass
 
 
-def scripted_app(chat_template: str | None, reply: str, step: int = 4) -> tuple[Any, TemplateTokenizer]:
+def scripted_app(chat_template: str | None, reply: str, step: int = 4,
+                 reasoning_format: str = "auto") -> tuple[Any, TemplateTokenizer]:
     tok = TemplateTokenizer(chat_template)
     engine = make_engine(ToyBackend(), tok, n_slots=2)
 
@@ -76,7 +79,8 @@ def scripted_app(chat_template: str | None, reply: str, step: int = 4) -> tuple[
 
     engine.submit = submit  # type: ignore[method-assign]
     state = HttpState()
-    state.attach(engine, GenerationService(engine, rp.ServerDefaults(sampling=SamplingParams(temperature=0.0)), 5.0))
+    defaults = rp.ServerDefaults(sampling=SamplingParams(temperature=0.0), reasoning_format=reasoning_format)
+    state.attach(engine, GenerationService(engine, defaults, 5.0))
     return build_app(state), tok
 
 

@@ -6,22 +6,11 @@ llama.cpp's tests/test-chat.cpp), so the frontend is what is tested."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from functools import cache
 from typing import Any
 
 import pytest
 from asgi_helpers import asgi
-from llamacpp_sdist import read_source
-from toy_backend import ToyBackend, ToyTokenizer, make_engine
-
-from spekula.core.events import Event, FinalEvent, PieceEvent
-from spekula.core.modelfile.chat_template import render_chat
-from spekula.core.params import SamplingParams
-from spekula.frontends.http.app import build_app
-from spekula.frontends.http.generation import GenerationService
-from spekula.frontends.http.state import HttpState
-from spekula.frontends.schema import completion as rp
+from scripted_chat import TemplateTokenizer, scripted_app, template
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather of a city",
                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -31,64 +20,12 @@ CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n
          '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>')
 
 
-@cache
 def _template(name: str) -> str:
-    return read_source(f"models/templates/{name}.jinja")
+    return template(name)
 
 
-class TemplateTokenizer(ToyTokenizer):
-    """The toy vocabulary with a real chat template; prompts are remembered, their tokens are a stand-in."""
-
-    def __init__(self, template: str | None) -> None:
-        super().__init__()
-        self.chat_template = template
-        self.chat_template_kwargs: dict[str, Any] = {}
-        self.prompts: list[str] = []
-        self.requests: list[Any] = []  # what the engine was asked
-        self.encoded: list[str] = []  # the prompts as encoded (after the route's own additions)
-
-    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True, **extra: Any) -> str:
-        text = render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt, **extra)
-        self.prompts.append(text)
-        return text
-
-    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        self.encoded.append(text)
-        return [1, 2, 3]
-
-
-class Scripted:
-    """An engine request that answers `reply` in pieces of `step` characters."""
-
-    def __init__(self, reply: str, step: int, stop: str = "eos") -> None:
-        self.id, self.final, self.reply, self.step, self.stop = "r0", None, reply, step, stop
-
-    async def __aiter__(self) -> AsyncIterator[Event]:
-        for i in range(0, len(self.reply), self.step):
-            yield PieceEvent("r0", [1], self.reply[i:i + self.step], [None])
-        yield await self.result()
-
-    async def result(self) -> FinalEvent:
-        self.final = FinalEvent("r0", self.reply, [1] * len(self.reply), self.stop)  # type: ignore[arg-type]
-        return self.final
-
-    def cancel(self) -> None:
-        pass
-
-
-def _app(template: str | None, reply: str, step: int = 5, reasoning_format: str = "auto") -> tuple[Any, TemplateTokenizer]:
-    tok = TemplateTokenizer(template)
-    engine = make_engine(ToyBackend(), tok, n_slots=2)
-
-    def submit(req: Any, session: str | None = None) -> Scripted:
-        tok.requests.append(req)
-        return Scripted(reply, step)
-
-    engine.submit = submit  # type: ignore[method-assign]
-    state = HttpState()
-    defaults = rp.ServerDefaults(sampling=SamplingParams(temperature=0.0), reasoning_format=reasoning_format)
-    state.attach(engine, GenerationService(engine, defaults, 5.0))
-    return build_app(state), tok
+def _app(chat_template: str | None, reply: str, step: int = 5, reasoning_format: str = "auto") -> tuple[Any, TemplateTokenizer]:
+    return scripted_app(chat_template, reply, step, reasoning_format)
 
 
 async def _chat(app: Any, **body: Any) -> tuple[int, Any]:
