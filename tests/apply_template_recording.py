@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from live_llama_server import llama_server, post_json
 
 RECORDINGS = Path(__file__).parent / "data" / "llama_server_apply_template.json"
 TEMPLATES = (
@@ -65,19 +64,9 @@ REQUESTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _post(port: int, body: dict[str, Any]) -> dict[str, Any]:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/apply-template", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
     try:
-        with opener.open(req, timeout=60) as r:
-            return {"prompt": json.loads(r.read())["prompt"]}
+        return {"prompt": post_json(port, "/apply-template", body, timeout=60)["prompt"]}
     except urllib.error.HTTPError as exc:
         return {"error": exc.code}
 
@@ -85,31 +74,9 @@ def _post(port: int, body: dict[str, Any]) -> dict[str, Any]:
 def record(binary: str, model: str, template_dir: Path, templates: tuple[str, ...] = TEMPLATES) -> dict[str, Any]:
     """{template: {request name: {"prompt": text} or {"error": status}}} from a live llama-server."""
     out: dict[str, Any] = {}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
     for name in templates:
-        port = _free_port()
-        with tempfile.TemporaryFile() as log:
-            proc = subprocess.Popen([binary, "-m", model, "--jinja", "--chat-template-file",
-                                     str(template_dir / f"{name}.jinja"), "--host", "127.0.0.1", "--port", str(port),
-                                     "-c", "512", "-np", "1", "-t", "1", "--no-webui"],
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
-            try:
-                deadline = time.monotonic() + 120
-                while True:
-                    try:
-                        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
-                                f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                            if r.status == 200:
-                                break
-                    except (urllib.error.URLError, OSError):
-                        if proc.poll() is not None or time.monotonic() > deadline:
-                            log.seek(0)
-                            raise RuntimeError(f"llama-server did not start for {name}: {log.read()[-800:]!r}") from None
-                        time.sleep(0.2)
-                out[name] = {what: _post(port, body) for what, body in REQUESTS.items()}
-            finally:
-                proc.terminate()
-                proc.wait(timeout=30)
+        with llama_server(binary, model, "--jinja", "--chat-template-file", str(template_dir / f"{name}.jinja")) as port:
+            out[name] = {what: _post(port, body) for what, body in REQUESTS.items()}
     return out
 
 

@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from live_llama_server import llama_server, post_json
 
 RECORDINGS = Path(__file__).parent / "data" / "llama_server_reasoning_budget.json"
 N_PREDICT = 48
@@ -33,53 +29,22 @@ CASES: list[tuple[str, str, str, list[str], str, list[int]]] = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _post(port: int, body: dict[str, Any]) -> list[int]:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with opener.open(req, timeout=120) as r:
-        return list(json.loads(r.read())["tokens"])
+    return list(post_json(port, "/completion", body)["tokens"])
 
 
 def record(binary: str, model: str) -> dict[str, Any]:
     """{case: {"plain": tokens, "budgets": {N: tokens}}} from a live llama-server (greedy)."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen([binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-c", "512",
-                                 "-np", "1", "-t", "1", "--no-webui"],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
-                            f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                        if r.status == 200:
-                            break
-                except (urllib.error.URLError, OSError):
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        log.seek(0)
-                        raise RuntimeError(f"llama-server did not start: {log.read()[-800:]!r}") from None
-                    time.sleep(0.2)
-            out: dict[str, Any] = {}
-            for name, prompt, start, ends, message, budgets in CASES:
-                base = {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "return_tokens": True,
-                        "cache_prompt": False}
-                out[name] = {"plain": _post(port, base), "budgets": {
-                    str(n): _post(port, {**base, "reasoning_budget_tokens": n, "reasoning_budget_start_tag": start,
-                                         "reasoning_budget_end_tags": ends, "reasoning_budget_message": message})
-                    for n in budgets}}
-            return out
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    with llama_server(binary, model) as port:
+        out: dict[str, Any] = {}
+        for name, prompt, start, ends, message, budgets in CASES:
+            base = {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "return_tokens": True,
+                    "cache_prompt": False}
+            out[name] = {"plain": _post(port, base), "budgets": {
+                str(n): _post(port, {**base, "reasoning_budget_tokens": n, "reasoning_budget_start_tag": start,
+                                     "reasoning_budget_end_tags": ends, "reasoning_budget_message": message})
+                for n in budgets}}
+        return out
 
 
 if __name__ == "__main__":
