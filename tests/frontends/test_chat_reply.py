@@ -6,14 +6,11 @@ models/templates/*.jinja, through which the format is told as llama.cpp tells it
 
 from __future__ import annotations
 
-import json
-from functools import cache
 from typing import Any
 
 import pytest
-from llamacpp_sdist import read_source
+from tool_reply_helpers import added_up, calls_of, format_for, tool
 
-from spekula.core.modelfile.chat_template import render_chat
 from spekula.frontends.schema.chat_reply import (
     Reply,
     ReplyFormat,
@@ -21,7 +18,6 @@ from spekula.frontends.schema.chat_reply import (
     limited,
     openai_message,
     parse_reply,
-    reply_format,
     with_ids,
 )
 
@@ -29,31 +25,21 @@ QWEN35, HERMES, QWEN3 = "Qwen3.5-4B", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool
 QWEN25, CODER = "Qwen-Qwen2.5-7B-Instruct", "Qwen3-Coder"
 
 
-def _tool(name: str, **props: str) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "parameters": {
-        "type": "object", "properties": {k: {"type": v} for k, v in props.items()}, "required": list(props)}}}
 
 
-SPECIAL = _tool("special_function", arg1="integer")
-WITH_OPT = _tool("special_function_with_opt", arg1="integer", arg2="integer")
-EDIT = _tool("edit", filename="string", oldString="string", newString="string")
+SPECIAL = tool("special_function", arg1="integer")
+WITH_OPT = tool("special_function_with_opt", arg1="integer", arg2="integer")
+EDIT = tool("edit", filename="string", oldString="string", newString="string")
 TOOLS = [SPECIAL, WITH_OPT, EDIT]
-USER = [{"role": "user", "content": "Hi"}]
 
 
-@cache
-def _template(name: str) -> str:
-    return read_source(f"models/templates/{name}.jinja")
 
 
 def _format(name: str, *, tools: list[dict[str, Any]] | None = TOOLS, reasoning: str = "auto",
             thinking: bool = True) -> ReplyFormat:
-    prompt = render_chat(_template(name), USER, tools=tools, enable_thinking=thinking)
-    return reply_format(_template(name), prompt, tools=tools, parse_tools=True, reasoning_format=reasoning)
+    return format_for(name, tools, reasoning=reasoning, thinking=thinking)
 
 
-def _calls(reply: Reply) -> list[tuple[str, Any]]:
-    return [(c.name, json.loads(c.arguments)) for c in reply.tool_calls]
 
 
 XML_CALL = "<tool_call>\n<function=special_function>\n<parameter=arg1>\n1\n</parameter>\n</function>\n</tool_call>"
@@ -79,13 +65,13 @@ def test_qwen35_reasoning_auto_and_none() -> None:
 
 def test_qwen35_calls_plain_after_reasoning_and_parallel() -> None:
     reply = parse_reply(XML_CALL, _format(QWEN35, thinking=False))
-    assert _calls(reply) == [("special_function", {"arg1": 1})] and reply.content == ""
+    assert calls_of(reply) == [("special_function", {"arg1": 1})] and reply.content == ""
     after = parse_reply("I'm\nthinking\n</think>\n\n" + XML_CALL, _format(QWEN35))
-    assert after.reasoning == "I'm\nthinking" and _calls(after) == [("special_function", {"arg1": 1})]
+    assert after.reasoning == "I'm\nthinking" and calls_of(after) == [("special_function", {"arg1": 1})]
     two = XML_CALL + "\n<tool_call>\n<function=special_function_with_opt>\n<parameter=arg1>\n1\n</parameter>\n" \
         "<parameter=arg2>\n2\n</parameter>\n</function>\n</tool_call>"
     both = parse_reply(two, _format(QWEN35, thinking=False))
-    assert _calls(both) == [("special_function", {"arg1": 1}), ("special_function_with_opt", {"arg1": 1, "arg2": 2})]
+    assert calls_of(both) == [("special_function", {"arg1": 1}), ("special_function_with_opt", {"arg1": 1, "arg2": 2})]
     assert len(limited(both, parallel=False).tool_calls) == 1
 
 
@@ -93,20 +79,20 @@ def test_qwen35_string_parameters_keep_their_text() -> None:
     text = ("<tool_call>\n<function=edit>\n<parameter=filename>\nfoo.c\n</parameter>\n<parameter=oldString>\n"
             "#iclunde\n</parameter>\n<parameter=newString>\n#include\n\n</parameter>\n</function>\n</tool_call>")
     reply = parse_reply(text, _format(QWEN35, thinking=False))
-    assert _calls(reply) == [("edit", {"filename": "foo.c", "oldString": "#iclunde", "newString": "#include\n"})]
+    assert calls_of(reply) == [("edit", {"filename": "foo.c", "oldString": "#iclunde", "newString": "#include\n"})]
 
 
 @pytest.mark.parametrize("name", [HERMES, QWEN25, QWEN3])
 def test_json_calls_with_and_without_content(name: str) -> None:
     reply = parse_reply(JSON_CALL, _format(name))
-    assert _calls(reply) == [("special_function", {"arg1": 1})] and reply.content == ""
+    assert calls_of(reply) == [("special_function", {"arg1": 1})] and reply.content == ""
     mixed = parse_reply("Hello, world!\nWhat's up?" + JSON_CALL, _format(name))
     assert mixed.content == "Hello, world!\nWhat's up?" and len(mixed.tool_calls) == 1
 
 
 def test_qwen3_think_then_json_call() -> None:
     reply = parse_reply("<think>Need the tool.</think>\n\n" + JSON_CALL, _format(QWEN3))
-    assert reply.reasoning == "Need the tool." and _calls(reply) == [("special_function", {"arg1": 1})]
+    assert reply.reasoning == "Need the tool." and calls_of(reply) == [("special_function", {"arg1": 1})]
 
 
 @pytest.mark.parametrize(("name", "text"), [
@@ -143,16 +129,8 @@ def test_streamed_deltas_add_up_to_the_whole_reply(name: str, thinking: bool, te
         deltas += stream.feed(text[i:i + step])
     deltas += stream.feed("", final=text)
     whole = with_ids(parse_reply(text, fmt), list(stream.ids))
-    assert "".join(d.get("content", "") for d in deltas) == whole.content
-    assert "".join(d.get("reasoning_content", "") for d in deltas) == whole.reasoning
-    calls: dict[int, list[str]] = {}  # a call's head (index, id, name) first, then its arguments in pieces
-    for d in deltas:
-        for c in d.get("tool_calls", []):
-            if "id" in c:
-                calls[c["index"]] = [c["id"], c["function"]["name"], c["function"]["arguments"]]
-            else:
-                calls[c["index"]][2] += c["function"]["arguments"]
-    sent = [(i, *v) for i, v in sorted(calls.items())]
+    content, reasoning, sent = added_up(deltas)
+    assert content == whole.content and reasoning == whole.reasoning
     if len(sent) == len(whole.tool_calls) + 1:  # a reply cut off inside a call: its head was sent, and the
         assert sent[-1][2] in whole.content  # unstreamed reply has the unfinished call in the content
         sent.pop()

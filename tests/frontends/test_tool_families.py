@@ -8,38 +8,28 @@ checked over every chunking hypothesis draws: the deltas add up to the unstreame
 from __future__ import annotations
 
 import json
-from functools import cache
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from llamacpp_sdist import read_source
+from tool_reply_helpers import added_up, calls_of, format_for, template, tool
 
-from spekula.core.modelfile.chat_template import render_chat
 from spekula.frontends.schema.chat_reply import (
     Reply,
     ReplyFormat,
     ReplyStream,
     parse_reply,
-    reply_format,
     template_family,
     with_ids,
 )
 
-
-def _tool(name: str, **props: str) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "parameters": {
-        "type": "object", "properties": {k: {"type": v} for k, v in props.items()}, "required": list(props)}}}
-
-
-SPECIAL = _tool("special_function", arg1="integer")
-WITH_OPT = _tool("special_function_with_opt", arg1="integer", arg2="integer")
-GET_TIME, GET_WEATHER = _tool("get_time", city="string"), _tool("get_weather", city="string")
-EDIT = _tool("edit", oldString="string", newString="string", replaceAll="boolean")
-PYTHON = _tool("python", code="string")
+SPECIAL = tool("special_function", arg1="integer")
+WITH_OPT = tool("special_function_with_opt", arg1="integer", arg2="integer")
+GET_TIME, GET_WEATHER = tool("get_time", city="string"), tool("get_weather", city="string")
+EDIT = tool("edit", oldString="string", newString="string", replaceAll="boolean")
+PYTHON = tool("python", code="string")
 TOOLS = [SPECIAL, WITH_OPT, GET_TIME, GET_WEATHER, EDIT, PYTHON]
-USER = [{"role": "user", "content": "Hi"}]
 
 LLAMA31, LLAMA32 = "meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct"
 NEMO, MINISTRAL = "mistralai-Mistral-Nemo-Instruct-2407", "mistralai-Ministral-3-14B-Reasoning-2512"
@@ -50,19 +40,13 @@ V31, FUNC31, FUNC32 = "deepseek-ai-DeepSeek-V3.1", "meetkai-functionary-medium-v
 GEMMA2 = "google-gemma-2-2b-it"  # knows no tools: the generic form
 
 
-@cache
-def _template(name: str) -> str:
-    return read_source(f"models/templates/{name}.jinja")
 
 
 def _format(name: str, *, tools: list[dict[str, Any]] | None = TOOLS, reasoning: str = "auto",
             thinking: bool = True) -> ReplyFormat:
-    prompt = render_chat(_template(name), USER, tools=tools, enable_thinking=thinking)
-    return reply_format(_template(name), prompt, tools=tools, parse_tools=True, reasoning_format=reasoning)
+    return format_for(name, tools, reasoning=reasoning, thinking=thinking)
 
 
-def _calls(reply: Reply) -> list[tuple[str, Any]]:
-    return [(c.name, json.loads(c.arguments)) for c in reply.tool_calls]
 
 
 def test_families_are_told_from_the_template() -> None:
@@ -71,7 +55,7 @@ def test_families_are_told_from_the_template() -> None:
                 R1_LLAMA: "deepseek_r1", R1_QWEN: "deepseek_r1", V31: "deepseek_v31",
                 FUNC31: "functionary_v31", FUNC32: "functionary_v32", "Qwen3.5-4B": "xml",
                 "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "json", GEMMA2: ""}
-    assert {name: template_family(_template(name)) for name in expected} == expected
+    assert {name: template_family(template(name)) for name in expected} == expected
     assert _format(GEMMA2).tool_style == "generic"  # a template that does not render tools
 
 
@@ -185,7 +169,7 @@ CASES: list[tuple[str, dict[str, Any], str, str, str, list[tuple[str, Any]]]] = 
 def test_replies_parse_as_llamacpp_parses_them(name: str, opts: dict[str, Any], text: str, content: str,
                                                reasoning: str, calls: list[tuple[str, Any]]) -> None:
     reply = parse_reply(text, _format(name, **opts))
-    assert (reply.content, reply.reasoning, _calls(reply)) == (content, reasoning, calls)
+    assert (reply.content, reply.reasoning, calls_of(reply)) == (content, reasoning, calls)
 
 
 def test_written_ids_are_kept() -> None:
@@ -203,16 +187,6 @@ def _streamed(fmt: ReplyFormat, text: str, cuts: list[int]) -> tuple[Reply, list
     return stream.reply, deltas, stream.ids
 
 
-def _added_up(deltas: list[dict[str, Any]]) -> tuple[str, str, list[tuple[int, str, str, str]]]:
-    calls: dict[int, list[str]] = {}
-    for d in deltas:
-        for c in d.get("tool_calls", []):
-            if "id" in c:
-                calls[c["index"]] = [c["id"], c["function"]["name"], c["function"]["arguments"]]
-            else:
-                calls[c["index"]][2] += c["function"]["arguments"]
-    return ("".join(d.get("content", "") for d in deltas), "".join(d.get("reasoning_content", "") for d in deltas),
-            [(i, *v) for i, v in sorted(calls.items())])  # type: ignore[misc]
 
 
 @settings(max_examples=25, deadline=None)
@@ -222,7 +196,7 @@ def test_streamed_deltas_add_up_to_the_unstreamed_reply(case: tuple[Any, ...], c
     fmt = _format(name, **opts)
     _reply, deltas, ids = _streamed(fmt, text, cuts)
     whole = with_ids(parse_reply(text, fmt), list(ids))
-    content, reasoning, calls = _added_up(deltas)
+    content, reasoning, calls = added_up(deltas)
     assert (content, reasoning) == (whole.content, whole.reasoning)
     assert calls == [(i, c.id, c.name, c.arguments) for i, c in enumerate(whole.tool_calls)]
 
