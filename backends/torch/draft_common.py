@@ -7,11 +7,12 @@ token, so these runtimes batch freely (all rows of all sequences through each pr
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
+from spekula.backends.context_shift import check_shift
 from spekula.backends.gguf.weights import dequantize
 from spekula.core.backend import BackendOptions
 from spekula.core.drafting.draft_models import read_draft_attention
@@ -140,6 +141,21 @@ class KVStore:
     def truncate(self, seq: int, n_keep: int) -> None:
         self._check(seq)
         self._len[seq] = min(self._len[seq], max(0, n_keep))
+
+    def shift(self, seq: int, n_keep: int, n_discard: int, rotate: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """A context shift: positions [n_keep, n_keep + n_discard) leave and later ones move down by
+        n_discard, their keys ([rows, n_kv, hd] per layer) passed through ``rotate`` (the re-rope)."""
+        self._check(seq)
+        end = self._len[seq]
+        check_shift(n_keep, n_discard, end)
+        if n_discard == 0:
+            return
+        src = n_keep + n_discard
+        k, v = self._k[seq], self._v[seq]
+        for layer in range(self.shape[0]):  # clone: source and destination overlap
+            k[layer, n_keep:end - n_discard] = rotate(k[layer, src:end].clone()).to(self.dtype)
+            v[layer, n_keep:end - n_discard] = v[layer, src:end].clone()
+        self._len[seq] = end - n_discard
 
     def write(self, seq: int, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store rows at positions start..; everything at or after ``start`` from earlier writes is dropped."""

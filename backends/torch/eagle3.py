@@ -78,6 +78,15 @@ class TorchEagle3Runtime(TorchDraftBase, Eagle3Runtime):
             raise ModelFileError(f.path, f"output head {tuple(self.head.shape)} does not fit the draft")
         self.kv = KVStore(1, self.n_head_kv, self.head_dim, options.n_ctx, options.n_seq_max, self.device, self.dtype)
 
+    @torch.inference_mode()
+    def shift(self, seq_id: int, n_keep: int, n_discard: int) -> None:
+        """Drop and move the layer's cache rows; moved keys are re-roped by -n_discard (one rotation for
+        all rows, since rope angles add), as the target's own shift does."""
+        rows = torch.full((1,), -n_discard, device=self.device)
+        cos, sin = self.rope(rows)
+        self.kv.shift(seq_id, n_keep, n_discard,
+                      lambda k: apply_rope(k.float(), cos.expand(k.shape[0], -1), sin.expand(k.shape[0], -1), neox=False))
+
     # --- graphs ----------------------------------------------------------------------------------
     @torch.inference_mode()
     def encode(self, features: np.ndarray) -> np.ndarray:
