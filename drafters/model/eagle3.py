@@ -40,6 +40,8 @@ from spekula.drafters.model.hidden_drafter import (
     load_head_runtime,
     model_draft_options,
     require_draft_path,
+    shift_slot_cache,
+    shifted_position,
 )
 
 
@@ -110,25 +112,18 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
     def shifted(self, slot: int, n_keep: int, n_discard: int) -> None:
         """The slot's target cache dropped positions [n_keep, n_keep + n_discard) and moved the later
         ones down: the head's cache does the same (queued rows decoded first, so one shift moves them
-        all), and the pending row moves with its position (dropped if it was discarded, which the engine
-        never does: it keeps at least the newest row)."""
+        all), and the pending row moves with its position (dropped where it was discarded: a row seen
+        before the policy rested the head)."""
         st = self._slots.peek(slot)
         if st is None or n_discard <= 0:
             return
         self._flush(st)
-        length = self.runtime.seq_len(st.seq)
-        if length + st.offset > n_keep:
-            # Rows missed while resting (offset) came after the prompt: draft positions below n_keep are
-            # taken as the target's, and the missed span as the first part of what is discarded.
-            keep = min(n_keep, length)
-            drop = min(max(n_discard - st.offset, 0), length - keep)
-            self.runtime.shift(st.seq, keep, drop)
-            st.offset = max(0, st.offset - n_discard + drop)
-        if st.pending_feat is not None and st.pending_pos >= n_keep:
-            if st.pending_pos < n_keep + n_discard:
-                st.pending_feat, st.pending_pos = None, -1
-            else:
-                st.pending_pos -= n_discard
+        shift_slot_cache(self.runtime, st, n_keep, n_discard)
+        if st.pending_feat is not None:
+            pos = shifted_position(st.pending_pos, n_keep, n_discard)
+            if pos is None:
+                st.pending_feat = None
+            st.pending_pos = -1 if pos is None else pos
         st.verify_feat = None  # the next forward brings the rows accept() reads
 
     def _flush(self, st: _Slot) -> None:

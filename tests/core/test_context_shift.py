@@ -187,7 +187,7 @@ def test_a_backend_without_shift_refuses_at_start_up() -> None:
 
 
 class _HiddenStateDrafter:
-    """A model drafter that declares no way to follow a shift (as DFlash, DSpark, draft-mtp)."""
+    """A model drafter that declares no way to follow a shift (as DFlash, DSpark, a Gemma 4 assistant)."""
 
     name: ClassVar[str] = "draft-dflash"
     model_based: ClassVar[bool] = True
@@ -227,10 +227,10 @@ def test_model_drafters_must_declare_that_they_follow_a_shift() -> None:
 
 
 def test_unshiftable_model_drafters_are_refused_at_start_up_and_per_request() -> None:
-    from spekula.drafters.model import dflash, dspark, mtp
+    from spekula.drafters.model import dflash, dspark, mtp_assistant
 
     path, tok = _model(1)
-    for unshiftable in (dflash.DFlashDrafter, dspark.DSparkDrafter, mtp.MtpDrafter):
+    for unshiftable in (dflash.DFlashDrafter, dspark.DSparkDrafter, mtp_assistant.AssistantMtpDrafter):
         assert not getattr(unshiftable, "follows_context_shift", False)
     backend = load_backend("native", path, BackendOptions(n_ctx=64, n_seq_max=2, threads=1))
 
