@@ -22,7 +22,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spekula.backends.context_shift import check_shift
 from spekula.backends.native import lib as nl
 from spekula.backends.native.backend import NativeBackend, check_head_options, default_threads
 from spekula.backends.native.head import NativeHeadContext
@@ -104,15 +103,6 @@ class NativeEagle3Runtime(NativeHeadContext, Eagle3Runtime):
             in_hidden_norm=nl.ptr(w.vector("blk.0.attn_norm_2.weight")), wide_input=wide)
         self.open_context(cfg, base, str(f.path))
         self._one = _OneRowStep(H, self.n_out_vocab)
-
-    def shift(self, seq_id: int, n_keep: int, n_discard: int) -> None:
-        """The kernels' own context shift over the head's cache (its layer's keys re-roped by -n_discard
-        from the stored float16 and rounded once, as the target's shift does)."""
-        seq = self._seqs.get(seq_id)
-        check_shift(n_keep, n_discard, seq.length)
-        if self._lib.sk_kv_shift(self._live(), seq.slot, n_keep, n_discard, seq.length) != 0:
-            raise MemoryError(f"native EAGLE-3 context shift of draft sequence {seq_id}: out of memory")
-        seq.length -= n_discard
 
     # --- graphs ----------------------------------------------------------------------------------
     def encode(self, features: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -214,6 +215,7 @@ class TorchDraftBase:
     kv: KVStore
     fc: torch.Tensor
     rope_freqs: torch.Tensor | None
+    rope_neox: ClassVar[bool]  # the head's rope pairing: NEOX halves (DFlash) or NORM pairs (EAGLE-3)
 
     def read_attention(self, f: GGUFFile, arch: str, n_embd: int) -> None:
         """Head counts, head size, rope and norm epsilon (core.draft_models.read_draft_attention)."""
@@ -244,6 +246,18 @@ class TorchDraftBase:
 
     def truncate(self, seq_id: int, n_keep: int) -> None:
         self.kv.truncate(seq_id, n_keep)
+
+    @torch.inference_mode()
+    def shift(self, seq_id: int, n_keep: int, n_discard: int) -> None:
+        """Drop and move the layers' cache rows; moved keys are re-roped by -n_discard (one rotation for
+        all rows, since rope angles add), as the target's own shift does."""
+        cos, sin = self.rope(torch.full((1,), -n_discard, device=self.device))
+
+        def rotate(k: torch.Tensor) -> torch.Tensor:
+            n = k.shape[0]
+            return apply_rope(k.float(), cos.expand(n, -1), sin.expand(n, -1), neox=self.rope_neox)
+
+        self.kv.shift(seq_id, n_keep, n_discard, rotate)
 
     # --- graph pieces ----------------------------------------------------------------------------
     def features_in(self, features: np.ndarray, arch: str) -> torch.Tensor:

@@ -7,6 +7,7 @@ embeddings and the output head come from the draft file when present, else from 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ from spekula.core.modelfile.gguf_file import GGUFFile
 
 
 class TorchEagle3Runtime(TorchDraftBase, Eagle3Runtime):
+    rope_neox: ClassVar[bool] = False
     def __init__(self, f: GGUFFile, info: DraftModelInfo, target: ModelInfo, options: BackendOptions) -> None:
         self.info = info
         self.device, self.dtype = device_dtype(options)
@@ -77,15 +79,6 @@ class TorchEagle3Runtime(TorchDraftBase, Eagle3Runtime):
         if self.head.shape[1] != H or (self.d2t is None and self.head.shape[0] != info.n_vocab):
             raise ModelFileError(f.path, f"output head {tuple(self.head.shape)} does not fit the draft")
         self.kv = KVStore(1, self.n_head_kv, self.head_dim, options.n_ctx, options.n_seq_max, self.device, self.dtype)
-
-    @torch.inference_mode()
-    def shift(self, seq_id: int, n_keep: int, n_discard: int) -> None:
-        """Drop and move the layer's cache rows; moved keys are re-roped by -n_discard (one rotation for
-        all rows, since rope angles add), as the target's own shift does."""
-        rows = torch.full((1,), -n_discard, device=self.device)
-        cos, sin = self.rope(rows)
-        self.kv.shift(seq_id, n_keep, n_discard,
-                      lambda k: apply_rope(k.float(), cos.expand(k.shape[0], -1), sin.expand(k.shape[0], -1), neox=False))
 
     # --- graphs ----------------------------------------------------------------------------------
     @torch.inference_mode()
