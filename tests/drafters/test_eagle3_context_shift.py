@@ -3,8 +3,9 @@
 * The head runtimes' `shift` (native kernels and torch): the head's one layer keeps keys and values
   that depend only on (token, g, position), so after a shift its cache must equal a fresh sequence
   holding the kept rows at their new positions: the next row's logits are compared (float16 cache on
-  native, rotated from its stored keys and rounded again; float32 on torch). The same comparison with
-  the kept rows left at their old rotation fails, so the check sees the re-rope.
+  native, rotated from its stored keys and rounded again; float32 on torch). On torch the same
+  comparison with the kept rows left at their old rotation fails, so the check sees the re-rope (the
+  native kernel is the target's own, checked so in tests/backends/test_context_shift.py).
 * Through the engine: a head built to agree with its target (the bigram oracle) keeps having every
   drafted token accepted while the context shifts many times, and the output is plain decoding's with
   the same shifts, on native and torch; its cache is not garbage after a shift.
