@@ -95,7 +95,8 @@ def random_draft_gguf(path: Path, arch: str, target: Path, *, seed: int = 0, dra
     """A random EAGLE-3 or DFlash draft GGUF sized for ``target`` (no HF checkpoint needed), F16 weights
     (or ``weight_type``: F32, F16, Q8_0 for the matrices).
 
-    EAGLE-3: one layer, reduced 2048-token vocabulary with its own head (d2t), borrowed embeddings.
+    EAGLE-3: one layer, reduced 2048-token vocabulary (the whole one when smaller) with its own head
+    (d2t), borrowed embeddings.
     DFlash: two layers, borrowed embeddings and head, or with ``draft_vocab`` its own head over that
     many target ids (d2t). Both read three / two target layers.
     """
@@ -129,8 +130,9 @@ def random_draft_gguf(path: Path, arch: str, target: Path, *, seed: int = 0, dra
         layers = [2, n_layer_t // 2, n_layer_t - 3]
         hp.update({"block_count": 1, "target_layers": layers, "target_hidden_size": H, "rope.dimension_count": hd})
         tensors.update({f"blk.0.{k}": v for k, v in layer.items()})
-        tensors.update({"blk.0.attn_norm_2.weight": ones(H), "fc.weight": mat(H, 3 * H), "output.weight": mat(2048, H),
-                        "d2t": np.sort(rng.choice(n_vocab, 2048, replace=False)).astype(np.int64)})
+        n_draft = min(2048, n_vocab)
+        tensors.update({"blk.0.attn_norm_2.weight": ones(H), "fc.weight": mat(H, 3 * H), "output.weight": mat(n_draft, H),
+                        "d2t": np.sort(rng.choice(n_vocab, n_draft, replace=False)).astype(np.int64)})
         meta: dict[str, Any] = {}
     else:
         layers = [2, n_layer_t - 2]

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from spekula.backends.context_shift import check_shift
 from spekula.backends.native import lib as nl
 from spekula.backends.native.weights import NativeWeights
 from spekula.backends.seq_slots import PooledSeqs, SlotPool
@@ -70,6 +71,15 @@ class NativeHeadContext(PooledSeqs):
     def _release_kv(self, slot: int) -> None:
         if self._ctx:
             self._lib.sk_kv_release(self._ctx, slot)
+
+    def shift(self, seq_id: int, n_keep: int, n_discard: int) -> None:
+        """The kernels' own context shift over the head's cache (its layers' keys re-roped by -n_discard
+        from the stored float16 with the head's rope pairing and rounded once, as the target's shift does)."""
+        seq = self._seqs.get(seq_id)
+        check_shift(n_keep, n_discard, seq.length)
+        if self._lib.sk_kv_shift(self._live(), seq.slot, n_keep, n_discard, seq.length) != 0:
+            raise MemoryError(f"native {self.head_name} context shift of draft sequence {seq_id}: out of memory")
+        seq.length -= n_discard
 
     def check_write(self, seq_id: int, start: int, n: int) -> None:
         """Rows at positions start .. start + n - 1 of a sequence: no gap after what it holds, within n_ctx."""

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from spekula.backends.context_shift import check_shift, shift_refusal
 from spekula.backends.gguf.architecture import FEATURES, read_hparams
 from spekula.backends.gguf.moe import head_sources, nextn_shapes
 from spekula.backends.gguf.weights import block_shapes, rope_inv_freq
@@ -146,6 +147,18 @@ class NativeMtpRuntime(PooledSeqs, MtpRuntime):
     def _release_kv(self, slot: int) -> None:
         for ctx in self._ctxs:
             self._lib.sk_kv_release(ctx, slot)
+
+    def shift(self, seq_id: int, n_keep: int, n_discard: int) -> None:
+        """Every head's cache shifts with the kernels' own context shift (as the target's does)."""
+        refusal = shift_refusal(self.hp, "the native MTP runtime")
+        if refusal is not None:
+            raise ConfigError(refusal)
+        seq = self._seqs.get(seq_id)
+        check_shift(n_keep, n_discard, seq.length)
+        for ctx in self._ctxs:
+            if self._lib.sk_kv_shift(ctx, seq.slot, n_keep, n_discard, seq.length) != 0:
+                raise MemoryError(f"native context shift of MTP sequence {seq_id}: out of memory for its row buffers")
+        seq.length -= n_discard
 
     # --- decoding --------------------------------------------------------------------------------
     def decode(self, rows: Sequence[MtpRows]) -> list[MtpOut]:

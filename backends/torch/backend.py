@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from spekula.backends.context_shift import check_shift, shift_refusal
+from spekula.backends.context_shift import shift_refusal
 from spekula.backends.gguf.architecture import FEATURES, ModelHParams, read_hparams
 from spekula.backends.gguf.classifier import read_classifier_head
 from spekula.backends.gguf.encoder import is_encoder
@@ -45,7 +45,7 @@ from spekula.backends.seq_slots import PooledSeqs
 from spekula.backends.torch.delta_net import recurrence_width
 from spekula.backends.torch.encoder import TorchEncoderBackend
 from spekula.backends.torch.exact_probe import attention_align, choose_exact_gemm, onednn_packing_available
-from spekula.backends.torch.kv import KVPool, SeqCache
+from spekula.backends.torch.kv import KVPool, SeqCache, shift_cache
 from spekula.backends.torch.model import AttnGroup, KVWrite, Tile, TorchModel, model_gemm_shapes
 from spekula.backends.torch.recurrent import RecurrentSeq
 from spekula.core.backend import Backend, BackendOptions, Capture, ModelInfo, SeqInput, SeqOutput, SeqState
@@ -205,15 +205,7 @@ class TorchBackend(PooledSeqs, Backend):
         refusal = self.context_shift_refusal()
         if refusal is not None:
             raise ConfigError(refusal)
-        cache = self.kv.get(seq_id)
-        check_shift(n_keep, n_discard, cache.length)
-        if n_discard == 0:
-            return
-        src, end = n_keep + n_discard, cache.length
-        with torch.inference_mode():  # clone: source and destination overlap
-            cache.k[:, :, n_keep : end - n_discard] = self.model.rotate_keys(cache.k[:, :, src:end].clone(), -n_discard)
-            cache.v[:, :, n_keep : end - n_discard] = cache.v[:, :, src:end].clone()
-        cache.length = end - n_discard
+        shift_cache(self.kv.get(seq_id), n_keep, n_discard, self.model.rotate_keys)
 
     def checkpoint(self, seq_id: int) -> None:
         cache = self.kv.get(seq_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -48,6 +49,8 @@ class _Layer:
 
 
 class TorchDFlashRuntime(TorchDraftBase, DFlashRuntime):
+    rope_neox: ClassVar[bool] = True
+
     def __init__(self, f: GGUFFile, info: DraftModelInfo, target: ModelInfo, options: BackendOptions) -> None:
         self.info = info
         self.device, self.dtype = device_dtype(options)

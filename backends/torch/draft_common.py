@@ -7,11 +7,13 @@ token, so these runtimes batch freely (all rows of all sequences through each pr
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
 
+from spekula.backends.context_shift import check_shift
 from spekula.backends.gguf.weights import dequantize
 from spekula.core.backend import BackendOptions
 from spekula.core.drafting.draft_models import read_draft_attention
@@ -141,6 +143,21 @@ class KVStore:
         self._check(seq)
         self._len[seq] = min(self._len[seq], max(0, n_keep))
 
+    def shift(self, seq: int, n_keep: int, n_discard: int, rotate: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """A context shift: positions [n_keep, n_keep + n_discard) leave and later ones move down by
+        n_discard, their keys ([rows, n_kv, hd] per layer) passed through ``rotate`` (the re-rope)."""
+        self._check(seq)
+        end = self._len[seq]
+        check_shift(n_keep, n_discard, end)
+        if n_discard == 0:
+            return
+        src = n_keep + n_discard
+        k, v = self._k[seq], self._v[seq]
+        for layer in range(self.shape[0]):  # clone: source and destination overlap
+            k[layer, n_keep:end - n_discard] = rotate(k[layer, src:end].clone()).to(self.dtype)
+            v[layer, n_keep:end - n_discard] = v[layer, src:end].clone()
+        self._len[seq] = end - n_discard
+
     def write(self, seq: int, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store rows at positions start..; everything at or after ``start`` from earlier writes is dropped."""
         self._check(seq)
@@ -198,6 +215,7 @@ class TorchDraftBase:
     kv: KVStore
     fc: torch.Tensor
     rope_freqs: torch.Tensor | None
+    rope_neox: ClassVar[bool]  # the head's rope pairing: NEOX halves (DFlash) or NORM pairs (EAGLE-3)
 
     def read_attention(self, f: GGUFFile, arch: str, n_embd: int) -> None:
         """Head counts, head size, rope and norm epsilon (core.draft_models.read_draft_attention)."""
@@ -228,6 +246,18 @@ class TorchDraftBase:
 
     def truncate(self, seq_id: int, n_keep: int) -> None:
         self.kv.truncate(seq_id, n_keep)
+
+    @torch.inference_mode()
+    def shift(self, seq_id: int, n_keep: int, n_discard: int) -> None:
+        """Drop and move the layers' cache rows; moved keys are re-roped by -n_discard (one rotation for
+        all rows, since rope angles add), as the target's own shift does."""
+        cos, sin = self.rope(torch.full((1,), -n_discard, device=self.device))
+
+        def rotate(k: torch.Tensor) -> torch.Tensor:
+            n = k.shape[0]
+            return apply_rope(k.float(), cos.expand(n, -1), sin.expand(n, -1), neox=self.rope_neox)
+
+        self.kv.shift(seq_id, n_keep, n_discard, rotate)
 
     # --- graph pieces ----------------------------------------------------------------------------
     def features_in(self, features: np.ndarray, arch: str) -> torch.Tensor:

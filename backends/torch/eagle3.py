@@ -7,6 +7,7 @@ embeddings and the output head come from the draft file when present, else from 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ from spekula.core.modelfile.gguf_file import GGUFFile
 
 
 class TorchEagle3Runtime(TorchDraftBase, Eagle3Runtime):
+    rope_neox: ClassVar[bool] = False
     def __init__(self, f: GGUFFile, info: DraftModelInfo, target: ModelInfo, options: BackendOptions) -> None:
         self.info = info
         self.device, self.dtype = device_dtype(options)

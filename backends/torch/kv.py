@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from spekula.backends.context_shift import check_shift
 from spekula.backends.seq_state import ExpectedArrays, check_state_arrays
 from spekula.backends.torch.recurrent import RecurrentSeq
 from spekula.core.backend import SeqState
@@ -33,6 +34,19 @@ class SeqCache:
     @property
     def capacity(self) -> int:
         return int(self.k.shape[2])
+
+
+def shift_cache(cache: SeqCache, n_keep: int, n_discard: int, rotate: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
+    """A context shift of one sequence's cache (core/backend.py's `shift`): positions [n_keep, n_keep +
+    n_discard) leave, later ones move down, their keys re-roped by ``rotate(keys, -n_discard)``."""
+    check_shift(n_keep, n_discard, cache.length)
+    if n_discard == 0:
+        return
+    src, end = n_keep + n_discard, cache.length
+    with torch.inference_mode():  # clone: source and destination overlap
+        cache.k[:, :, n_keep : end - n_discard] = rotate(cache.k[:, :, src:end].clone(), -n_discard)
+        cache.v[:, :, n_keep : end - n_discard] = cache.v[:, :, src:end].clone()
+    cache.length = end - n_discard
 
 
 class KVPool:

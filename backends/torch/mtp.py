@@ -18,17 +18,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from spekula.backends.context_shift import shift_refusal
 from spekula.backends.gguf.architecture import FEATURES, ModelHParams, read_hparams
 from spekula.backends.gguf.moe import HeadSources, head_sources, nextn_shapes
 from spekula.backends.gguf.weights import block_shapes, dequantize
 from spekula.backends.seq_slots import PooledSeqs
 from spekula.backends.torch.draft_common import device_dtype, rms_norm
-from spekula.backends.torch.kv import KVPool, SeqCache
+from spekula.backends.torch.kv import KVPool, SeqCache, shift_cache
 from spekula.backends.torch.linear import Lin, plain_gemm, planned_lin
 from spekula.backends.torch.model import AttnGroup, KVWrite, Tile, TorchModel
 from spekula.core.backend import Backend, BackendOptions
 from spekula.core.drafting.mtp_runtime import MtpInfo, MtpOut, MtpRows, MtpRuntime, decode_by_head
-from spekula.core.errors import ModelFileError
+from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 
 KEY_GRANULE = 64  # KV capacity grows in whole granules, as the target's
@@ -159,6 +160,13 @@ class TorchMtpRuntime(PooledSeqs, MtpRuntime):
     @property
     def n_ctx(self) -> int:
         return self.kv.n_ctx
+
+    def shift(self, seq_id: int, n_keep: int, n_discard: int) -> None:
+        """Every head's cache shifts as the target's does (rows moved, keys re-roped by -n_discard)."""
+        refusal = shift_refusal(self.hp, "the torch MTP runtime")
+        if refusal is not None:
+            raise ConfigError(refusal)
+        shift_cache(self.kv.get(seq_id), n_keep, n_discard, self.model.rotate_keys)
 
     # --- decoding --------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -110,6 +110,12 @@ class DraftRuntime(ABC):
     def truncate(self, seq_id: int, n_keep: int) -> None:
         """Keep positions [0, n_keep)."""
 
+    def shift(self, seq_id: int, n_keep: int, n_discard: int) -> None:
+        """A context shift of the sequence's cache (core/backend.py's `shift`): positions [n_keep,
+        n_keep + n_discard) leave, later ones move down by n_discard with their keys re-roped. A runtime
+        whose cache cannot do that keeps this refusal, and its drafter does not follow context shifts."""
+        raise ConfigError(f"context shift is not supported by the {type(self).__name__} draft runtime")
+
     def share_cpu(self) -> None:  # noqa: B027 - optional hook
         """Another runtime's kernels (the native target's) use this process's cores: keep out of their
         way. Nothing to do unless the runtime has worker threads of its own."""

@@ -21,6 +21,12 @@ that slot's generating rounds; the next forward it observes starts after a gap, 
 on from there (the positions in between are left out of its own cache). Prompt chunks are always
 observed. A drafter without the flag observes every forward.
 
+Optional: a model drafter whose own caches are kept by position declares
+``follows_context_shift: ClassVar[bool] = True`` when it follows a context shift (without it a server
+with --context-shift refuses it); it may define ``shifted(slot, n_keep, n_discard)``, which the engine
+calls right after the slot's target cache and history shifted (core/engine/context_shift.py), before
+the next draft: the positions [n_keep, n_keep + n_discard) left and the later ones moved down by n_discard.
+
 Optional: a drafter that keeps per-slot state between requests which the next request's history does
 not rebuild (``description.slot_state == "saved"``: n-gram tables, acceptance counters) defines
 ``save_slot(slot) -> dict[str, np.ndarray] | None`` (None: it holds nothing for the slot) and

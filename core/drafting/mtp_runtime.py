@@ -108,6 +108,11 @@ class MtpRuntime(ABC):
     def truncate(self, seq_id: int, n_keep: int) -> None:
         """Keep positions [0, n_keep) in every head."""
 
+    def shift(self, seq_id: int, n_keep: int, n_discard: int) -> None:
+        """A context shift of every head's cache (core/backend.py's `shift`); a runtime that cannot keeps
+        this refusal."""
+        raise ConfigError(f"context shift is not supported by the {type(self).__name__} MTP runtime")
+
     @abstractmethod
     def decode(self, rows: Sequence[MtpRows]) -> list[MtpOut]:
         """One causal pass per head over all its rows (every sequence batched); K/V are written at the rows' positions.

@@ -14,7 +14,9 @@ A speculative round never passes n_ctx - 1 (its draft budget is n_ctx - len(H) -
 at the same history lengths as in plain decoding and speculation stays lossless. Draftless drafters
 read the shifted history at their next call (each one starts over from a history that does not extend
 what it saw); model drafters must declare ``follows_context_shift`` (draft-simple re-decodes its draft
-cache from the first changed position), else the request plan refuses them (request_plan.unshiftable_drafters).
+cache from the first changed position; draft-eagle3, draft-dflash, draft-dspark and draft-mtp shift
+their heads' caches in their ``shifted`` hook, which the scheduler calls after the shift), else the
+request plan refuses them (request_plan.unshiftable_drafters).
 """
 
 from __future__ import annotations

@@ -101,6 +101,14 @@ class Scheduler:
                 s.error = f"context shift failed: {type(exc).__name__}: {exc}"
                 continue
             log.info("slot %d: context shift, n_keep = %d, n_discard = %d", s.id, n_keep, n_discard)
+            for d in s.drafters:  # model drafters with caches by position follow it (core/drafting/drafter.py)
+                follow = getattr(d, "shifted", None)
+                if follow is not None:
+                    try:
+                        follow(s.id, n_keep, n_discard)
+                    except Exception as exc:
+                        s.error = f"context shift failed in {d.name}: {type(exc).__name__}: {exc}"
+                        break
 
     def _is_eog(self, token: int) -> bool:
         return bool(self.tokenizer.is_eog(token))  # type: ignore[attr-defined]

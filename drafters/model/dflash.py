@@ -36,6 +36,7 @@ from spekula.drafters.model.hidden_drafter import (
     load_head_runtime,
     model_draft_options,
     require_draft_path,
+    shift_slot_cache,
 )
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,8 @@ class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, DFlashSlot]):
     name: ClassVar[str] = "draft-dflash"
     kind: ClassVar[str] = "dflash"
     resumes: ClassVar[bool] = True  # may miss forwards (core/drafting/drafter.py)
+    # `shifted` drops and re-ropes the injected context as the target's shift does (DSpark inherits it).
+    follows_context_shift: ClassVar[bool] = True
     description: ClassVar[DrafterDescription] = DrafterDescription(
         summary="a DFlash head drafts a whole block in one forward from the target's layer inputs "
                 "(-md, else a shipped head)",
@@ -123,6 +126,18 @@ class DFlashDrafter(HiddenStateDrafter[DFlashRuntime, DFlashSlot]):
     def accept(self, slot: int, n_accepted: int, mine: bool) -> None:
         # Rejected rows stay queued beyond the committed end; draft() cuts at the context first.
         return None
+
+    def shifted(self, slot: int, n_keep: int, n_discard: int) -> None:
+        """The slot's target cache dropped positions [n_keep, n_keep + n_discard) and moved the later
+        ones down: the injected context does the same. Queued rows are injected first, so one shift moves
+        them all (rows past the committed history move too; the next draft cuts them, as it does unshifted)."""
+        st = self._slots.peek(slot)
+        if st is None or n_discard <= 0:
+            return
+        if st.queued:
+            self.runtime.inject(st.seq, np.concatenate(st.queue), self.runtime.seq_len(st.seq))
+            st.queue, st.queued = [], 0
+        shift_slot_cache(self.runtime, st, n_keep, n_discard)
 
     # --- the lazy context --------------------------------------------------------------------------
     def context_length(self, st: DFlashSlot) -> int:

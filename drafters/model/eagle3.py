@@ -40,6 +40,8 @@ from spekula.drafters.model.hidden_drafter import (
     load_head_runtime,
     model_draft_options,
     require_draft_path,
+    shift_slot_cache,
+    shifted_position,
 )
 
 
@@ -59,6 +61,8 @@ class _Slot(HiddenSlot):
 class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
     name: ClassVar[str] = "draft-eagle3"
     resumes: ClassVar[bool] = True  # may miss forwards (core/drafting/drafter.py)
+    # `shifted` drops and re-ropes the head's own cache rows as the target's shift does.
+    follows_context_shift: ClassVar[bool] = True
     description: ClassVar[DrafterDescription] = DrafterDescription(
         summary="an EAGLE-3 head drafts from three of the target's layer inputs (-md, else a shipped head)",
         builtin_order=7, hidden_states=True, draft_model="optional",
@@ -104,6 +108,32 @@ class Eagle3Drafter(HiddenStateDrafter[Eagle3Runtime, _Slot]):
         st.pending_feat, st.pending_pos = st.verify_feat[i], st.verify_pos + i
         # Entries from the pending position on pair rejected tokens: drop them.
         self._cut(st, st.pending_pos)
+
+    def shifted(self, slot: int, n_keep: int, n_discard: int) -> None:
+        """The slot's target cache dropped positions [n_keep, n_keep + n_discard) and moved the later
+        ones down: the head's cache does the same (queued rows decoded first, so one shift moves them
+        all), and the pending row moves with its position (dropped where it was discarded: a row seen
+        before the policy rested the head)."""
+        st = self._slots.peek(slot)
+        if st is None or n_discard <= 0:
+            return
+        self._flush(st)
+        shift_slot_cache(self.runtime, st, n_keep, n_discard)
+        if st.pending_feat is not None:
+            pos = shifted_position(st.pending_pos, n_keep, n_discard)
+            if pos is None:
+                st.pending_feat = None
+            st.pending_pos = -1 if pos is None else pos
+        st.verify_feat = None  # the next forward brings the rows accept() reads
+
+    def _flush(self, st: _Slot) -> None:
+        """Decode the slot's queued rows into the draft KV now."""
+        if not st.queued:
+            return
+        g = self.runtime.encode(np.concatenate(st.queue_feats))
+        rows = Eagle3Rows(st.seq, np.concatenate(st.queue_tokens), g, self.runtime.seq_len(st.seq), False)
+        self.runtime.decode([rows])
+        st.queue_tokens, st.queue_feats, st.queued = [], [], 0
 
     # --- the lazy draft KV -----------------------------------------------------------------------
     def _length(self, st: _Slot) -> int:

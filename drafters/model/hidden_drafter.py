@@ -143,6 +143,29 @@ class SeqRuntime(Protocol):
 
     def truncate(self, seq_id: int, n_keep: int) -> None: ...
 
+    def shift(self, seq_id: int, n_keep: int, n_discard: int) -> None: ...
+
+
+def shift_slot_cache(runtime: SeqRuntime, st: HiddenSlot, n_keep: int, n_discard: int) -> None:
+    """Follow a context shift of the target (positions [n_keep, n_keep + n_discard) gone, later ones
+    down by n_discard) in a slot's draft cache, whose positions are target positions minus `st.offset`
+    (the forwards missed while resting). Missed forwards come after the prompt: cache positions below
+    n_keep are taken as the target's, and the missed span as the first part of what is discarded."""
+    length = runtime.seq_len(st.seq)
+    if length + st.offset <= n_keep:
+        return  # the cache ends before the discarded span
+    keep = min(n_keep, length)
+    drop = min(max(n_discard - st.offset, 0), length - keep)
+    runtime.shift(st.seq, keep, drop)
+    st.offset = max(0, st.offset - n_discard + drop)
+
+
+def shifted_position(pos: int, n_keep: int, n_discard: int) -> int | None:
+    """Where target position `pos` is after a context shift; None when it was discarded."""
+    if pos < n_keep:
+        return pos
+    return None if pos < n_keep + n_discard else pos - n_discard
+
 
 SeqRuntimeT = TypeVar("SeqRuntimeT", bound=SeqRuntime)
 RuntimeT = TypeVar("RuntimeT", bound=DraftRuntime)

@@ -47,6 +47,8 @@ from spekula.drafters.model.hidden_drafter import (
     finish_drafts,
     head_runtime_backend,
     model_draft_options,
+    shift_slot_cache,
+    shifted_position,
 )
 from spekula.drafters.model.mtp_assistant import AssistantMtpDrafter
 from spekula.drafters.model.runtimes import load_mtp_runtime
@@ -83,6 +85,8 @@ def check_heads(target_path: str, draft_path: str | None) -> None:
 class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
     name: ClassVar[str] = "draft-mtp"
     resumes: ClassVar[bool] = True  # may miss forwards (core/drafting/drafter.py)
+    # `shifted` drops and re-ropes the heads' cache rows as the target's shift does.
+    follows_context_shift: ClassVar[bool] = True
     description: ClassVar[DrafterDescription] = DrafterDescription(
         summary="the target's own multi-token-prediction heads draft from its final hidden states "
                 "(or an MTP GGUF or a Gemma 4 assistant given with -md)",
@@ -137,6 +141,20 @@ class MtpDrafter(SlotDrafter[MtpRuntime, _Slot]):
             return
         # Entries after the last accepted position pair rejected tokens: drop them.
         self._cut(st, st.pending_pos + 1)
+
+    def shifted(self, slot: int, n_keep: int, n_discard: int) -> None:
+        """The slot's target cache dropped positions [n_keep, n_keep + n_discard) and moved the later ones
+        down: every head's cache does the same, and the pending h moves with its position."""
+        st = self._slots.peek(slot)
+        if st is None or n_discard <= 0:
+            return
+        shift_slot_cache(self.runtime, st, n_keep, n_discard)
+        if st.pending_h is not None:
+            pos = shifted_position(st.pending_pos, n_keep, n_discard)
+            if pos is None:
+                st.pending_h = None
+            st.pending_pos = -1 if pos is None else pos
+        st.verify_h = None  # the next forward brings the rows accept() reads
 
     # --- the heads' caches, in target positions ----------------------------------------------------
     def _length(self, st: _Slot) -> int:

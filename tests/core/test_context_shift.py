@@ -5,17 +5,20 @@
   that re-runs the model from scratch on the shifted token sequence (the tokens llama-server keeps, at
   the positions it gives them): with one block the cached keys and values are functions of token and
   position only (torch: exactly its argmax; native: within float16 rounding of it);
-* speculative decoding (draftless drafters and draft-simple, over n_keep, n_discard and draft lengths)
-  gives exactly the tokens plain decoding gives with the same shifts, on the native backend (bitwise:
-  its shift is deterministic and its rows batch-invariant) and on torch;
+* speculative decoding (draftless drafters, draft-simple, and draft-eagle3 and draft-dflash with their
+  heads on the target's backend, over n_keep, n_discard and draft lengths) gives exactly the tokens
+  plain decoding gives with the same shifts, on the native backend (bitwise: its shift is deterministic
+  and its rows batch-invariant) and on torch;
 * what cannot shift is refused: a backend without `shift` at start-up, a model drafter whose caches
-  cannot follow at start-up or per request.
+  cannot follow (draft-mtp's Gemma 4 assistant mode) at start-up or per request. (draft-mtp's own heads,
+  DFlash and DSpark over shifts: tests/drafters/test_*_context_shift.py.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cache
+from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
@@ -109,15 +112,32 @@ def test_plain_decoding_past_the_context_equals_recomputation(backend_name: str,
     engine.close()
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Random EAGLE-3 and DFlash heads sized for the two-block tiny llama (reading its layer inputs)."""
+    from model_drafter_helpers import random_draft_gguf
+
+    path, _ = _model(2)
+    root = tmp_path_factory.mktemp("heads")
+    return {"draft-eagle3": str(random_draft_gguf(root / "eagle3.gguf", "eagle3", Path(path), weight_type="F32",
+                                                  target_layers=[0, 1, 1])),
+            "draft-dflash": str(random_draft_gguf(root / "dflash.gguf", "dflash", Path(path), weight_type="F32",
+                                                  target_layers=[0, 1]))}
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(n_keep=st.integers(-1, 12), n_discard=st.integers(0, 30), n_max=st.integers(1, 6),
        temperature=st.sampled_from([0.0, 0.9]), seed=st.integers(0, 2**31),
        types=st.sampled_from([("ngram-simple",), ("suffix",), ("ngram-map-k",), ("ngram-mod",), ("draft-simple",),
-                              ("ngram-simple", "suffix", "draft-simple")]),
-       backend_name=st.sampled_from(["native", "torch"]))
-def test_speculation_with_shifts_equals_plain_decoding(n_keep: int, n_discard: int, n_max: int, temperature: float,
-                                                       seed: int, types: tuple[str, ...], backend_name: str) -> None:
+                              ("ngram-simple", "suffix", "draft-simple"), ("draft-eagle3",),
+                              ("ngram-simple", "draft-eagle3"), ("draft-dflash",)]),
+       backend_name=st.sampled_from(["native", "torch"]), adaptive=st.booleans())
+def test_speculation_with_shifts_equals_plain_decoding(heads: dict[str, str], n_keep: int, n_discard: int, n_max: int,
+                                                       temperature: float, seed: int, types: tuple[str, ...],
+                                                       backend_name: str, adaptive: bool) -> None:
+    """`adaptive` lets the cost model rest the drafters (EAGLE-3 and DFlash then miss forwards: their
+    caches have gaps when a shift comes)."""
     path, tok = _model(2)
     n_ctx = 36
     prompt = tok.encode("abc abc abc ab", add_special=True)
@@ -125,8 +145,9 @@ def test_speculation_with_shifts_equals_plain_decoding(n_keep: int, n_discard: i
 
     def run(spec_types: tuple[str, ...]) -> Any:
         b = load_backend(backend_name, path, BackendOptions(n_ctx=n_ctx, n_seq_max=1, threads=1))
-        spec = SpecParams(types=spec_types, n_max=n_max, adaptive=False, drafter_options=dict(SMALL_NGRAMS))
-        engine = _engine(b, tok, n_ctx, spec, draft_model_path=path)
+        spec = SpecParams(types=spec_types, n_max=n_max, adaptive=adaptive, drafter_options=dict(SMALL_NGRAMS))
+        draft_path = next((heads[t] for t in spec_types if t in heads), path)
+        engine = _engine(b, tok, n_ctx, spec, draft_model_path=draft_path, backend_name=backend_name)
         req = CompletionRequest(list(prompt), n_predict=90, sampling=sampling, ignore_eos=True, n_keep=n_keep,
                                 n_discard=n_discard)
         [final] = anyio.run(run_requests, engine, [req], 120.0)
@@ -170,9 +191,9 @@ def test_a_backend_without_shift_refuses_at_start_up() -> None:
 
 
 class _HiddenStateDrafter:
-    """A model drafter that declares no way to follow a shift (as EAGLE-3, DFlash, DSpark, draft-mtp)."""
+    """A model drafter that declares no way to follow a shift (as draft-mtp's Gemma 4 assistant mode)."""
 
-    name: ClassVar[str] = "draft-eagle3"
+    name: ClassVar[str] = "draft-mtp"
     model_based: ClassVar[bool] = True
 
     def capture(self) -> Capture:
@@ -202,17 +223,20 @@ class _FollowingDrafter(_HiddenStateDrafter):
 def test_model_drafters_must_declare_that_they_follow_a_shift() -> None:
     from spekula.drafters.draftless.ngram_simple import NgramSimpleDrafter
     from spekula.drafters.model.draft_simple import DraftSimpleDrafter
+    from spekula.drafters.model.eagle3 import Eagle3Drafter
 
-    assert unshiftable_drafters([_HiddenStateDrafter(), _FollowingDrafter()]) == ["draft-eagle3"]  # type: ignore[list-item]
-    assert DraftSimpleDrafter.follows_context_shift
+    assert unshiftable_drafters([_HiddenStateDrafter(), _FollowingDrafter()]) == ["draft-mtp"]  # type: ignore[list-item]
+    assert DraftSimpleDrafter.follows_context_shift and Eagle3Drafter.follows_context_shift
     assert not NgramSimpleDrafter.model_based  # draftless drafters read the shifted history at each call
 
 
 def test_unshiftable_model_drafters_are_refused_at_start_up_and_per_request() -> None:
-    from spekula.drafters.model import eagle3
+    from spekula.drafters.model import dflash, dspark, eagle3, mtp, mtp_assistant
 
     path, tok = _model(1)
-    assert not getattr(eagle3.Eagle3Drafter, "follows_context_shift", False)
+    assert not getattr(mtp_assistant.AssistantMtpDrafter, "follows_context_shift", False)
+    for follows in (eagle3.Eagle3Drafter, dflash.DFlashDrafter, dspark.DSparkDrafter, mtp.MtpDrafter):
+        assert follows.follows_context_shift
     backend = load_backend("native", path, BackendOptions(n_ctx=64, n_seq_max=2, threads=1))
 
     class Fake(_HiddenStateDrafter):
@@ -220,12 +244,12 @@ def test_unshiftable_model_drafters_are_refused_at_start_up_and_per_request() ->
         def create(cls, ctx: Any) -> Fake:
             return cls()
 
-    with pytest.raises(ConfigError, match="draft-eagle3 cannot follow a context shift"):
-        _engine(backend, tok, 64, SpecParams(types=("draft-eagle3",)), drafters=[Fake])
+    with pytest.raises(ConfigError, match="draft-mtp cannot follow a context shift"):
+        _engine(backend, tok, 64, SpecParams(types=("draft-mtp",)), drafters=[Fake])
     engine = _engine(backend, tok, 64, drafters=[Fake])
-    req = CompletionRequest(tok.encode("abc"), n_predict=4, spec=SpecParams(types=("draft-eagle3",)))
+    req = CompletionRequest(tok.encode("abc"), n_predict=4, spec=SpecParams(types=("draft-mtp",)))
     [final] = anyio.run(run_requests, engine, [req])
-    assert final.stop_type == "error" and "draft-eagle3 cannot follow a context shift" in str(final.error)
+    assert final.stop_type == "error" and "draft-mtp cannot follow a context shift" in str(final.error)
     assert final.rejected_spec
     engine.close()
     engine = _engine(backend, tok, 64, drafters=[Fake])
