@@ -11,6 +11,7 @@ from functools import cache
 from typing import Any
 
 import pytest
+from apply_template_recording import TOOLS  # the same two tools llama-server's renderings were recorded with
 from llamacpp_sdist import read_source
 
 from spekula.core.modelfile.chat_template import render_chat, renders_tools
@@ -18,12 +19,6 @@ from spekula.frontends.schema.chat_messages import chat_messages
 
 TEMPLATES = ("Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B", "Qwen3.5-4B", "Qwen3-Coder",
              "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use")
-TOOLS = [{"type": "function", "function": {
-    "name": "read_file", "description": "Read a file of the repository",
-    "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}},
-                   "required": ["path"]}}},
-    {"type": "function", "function": {"name": "search", "description": "Search the code",
-                                      "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}]
 # As a client sends it: arguments as JSON text, two parallel calls, their results, then a new question.
 LOOP = [
     {"role": "system", "content": "You are a coding agent."},
