@@ -82,6 +82,8 @@ class TurnResult:
     prompt_n: int
     cache_n: int
     output: str  # content and tool calls, to compare configurations
+    draft_n: int = 0  # draft tokens verified and accepted (the server's timings; 0 when none)
+    draft_accepted: int = 0
 
 
 @dataclass
@@ -146,7 +148,8 @@ def replay(port: int, tools: list[dict[str, Any]], turns: list[Turn], factor: fl
         msg = answer["choices"][0]["message"]
         calls = [(c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls") or []]
         out.append(TurnResult(int(t["predicted_n"]), float(t["predicted_ms"]), int(t["prompt_n"]),
-                              int(t.get("cache_n", 0)), json.dumps([msg.get("content") or "", calls])))
+                              int(t.get("cache_n", 0)), json.dumps([msg.get("content") or "", calls]),
+                              int(t.get("draft_n", 0)), int(t.get("draft_n_accepted", 0))))
     return out
 
 
@@ -180,6 +183,11 @@ def report(runs: list[Run], turns: list[Turn]) -> None:
     for k, rs in by.items():
         parts = [f"{t.cache_n}/{t.cache_n + t.prompt_n}" for t in rs[0].turns]
         print(f"  {k[0]:<8} {k[1]:<18} {'  '.join(parts)}")
+    print("\ndraft tokens accepted / verified per turn, first repetition:")
+    for k, rs in by.items():
+        if any(t.draft_n for t in rs[0].turns):
+            parts = [f"{t.draft_accepted}/{t.draft_n}" for t in rs[0].turns]
+            print(f"  {k[0]:<8} {k[1]:<18} {'  '.join(parts)}")
     tps = {k: med(r.decode_tps for r in rs) for k, rs in by.items()}
 
     def best(engine: str) -> tuple[str, float]:

@@ -26,6 +26,7 @@ from spekula.core.engine.round_observer import RoundObserver
 from spekula.core.engine.round_planner import RoundPlanner, Work
 from spekula.core.engine.slot import Slot, SlotState
 from spekula.core.events import PieceEvent
+from spekula.core.modelfile.constraint import mask_for_argmax
 from spekula.core.policy.policy import DraftPolicy, RoundOutcome, Verified
 from spekula.core.verify.sampling import Sampler
 from spekula.core.verify.token_probs import TokenProbs, emitted_probs
@@ -130,7 +131,10 @@ class Scheduler:
         s.plan.policy.begin(s.id)
         logits = out.logits[-1:]
         if s.plan.constraint is not None:
-            s.plan.constraint.mask_logits(logits, [])
+            if s.plan.verifier.takes_argmax and not s.request.token_probs:
+                mask_for_argmax(s.plan.constraint, logits, [])
+            else:
+                s.plan.constraint.mask_logits(logits, [])
         before = _sampler_before(s)
         result = s.plan.verifier.verify([], None, logits)
         s.last = result.emitted[-1]
@@ -145,8 +149,12 @@ class Scheduler:
         constraint = s.plan.constraint
         if constraint is not None:
             # Row i may sample only what the grammar allows after draft[:i] (in place: the logits
-            # are this round's, and the drafters have already observed them).
-            constraint.mask_logits(out.logits, draft.tokens)
+            # are this round's, and the drafters have already observed them). A greedy verifier
+            # needs at most one row masked, unless the request reads the rows' probabilities.
+            if s.plan.verifier.takes_argmax and not (s.request is not None and s.request.token_probs):
+                mask_for_argmax(constraint, out.logits, draft.tokens)
+            else:
+                constraint.mask_logits(out.logits, draft.tokens)
         before = _sampler_before(s)
         result = s.plan.verifier.verify(draft.tokens, draft.probs, out.logits)
         if constraint is not None:

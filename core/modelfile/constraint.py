@@ -46,6 +46,11 @@ class Constraint(Protocol):
         the draft's grammar-valid prefix get the last valid state's mask)."""
         ...
 
+    def mask_row(self, row: np.ndarray, prefix: Sequence[int]) -> None:
+        """Set to -inf, in place, what one row ([V]) may not sample in the state after `prefix`, a
+        sequence the grammar allows."""
+        ...
+
     def advance(self, tokens: Sequence[int]) -> None:
         """The request emitted `tokens` (end-of-generation tokens are not fed to the grammar)."""
         ...
@@ -54,6 +59,35 @@ class Constraint(Protocol):
     def stopped(self) -> bool:
         """The grammar is complete and allows nothing but the end of generation."""
         ...
+
+
+def mask_for_argmax(constraint: Constraint, logits: np.ndarray, draft: Sequence[int]) -> None:
+    """What `mask_logits` does, for a verifier whose token of every row is that row's argmax (a plain
+    greedy sampler matching the draft): the same tokens come out, for a mask only on rows whose raw
+    argmax the grammar forbids, instead of one on every row.
+
+    Greedy verification walks the rows in order and stops at the first whose token differs from the
+    draft's. A row whose raw argmax is the draft token keeps it under the mask (the grammar allows the
+    draft token there), and one whose raw argmax the grammar allows keeps that: neither needs its mask.
+    Only a row whose raw argmax is forbidden is masked, in the state after the draft tokens before it,
+    and the walk goes on if its masked choice is the draft token. Rows after the stop are not read and
+    keep their raw values, so a caller that reads row probabilities masks every row instead.
+    """
+    k = len(draft)
+    n_valid = constraint.valid_prefix(draft)
+    targets = np.argmax(logits[: k + 1], axis=1)
+    prefix = [int(t) for t in draft[:n_valid]]
+    j = 0
+    while True:
+        while j < n_valid and int(targets[j]) == prefix[j]:
+            j += 1
+        if constraint.valid_prefix([*prefix[:j], int(targets[j])]) == j + 1:
+            return  # row j's raw argmax stands: verification stops here (or it is the bonus row)
+        constraint.mask_row(logits[j], prefix[:j])
+        if j < n_valid and int(np.argmax(logits[j])) == prefix[j]:
+            j += 1
+            continue
+        return
 
 
 def trim_draft(tokens: list[int], probs: np.ndarray | None, n_valid: int) -> tuple[list[int], np.ndarray | None, int]:

@@ -181,6 +181,22 @@ class LLGuidanceConstraint:
         if len(self.mask_calls) < 100_000:
             self.mask_calls.append((rows, time.perf_counter() - t0))
 
+    def mask_row(self, row: np.ndarray, prefix: Sequence[int]) -> None:
+        t0 = time.perf_counter()
+        body = self._body(prefix)
+        bitmask = self._llgnp.allocate_token_bitmask(1, self._n_vocab)
+        if body and not self._m.consume_tokens(body):
+            raise ConstraintError(f"mask_row: the grammar does not allow the prefix: {self._m.get_error()}")
+        try:
+            self._llgnp.fill_next_token_bitmask(self._m, bitmask, 0)
+        finally:
+            if body:
+                self._m.rollback(len(body))
+        forbidden = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[0, : row.shape[0]] == 0
+        np.copyto(row, -np.inf, where=forbidden)
+        if len(self.mask_calls) < 100_000:
+            self.mask_calls.append((1, time.perf_counter() - t0))
+
     def advance(self, tokens: Sequence[int]) -> None:
         body = self._body(tokens)
         if body and not self._m.consume_tokens(body):

@@ -186,6 +186,20 @@ class ReasoningBudgetConstraint:
     def mask_logits(self, logits: np.ndarray, draft: Sequence[int]) -> None:
         self.mask_rows(logits, draft, self.valid_prefix(draft))
 
+    def force_row(self, row: np.ndarray, prefix: Sequence[int], allowed: Callable[[int, int], bool] | None = None) -> None:
+        """mask_rows for one row in the state after `prefix` (which the forcing allows)."""
+        m = self.machine.clone()
+        for t in prefix:
+            m.accept(int(t))
+        f = m.forced_next()
+        if f is not None and (allowed is None or allowed(len(prefix), f)):
+            keep = row[f]
+            row[:] = -np.inf
+            row[f] = keep
+
+    def mask_row(self, row: np.ndarray, prefix: Sequence[int]) -> None:
+        self.force_row(row, prefix)
+
     def advance(self, tokens: Sequence[int]) -> None:
         for t in tokens:
             self.machine.accept(int(t))
@@ -214,6 +228,10 @@ class JointConstraint:
     def mask_logits(self, logits: np.ndarray, draft: Sequence[int]) -> None:
         self.grammar.mask_logits(logits, draft)
         self.budget.mask_rows(logits, draft, self.valid_prefix(draft), self._allowed(draft))
+
+    def mask_row(self, row: np.ndarray, prefix: Sequence[int]) -> None:
+        self.grammar.mask_row(row, prefix)
+        self.budget.force_row(row, prefix, self._allowed(prefix))
 
     def advance(self, tokens: Sequence[int]) -> None:
         self.grammar.advance(tokens)

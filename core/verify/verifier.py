@@ -193,6 +193,11 @@ class Verifier(Protocol):
         """Verify `draft` (with its distributions `probs`, or None) against rows [k+1, V]."""
         ...
 
+    @property
+    def takes_argmax(self) -> bool:
+        """Whether every emitted token is its row's raw argmax (a plain greedy sampler matching drafts)."""
+        ...
+
 
 class MatchVerifier:
     """Sample-and-match: every n-gram drafter, greedy draft models, and temperature 0."""
@@ -202,6 +207,10 @@ class MatchVerifier:
 
     def verify(self, draft: Sequence[int], probs: np.ndarray | None, target_logits: np.ndarray) -> VerifyResult:
         return verify_match(draft, target_logits, self.sampler, self.is_eog)
+
+    @property
+    def takes_argmax(self) -> bool:
+        return self.sampler.plain_greedy  # a greedy sampler never gets a rejection verifier
 
 
 class RejectionVerifier(MatchVerifier):
@@ -225,6 +234,10 @@ class SyntheticVerifier(MatchVerifier):
                  rng: np.random.Generator) -> None:
         super().__init__(sampler, is_eog)
         self.cond_rates, self.rng = tuple(cond_rates), rng
+
+    @property
+    def takes_argmax(self) -> bool:
+        return False  # chosen acceptances emit draft tokens whatever the rows say
 
     def verify(self, draft: Sequence[int], probs: np.ndarray | None, target_logits: np.ndarray) -> VerifyResult:
         if draft:

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from toy_backend import GarbageDrafter, RepeatDrafter, ToyBackend, ToyTokenizer, make_engine, run_requests
 
 from spekula.core.backend import BackendOptions, load_backend
-from spekula.core.modelfile.constraint import ConstraintError, GrammarSpec, trim_draft
+from spekula.core.modelfile.constraint import ConstraintError, GrammarSpec, mask_for_argmax, trim_draft
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.modelfile.grammar_llg import Grammars
 from spekula.core.modelfile.tokenizer import Tokenizer
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.verify.sampling import Sampler, dense
-from spekula.core.verify.verifier import acceptance_probability, residual_distribution
+from spekula.core.verify.verifier import MatchVerifier, acceptance_probability, residual_distribution
 
 EOS = 47
 LETTERS = "abcdefgh"
@@ -85,6 +85,37 @@ def test_toy_constrained_output_is_the_same_with_every_drafter(grammar: str, n: 
         assert spec.tokens == plain.tokens and spec.stop_type == plain.stop_type
 
     anyio.run(go)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(grammar=GRAMMARS, emitted=st.lists(st.integers(0, 47), max_size=6), draft=st.lists(st.integers(0, 47), max_size=8),
+       seed=st.integers(0, 2**31), peaked=st.booleans())
+def test_greedy_verification_masks_one_row_for_the_same_tokens(grammar: str, emitted: list[int], draft: list[int],
+                                                                seed: int, peaked: bool) -> None:
+    """mask_for_argmax (a row at most) and mask_logits (every row) give a greedy verifier the same tokens,
+    from any reachable grammar state, for drafts the grammar cuts (as the engine trims them)."""
+    grammars = Grammars(toy_tok())
+
+    def constraint():  # type: ignore[no-untyped-def]
+        c = grammars.new(GrammarSpec("gbnf", grammar))
+        c.advance(emitted[: c.valid_prefix(emitted)])
+        return c
+
+    full, one = constraint(), constraint()
+    d = draft[: full.valid_prefix(draft)]
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((len(d) + 1, 48)).astype(np.float32)
+    if peaked:  # rows whose argmax is the draft token, so the draft is accepted deep into it
+        for i, t in enumerate(d):
+            logits[i, t] += 5.0 * rng.integers(0, 2)
+    a, b = logits.copy(), logits.copy()
+    full.mask_logits(a, d)
+    mask_for_argmax(one, b, d)
+    verifier = MatchVerifier(Sampler(SamplingParams(temperature=0.0), 48, 0), lambda t: t == EOS)
+    assert verifier.takes_argmax
+    expect, got = verifier.verify(d, None, a), verifier.verify(d, None, b)
+    assert (got.emitted, got.n_accepted) == (expect.emitted, expect.n_accepted)
+    assert full.valid_prefix(got.emitted) == one.valid_prefix(got.emitted)  # the state was left as it was
 
 
 @pytest.mark.anyio

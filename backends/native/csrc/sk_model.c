@@ -113,6 +113,11 @@ typedef struct {
     const int32_t *key_end;  /* NULL: row r attends keys [0, pos[r]] (causal); else [0, key_end[r]) */
 } sk_batch;
 
+/* One (row, key piece) of a block's attention, in the order the threads take them (plan_order). */
+typedef struct {
+    int32_t row, piece;
+} sk_att_item;
+
 typedef struct sk_ctx sk_ctx;
 struct sk_ctx {
     sk_config cfg;
@@ -141,6 +146,9 @@ struct sk_ctx {
     int64_t *kv_off, *kv_rows; /* [n_layer]: a KV block's offset in a slot's buffer and its rows (ring or n_ctx_pad) */
     int64_t kv_slot_elems;     /* uint16 values of one slot's buffer */
     int64_t *att_prefix_swa;   /* like att_prefix, for the sliding blocks' spans (NULL: none slide) */
+    sk_att_item *att_order;    /* [pieces]: the order attention takes a block's (row, piece)s in (plan_order) */
+    sk_att_item *att_order_swa; /* the same for the sliding blocks */
+    int64_t att_order_cap, att_order_n, att_order_swa_n;
     int64_t swa_ring;          /* rows of a sliding block's ring (0: no block slides) */
     sk_swa *swa;               /* the sequences' ring floors and window snapshots (NULL: no block slides) */
     uint16_t **swa_heads;      /* scratch [2 sliding blocks' kv heads]: a slot's rings (sk_swa.h) */
@@ -272,6 +280,25 @@ static int64_t plan_spans(const sk_config *g, const sk_batch *b, int sliding, in
     return items;
 }
 
+/* The order of a block's (row, piece)s for attention: rows of one sequence that share their first key
+ * (every row of a verification or a prompt chunk, outside a sliding window) go piece by piece, each
+ * piece for all those rows in turn, so a piece's keys and values are read from memory once and then
+ * from the core's cache for the other rows. Each (row, piece) is computed as alone: the order changes
+ * what is cached, never a result. Returns the number of entries. */
+static int64_t plan_order(const sk_config *g, const sk_batch *b, int sliding, const int64_t *prefix, sk_att_item *out) {
+    int64_t n = 0;
+    for (int64_t r0 = 0, r1; r0 < b->n_rows; r0 = r1) {
+        const int64_t lo = row_first_key(g, b, r0, sliding);
+        int64_t pieces = prefix[r0 + 1] - prefix[r0];
+        for (r1 = r0 + 1; r1 < b->n_rows && b->seq[r1] == b->seq[r0] && row_first_key(g, b, r1, sliding) == lo; r1++)
+            if (prefix[r1 + 1] - prefix[r1] > pieces) pieces = prefix[r1 + 1] - prefix[r1];
+        for (int64_t k = 0; k < pieces; k++)
+            for (int64_t r = r0; r < r1; r++)
+                if (k < prefix[r + 1] - prefix[r]) out[n++] = (sk_att_item){(int32_t)r, (int32_t)k};
+    }
+    return n;
+}
+
 /* Work items of a batch's attention: (row, kv head, key chunk), numbered row by row. */
 static int plan_attention(sk_ctx *c, const sk_batch *b) {
     const sk_config *g = &c->cfg;
@@ -283,11 +310,22 @@ static int plan_attention(sk_ctx *c, const sk_batch *b) {
         c->att_rows_cap = c->att_prefix && (g->swa_window <= 0 || c->att_prefix_swa) ? b->n_rows + 1 : 0;
         if (!c->att_rows_cap) return -1;
     }
-    int64_t items = plan_spans(g, b, 0, c->att_prefix);
+    const int64_t items_full = plan_spans(g, b, 0, c->att_prefix);
+    int64_t items = items_full;
     if (g->swa_window > 0) {
         int64_t items_swa = plan_spans(g, b, 1, c->att_prefix_swa);
         if (items_swa > items) items = items_swa;
     }
+    if (items > c->att_order_cap) {
+        free(c->att_order);
+        free(c->att_order_swa);
+        c->att_order = malloc(sizeof(sk_att_item) * (size_t)items);
+        c->att_order_swa = g->swa_window > 0 ? malloc(sizeof(sk_att_item) * (size_t)items) : NULL;
+        c->att_order_cap = c->att_order && (g->swa_window <= 0 || c->att_order_swa) ? items : 0;
+        if (!c->att_order_cap) return -1;
+    }
+    c->att_order_n = plan_order(g, b, 0, c->att_prefix, c->att_order);
+    c->att_order_swa_n = g->swa_window > 0 ? plan_order(g, b, 1, c->att_prefix_swa, c->att_order_swa) : 0;
     const int64_t hd = c->max_hd > g->head_dim ? c->max_hd : g->head_dim; /* sk_test_attend sets only the latter */
     int64_t need = items * g->n_head * (hd + 2); /* kv heads x their query heads: n_head partials per piece */
     if (need > c->att_parts_cap) {
@@ -371,6 +409,8 @@ SK_API void sk_ctx_free(sk_ctx *c) {
     free(c->kv_off);
     free(c->kv_rows);
     free(c->att_prefix_swa);
+    free(c->att_order);
+    free(c->att_order_swa);
     sk_swa_free(c->swa);
     free(c->swa_heads);
     free_scratch(c);
@@ -813,15 +853,18 @@ static void attention(sk_ctx *c, const sk_batch *b, int layer, int ith, int nth)
     const int64_t qkvd = c->qkvd, ldpart = hd + 2, qs = q_stride(g, &c->layers[layer]);
     const int64_t ring = c->kv_rows[kv_owner(c, layer)];
     const int64_t *prefix = sliding ? c->att_prefix_swa : c->att_prefix;
-    int64_t i0, i1, r = 0;
-    split(prefix[b->n_rows] * nkv, ith, nth, &i0, &i1);
-    for (int64_t i = i0; i < i1; i++) {
-        while (prefix[r + 1] * nkv <= i) r++;
-        const int64_t lo = row_first_key(g, b, r, sliding), hi = row_keys(b, r), nc = sk_span_pieces(lo, hi);
-        const int64_t local = i - prefix[r] * nkv;
-        const int kvh = (int)(local / nc);
+    const sk_att_item *order = sliding ? c->att_order_swa : c->att_order;
+    const int64_t n_order = sliding ? c->att_order_swa_n : c->att_order_n;
+    int64_t j0, j1;
+    split(n_order * nkv, ith, nth, &j0, &j1);
+    for (int64_t j = j0; j < j1; j++) {
+        const int kvh = (int)(j / n_order);
+        const sk_att_item e = order[j % n_order];
+        const int64_t r = e.row;
+        const int64_t lo = row_first_key(g, b, r, sliding), hi = row_keys(b, r), nc = prefix[r + 1] - prefix[r];
+        const int64_t i = prefix[r] * nkv + (int64_t)kvh * nc + e.piece; /* the item's partials, as attention_merge reads them */
         int64_t t0, t1;
-        sk_span_piece(lo, hi, local % nc, &t0, &t1);
+        sk_span_piece(lo, hi, e.piece, &t0, &t1);
         const int64_t base = t0 - t0 % ring; /* a piece never crosses a multiple of the ring's rows */
         /* the SIMD kernels read whole key blocks; a window's unaligned first piece goes through the generic one */
         const sk_kernels *k = t0 % SK_KEY_BLOCK ? &sk_generic_kernels : c->kern;
@@ -1433,5 +1476,6 @@ SK_API int sk_test_attend(const float *q, int n_q, const uint16_t *k, const uint
     free(scratch);
     free(c.att_prefix);
     free(c.att_parts);
+    free(c.att_order);
     return rc;
 }
