@@ -232,6 +232,6 @@ def block_logits(d: Any, r: Any) -> Any:
     if st is None or not d.sync(st, pos0):  # the context injected up to the committed history
         return None
     n_spec = min(int(r.spec.n_max), d.max_block_draft())
-    out = d.runtime.draft_blocks([DFlashBlock(st.seq, d.block_for(int(r.last), n_spec), pos0)])[0]
+    out = d.runtime.draft_blocks([DFlashBlock(st.seq, d.block_at(int(r.last), n_spec, pos0), pos0)])[0]
     d.runtime.truncate(st.seq, pos0)
     return out.logits

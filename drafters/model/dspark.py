@@ -43,6 +43,11 @@ class DSparkDrafter(DFlashDrafter):
     def max_block_draft(self) -> int:
         return self.info.block_size if self.info.sample_from_anchor else self.info.block_size - 1
 
+    def block_drafts(self, n_spec: int, room: int) -> int:
+        # The draft's length: the runtime chains the Markov bias through every row of the block, per
+        # token in Python, so rows past the draft would cost as much as drafted ones.
+        return n_spec
+
     def block_for(self, last: int, n: int) -> np.ndarray:
         if not self.info.sample_from_anchor:
             return super().block_for(last, n)

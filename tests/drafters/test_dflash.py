@@ -120,6 +120,26 @@ def test_n_max_clamped_to_block_size_minus_one(models: dict[str, Path], caplog: 
     assert cut.tokens == []
 
 
+def test_a_short_draft_reads_the_trained_block(models: dict[str, Path]) -> None:
+    """A draft shorter than the head's block still runs the whole trained block (the head drafts its
+    first rows better in one) and reads its first rows; near the end of the context the block shrinks
+    to what fits, never below the draft."""
+    from spekula.core.drafting.draft_models import DFlashBlock
+
+    one = SPEC.with_(n_max=1)
+    d, _ = _setup(models, one)
+    st = d._slots.get(0)
+    (draft,) = d.draft([DraftRequest(0, np.array(PROMPT), 42, 8, one, 0.0, 0)])
+    trained = np.array([42] + [d.info.mask_token_id] * (d.info.block_size - 1), dtype=np.int32)
+    assert d.block_at(42, 1, len(PROMPT)).tolist() == trained.tolist()
+    (out,) = d.runtime.draft_blocks([DFlashBlock(st.seq, trained, len(PROMPT))])
+    assert draft.tokens == [int(np.argmax(out.logits[1]))]
+    end = d.runtime.n_ctx
+    assert len(d.block_at(42, 1, end - 3)) == 3  # x and two rows fit
+    assert len(d.block_at(42, 2, end - 1)) == 3  # does not fit: the caller skips it
+    assert d.block_drafts(2, room=100) == d.max_block_draft()
+
+
 def test_missing_context_gives_no_draft(models: dict[str, Path]) -> None:
     d, _ = _setup(models)
     longer = np.array([*PROMPT, 1, 2], dtype=np.int32)  # history the draft has not seen
