@@ -290,7 +290,9 @@ class Tokenizer:
         """Gemma 4: BPE ranked by the merge list over raw UTF-8 characters, spaces written as ``▁``, no
         word split but at newlines, ``<0xNN>`` tokens for characters the vocabulary lacks."""
         self._core = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=True))
-        self._vocab = vocab
+        # A newline run is looked up in the encoder's own vocabulary (the same text -> id map): keeping
+        # the Python dict for it held ~36 MB of strings and ints for a 262k vocabulary.
+        self._token_id = self._core.token_to_id
         self._add_space_prefix = False
 
     def _init_wordpiece(self, meta: dict[str, Any], vocab: dict[str, int]) -> None:
@@ -442,7 +444,7 @@ class Tokenizer:
         (llama.cpp merges nothing inside it), spaces as ``▁``."""
         out: list[int] = []
         for run in _NEWLINE_RUNS.findall(fragment.replace(" ", "\u2581")):
-            tid = self._vocab.get(run) if run[0] == "\n" else None
+            tid = self._token_id(run) if run[0] == "\n" else None
             out.extend([tid] if tid is not None else self._encode_core(run))
         return out
 
