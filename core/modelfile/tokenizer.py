@@ -27,9 +27,10 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models
 
 from spekula.core.errors import ModelFileError
-from spekula.core.modelfile import file_cache, gguf_file, pretokenizers, token_pieces
+from spekula.core.modelfile import file_cache, gguf_file, merge_pairs, pretokenizers, token_pieces
 from spekula.core.modelfile.gguf_arrays import StringArray
 from spekula.core.modelfile.gguf_file import GGUFFile
+from spekula.core.modelfile.merge_pairs import MergePairs
 from spekula.core.modelfile.pretokenizers import (
     PRE_ADD_BOS,
     PRE_TYPES,
@@ -94,8 +95,8 @@ _LATIN1_OF_CHAR = {**{i: chr(i).encode("utf-8").decode("latin-1") for i in range
 
 def _code_digest() -> str:
     """What a tokenizer cache entry depends on besides the file: this module, the header reader and the
-    piece table's layout."""
-    modules = (gguf_file, pretokenizers, token_pieces)
+    piece table's and merge ids' layouts."""
+    modules = (gguf_file, pretokenizers, token_pieces, merge_pairs)
     return "".join(file_cache.source_digest(m.__file__) for m in modules) + file_cache.source_digest(__file__)
 
 
@@ -231,21 +232,20 @@ class Tokenizer:
         return merges
 
     def _derived(self, merges: list[tuple[str, str]], vocab: dict[str, int]) -> tuple[Any, ...]:
-        # Merges as the token ids of their two parts (both are tokens): two lists of ints read back
-        # several times faster than tens of thousands of string pairs.
-        merge_ids = ([vocab[a] for a, _ in merges], [vocab[b] for _, b in merges])
+        # Merges as the token ids of their two parts (both are tokens), two id buffers (merge_pairs.py): read
+        # back without a Python object per merge.
+        merge_ids = MergePairs.from_texts(self._tokens, merges, vocab).to_cache()
         specials = [(s.token, s.text, s.always) for s in self._specials]
         return merge_ids, bytes(self._types), self.fim, sorted(self.eog_ids), specials, self._pieces.to_cache()
 
-    def _restore(self, cached: Any) -> list[tuple[str, str]] | None:
+    def _restore(self, cached: Any) -> Sequence[tuple[str, str]] | None:
         """The merges of a header-cache entry (`_derived`), its other parts set on self; None if it is not one."""
         try:
-            (firsts, seconds), types, fim, eog, specials, (blob, offsets) = cached
+            merge_ids, types, fim, eog, specials, (blob, offsets) = cached
             pieces = PieceTable.from_cache(blob, offsets)
             if len(types) != self.n_vocab or len(pieces) != self.n_vocab:
                 return None
-            token_text = self._tokens.__getitem__
-            merges = list(zip(map(token_text, firsts), map(token_text, seconds), strict=True))
+            merges = MergePairs.from_cache(self._tokens, *merge_ids)
             restored = [_Special(token, text, always) for token, text, always in specials]
         except (TypeError, ValueError, IndexError):
             return None
@@ -278,7 +278,7 @@ class Tokenizer:
             )
         return pre
 
-    def _init_bpe(self, vocab: dict[str, int], merges: list[tuple[str, str]]) -> None:
+    def _init_bpe(self, vocab: dict[str, int], merges: Sequence[tuple[str, str]]) -> None:
         pre_tok, ignore_merges = byte_level_pre_tokenizer(self._checked_pre())
         bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges, fuse_unk=False)
         self._core = HFTokenizer(bpe)
@@ -286,11 +286,13 @@ class Tokenizer:
         self._core.decoder = decoders.ByteLevel()
         self._add_space_prefix = False
 
-    def _init_spaced_bpe(self, vocab: dict[str, int], merges: list[tuple[str, str]]) -> None:
+    def _init_spaced_bpe(self, vocab: dict[str, int], merges: Sequence[tuple[str, str]]) -> None:
         """Gemma 4: BPE ranked by the merge list over raw UTF-8 characters, spaces written as ``▁``, no
         word split but at newlines, ``<0xNN>`` tokens for characters the vocabulary lacks."""
         self._core = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=True))
-        self._vocab = vocab
+        # A newline run is looked up in the encoder's own vocabulary (the same text -> id map): keeping
+        # the Python dict for it held ~36 MB of strings and ints for a 262k vocabulary.
+        self._token_id = self._core.token_to_id
         self._add_space_prefix = False
 
     def _init_wordpiece(self, meta: dict[str, Any], vocab: dict[str, int]) -> None:
@@ -321,7 +323,7 @@ class Tokenizer:
         ranked.sort()
         return [(a, b) for _, _, a, b in ranked]
 
-    def _init_spm(self, meta: dict[str, Any], vocab: dict[str, int], merges: list[tuple[str, str]],
+    def _init_spm(self, meta: dict[str, Any], vocab: dict[str, int], merges: Sequence[tuple[str, str]],
                   has_bytes: bool) -> None:
         unk = self._special_id(meta, "unknown", 0)
         bpe = models.BPE(
@@ -442,7 +444,7 @@ class Tokenizer:
         (llama.cpp merges nothing inside it), spaces as ``▁``."""
         out: list[int] = []
         for run in _NEWLINE_RUNS.findall(fragment.replace(" ", "\u2581")):
-            tid = self._vocab.get(run) if run[0] == "\n" else None
+            tid = self._token_id(run) if run[0] == "\n" else None
             out.extend([tid] if tid is not None else self._encode_core(run))
         return out
 

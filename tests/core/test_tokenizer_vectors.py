@@ -181,3 +181,31 @@ def test_wordpiece_detokenize_cleans_spaces_as_llamacpp(raw: bytes, clean: bytes
 def test_bert_decode_joins_pieces(vocab_dir: Path) -> None:
     tok = Tokenizer(GGUFFile(vocab_dir / "ggml-vocab-bert-bge.gguf").metadata)
     assert tok.decode(tok.encode("Hello, world! It's fine.", add_special=False)) == " hello, world! it's fine."
+
+
+@pytest.mark.parametrize("name", ["gpt-2", "llama-spm", "gemma-4", "bert-bge"])
+def test_vectors_through_the_header_cache(vocab_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          name: str) -> None:
+    """A vocabulary of each kind (byte-level BPE, SentencePiece, Gemma 4's, WordPiece) opened twice with
+    an empty cache dir: the first open derives the tables and leaves them in the header cache, the
+    second takes them from it, and both encode llama.cpp's vectors as llama.cpp does."""
+    monkeypatch.setenv("SPEKULA_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / f"ggml-vocab-{name}.gguf"
+    path.write_bytes((vocab_dir / path.name).read_bytes())
+    vectors = read_vectors((vocab_dir / f"{path.name}.inp").read_bytes(), (vocab_dir / f"{path.name}.out").read_text())
+    cold = Tokenizer.from_gguf(GGUFFile(path))
+    assert len(list((tmp_path / "cache" / "headers").glob("tokenizer-*"))) == 1
+
+    def refuse(*_: Any) -> None:
+        raise AssertionError("derived the vocabulary's tables although the header cache has them")
+
+    monkeypatch.setattr(Tokenizer, "_derive", refuse)
+    warm = Tokenizer.from_gguf(GGUFFile(path))
+    for tok in (cold, warm):
+        failed = {text: (expected, got) for text, expected in vectors.items()
+                  if (got := tok.encode(text, add_special=False, parse_special=False)) != expected}
+        assert not failed, f"{len(failed)} of {len(vectors)} vectors differ (text: (expected, got)): {failed}"
+    for text in ("<start_of_turn>user\nhi\n\n\n<end_of_turn>", "[CLS] a\tb [SEP]", " x \n\n y"):
+        ids = cold.encode(text)
+        assert warm.encode(text) == ids and warm.decode(ids) == cold.decode(ids)
+    assert (warm.eog_ids, warm.fim, warm.bos_id, warm.eos_id) == (cold.eog_ids, cold.fim, cold.bos_id, cold.eos_id)
