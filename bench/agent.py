@@ -183,11 +183,12 @@ def report(runs: list[Run], turns: list[Turn]) -> None:
     for k, rs in by.items():
         parts = [f"{t.cache_n}/{t.cache_n + t.prompt_n}" for t in rs[0].turns]
         print(f"  {k[0]:<8} {k[1]:<18} {'  '.join(parts)}")
-    print("\ndraft tokens accepted / verified per turn, first repetition:")
+    print("\ndraft tokens accepted / verified per turn, each repetition:")
     for k, rs in by.items():
-        if any(t.draft_n for t in rs[0].turns):
-            parts = [f"{t.draft_accepted}/{t.draft_n}" for t in rs[0].turns]
-            print(f"  {k[0]:<8} {k[1]:<18} {'  '.join(parts)}")
+        for i, r in enumerate(rs):
+            if any(t.draft_n for t in r.turns):
+                parts = [f"{t.draft_accepted}/{t.draft_n}" for t in r.turns]
+                print(f"  {k[0]:<8} {k[1]:<18} {i + 1}  {'  '.join(parts)}")
     tps = {k: med(r.decode_tps for r in rs) for k, rs in by.items()}
 
     def best(engine: str) -> tuple[str, float]:

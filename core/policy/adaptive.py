@@ -210,7 +210,10 @@ class AdaptivePolicy:
             decision = decisions.get(v.slot)
             if decision is not None:
                 ctl.verified(v.drafter, v.slot, v.n_drafted, v.n_accepted, decision.probe, v.confidence)
-        cost.observe_forward(outcome.rows, outcome.forward_seconds)
+        if not (outcome.with_prompt and outcome.rows > cost.max_rows):
+            # A long prompt chunk is no verification: its rows' time would only skew the points the
+            # cut reads (a 512-row chunk, extrapolated from them, pulled the 64-row point up 1.8x).
+            cost.observe_forward(outcome.rows, outcome.forward_seconds)
         cost.observe_overhead(max(0.0, outcome.round_seconds - outcome.forward_seconds - outcome.drafting_seconds))
         if not outcome.drafted and not self._drafted_before and not outcome.with_prompt:
             cost.observe_plain_round(outcome.n_seqs, outcome.round_seconds)

@@ -93,6 +93,7 @@ class CostModel:
     def __init__(self, points: dict[int, float] | None = None) -> None:
         self.points: dict[int, float] = dict(points or {1: 1e-3, 64: 8e-3})
         self._xs = sorted(self.points)  # the row counts modelled (fixed; only their times move)
+        self._shape = dict(self.points)  # what an unmeasured point is, relative to the measured ones
         self.unmeasured: set[int] = set()  # points no forward of about their size has measured yet
         self._warming_up = False  # the next forward is the backend's first: it sets the level, measures no point
         self.overhead = 0.0  # engine time per round outside the forward
@@ -129,24 +130,43 @@ class CostModel:
     def round_time(self, rows: int, drafting: float = 0.0) -> float:
         return self.forward(rows) + drafting + self.overhead
 
+    @property
+    def max_rows(self) -> int:
+        """The largest row count modelled; beyond it forward() extrapolates."""
+        return self._xs[-1]
+
     def observe_forward(self, rows: int, seconds: float) -> None:
-        """Pull the model towards a measured forward: every point a little (the context grew, the
-        machine got busier), the points around `rows` more; the curve stays non-decreasing."""
+        """Pull the model towards a measured forward: every measured point a little (the context grew,
+        the machine got busier), the points around `rows` more; the curve stays non-decreasing.
+
+        A point no forward of about its size has measured yet is the guess's shape at the level of the
+        nearest measured point, derived afresh each time: scaling it by every forward's ratio instead
+        compounded, so that a context growing over a few hundred one-row rounds took an unmeasured
+        64-row point from milliseconds to seconds, and a policy that then never verified 64 rows
+        never learnt otherwise."""
         predicted = self.forward(rows)
         if predicted <= 0 or not math.isfinite(seconds) or seconds <= 0:
             return
         ratio = seconds / predicted
         xs = self._xs
+        if self._warming_up:  # a backend's first forward pays for its warm-up: it sets the level only
+            self._warming_up = False
+            for x in xs:
+                self.points[x] *= ratio
+            return
         lo = max((x for x in xs if x <= rows), default=xs[0])
         hi = min((x for x in xs if x >= rows), default=xs[-1])
         for x in xs:
-            # A point still a guess takes the level of what was measured, keeping the guess's shape.
-            weight = 1.0 if x in self.unmeasured else _COST_EMA if x in (lo, hi) else _COST_EMA_ALL
-            self.points[x] *= (1 - weight) + weight * ratio
-        if self._warming_up:
-            self._warming_up = False  # a backend's first forward pays for its warm-up
-        elif self.unmeasured:
-            self.unmeasured -= {lo, hi}
+            if x in (lo, hi) and x in self.unmeasured:
+                self.points[x] *= ratio
+            elif x not in self.unmeasured:
+                self.points[x] *= (1 - _COST_EMA) + _COST_EMA * ratio if x in (lo, hi) else \
+                    (1 - _COST_EMA_ALL) + _COST_EMA_ALL * ratio
+        self.unmeasured -= {lo, hi}
+        measured = [x for x in xs if x not in self.unmeasured]
+        for x in self.unmeasured:
+            near = min(measured, key=lambda m: abs(math.log(m / x)))
+            self.points[x] = self._shape[x] * self.points[near] / self._shape[near]
         for a, b in zip(xs, xs[1:], strict=False):
             self.points[b] = max(self.points[b], self.points[a])
 

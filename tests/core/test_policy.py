@@ -68,6 +68,24 @@ def test_a_prior_cost_model_keeps_its_shape_until_forwards_of_each_size_measure_
     assert 5e-3 < cost.forward(6) < 6e-3
 
 
+def test_unmeasured_points_follow_the_measured_level_without_compounding() -> None:
+    """One-row forwards that grow slower round after round (a growing context) leave an unmeasured
+    point at the guess's shape times the measured level, not at the product of every round's ratio."""
+    cost = CostModel.prior(64)
+    guess = dict(cost.points)
+    cost.observe_forward(1, 5e-3)  # warm-up
+    seconds = 5e-3
+    for _ in range(400):
+        seconds *= 1.01
+        cost.observe_forward(1, seconds)
+    assert 64 in cost.unmeasured
+    assert abs(cost.points[64] / cost.points[1] - guess[64] / guess[1]) < 1e-9
+    assert cost.points[1] < 1.2 * seconds
+    f64 = cost.points[64]
+    cost.observe_forward(64, 3 * f64)  # measured now: it takes what it measured
+    assert 64 not in cost.unmeasured and abs(cost.forward(64) - 3 * f64) < 1e-9
+
+
 def test_the_engine_times_no_forward_before_its_first_request_and_learns_from_fixed_requests() -> None:
     backend = ToyBackend()
     spec = SpecParams(types=("test-repeat",), n_max=6, adaptive=True)
