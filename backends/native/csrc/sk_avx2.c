@@ -209,11 +209,18 @@ INLINE __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128(
 
 /* Scores of one 16-key block for G heads: an fma chain over the head dimension per key, masked to
  * -inf past the last key; the running maxima take both 8-key halves. */
-INLINE void qk_block(const int G, const float *const *qh, const uint16_t *kb, int head_dim, int64_t b, int64_t n_keys,
-                     __m256 vscale, float *const *sh, __m256 *vmax) {
+INLINE void qk_block(const int G, const float *const *qh, const uint16_t *kb, const uint16_t *vb, int head_dim,
+                     int64_t b, int64_t n_keys, __m256 vscale, float *const *sh, __m256 *vmax) {
     __m256 lo[HEADS_PER_PASS], hi[HEADS_PER_PASS];
     for (int h = 0; h < G; h++) lo[h] = hi[h] = _mm256_setzero_ps();
+    /* As in the AVX-512 kernel: the next block's keys and this block's values are asked for while
+     * these scores are summed (32 bytes of each per dimension; no result changes, no fault). */
+    const char *next_k = (const char *)(kb + head_dim * 16), *these_v = (const char *)vb;
     for (int d = 0; d < head_dim; d++) {
+        if (!(d & 1)) {
+            _mm_prefetch(next_k + d * 32, _MM_HINT_T0);
+            _mm_prefetch(these_v + d * 32, _MM_HINT_T0);
+        }
         const __m256 kl = f16x8(kb + d * 16), kh = f16x8(kb + d * 16 + 8);
         for (int h = 0; h < G; h++) {
             const __m256 qd = _mm256_set1_ps(qh[h][d]);
@@ -269,7 +276,8 @@ INLINE void attend_heads(const int G, const float *const *qh, const uint16_t *k,
     const int64_t nb = (n_keys + 15) / 16;
     __m256 vmax[HEADS_PER_PASS];
     for (int h = 0; h < G; h++) vmax[h] = _mm256_set1_ps(-INFINITY);
-    for (int64_t b = 0; b < nb; b++) qk_block(G, qh, k + b * head_dim * 16, head_dim, b, n_keys, vscale, sh, vmax);
+    for (int64_t b = 0; b < nb; b++)
+        qk_block(G, qh, k + b * head_dim * 16, v + b * 16 * head_dim, head_dim, b, n_keys, vscale, sh, vmax);
     for (int h = 0; h < G; h++) {
         mxs[h] = hmax(vmax[h]);
         const __m256 mx = _mm256_set1_ps(mxs[h]);

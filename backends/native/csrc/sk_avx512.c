@@ -167,12 +167,21 @@ enum { HEADS_PER_PASS = 4, KEY_BLOCKS_PER_PASS = 4, PV_HEADS = 2 };
  * chains overlap; each score and each sum follows an order fixed by the key index alone, never by how
  * many rows, heads or blocks run together. */
 /* Scores of NB 16-key blocks for G heads (compile-time counts, so the accumulators live in registers). */
-INLINE void qk_blocks(const int G, const int NB, const float *const *qh, const uint16_t *kb, int head_dim, int64_t b0,
-                      int64_t n_keys, __m512 vscale, float *const *sh, __m512 *vmax) {
+INLINE void qk_blocks(const int G, const int NB, const float *const *qh, const uint16_t *kb, const uint16_t *vb,
+                      int head_dim, int64_t b0, int64_t n_keys, __m512 vscale, float *const *sh, __m512 *vmax) {
     __m512 acc[HEADS_PER_PASS][KEY_BLOCKS_PER_PASS];
     for (int h = 0; h < G; h++)
         for (int j = 0; j < NB; j++) acc[h][j] = _mm512_setzero_ps();
+    /* A long context's keys and values come from memory: while these blocks' scores are summed, the next
+     * blocks' keys and these blocks' values are asked for (as many bytes each as the pass reads), so the
+     * value pass and the next pass find them cached. Prefetches change no result and never fault. */
+    const char *next_k = (const char *)(kb + (int64_t)NB * head_dim * 16), *these_v = (const char *)vb;
+    const int pass_bytes = NB * 32;
     for (int d = 0; d < head_dim; d++) {
+        for (int off = (d * pass_bytes + 63) & ~63; off < (d + 1) * pass_bytes; off += 64) {
+            _mm_prefetch(next_k + off, _MM_HINT_T0);
+            _mm_prefetch(these_v + off, _MM_HINT_T0);
+        }
         __m512 kv[KEY_BLOCKS_PER_PASS];
         for (int j = 0; j < NB; j++)
             kv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kb + (j * head_dim + d) * 16)));
@@ -241,11 +250,12 @@ INLINE void attend_heads(const int G, const float *const *qh, const uint16_t *k,
     for (int h = 0; h < G; h++) vmax[h] = _mm512_set1_ps(-INFINITY);
     int64_t b0 = 0;
     for (; b0 + KEY_BLOCKS_PER_PASS <= nb; b0 += KEY_BLOCKS_PER_PASS)
-        qk_blocks(G, KEY_BLOCKS_PER_PASS, qh, k + b0 * head_dim * 16, head_dim, b0, n_keys, vscale, sh, vmax);
+        qk_blocks(G, KEY_BLOCKS_PER_PASS, qh, k + b0 * head_dim * 16, v + b0 * 16 * head_dim, head_dim, b0, n_keys,
+                  vscale, sh, vmax);
     switch (nb - b0) {
-    case 3: qk_blocks(G, 3, qh, k + b0 * head_dim * 16, head_dim, b0, n_keys, vscale, sh, vmax); break;
-    case 2: qk_blocks(G, 2, qh, k + b0 * head_dim * 16, head_dim, b0, n_keys, vscale, sh, vmax); break;
-    case 1: qk_blocks(G, 1, qh, k + b0 * head_dim * 16, head_dim, b0, n_keys, vscale, sh, vmax); break;
+    case 3: qk_blocks(G, 3, qh, k + b0 * head_dim * 16, v + b0 * 16 * head_dim, head_dim, b0, n_keys, vscale, sh, vmax); break;
+    case 2: qk_blocks(G, 2, qh, k + b0 * head_dim * 16, v + b0 * 16 * head_dim, head_dim, b0, n_keys, vscale, sh, vmax); break;
+    case 1: qk_blocks(G, 1, qh, k + b0 * head_dim * 16, v + b0 * 16 * head_dim, head_dim, b0, n_keys, vscale, sh, vmax); break;
     default: break;
     }
     for (int h = 0; h < G; h++) {
