@@ -130,11 +130,7 @@ class Scheduler:
             self.observer.began(d.name, time.perf_counter() - t0)
         s.plan.policy.begin(s.id)
         logits = out.logits[-1:]
-        if s.plan.constraint is not None:
-            if s.plan.verifier.takes_argmax and not s.request.token_probs:
-                mask_for_argmax(s.plan.constraint, logits, [])
-            else:
-                s.plan.constraint.mask_logits(logits, [])
+        _mask(s, logits, [])
         before = _sampler_before(s)
         result = s.plan.verifier.verify([], None, logits)
         s.last = result.emitted[-1]
@@ -147,14 +143,8 @@ class Scheduler:
         s, draft = w.slot, w.draft
         assert s.plan is not None
         constraint = s.plan.constraint
-        if constraint is not None:
-            # Row i may sample only what the grammar allows after draft[:i] (in place: the logits
-            # are this round's, and the drafters have already observed them). A greedy verifier
-            # needs at most one row masked, unless the request reads the rows' probabilities.
-            if s.plan.verifier.takes_argmax and not (s.request is not None and s.request.token_probs):
-                mask_for_argmax(constraint, out.logits, draft.tokens)
-            else:
-                constraint.mask_logits(out.logits, draft.tokens)
+        # In place: the logits are this round's, and the drafters have already observed them.
+        _mask(s, out.logits, draft.tokens)
         before = _sampler_before(s)
         result = s.plan.verifier.verify(draft.tokens, draft.probs, out.logits)
         if constraint is not None:
@@ -196,6 +186,20 @@ class Scheduler:
         return PieceEvent(request_id=s.request.id, tokens=[int(t) for t in emitted[:n_out]],
                           text=s.text.take(final=s.finished), drafters=names[:n_out], slot=s.id, probs=probs,
                           timings=s.timings() if s.request.timings_per_token else None)
+
+
+def _mask(s: Slot, logits: np.ndarray, draft: Sequence[int]) -> None:
+    """Row i may sample only what the request's grammar allows after draft[:i]. A greedy verifier
+    needs at most the rows whose raw argmax the grammar forbids masked, unless the request reads the
+    rows' probabilities."""
+    assert s.plan is not None
+    constraint = s.plan.constraint
+    if constraint is None:
+        return
+    if s.plan.verifier.takes_argmax and not (s.request is not None and s.request.token_probs):
+        mask_for_argmax(constraint, logits, draft)
+    else:
+        constraint.mask_logits(logits, draft)
 
 
 def _awake(w: Work) -> Sequence[Drafter]:

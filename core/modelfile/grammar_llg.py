@@ -134,6 +134,11 @@ class Grammars:
         return LLGuidanceConstraint(template.deep_copy(), self.n_vocab, self.tokenizer.is_eog, self._executor)
 
 
+def _forbidden(bitmask: np.ndarray, width: int) -> np.ndarray:
+    """llguidance's token bitmask rows as booleans, True where a token is not allowed."""
+    return np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :width] == 0
+
+
 class LLGuidanceConstraint:
     """One request's grammar state (the `Constraint` of core/modelfile/constraint.py)."""
 
@@ -174,7 +179,7 @@ class LLGuidanceConstraint:
             self._llgnp.fill_next_token_bitmask_par_with_draft_tokens(self._executor, [(self._m, 0, valid)], bitmask)
         else:
             self._llgnp.fill_next_token_bitmask(self._m, bitmask, 0)
-        forbidden = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, : logits.shape[1]] == 0
+        forbidden = _forbidden(bitmask, logits.shape[1])
         for r in range(rows):
             # copyto with a mask: a fancy-indexed assignment over a 49k-wide row cost ~8x more
             np.copyto(logits[r], -np.inf, where=forbidden[min(r, len(valid))])
@@ -192,8 +197,7 @@ class LLGuidanceConstraint:
         finally:
             if body:
                 self._m.rollback(len(body))
-        forbidden = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[0, : row.shape[0]] == 0
-        np.copyto(row, -np.inf, where=forbidden)
+        np.copyto(row, -np.inf, where=_forbidden(bitmask, row.shape[0])[0])
         if len(self.mask_calls) < 100_000:
             self.mask_calls.append((1, time.perf_counter() - t0))
 

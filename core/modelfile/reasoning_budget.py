@@ -148,6 +148,13 @@ class BudgetMachine:
                 self.end.window = ()
 
 
+def _force(row: np.ndarray, token: int) -> None:
+    """Leave `row` (in place) nothing to sample but `token`."""
+    keep = row[token]
+    row[:] = -np.inf
+    row[token] = keep
+
+
 class ReasoningBudgetConstraint:
     """One request's reasoning budget (the `Constraint` of core/modelfile/constraint.py)."""
 
@@ -179,9 +186,7 @@ class ReasoningBudgetConstraint:
                 m.accept(int(draft[r - 1]))
             f = m.forced_next()
             if f is not None and (allowed is None or allowed(min(r, n_valid), f)):
-                keep = logits[r, f]
-                logits[r] = -np.inf
-                logits[r, f] = keep
+                _force(logits[r], f)
 
     def mask_logits(self, logits: np.ndarray, draft: Sequence[int]) -> None:
         self.mask_rows(logits, draft, self.valid_prefix(draft))
@@ -193,9 +198,7 @@ class ReasoningBudgetConstraint:
             m.accept(int(t))
         f = m.forced_next()
         if f is not None and (allowed is None or allowed(len(prefix), f)):
-            keep = row[f]
-            row[:] = -np.inf
-            row[f] = keep
+            _force(row, f)
 
     def mask_row(self, row: np.ndarray, prefix: Sequence[int]) -> None:
         self.force_row(row, prefix)

@@ -310,8 +310,7 @@ static int plan_attention(sk_ctx *c, const sk_batch *b) {
         c->att_rows_cap = c->att_prefix && (g->swa_window <= 0 || c->att_prefix_swa) ? b->n_rows + 1 : 0;
         if (!c->att_rows_cap) return -1;
     }
-    const int64_t items_full = plan_spans(g, b, 0, c->att_prefix);
-    int64_t items = items_full;
+    int64_t items = plan_spans(g, b, 0, c->att_prefix);
     if (g->swa_window > 0) {
         int64_t items_swa = plan_spans(g, b, 1, c->att_prefix_swa);
         if (items_swa > items) items = items_swa;
