@@ -16,6 +16,7 @@ from toy_backend import make_engine, plain_decode, run_requests
 from spekula.backends.convert.hf import convert
 from spekula.core.backend import Backend, BackendOptions, load_backend
 from spekula.core.drafting.drafter import Drafter, DrafterContext
+from spekula.core.engine.engine import Engine, EngineConfig
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.core.modelfile.tokenizer import Tokenizer
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
@@ -235,3 +236,24 @@ def block_logits(d: Any, r: Any) -> Any:
     out = d.runtime.draft_blocks([DFlashBlock(st.seq, d.block_at(int(r.last), n_spec, pos0), pos0)])[0]
     d.runtime.truncate(st.seq, pos0)
     return out.logits
+
+
+def generate_across_shifts(backend: str, target: Path, spec_type: str | None, *, n_max: int, n_keep: int,
+                           n_discard: int, draft: Path | None = None, n_ctx: int = 32,
+                           n_predict: int = 120) -> tuple[list[int], dict[str, Any] | None]:
+    """Greedy "hello world" continued for n_predict tokens, several contexts long with context shift on
+    (spec_type None: plain decoding): the tokens and the drafter's statistics. The request must end by
+    its length, shifted (truncated), without error."""
+    tok = Tokenizer.from_gguf(GGUFFile(str(target)))
+    b = load_backend(backend, str(target), BackendOptions(n_ctx=n_ctx, n_seq_max=1, threads=1))
+    spec = SpecParams(types=(spec_type,) if spec_type else (), n_max=n_max, adaptive=False)
+    config = EngineConfig(n_slots=1, n_ctx=n_ctx, n_batch=64, spec=spec, context_shift=True)
+    engine = Engine(b, tok, config, draft_model_path=str(draft) if draft else None, backend_name=backend)
+    req = CompletionRequest(tok.encode("hello world"), n_predict=n_predict, sampling=SamplingParams(temperature=0.0),
+                            ignore_eos=True, n_keep=n_keep, n_discard=n_discard)
+    [final] = anyio.run(run_requests, engine, [req], 120.0)
+    assert final.error is None, final.error
+    assert final.truncated
+    stats = engine.stats()["drafters"].get(spec_type) if spec_type else None
+    engine.close()
+    return final.tokens, stats

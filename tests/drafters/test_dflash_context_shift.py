@@ -13,19 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import anyio
 import numpy as np
 import pytest
-from model_drafter_helpers import head_runtime, random_draft_gguf
-from toy_backend import run_requests
+from model_drafter_helpers import generate_across_shifts, head_runtime, random_draft_gguf
 
 from spekula.backends.convert.hf import convert
-from spekula.core.backend import BackendOptions, load_backend
 from spekula.core.drafting.draft_models import DFlashBlock
-from spekula.core.engine.engine import Engine, EngineConfig
-from spekula.core.modelfile.gguf_file import GGUFFile
-from spekula.core.modelfile.tokenizer import Tokenizer
-from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.fixtures import tiny_hf
 from spekula.fixtures.tiny_gguf import tiny_model_path
 
@@ -76,26 +69,10 @@ def oracles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_an_agreeing_head_keeps_being_accepted_across_shifts(oracles: dict[str, Path], backend: str, spec_type: str,
                                                              n_keep: int, n_discard: int) -> None:
     target = oracles["target"]
-    n_ctx, n_predict = 32, 120
-    tok = Tokenizer.from_gguf(GGUFFile(str(target)))
-    prompt = tok.encode("hello world")
-
-    def run(types: tuple[str, ...]) -> tuple[list[int], dict[str, object] | None]:
-        b = load_backend(backend, str(target), BackendOptions(n_ctx=n_ctx, n_seq_max=1, threads=1))
-        spec = SpecParams(types=types, n_max=3, adaptive=False)
-        config = EngineConfig(n_slots=1, n_ctx=n_ctx, n_batch=64, spec=spec, context_shift=True)
-        engine = Engine(b, tok, config, draft_model_path=str(oracles[spec_type]), backend_name=backend)
-        req = CompletionRequest(list(prompt), n_predict=n_predict, sampling=SamplingParams(temperature=0.0),
-                                ignore_eos=True, n_keep=n_keep, n_discard=n_discard)
-        [final] = anyio.run(run_requests, engine, [req], 120.0)
-        assert final.error is None, final.error
-        assert final.truncated
-        stats = engine.stats()["drafters"].get(spec_type)
-        engine.close()
-        return final.tokens, stats
-
-    plain, _ = run(())
-    spec, st = run((spec_type,))
+    n_predict = 120
+    plain, _ = generate_across_shifts(backend, target, None, n_max=3, n_keep=n_keep, n_discard=n_discard)
+    spec, st = generate_across_shifts(backend, target, spec_type, n_max=3, n_keep=n_keep, n_discard=n_discard,
+                                      draft=oracles[spec_type])
     assert spec == plain and len(spec) == n_predict
     assert st is not None
     assert int(st["gen_tokens"]) > n_predict // 2  # type: ignore[call-overload]

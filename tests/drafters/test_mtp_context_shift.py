@@ -10,17 +10,12 @@
 
 from __future__ import annotations
 
-import anyio
 import numpy as np
 import pytest
-from toy_backend import run_requests
+from model_drafter_helpers import generate_across_shifts
 
 from spekula.core.backend import BackendOptions, load_backend
 from spekula.core.drafting.mtp_runtime import MtpRows
-from spekula.core.engine.engine import Engine, EngineConfig
-from spekula.core.modelfile.gguf_file import GGUFFile
-from spekula.core.modelfile.tokenizer import Tokenizer
-from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.drafters.model.runtimes import load_mtp_runtime
 from spekula.fixtures import tiny_mtp
 
@@ -64,26 +59,9 @@ def test_mtp_runtime_shift_equals_the_kept_rows_at_their_new_positions(backend: 
 @pytest.mark.parametrize(("n_keep", "n_discard"), [(-1, 0), (2, 7)])
 def test_an_agreeing_head_keeps_being_accepted_across_shifts(backend: str, n_keep: int, n_discard: int) -> None:
     target = tiny_mtp.agreeing_mtp_gguf()
-    n_ctx, n_predict = 32, 120
-    tok = Tokenizer.from_gguf(GGUFFile(str(target)))
-    prompt = tok.encode("hello world")
-
-    def run(types: tuple[str, ...]) -> tuple[list[int], dict[str, object] | None]:
-        b = load_backend(backend, str(target), BackendOptions(n_ctx=n_ctx, n_seq_max=1, threads=1))
-        spec = SpecParams(types=types, n_max=1, adaptive=False)
-        config = EngineConfig(n_slots=1, n_ctx=n_ctx, n_batch=64, spec=spec, context_shift=True)
-        engine = Engine(b, tok, config, backend_name=backend)
-        req = CompletionRequest(list(prompt), n_predict=n_predict, sampling=SamplingParams(temperature=0.0),
-                                ignore_eos=True, n_keep=n_keep, n_discard=n_discard)
-        [final] = anyio.run(run_requests, engine, [req], 120.0)
-        assert final.error is None, final.error
-        assert final.truncated
-        stats = engine.stats()["drafters"].get("draft-mtp")
-        engine.close()
-        return final.tokens, stats
-
-    plain, _ = run(())
-    spec, st = run(("draft-mtp",))
+    n_predict = 120
+    plain, _ = generate_across_shifts(backend, target, None, n_max=1, n_keep=n_keep, n_discard=n_discard)
+    spec, st = generate_across_shifts(backend, target, "draft-mtp", n_max=1, n_keep=n_keep, n_discard=n_discard)
     assert spec == plain and len(spec) == n_predict
     assert st is not None
     # n_predict is several contexts long: most drafts come after a shift, and (near ties aside) all agree.
