@@ -7,7 +7,10 @@ blocks in one forward: the context K/V are computed once per layer, and a boolea
 block row the context before its own anchor and its own block's rows.
 
 The head borrows the target's token embeddings (also for MASK) and full-vocabulary output head as
-frozen buffers; they are never exported, so the draft runtime falls back to the target's own.
+frozen buffers and trains against the whole vocabulary. Its export keeps the embeddings out (the draft
+runtime falls back to the target's) and, with a draft vocabulary (``draft_vocab``), the target head's
+rows of the most frequent labels as its own head with ``d2t``: a draft then costs a fraction of the
+output head and proposes the same token wherever the whole head's best is among those rows.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from torch import nn
 from spekula.backends.torch.draft_common import apply_rope, rms_norm, rope_angles
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
-from spekula.training.eagle3_head import default_eagle3_layers
+from spekula.training.eagle3_head import default_eagle3_layers, draft_vocabulary
 from spekula.training.head_api import HeadMetrics, TargetFacts, TrainBatch, soft_cross_entropy
 
 # tokenizer.ggml.token_type values (GGUF's TokenType enum)
@@ -42,6 +45,19 @@ class DFlashHeadOptions:
     pos_decay: float = 0.8  # block index j weighs pos_decay ** (j - 1) in the loss
     mask_token_id: int | None = None  # create() needs one: mask_token_for(target, label counts)
     layers: tuple[int, ...] | None = None  # target layer-input indices; None: default_dflash_layers
+    # The exported head keeps the target head's rows of this many most frequent labels (None or the
+    # whole vocabulary: the runtime borrows the target's head). On SmolLM2 a draft's output head over
+    # the 49k vocabulary was about a third of a DFlash call's time.
+    draft_vocab: int | None = 8192
+
+
+def _checked_ids(ids: np.ndarray | None, n_vocab: int) -> np.ndarray | None:
+    if ids is None:
+        return None
+    out = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if out.size == 0 or out.min() < 0 or out.max() >= n_vocab or np.any(np.diff(out) <= 0):
+        raise ValueError(f"draft vocabulary ids must be ascending distinct ids in [0, {n_vocab})")
+    return out
 
 
 def default_dflash_layers(n_layer: int) -> tuple[int, ...]:
@@ -161,7 +177,8 @@ class DFlashHead(nn.Module):
     target_embd: torch.Tensor
     target_head: torch.Tensor
 
-    def __init__(self, dims: TargetFacts, embd: torch.Tensor, head: torch.Tensor, options: DFlashHeadOptions) -> None:
+    def __init__(self, dims: TargetFacts, embd: torch.Tensor, head: torch.Tensor, options: DFlashHeadOptions,
+                 draft_ids: np.ndarray | None = None) -> None:
         super().__init__()
         if options.layers is None or options.mask_token_id is None:
             raise ValueError("DFlashHead needs resolved layers and mask_token_id (use create or from_hf)")
@@ -182,12 +199,15 @@ class DFlashHead(nn.Module):
         # Frozen and not part of the state: the runtime takes them from the target file.
         self.register_buffer("target_embd", embd.detach(), persistent=False)
         self.register_buffer("target_head", head.detach(), persistent=False)
+        # Target ids of the exported head's rows (ascending), or None: it borrows the whole head.
+        self.draft_ids = _checked_ids(draft_ids, embd.shape[0])
 
     # --- construction ----------------------------------------------------------------------------
     @classmethod
     def create(cls, facts: TargetFacts, embd: torch.Tensor, head: torch.Tensor, options: DFlashHeadOptions,
-               seed: int) -> DFlashHead:
-        """A freshly initialised head of the target's width (weights from a generator seeded by ``seed``)."""
+               seed: int, label_counts: np.ndarray | None = None) -> DFlashHead:
+        """A freshly initialised head of the target's width (weights from a generator seeded by ``seed``);
+        its draft vocabulary, when ``options.draft_vocab`` is below the target's, from ``label_counts``."""
         layers = options.layers if options.layers is not None else default_dflash_layers(facts.n_layer)
         bad = [x for x in layers if not 1 <= x <= facts.n_layer]
         if not layers or bad or len(set(layers)) != len(layers):
@@ -195,7 +215,14 @@ class DFlashHead(nn.Module):
         if options.mask_token_id is None:
             raise ConfigError("DFlash needs a mask token id: pick one with mask_token_for(target path, label counts)")
         dims = replace(facts, n_ff=options.n_ff or facts.n_ff)
-        module = cls(dims, embd, head, replace(options, layers=tuple(layers), n_ff=dims.n_ff))
+        ids = None
+        if options.draft_vocab is not None and options.draft_vocab < 1:
+            raise ConfigError(f"draft_vocab must be >= 1, got {options.draft_vocab}")
+        if options.draft_vocab is not None and options.draft_vocab < facts.n_vocab:
+            if label_counts is None or np.asarray(label_counts).size != facts.n_vocab:
+                raise ConfigError(f"a DFlash draft vocabulary needs label counts over the {facts.n_vocab} target ids")
+            ids = draft_vocabulary(np.asarray(label_counts), options.draft_vocab)
+        module = cls(dims, embd, head, replace(options, layers=tuple(layers), n_ff=dims.n_ff), ids)
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name, p in module.named_parameters():  # fixed order: the same seed gives the same head
@@ -225,9 +252,18 @@ class DFlashHead(nn.Module):
                        block_size=int(dcfg.get("block_size", config.get("block_size", 16))), n_ff=dims.n_ff,
                        mask_token_id=int(dcfg["mask_token_id"]),
                        layers=tuple(int(i) + 1 for i in dcfg["target_layer_ids"]))
-        module = cls(dims, embd, head, opts)
-        state = {_own_name(k.removeprefix("model.")): torch.from_numpy(np.array(v, dtype=np.float32))
-                 for k, v in tensors.items()}
+        tensors = {k.removeprefix("model."): v for k, v in tensors.items()}
+        ids = None
+        if "d2t" in tensors:  # a draft vocabulary: lm_head must be the target head's rows (frozen here)
+            offsets = np.asarray(tensors.pop("d2t"), dtype=np.int64).reshape(-1)
+            ids = offsets + np.arange(offsets.size)
+            rows = np.asarray(tensors.pop("lm_head.weight", np.empty(0)), dtype=np.float32)
+            if rows.shape != (ids.size, facts.n_embd) or ids.min() < 0 or ids.max() >= head.shape[0] or \
+                    not np.array_equal(rows, head[torch.from_numpy(ids)].float().cpu().numpy()):
+                raise ModelFileError("model.safetensors", "lm_head is not the target head's rows of d2t: a head "
+                                     "trained here keeps the target's head frozen")
+        module = cls(dims, embd, head, replace(opts, draft_vocab=None if ids is None else int(ids.size)), ids)
+        state = {_own_name(k): torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in tensors.items()}
         module.load_state_dict(state, strict=True)
         return module.to(embd.device)
 
@@ -326,7 +362,8 @@ class DFlashHead(nn.Module):
 
     # --- export ----------------------------------------------------------------------------------
     def hf_checkpoint(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """z-lab ``DFlashDraftModel`` config and float32 tensors (no embeddings or head: the target's)."""
+        """z-lab ``DFlashDraftModel`` config and float32 tensors: no embeddings (the target's), and no head
+        but the target head's rows of the draft vocabulary with their ``d2t`` (HF offsets) where it has one."""
         d = self.dims
         config: dict[str, Any] = {
             "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
@@ -338,4 +375,10 @@ class DFlashHead(nn.Module):
                               "mask_token_id": self.mask_token_id, "block_size": self.block_size},
         }
         tensors = {_hf_name(k): v.detach().float().cpu().numpy() for k, v in self.state_dict().items()}
+        if self.draft_ids is not None:
+            ids = self.draft_ids
+            config["draft_vocab_size"] = int(ids.size)
+            tensors["lm_head.weight"] = self.target_head[torch.from_numpy(ids).to(self.target_head.device)] \
+                .detach().float().cpu().numpy()
+            tensors["d2t"] = ids - np.arange(ids.size, dtype=np.int64)
         return config, tensors

@@ -45,5 +45,5 @@ def build_head(cfg: RunConfig, facts: TargetFacts, cache: FeatureCache, device: 
         if opts.get("mask_token_id") is None:  # a control token the data never contains
             opts["mask_token_id"] = mask_token_for(facts.path, cache.token_counts(facts.n_vocab))
         o = DFlashHeadOptions(**{**opts, "layers": tuple(opts["layers"]) if opts.get("layers") else None})
-        return DFlashHead.create(facts, embd, head, o, seed).to(device)
+        return DFlashHead.create(facts, embd, head, o, seed, cache.label_counts(facts.n_vocab)).to(device)
     raise ConfigError(f"unknown drafter kind {kind!r}; choose one of {', '.join(HEAD_KINDS)}")

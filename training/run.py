@@ -62,7 +62,7 @@ class TrainRequest:
 
 QUICK_HEAD = {
     "eagle3": {"draft_vocab": 256, "ttt_steps": 3},
-    "dflash": {"n_layer": 1, "block_size": 4, "anchors_per_seq": 8},
+    "dflash": {"n_layer": 1, "block_size": 4, "anchors_per_seq": 8, "draft_vocab": 256},
 }
 QUICK_STEPS = {"eagle3": (40, 3e-3), "dflash": (200, 1e-2)}  # (steps, peak learning rate)
 

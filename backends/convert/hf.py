@@ -27,11 +27,13 @@ def detect_layout(ckpt: HFCheckpoint) -> str:
     archs = cfg.get("architectures")
     if not isinstance(archs, list) or not archs:
         raise ModelFileError(ckpt.path / "config.json", "missing 'architectures'")
-    if is_eagle3(cfg):
-        return "eagle3"
+    # A DFlash architecture or dflash_config first: a one-layer DFlash head with a draft vocabulary
+    # (draft_vocab_size) would otherwise look like an EAGLE-3 head saved without its architecture.
     kind = dflash_kind(cfg)
     if kind is not None:
         return kind
+    if is_eagle3(cfg):
+        return "eagle3"
     if archs[0] in PLAIN_ARCHS:
         return "plain"
     if archs[0] in MOE_ARCHS:

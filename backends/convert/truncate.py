@@ -12,9 +12,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import gguf
 
+from spekula.backends.convert.gguf_copy import copy_fields, raw_reader
 from spekula.backends.convert.output import atomic_output, check_output_path
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
@@ -48,12 +50,7 @@ def truncate_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], n_ke
     # Before the (slow) metadata copy: a directory or a path below a file is refused here.
     check_output_path(dst, "-o")
 
-    # The raw reader keeps each key's GGUF value type (u32 vs i32, f32 arrays ...), which the plain
-    # values of GGUFFile.metadata would lose. Reuse GGUFFile's own reader when it has one: parsing a
-    # 49k-token vocabulary twice costs seconds.
-    reader = getattr(f, "_reader", None)
-    if not isinstance(reader, gguf.GGUFReader):
-        reader = gguf.GGUFReader(str(src), "r")
+    reader = raw_reader(f)
     kept = [t for t in reader.tensors if (m := _BLOCK.match(t.name)) is None or int(m.group(1)) < n_keep]
     if not any(_BLOCK.match(t.name) for t in kept):
         raise ModelFileError(src, "no blk.N.* tensors found; not a layered model")
@@ -61,19 +58,16 @@ def truncate_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], n_ke
     with atomic_output(dst, "-o") as tmp:
         writer = gguf.GGUFWriter(tmp, arch, endianess=reader.endianess)
         try:
-            for field in reader.fields.values():
-                if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-                    continue  # written by GGUFWriter itself
-                vtype = field.types[0]
-                sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-                value = field.contents()
-                if field.name == key:
-                    value = n_keep
-                elif field.name == "general.name":
-                    value = f"{value} (first {n_keep} of {n_layer} layers)"
-                elif field.name.startswith(arch + ".") and isinstance(value, list) and len(value) == n_layer:
-                    value = value[:n_keep]  # one entry per block
-                writer.add_key_value(field.name, value, vtype, sub_type=sub)
+            def change(name: str, value: Any) -> Any:
+                if name == key:
+                    return n_keep
+                if name == "general.name":
+                    return f"{value} (first {n_keep} of {n_layer} layers)"
+                if name.startswith(arch + ".") and isinstance(value, list) and len(value) == n_layer:
+                    return value[:n_keep]  # one entry per block
+                return value
+
+            copy_fields(reader, writer, change)
             for t in kept:
                 writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
             writer.write_header_to_file()

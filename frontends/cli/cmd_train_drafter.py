@@ -47,7 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "CPU or GPU has bfloat16 arithmetic; default f32)")
     p.add_argument("--checkpoint-every", type=float, default=300.0, metavar="SECONDS",
                    help="seconds between checkpoints (default 300)")
-    p.add_argument("--draft-vocab", type=int, default=None, help="eagle3: reduced draft vocabulary size (default 8192)")
+    p.add_argument("--draft-vocab", type=int, default=None, help="the draft vocabulary: the head drafts among the N most frequent labels of the "
+                   "data (default 8192; eagle3 trains its own head over them, dflash keeps the target head's rows; "
+                   "0 for dflash: borrow the target's whole head)")
     p.add_argument("--ttt-steps", type=int, default=None, help="eagle3: unrolled training-time-test steps (default 4)")
     p.add_argument("--block-size", type=int, default=None, help="dflash: block size (default 8)")
     p.add_argument("--draft-layers", type=int, default=None, help="dflash: decoder layers (default 2)")
@@ -65,8 +67,10 @@ def _request(args: argparse.Namespace, target: str) -> Any:
         distill=DistillOptions(max_new=256, parallel=16))
     head = dict(req.head)
     names = (("draft_vocab", "draft_vocab"), ("ttt_steps", "ttt_steps")) if args.kind == "eagle3" else \
-        (("block_size", "block_size"), ("draft_layers", "n_layer"))
+        (("block_size", "block_size"), ("draft_layers", "n_layer"), ("draft_vocab", "draft_vocab"))
     head.update({key: getattr(args, opt) for opt, key in names if getattr(args, opt) is not None})
+    if args.kind == "dflash" and head.get("draft_vocab") == 0:
+        head["draft_vocab"] = None
     given = {k: v for k, v in {"steps": args.steps, "tokens": args.tokens, "n_prompts": args.n_prompts,
                                "lr": args.lr, "batch_seqs": args.batch, "precision": args.precision}.items()
              if v is not None}

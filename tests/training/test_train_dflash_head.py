@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ from spekula.backends.convert.hf import convert
 from spekula.backends.torch.draft_common import target_embeddings
 from spekula.core.backend import BackendOptions, ModelInfo
 from spekula.core.drafting.draft_models import DFlashBlock, DFlashRuntime
-from spekula.core.errors import ConfigError
+from spekula.core.errors import ConfigError, ModelFileError
 from spekula.drafters.model.runtimes import load_draft_runtime
 from spekula.fixtures import tiny_hf
 from spekula.training.dflash_head import (
@@ -193,3 +194,44 @@ def test_loss_is_deterministic_and_never_reads_past_a_sequence() -> None:
         assert (anchors[:, 0] != anchors[:, 1]).all()
         picks.add(tuple(anchors.flatten().tolist()))
     assert len(picks) > 1
+
+
+def test_a_draft_vocabulary_exports_the_target_heads_rows(target: tuple[Path, Path], tmp_path: Path) -> None:
+    """draft_vocab keeps the target head's rows of the most frequent labels: the converted head drafts
+    over them with the logits the whole head gives those ids, and the checkpoint reads back."""
+    hf, gguf = target
+    facts = read_target_facts(str(gguf))
+    embd, out_head = target_embeddings(str(gguf), torch.device("cpu"), torch.float32)
+    counts = np.zeros(facts.n_vocab, dtype=np.int64)
+    counts[[5, 17, 40, 200, 201, 300]] = [9, 3, 7, 1, 2, 8]
+    opts = DFlashHeadOptions(block_size=BLOCK, mask_token_id=318, draft_vocab=8)
+    head = DFlashHead.create(facts, embd, out_head, opts, seed=0, label_counts=counts)
+    # the six counted ids, then the two lowest ids of the zero-count ties
+    assert head.draft_ids is not None and head.draft_ids.tolist() == [0, 1, 5, 17, 40, 200, 201, 300]
+    _scramble(head, 2)
+    config, tensors = head.hf_checkpoint()
+    assert config["draft_vocab_size"] == 8 and tensors["lm_head.weight"].shape == (8, facts.n_embd)
+    draft = tmp_path / "draft.gguf"
+    convert(write_hf_checkpoint(head, tmp_path / "draft-hf"), draft, outtype="f32", target_dir=hf)
+    info = ModelInfo(str(gguf), facts.arch, "target", facts.n_vocab, facts.n_embd, facts.n_layer, facts.n_ctx_train)
+    runtime = load_draft_runtime("torch", str(draft), info, BackendOptions(n_ctx=64, n_seq_max=1))
+    batch = _batch((14,), 14, seed=3)
+    with torch.no_grad():
+        ours = head(batch.features, batch.tokens, torch.tensor([[6]])).numpy()[0, 0]
+    seq = runtime.new_seq()
+    runtime.inject(seq, batch.features[0, :6].numpy(), 0)
+    (out,) = runtime.draft_blocks([DFlashBlock(seq, np.array([int(batch.tokens[0, 6])] + [318] * (BLOCK - 1),
+                                                                dtype=np.int32), 6)])
+    got = out.logits if out.vocab is not None else out.logits[:, head.draft_ids]
+    np.testing.assert_allclose(got[1:], ours[1:, head.draft_ids], atol=1e-4, rtol=0)
+
+    again = DFlashHead.from_hf(config, tensors, embd, out_head, facts)
+    assert again.draft_ids is not None and again.draft_ids.tolist() == head.draft_ids.tolist()
+    assert again.options.draft_vocab == 8
+    tensors["lm_head.weight"] = tensors["lm_head.weight"] + 1.0
+    with pytest.raises(ModelFileError, match="target head's rows"):
+        DFlashHead.from_hf(config, tensors, embd, out_head, facts)
+    with pytest.raises(ConfigError, match="label counts"):
+        DFlashHead.create(facts, embd, out_head, opts, seed=0)
+    whole = DFlashHead.create(facts, embd, out_head, replace(opts, draft_vocab=facts.n_vocab), seed=0)
+    assert whole.draft_ids is None and "d2t" not in whole.hf_checkpoint()[1]

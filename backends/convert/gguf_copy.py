@@ -1,0 +1,36 @@
+"""Copying a GGUF file's metadata as stored: what every "copy with a change" writer (truncate, a head's
+draft vocabulary) shares.
+
+The raw reader keeps each key's GGUF value type (u32 vs i32, f32 arrays ...), which the plain values
+of GGUFFile.metadata would lose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gguf
+
+from spekula.core.modelfile.gguf_file import GGUFFile
+
+
+def raw_reader(f: GGUFFile) -> gguf.GGUFReader:
+    """The file's gguf-py reader: GGUFFile's own when it has one (parsing a 49k-token vocabulary twice
+    costs seconds)."""
+    reader = getattr(f, "_reader", None)
+    if not isinstance(reader, gguf.GGUFReader):
+        reader = gguf.GGUFReader(str(f.path), "r")
+    return reader
+
+
+def copy_fields(reader: gguf.GGUFReader, writer: gguf.GGUFWriter,
+                change: Callable[[str, Any], Any] = lambda _name, value: value) -> None:
+    """Every key of `reader` into `writer` with its value type, each value passed through `change`
+    (name, value) -> value. The architecture and the GGUF.* keys are the writer's own."""
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, change(field.name, field.contents()), vtype, sub_type=sub)
