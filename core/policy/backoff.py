@@ -14,8 +14,9 @@ plain). So each call is also judged afterwards, on measured time:
 
 A drafter whose recent calls (decayed, per slot, leaning on the drafter's global record) spent more
 than they gained rests: it is not asked again for the slot until a probe is due, REST_FIRST rounds
-later, doubling up to REST_MAX while probes keep losing; a probe that pays (or a ledger that pays
-again) makes it active. While it rests and its probe is not within WAKE_AHEAD rounds, the engine
+later, doubling up to REST_MAX while probes keep losing, and never sooner than its last call's cost
+allows at PROBE_SHARE of the rounds waited; a probe that pays (or a ledger that pays again) makes it
+active. While it rests and its probe is not within WAKE_AHEAD rounds, the engine
 neither captures hidden states for it nor lets it observe the forwards (a drafter that can resume
 after missed forwards says so: core/drafting/drafter.py), so a head that does not pay costs a call
 every REST_MAX rounds and nothing in between. No torch.
@@ -23,6 +24,7 @@ every REST_MAX rounds and nothing in between. No torch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # A call weighs LEDGER_DECAY^age (about the last 7 calls); a ledger is judged once its calls weigh
@@ -38,6 +40,11 @@ MIN_EVIDENCE = 1.0
 PRIOR_CALLS = 2.0
 REST_FIRST = 32
 REST_MAX = 128
+# A rest lasts at least the last call's measured cost (in plain rounds) over PROBE_SHARE: a head that
+# does not pay must cost next to nothing (the goal: >= 0.97x plain), and a call of SmolLM2's DFlash head
+# cost 0.6-1.0 rounds, so probing it every REST_FIRST rounds alone spent 2-3 %. A cheap head still
+# probes every REST_FIRST rounds.
+PROBE_SHARE = 0.01
 # A resting drafter observes again this many forwards before its probe (EAGLE-3 drafts from the
 # previous forward's last row; a few rows more give its draft layer some context back).
 WAKE_AHEAD = 2
@@ -76,11 +83,12 @@ class DrafterBackoff:
         self._slot: dict[tuple[str, int], CallLedger] = {}
         self._due: dict[tuple[str, int], int] = {}  # resting -> the round its probe is due
         self._interval: dict[tuple[str, int], int] = {}  # the rest after the next losing judgement
+        self._cost: dict[tuple[str, int], float] = {}  # plain rounds the last call spent, charges included
 
     def begin_request(self, slot: int) -> None:
         """A new request on `slot`: its own record starts over (it may be code after chat), and a
         drafter that rests keeps resting only until a first probe soon."""
-        for table in (self._slot, self._interval):
+        for table in (self._slot, self._interval, self._cost):
             for key in [key for key in table if key[1] == slot]:
                 del table[key]
         for key in [key for key in self._due if key[1] == slot]:
@@ -128,6 +136,7 @@ class DrafterBackoff:
         for ledger in (self._global.setdefault(drafter, CallLedger()),
                        self._slot.setdefault((drafter, slot), CallLedger())):
             ledger.add(gained, max(-MAX_EXCESS, min(spent, MAX_EXCESS)))
+        self._cost[(drafter, slot)] = max(0.0, min(spent, MAX_EXCESS))
         self._judge(drafter, slot)
 
     def charge(self, drafter: str, slot: int, spent: float) -> None:
@@ -136,6 +145,8 @@ class DrafterBackoff:
         for ledger in (self._global.get(drafter), self._slot.get((drafter, slot))):
             if ledger is not None:
                 ledger.charge(spent)
+        if (drafter, slot) in self._cost:
+            self._cost[(drafter, slot)] += spent
         self._judge(drafter, slot)
 
     def _judge(self, drafter: str, slot: int) -> None:
@@ -146,6 +157,7 @@ class DrafterBackoff:
             return
         if key in self._due and self.round < self._due[key]:
             return  # already resting (a late charge of its probe)
-        interval = self._interval.get(key, REST_FIRST)
+        interval = min(max(self._interval.get(key, REST_FIRST), math.ceil(self._cost.get(key, 0.0) / PROBE_SHARE)),
+                       REST_MAX)
         self._due[key] = self.round + interval
         self._interval[key] = min(2 * interval, REST_MAX)

@@ -3,6 +3,7 @@ resting drafter alone: no capture for it, no observe, no call but its probes."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import ClassVar
@@ -14,28 +15,34 @@ from toy_backend import ObservingDrafter, ToyBackend, ToyTokenizer, make_engine,
 from spekula.core.backend import Capture, SeqInput, SeqOutput
 from spekula.core.drafting.drafter import Draft, DraftRequest
 from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
-from spekula.core.policy.backoff import MIN_EVIDENCE, REST_FIRST, REST_MAX, WAKE_AHEAD, DrafterBackoff
+from spekula.core.policy.backoff import (
+    MIN_EVIDENCE,
+    PROBE_SHARE,
+    REST_FIRST,
+    REST_MAX,
+    WAKE_AHEAD,
+    DrafterBackoff,
+)
+
+CHEAP = 0.2  # plain rounds a call costs: below PROBE_SHARE * REST_FIRST, the rests are the doubling ones
 
 
-def _lose(b: DrafterBackoff) -> int:
+def _lose(b: DrafterBackoff, spent: float = CHEAP) -> int:
     """Losing calls until the drafter rests; how many it took."""
     calls = 0
     while True:
         b.next_round()
         if not b.may_call("head", 0):
             return calls
-        b.called("head", 0, gained=0, spent=0.5)
+        b.called("head", 0, gained=0, spent=spent)
         calls += 1
 
 
-def test_a_drafter_that_loses_rests_then_probes_at_doubling_intervals() -> None:
-    b = DrafterBackoff()
-    calls = _lose(b)
-    # Judged once its calls weigh MIN_EVIDENCE: the benefit of the doubt until then, and not longer.
-    assert MIN_EVIDENCE <= calls <= MIN_EVIDENCE + 2
+def _rests(b: DrafterBackoff, n: int, spent: float) -> list[int]:
+    """The rounds waited for each of n probes after _lose, every probe losing at `spent`."""
     intervals = []
     waited = 1  # the round _lose found it resting
-    for _ in range(5):
+    for _ in range(n):
         while True:
             b.next_round()
             waited += 1
@@ -43,10 +50,39 @@ def test_a_drafter_that_loses_rests_then_probes_at_doubling_intervals() -> None:
                 break
         assert b.probing("head", 0)
         intervals.append(waited)
-        b.called("head", 0, gained=0, spent=0.5)  # the probe lost too
+        b.called("head", 0, gained=0, spent=spent)  # the probe lost too
         waited = 0
-    assert intervals == [REST_FIRST, 2 * REST_FIRST, 4 * REST_FIRST, min(8 * REST_FIRST, REST_MAX),
-                         min(16 * REST_FIRST, REST_MAX)]
+    return intervals
+
+
+def test_a_drafter_that_loses_rests_then_probes_at_doubling_intervals() -> None:
+    assert CHEAP / PROBE_SHARE < REST_FIRST
+    b = DrafterBackoff()
+    calls = _lose(b)
+    # Judged once its calls weigh MIN_EVIDENCE: the benefit of the doubt until then, and not longer.
+    assert MIN_EVIDENCE <= calls <= MIN_EVIDENCE + 2
+    assert _rests(b, 5, CHEAP) == [REST_FIRST, 2 * REST_FIRST, 4 * REST_FIRST, min(8 * REST_FIRST, REST_MAX),
+                                   min(16 * REST_FIRST, REST_MAX)]
+
+
+def test_a_dear_call_rests_the_drafter_in_proportion_to_its_cost() -> None:
+    """A call that cost a round buys a rest of 1 / PROBE_SHARE rounds, so probing a head that never pays
+    costs about PROBE_SHARE of the time; a dearer one (charged a round later) rests up to REST_MAX."""
+    dear = 0.8
+    b = DrafterBackoff()
+    _lose(b, dear)
+    first = math.ceil(dear / PROBE_SHARE)
+    assert REST_FIRST < first < REST_MAX
+    assert _rests(b, 3, dear) == [first, min(2 * first, REST_MAX), REST_MAX]
+    c = DrafterBackoff()
+    c.next_round()
+    c.called("head", 0, gained=0, spent=0.3)
+    assert c.resting("head", 0)
+    waited = 0
+    while not c.may_call("head", 0):
+        c.next_round()
+        waited += 1
+    assert waited == max(REST_FIRST, math.ceil(0.3 / PROBE_SHARE))
 
 
 def test_the_first_call_of_a_drafter_without_a_record_decides() -> None:
@@ -98,7 +134,7 @@ def test_a_new_request_probes_soon_and_is_judged_on_the_drafters_record() -> Non
     for _ in range(3):  # long rests
         while not b.may_call("head", 0):
             b.next_round()
-        b.called("head", 0, gained=0, spent=0.5)
+        b.called("head", 0, gained=0, spent=CHEAP)
     b.begin_request(0)
     waited = 0
     while not b.may_call("head", 0):
