@@ -15,7 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from spekula.backends.gguf.architecture import ARCHITECTURES, read_hparams
+from spekula.backends.gguf.architecture import read_hparams
+from spekula.backends.gguf.recipes import ARCHITECTURES
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 

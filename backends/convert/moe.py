@@ -22,7 +22,7 @@ from spekula.backends.convert.gguf_writer import GGUFOut, head_dim, write_decode
 from spekula.backends.convert.plain import ATTN_MAP
 from spekula.backends.convert.source import HFCheckpoint, need
 from spekula.backends.convert.vocab import vocab_flavour, write_vocab
-from spekula.backends.gguf.architecture import ARCHITECTURES, MoERecipe
+from spekula.backends.gguf.recipes import ARCHITECTURES, MoERecipe
 from spekula.core.errors import ConfigError, ModelFileError
 
 MOE_ARCHS = {"Qwen3MoeForCausalLM": "qwen3moe", "Glm4MoeForCausalLM": "glm4moe"}

@@ -34,8 +34,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from spekula.backends.context_shift import check_shift, shift_refusal
-from spekula.backends.gguf.architecture import FEATURES, read_hparams
+from spekula.backends.gguf.architecture import read_hparams
 from spekula.backends.gguf.classifier import read_classifier_head
+from spekula.backends.gguf.recipes import FEATURES
 from spekula.backends.gguf.weights import rope_inv_freq
 from spekula.backends.native import lib as nl
 from spekula.backends.native.blocks import build_layer, model_config, per_layer_input_fields

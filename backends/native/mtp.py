@@ -28,8 +28,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from spekula.backends.context_shift import check_shift, shift_refusal
-from spekula.backends.gguf.architecture import FEATURES, read_hparams
+from spekula.backends.gguf.architecture import read_hparams
 from spekula.backends.gguf.moe import head_sources, nextn_shapes
+from spekula.backends.gguf.recipes import FEATURES
 from spekula.backends.gguf.weights import block_shapes, rope_inv_freq
 from spekula.backends.native import lib as nl
 from spekula.backends.native.backend import NativeBackend, check_head_options, default_threads

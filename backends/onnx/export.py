@@ -18,12 +18,8 @@ import onnx
 import structlog
 from onnx import TensorProto, helper, numpy_helper
 
-from spekula.backends.gguf.architecture import (
-    FEATURE_ATTN_TEMPERATURE,
-    FEATURE_ROPE_MSCALE,
-    ModelHParams,
-    read_hparams,
-)
+from spekula.backends.gguf.architecture import ModelHParams, read_hparams
+from spekula.backends.gguf.recipes import FEATURE_ATTN_TEMPERATURE, FEATURE_ROPE_MSCALE
 from spekula.backends.gguf.weights import load_model_weights
 from spekula.backends.onnx import cache as onnx_cache
 from spekula.backends.onnx.builder import LinearFn, linear_f32

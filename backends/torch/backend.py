@@ -36,9 +36,10 @@ import numpy as np
 import torch
 
 from spekula.backends.context_shift import shift_refusal
-from spekula.backends.gguf.architecture import FEATURES, ModelHParams, read_hparams
+from spekula.backends.gguf.architecture import ModelHParams, read_hparams
 from spekula.backends.gguf.classifier import read_classifier_head
 from spekula.backends.gguf.encoder import is_encoder
+from spekula.backends.gguf.recipes import FEATURES
 from spekula.backends.gguf.weights import load_model_weights
 from spekula.backends.seq_inputs import check_inputs
 from spekula.backends.seq_slots import PooledSeqs

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from spekula.backends.context_shift import shift_refusal
-from spekula.backends.gguf.architecture import FEATURES, ModelHParams, read_hparams
+from spekula.backends.gguf.architecture import ModelHParams, read_hparams
 from spekula.backends.gguf.moe import HeadSources, head_sources, nextn_shapes
+from spekula.backends.gguf.recipes import FEATURES
 from spekula.backends.gguf.weights import block_shapes, dequantize
 from spekula.backends.seq_slots import PooledSeqs
 from spekula.backends.torch.draft_common import device_dtype, rms_norm

@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from spekula.backends.gguf import architecture
-from spekula.backends.gguf.architecture import ARCHITECTURES, BlockRecipe, MoEParams, read_hparams
+from spekula.backends.gguf import architecture, recipes
+from spekula.backends.gguf.architecture import MoEParams, read_hparams
+from spekula.backends.gguf.recipes import ARCHITECTURES, BlockRecipe
 from spekula.backends.gguf.weights import dequantize, load_model_weights
 from spekula.backends.native.backend import NativeBackend
 from spekula.core.backend import BackendOptions
@@ -107,7 +108,7 @@ def test_recipe_options_read_from_the_file(monkeypatch: pytest.MonkeyPatch, tmp_
         read_hparams(GGUFFile(path))
     _with_recipe(monkeypatch, "llama", sliding_window=True, logit_softcap=True, swa_period=2)
     del meta["llama.attn_logit_softcapping"]
-    hp = read_hparams(GGUFFile(_copy(tmp_path, tiny_model_path("llama"), meta=meta)), implements=architecture.FEATURES)
+    hp = read_hparams(GGUFFile(_copy(tmp_path, tiny_model_path("llama"), meta=meta)), implements=recipes.FEATURES)
     assert (hp.sliding_window, hp.swa_layers, hp.final_softcap) == (4096, (True, False, True, False), 30.0)
     plain = read_hparams(GGUFFile(tiny_model_path("llama")))  # the same recipe, keys absent: nothing to refuse
     assert (plain.sliding_window, plain.attn_softcap, plain.final_softcap) == (0, 0.0, 0.0)
@@ -159,7 +160,7 @@ def test_unknown_gating_function_is_named(tmp_path: Path) -> None:
 
 def test_every_recipe_is_a_block_recipe() -> None:
     assert all(isinstance(r, BlockRecipe) for r in ARCHITECTURES.values())
-    assert all(r.moe is None or r.moe.file_keys <= architecture.MOE_FILE_KEYS for r in ARCHITECTURES.values())
+    assert all(r.moe is None or r.moe.file_keys <= recipes.MOE_FILE_KEYS for r in ARCHITECTURES.values())
 
 
 @pytest.mark.parametrize("backend", ["native", "torch", "onnx"])
@@ -189,14 +190,14 @@ def _hybrid(tmp: Path, **keys: Any) -> Path:
 
 
 def test_hybrid_description_reads_sizes_and_the_recurrent_pattern(tmp_path: Path) -> None:
-    hp = read_hparams(GGUFFile(_hybrid(tmp_path)), implements=architecture.FEATURES)
+    hp = read_hparams(GGUFFile(_hybrid(tmp_path)), implements=recipes.FEATURES)
     dn = hp.delta_net
     assert dn is not None and hp.n_layer == 4 and hp.n_nextn == 1
     assert (dn.conv_kernel, dn.n_k_heads, dn.n_v_heads, dn.head_k_dim, dn.head_v_dim) == (4, 2, 4, 16, 16)
     assert dn.recurrent == (True, False, True, False) and hp.is_recurrent(0) and not hp.is_recurrent(4)
     assert dn.conv_dim == 2 * 32 + 64 and hp.recipe.attn_output_gate
     flags = read_hparams(GGUFFile(_hybrid(tmp_path, attention__recurrent_layers=[False, True, True, False, False])),
-                         implements=architecture.FEATURES).delta_net
+                         implements=recipes.FEATURES).delta_net
     assert flags is not None and flags.recurrent == (False, True, True, False)
 
 
@@ -209,7 +210,7 @@ def test_hybrid_description_reads_sizes_and_the_recurrent_pattern(tmp_path: Path
 ])
 def test_bad_hybrid_files_are_named(tmp_path: Path, keys: dict[str, Any], needle: str) -> None:
     with pytest.raises(ModelFileError, match=re.escape(needle)):
-        read_hparams(GGUFFile(_hybrid(tmp_path, **keys)), implements=architecture.FEATURES)
+        read_hparams(GGUFFile(_hybrid(tmp_path, **keys)), implements=recipes.FEATURES)
 
 
 def test_a_runtime_without_the_hybrid_operations_refuses_by_name(tmp_path: Path) -> None:

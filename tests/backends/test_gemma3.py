@@ -27,7 +27,8 @@ from sliding_window_checks import (
 from sliding_window_checks import edited as _edited
 from sliding_window_checks import tokens as _tokens
 
-from spekula.backends.gguf.architecture import FEATURES, read_hparams
+from spekula.backends.gguf.architecture import read_hparams
+from spekula.backends.gguf.recipes import FEATURES
 from spekula.core.backend import SeqInput
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile

@@ -34,7 +34,8 @@ from sliding_window_checks import edited as _edited
 from sliding_window_checks import tokens as _tokens
 from toy_backend import plain_decode
 
-from spekula.backends.gguf.architecture import FEATURES, read_hparams
+from spekula.backends.gguf.architecture import read_hparams
+from spekula.backends.gguf.recipes import FEATURES
 from spekula.core.backend import Backend, BackendOptions, SeqInput, load_backend
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile

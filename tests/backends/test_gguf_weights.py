@@ -9,7 +9,8 @@ import gguf
 import numpy as np
 import pytest
 
-from spekula.backends.gguf.architecture import FEATURES, read_hparams
+from spekula.backends.gguf.architecture import read_hparams
+from spekula.backends.gguf.recipes import FEATURES
 from spekula.backends.gguf.weights import dequantize, load_model_weights, rope_inv_freq
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile, TensorEntry

@@ -23,7 +23,8 @@ from backend_helpers import fresh_logits
 from backend_helpers import random_tokens as tokens
 from gptoss_helpers import BACKENDS, N_CTX, WINDOW, gptoss_path, load_gptoss
 
-from spekula.backends.gguf.architecture import FEATURES, read_hparams
+from spekula.backends.gguf.architecture import read_hparams
+from spekula.backends.gguf.recipes import FEATURES
 from spekula.core.backend import Backend, SeqInput
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile

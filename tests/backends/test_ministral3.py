@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from toy_backend import GarbageDrafter, RepeatDrafter, make_engine, plain_decode, run_requests
 
-from spekula.backends.gguf.architecture import FEATURES, read_hparams
+from spekula.backends.gguf.architecture import read_hparams
+from spekula.backends.gguf.recipes import FEATURES
 from spekula.backends.gguf.weights import dequantize
 from spekula.core.backend import Backend, BackendOptions, SeqInput, load_backend
 from spekula.core.drafting.drafter import DrafterContext

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from spekula.backends.gguf.architecture import FEATURES, read_hparams
+from spekula.backends.gguf.architecture import read_hparams
+from spekula.backends.gguf.recipes import FEATURES
 from spekula.core.errors import ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.fixtures import tiny_qwen35

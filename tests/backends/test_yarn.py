@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from spekula.backends.gguf.architecture import ARCHITECTURES, FEATURES, read_hparams
+from spekula.backends.gguf.architecture import read_hparams
+from spekula.backends.gguf.recipes import ARCHITECTURES, FEATURES
 from spekula.backends.gguf.rope_scaling import YARN_FILE_KEYS, read_position_scaling, rope_frequencies
 from spekula.backends.gguf.weights import dequantize
 from spekula.core.backend import BackendOptions, SeqInput, load_backend
