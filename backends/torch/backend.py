@@ -206,7 +206,7 @@ class TorchBackend(PooledSeqs, Backend):
         refusal = self.context_shift_refusal()
         if refusal is not None:
             raise ConfigError(refusal)
-        shift_cache(self.kv.get(seq_id), n_keep, n_discard, self.model.rotate_keys)
+        shift_cache(self.kv.get(seq_id), n_keep, n_discard, self.model.rope.rotate_keys)
 
     def checkpoint(self, seq_id: int) -> None:
         cache = self.kv.get(seq_id)
@@ -282,10 +282,10 @@ class TorchBackend(PooledSeqs, Backend):
         for i, (ri, j) in enumerate(trows):
             tokens[i] = reqs[ri].tokens[j]
             pos[i] = reqs[ri].start + j
-        self.model.ensure_rope(int(pos.max()) + 1)
+        self.model.rope.ensure(int(pos.max()) + 1)
         pos_t = torch.from_numpy(pos).to(self.device)
         tile = Tile(tokens=torch.from_numpy(tokens).to(self.device), n_real=n_real, q_scale=self.model.q_scale(pos),
-                    **self.model.tile_rope(pos_t))
+                    **self.model.rope.tile(pos_t))
         r0 = 0
         while r0 < n_real:  # one segment per request: consecutive rows, consecutive positions
             ri = trows[r0][0]

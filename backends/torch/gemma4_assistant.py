@@ -137,8 +137,8 @@ class TorchGemma4Assistant(AssistantRuntime):
         e = tm.embd[token] * float(np.sqrt(self.n_embd_backbone))
         h = torch.from_numpy(np.asarray(hidden, np.float32)).to(self.device, self.dtype)
         x = self.pre @ torch.cat([e.to(self.dtype), h])
-        tm.ensure_rope(pos + 1)
-        rope = tm.tile_rope(torch.tensor([pos], device=self.device))
+        tm.rope.ensure(pos + 1)
+        rope = tm.rope.tile(torch.tensor([pos], device=self.device))
         for blk in self.blocks:
             x = self._block(blk, x, cache, pos, rope)
         y = rms_norm(x, self.out_norm, self.eps)
@@ -150,7 +150,7 @@ class TorchGemma4Assistant(AssistantRuntime):
         q = (blk.wq @ rms_norm(x, blk.attn_norm, self.eps)).view(1, nh, hd)
         q = rms_norm(q, blk.q_norm, self.eps)
         cos, sin = (rope["cos_swa"], rope["sin_swa"]) if blk.sliding else (rope["cos"], rope["sin"])
-        q = self.target.model._rope(q, cos, sin)[0]  # [nh, hd], the target's rope of this kind
+        q = self.target.model.rope.apply(q, cos, sin)[0]  # [nh, hd], the target's rope of this kind
         lo = max(0, pos - self.window + 1) if blk.sliding else 0
         keys = cache.k[blk.kv_layer, : blk.n_kv, lo:pos, :hd]
         vals = cache.v[blk.kv_layer, : blk.n_kv, lo:pos, :hd]

@@ -38,6 +38,7 @@ from spekula.backends.torch.kv import SeqCache
 from spekula.backends.torch.linear import GemmPlan, Lin, plain_gemm, planned_lin
 from spekula.backends.torch.moe import DenseFFN, MoEFFN, build_moe_ffn, moe_gemm_shapes
 from spekula.backends.torch.per_layer import PerLayerInputs
+from spekula.backends.torch.rope_tables import RopeTables
 
 
 @dataclass
@@ -65,7 +66,7 @@ class KVWrite:
 @dataclass
 class Tile:
     tokens: torch.Tensor  # int64 [M] (padded rows hold token 0)
-    cos: torch.Tensor  # [M, 1, n_rot] float32 (see TorchModel.rope_tables)
+    cos: torch.Tensor  # [M, 1, n_rot] float32 (see torch/rope_tables.py)
     sin: torch.Tensor
     n_real: int
     writes: list[KVWrite] = field(default_factory=list)
@@ -247,7 +248,9 @@ class TorchModel:
                                             recurrent_index, *self._post_norms(t, b), per_layer=per_layer,
                                             out_scale=opt(b + "layer_output_scale.weight")))
         self.per_layer_inputs = PerLayerInputs(hp, t, self._lin) if hp.layout.n_embd_per_layer else None
-        self._build_rope_tables(weights, max_pos)
+        self.rope = RopeTables(rope_inv_freq(hp, weights),
+                               rope_inv_freq(hp, weights, sliding=True) if any(hp.swa_layers) else None,
+                               neox=self.neox, mscale=hp.rope_mscale, max_pos=max_pos, device=device)
 
     def _post_norms(self, t: Callable[[str], torch.Tensor], b: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Block `b`'s post-sublayer norms where the description has them (GLM's post_attention_norm is its
@@ -258,64 +261,6 @@ class TorchModel:
 
     def _lin(self, w: torch.Tensor, b: torch.Tensor | None) -> Lin:
         return planned_lin(self.gemm, w, b)
-
-    def _build_rope_tables(self, weights: dict[str, np.ndarray], max_pos: int) -> None:
-        """Rope tables grow on demand (doubling) up to `max_pos`: a huge -c must not allocate
-        gigabytes up front. An entry depends only on its position, so growth changes no bits."""
-        self._rope_inv = rope_inv_freq(self.hp, weights)
-        self._rope_inv_swa = rope_inv_freq(self.hp, weights, sliding=True) if any(self.hp.swa_layers) else None
-        self._rope_max = max_pos
-        self.rope_cos = self.rope_sin = torch.empty(0, device=self.device)
-        self.rope_cos_swa: torch.Tensor | None = None
-        self.rope_sin_swa: torch.Tensor | None = None
-        self.ensure_rope(min(max_pos, 4096))
-
-    def ensure_rope(self, n_pos: int) -> None:
-        """Make rope_cos/rope_sin cover positions [0, n_pos).
-
-        cos/sin per position are laid out so rope is ``x * cos + swap(x) * sin`` in three tensor ops.
-        NEOX: swap(x) = (x2, x1) and sin = (-sin, +sin). NORM: swap exchanges each (2i, 2i+1) pair and
-        sin = (-sin, +sin) interleaved. Angles are computed in float64 and rounded once, after YaRN's
-        magnitude (1.0 without YaRN) multiplies them.
-        """
-        have = self.rope_cos.shape[0]
-        if n_pos <= have:
-            return
-        size = min(self._rope_max, max(n_pos, 2 * have))
-        self.rope_cos, self.rope_sin = self._rope_table(self._rope_inv, size)
-        if self._rope_inv_swa is not None:
-            self.rope_cos_swa, self.rope_sin_swa = self._rope_table(self._rope_inv_swa, size)
-
-    def _rope_table(self, inv: np.ndarray, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        ang = np.arange(size, dtype=np.float64)[:, None] * inv[None, :]
-        cos, sin = np.cos(ang) * self.hp.rope_mscale, np.sin(ang) * self.hp.rope_mscale
-        if self.neox:
-            cos_full = np.concatenate([cos, cos], axis=1)
-            sin_full = np.concatenate([-sin, sin], axis=1)
-        else:
-            cos_full = np.repeat(cos, 2, axis=1)
-            sin_full = np.stack([-sin, sin], axis=2).reshape(size, -1)
-        return (torch.from_numpy(cos_full.astype(np.float32)).to(self.device),
-                torch.from_numpy(sin_full.astype(np.float32)).to(self.device))
-
-    def rotate_keys(self, k: torch.Tensor, delta: int) -> torch.Tensor:
-        """Keys [..., hd] roped at positions p, re-roped to p + delta (a context shift): one rotation for all,
-        since angles add per frequency; YaRN's magnitude is in the keys already, so cos and sin are unscaled."""
-        ang = float(delta) * self._rope_inv
-        cos, sin = np.cos(ang), np.sin(ang)
-        if self.neox:
-            cos_full, sin_full = np.concatenate([cos, cos]), np.concatenate([-sin, sin])
-        else:
-            cos_full, sin_full = np.repeat(cos, 2), np.stack([-sin, sin], axis=1).reshape(-1)
-        return self._rope(k, torch.from_numpy(cos_full.astype(np.float32)).to(self.device),
-                          torch.from_numpy(sin_full.astype(np.float32)).to(self.device))
-
-    def tile_rope(self, pos: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The Tile rope fields (cos, sin and the sliding blocks' when some slide) of positions `pos`."""
-        out = {"cos": self.rope_cos[pos].unsqueeze(1), "sin": self.rope_sin[pos].unsqueeze(1)}
-        if self.rope_cos_swa is not None and self.rope_sin_swa is not None:
-            out |= {"cos_swa": self.rope_cos_swa[pos].unsqueeze(1), "sin_swa": self.rope_sin_swa[pos].unsqueeze(1)}
-        return out
 
     def q_scale(self, positions: np.ndarray) -> torch.Tensor | None:
         """Each row's query multiplier [M, 1, 1] for a tile's positions, or None when the file has no
@@ -334,21 +279,6 @@ class TorchModel:
         return torch.from_numpy(np.concatenate(parts)).to(device=self.device, dtype=self.dtype)
 
     # ---- per-tile math ---------------------------------------------------------------------------
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [M, heads, hd]; cos/sin: [M, 1, n_rot]. Dims >= n_rot pass through."""
-        n_rot = cos.shape[-1]
-        xr = x[..., :n_rot] if n_rot < x.shape[-1] else x
-        if self.neox:
-            half = n_rot // 2
-            swapped = torch.cat((xr[..., half:], xr[..., :half]), dim=-1)
-        else:
-            swapped = xr.unflatten(-1, (n_rot // 2, 2)).flip(-1).flatten(-2)
-        if x.dtype == torch.float32:
-            out = torch.addcmul(xr * cos, swapped, sin)
-        else:
-            out = torch.addcmul(xr.float() * cos, swapped.float(), sin).to(x.dtype)
-        return torch.cat((out, x[..., n_rot:]), dim=-1) if n_rot < x.shape[-1] else out
 
     def _attention(self, tile: Tile, kv_layer: int, qk: torch.Tensor, out: torch.Tensor, sliding: bool = False,
                    sinks: torch.Tensor | None = None, n_kv: int = 0) -> None:
@@ -438,7 +368,7 @@ class TorchModel:
                 q = _rms_norm(q, aw.q_norm, hp.rms_eps)
             cos, sin = (tile.cos_swa, tile.sin_swa) if aw.sliding else (tile.cos, tile.sin)
             assert cos is not None and sin is not None
-            q = self._rope(q, cos, sin)
+            q = self.rope.apply(q, cos, sin)
             if tile.q_scale is not None:
                 q = q * tile.q_scale
             # the groups' q_index addresses [n_head + n_kv] heads per row: the kv part stays unused
@@ -462,9 +392,9 @@ class TorchModel:
                 (_rms_norm(qk[:, :nh], aw.q_norm, hp.rms_eps), _rms_norm(qk[:, nh:], aw.k_norm, hp.rms_eps)), 1
             )
         if aw.sliding and tile.cos_swa is not None and tile.sin_swa is not None:
-            qk = self._rope(qk, tile.cos_swa, tile.sin_swa)
+            qk = self.rope.apply(qk, tile.cos_swa, tile.sin_swa)
         else:
-            qk = self._rope(qk, tile.cos, tile.sin)
+            qk = self.rope.apply(qk, tile.cos, tile.sin)
         if tile.q_scale is not None:  # after rope, queries only (llama.cpp's mistral3 graph)
             qk = torch.cat((qk[:, :nh] * tile.q_scale, qk[:, nh:]), 1)
         kl = aw.kv_layer

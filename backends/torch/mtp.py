@@ -167,7 +167,7 @@ class TorchMtpRuntime(PooledSeqs, MtpRuntime):
         refusal = shift_refusal(self.hp, "the torch MTP runtime")
         if refusal is not None:
             raise ConfigError(refusal)
-        shift_cache(self.kv.get(seq_id), n_keep, n_discard, self.model.rotate_keys)
+        shift_cache(self.kv.get(seq_id), n_keep, n_discard, self.model.rope.rotate_keys)
 
     # --- decoding --------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -205,10 +205,10 @@ class TorchMtpRuntime(PooledSeqs, MtpRuntime):
         """One tile over all rows: each sequence's rows attend causally to its cache and to each other."""
         hp = self.hp
         positions = np.concatenate([np.arange(r.start, r.start + len(r.tokens)) for r in rows])
-        self.model.ensure_rope(int(positions.max()) + 1)
+        self.model.rope.ensure(int(positions.max()) + 1)
         pos_t = torch.from_numpy(positions).to(self.device)
         tile = Tile(tokens=torch.zeros(len(positions), dtype=torch.int64, device=self.device),
-                    n_real=len(positions), q_scale=self.model.q_scale(positions), **self.model.tile_rope(pos_t))
+                    n_real=len(positions), q_scale=self.model.q_scale(positions), **self.model.rope.tile(pos_t))
         caches = []
         group = hp.n_head // hp.n_head_kv
         r0 = 0

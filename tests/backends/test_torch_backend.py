@@ -304,15 +304,15 @@ def test_probe_verdicts_hold_on_fresh_rows(shape: tuple[int, int]) -> None:
 def test_rope_tables_grow_lazily_without_changing_bits() -> None:
     """A huge context allocates rope tables on demand; growing them changes no existing entry."""
     b = TorchBackend(str(tiny_model_path("llama")), BackendOptions(n_ctx=1_000_000, n_seq_max=1))
-    first = b.model.rope_cos.shape[0]
+    first = b.model.rope.cos.shape[0]
     assert first <= 4096
-    head_cos, head_sin = b.model.rope_cos[:first].clone(), b.model.rope_sin[:first].clone()
+    head_cos, head_sin = b.model.rope.cos[:first].clone(), b.model.rope.sin[:first].clone()
     s = b.new_seq()
     b.forward([SeqInput(s, np.array([5, 6, 7], dtype=np.int32), start=0)])
     b.truncate(s, 0)
     out_far = b.forward([SeqInput(s, np.array([5], dtype=np.int32), start=0)])[0].logits
-    b.model.ensure_rope(3 * first)
-    assert b.model.rope_cos.shape[0] >= 3 * first
-    assert torch.equal(b.model.rope_cos[:first], head_cos) and torch.equal(b.model.rope_sin[:first], head_sin)
+    b.model.rope.ensure(3 * first)
+    assert b.model.rope.cos.shape[0] >= 3 * first
+    assert torch.equal(b.model.rope.cos[:first], head_cos) and torch.equal(b.model.rope.sin[:first], head_sin)
     b.truncate(s, 0)
     assert np.array_equal(b.forward([SeqInput(s, np.array([5], dtype=np.int32), start=0)])[0].logits, out_far)
