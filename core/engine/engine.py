@@ -5,6 +5,10 @@ admit -> step (in a worker thread, `anyio.to_thread.run_sync`; while every busy 
 of steps, `_steps`) -> deliver events -> free finished slots. Everything that touches slots, drafters
 or the backend happens either in that worker thread or on the loop while no step is running, so the
 backend is used by one thread at a time.
+
+Over 400 lines: admission, the loop and the slots' life cycle share the queue, the slots and that one
+thread discipline; what stands alone lives beside it (request_plan, slot_actions, prompt_cache,
+embedding_jobs, scheduler).
 """
 
 from __future__ import annotations
