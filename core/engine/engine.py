@@ -217,8 +217,8 @@ class Engine:
         """The embedding of one sequence under the engine's pooling (core/engine/embedding_jobs.py)."""
         return await self._embeddings.embed(tokens, self._poke)
     async def slot_action(self, action: str, slot_id: int, path: Path | None = None) -> dict[str, Any]:
-        """Save (to `path`), restore (from `path`) or erase an idle slot's cache, between steps
-        (core/engine/slot_actions.py): llama-server's result, or SlotActionError / SlotFileError."""
+        """Save (to `path`), restore (from `path`) or erase a slot's cache, between steps and once the slot is
+        idle (core/engine/slot_actions.py): llama-server's result, or SlotActionError / SlotFileError."""
         return await self._slot_actions.perform(action, slot_id, path, self.backend, self._slots, self._drafters)
 
     def _is_eog(self, token: int) -> bool:
@@ -291,7 +291,7 @@ class Engine:
         waits for it without holding back the others."""
         waiting: deque[tuple[CompletionRequest, RequestPlan, Outbox]] = deque()
         while self._queue:
-            idle = [s for s in self._slots if not s.busy]
+            idle = self._free_slots()
             if not idle:
                 break
             req, plan, outbox = entry = self._queue.popleft()
@@ -348,6 +348,12 @@ class Engine:
             elif s.finished:
                 self._finish(s)
 
+    def _free_slots(self) -> list[Slot]:
+        """Idle slots that no slot action holds (core/engine/slot_actions.py): what requests and embedding
+        jobs may take."""
+        reserved = self._slot_actions.reserved()
+        return [s for s in self._slots if not s.busy and s.id not in reserved]
+
     def _poke(self) -> None:
         if self._wake is not None:
             self._wake.set()
@@ -369,13 +375,13 @@ class Engine:
         call_soon = _call_soon_threadsafe()
         while True:
             if self._embeddings:
-                await self._embeddings.run_on_idle_slot(self._slots, self.backend, self.observer)
+                await self._embeddings.run_on_idle_slot(self._free_slots(), self.backend, self.observer)
             if self._slot_actions:
                 await self._slot_actions.run_pending()
             self._admit()
             self._reap()
             if not any(s.busy for s in self._slots):
-                if self._queue or (self._embeddings and self._slots):
+                if (self._queue or self._embeddings) and self._free_slots():
                     continue
                 self._wake = anyio.Event()
                 await self._wake.wait()
@@ -427,7 +433,7 @@ class Engine:
                 call_soon(self._deliver, pieces)
 
     def _keeps_stepping(self, busy: list[Slot]) -> bool:
-        if ((self._queue or self._embeddings) and len(busy) < len(self._slots)) or self._slot_actions:
+        if ((self._queue or self._embeddings) and self._free_slots()) or self._slot_actions:
             return False  # a request waits for a slot that is idle, or a slot action for the loop
         return all(s.state is SlotState.GENERATING and not s.finished and not s.cancelled for s in busy)
 

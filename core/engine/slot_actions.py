@@ -1,6 +1,8 @@
 """Save, restore and erase an idle slot's cache (llama-server's POST /slots/{id}?action=...).
 
-What touches the slot and the backend (checks, copying the state out or in, erasing) runs in the engine's
+An action on a busy slot waits until its request ends, as llama-server defers it; from the moment it is
+asked for until it is done the slot is reserved: no new request and no embedding job takes it, so the
+action sees the cache the finished request left. What touches the slot and the backend (checks, copying the state out or in, erasing) runs in the engine's
 worker thread between steps, so the backend is used by one thread at a time and no request is admitted
 halfway through one; the file's reading, checking and writing run in another thread beside the steps, so a
 large cache does not hold up the other slots' generation. What a slot file holds is the idle
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -53,8 +55,9 @@ class SlotActionError(SpekulaError):
 
 
 def _idle(slot: Slot) -> None:
+    """The work below runs only once its slot is idle (SlotActionQueue); this guards that promise."""
     if slot.busy:
-        raise SlotActionError(f"slot {slot.id} is busy with a request; try again when it is idle", "busy")
+        raise SlotActionError(f"slot {slot.id} is busy with a request", "busy")
 
 
 def export_slot(backend: Backend, drafters: Mapping[str, Drafter], slot: Slot) -> SlotImage:
@@ -124,6 +127,7 @@ class _Call:
     """One piece of work queued for the loop to run between steps and, once run, its outcome."""
 
     work: Callable[[], Any]
+    slot: Slot  # the work waits in the queue while this slot is busy
     done: anyio.Event = field(default_factory=anyio.Event)
     result: Any = None
     error: BaseException | None = None
@@ -137,9 +141,18 @@ class SlotActionQueue:
     def __init__(self, wake_loop: Callable[[], None]) -> None:
         self._calls: deque[_Call] = deque()
         self._wake_loop = wake_loop
+        self._reserved: Counter[int] = Counter()  # slot id -> actions asked for and not done
+        # Its keys, replaced whole on each change: the worker thread reads it while the loop changes it.
+        self._reserved_ids: frozenset[int] = frozenset()
 
     def __bool__(self) -> bool:
-        return bool(self._calls)
+        """Whether work waits for the loop and can run now (its slot is idle). Read by the worker thread
+        too: tuple() copies the deque in one step."""
+        return any(not call.slot.busy for call in tuple(self._calls))
+
+    def reserved(self) -> frozenset[int]:
+        """The slots an action waits for or runs on: neither requests nor embedding jobs take them."""
+        return self._reserved_ids
 
     async def perform(self, action: str, slot_id: int, path: Path | None, backend: Backend,
                       slots: Sequence[Slot], drafters: Mapping[str, Drafter]) -> dict[str, Any]:
@@ -147,22 +160,36 @@ class SlotActionQueue:
             raise SlotActionError(f"Invalid action {action!r}: one of {', '.join(SLOT_ACTIONS)}")
         if not 0 <= slot_id < len(slots):
             raise SlotActionError(f"Invalid slot ID {slot_id}: this server has slots 0..{len(slots) - 1}")
-        slot = slots[slot_id]
-        if action == "erase":
-            return await self._between_steps(partial(erase_slot, backend, drafters, slot))  # type: ignore[no-any-return]
-        if path is None:
+        if action != "erase" and path is None:
             raise SlotActionError(f"slot {action} needs a file name")
-        if not backend.seq_state_format:
+        if action != "erase" and not backend.seq_state_format:
             raise SlotActionError(f"the {type(backend).__name__} backend cannot save or restore slots; the native "
                                   "and torch backends can", "unsupported")
-        _idle(slot)  # at once, before reading or hashing anything
+        slot = slots[slot_id]
+        self._reserved[slot_id] += 1
+        self._reserved_ids = frozenset(self._reserved)
+        try:
+            if action == "erase":
+                return await self._between_steps(partial(erase_slot, backend, drafters, slot), slot)  # type: ignore[no-any-return]
+            assert path is not None
+            return await self._save_or_restore(action, slot, path, backend, drafters)
+        finally:
+            self._reserved[slot_id] -= 1
+            if not self._reserved[slot_id]:
+                del self._reserved[slot_id]
+                self._reserved_ids = frozenset(self._reserved)
+                self._wake_loop()  # requests may wait for the slot
+
+    async def _save_or_restore(self, action: str, slot: Slot, path: Path, backend: Backend,
+                               drafters: Mapping[str, Drafter]) -> dict[str, Any]:
+        slot_id = slot.id
         t0 = time.perf_counter()
         try:
             model = await anyio.to_thread.run_sync(model_identity, backend.info)
         except OSError as exc:
             raise SlotActionError(f"cannot read the model file to identify it: {exc.strerror or exc}", "io") from None
         if action == "save":
-            image: SlotImage = await self._between_steps(partial(export_slot, backend, drafters, slot))
+            image: SlotImage = await self._between_steps(partial(export_slot, backend, drafters, slot), slot)
             write = partial(write_slot_file, path, image, model=model, state_format=backend.seq_state_format,
                             n_ctx=slot.n_ctx)
             try:
@@ -174,23 +201,29 @@ class SlotActionQueue:
                     "n_written": n_bytes, "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
         read = partial(read_slot_file, path, model=model, state_format=backend.seq_state_format, n_ctx=slot.n_ctx)
         image, n_read = await anyio.to_thread.run_sync(read)
-        await self._between_steps(partial(import_slot, backend, drafters, slot, image))
+        await self._between_steps(partial(import_slot, backend, drafters, slot, image), slot)
         return {"id_slot": slot_id, "filename": path.name, "n_restored": int(image.tokens.size), "n_read": n_read,
                 "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
 
-    async def _between_steps(self, work: Callable[[], Any]) -> Any:
-        call = _Call(work)
+    async def _between_steps(self, work: Callable[[], Any], slot: Slot) -> Any:
+        call = _Call(work, slot)
         self._calls.append(call)
         self._wake_loop()
-        await call.done.wait()
+        try:
+            await call.done.wait()
+        except BaseException:  # its caller went away (a client disconnected): it must not run later
+            if call in self._calls:
+                self._calls.remove(call)
+            raise
         if call.error is not None:
             raise call.error
         return call.result
 
     async def run_pending(self) -> None:
-        """On the loop, with no step running: the queued work, in the worker thread."""
-        calls = list(self._calls)
-        self._calls.clear()
+        """On the loop, with no step running: the queued work whose slot is idle, in the worker thread."""
+        calls = [call for call in self._calls if not call.slot.busy]
+        for call in calls:
+            self._calls.remove(call)
         try:
             await anyio.to_thread.run_sync(_run, calls)
         finally:

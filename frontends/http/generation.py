@@ -111,7 +111,7 @@ class GenerationService:
 
                 async def watcher() -> None:
                     with watch:
-                        await _cancel_on_disconnect(request.receive, cancel_all)
+                        await cancel_on_disconnect(request.receive, cancel_all)
 
                 tg.start_soon(watcher)
                 async with anyio.create_task_group() as work:
@@ -138,7 +138,8 @@ class GenerationService:
         return EventStream(self, gen, shape, done_marker)
 
 
-async def _cancel_on_disconnect(receive: Receive, cancel: Callable[[], None]) -> None:
+async def cancel_on_disconnect(receive: Receive, cancel: Callable[[], None]) -> None:
+    """Call `cancel` when the client goes away (the request's body, if any, was read already)."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -181,7 +182,7 @@ class EventStream:
         finished = False
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_cancel_on_disconnect, receive, handle.cancel)
+                tg.start_soon(cancel_on_disconnect, receive, handle.cancel)
                 tg.start_soon(self._watch_sends, tg.cancel_scope)
                 await self._send(send, {"type": "http.response.start", "status": 200, "headers": [
                     (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),

@@ -1,22 +1,25 @@
 """POST /slots/{id}?action=save|restore|erase: llama-server's slot save, restore and erase.
 
 Enabled by `--slot-save-path DIR` (else 501, as llama-server answers). `save` and `restore` take
-`{"filename": NAME}`, a plain file name inside DIR; the engine runs the action between steps on an idle
-slot (core/engine/slot_actions.py). Errors: a bad slot id, action, body or file name, and a file that is
-not this model's slot file, are 400 (invalid_request_error); a busy slot 503 (unavailable_error); a write
-that fails (a full disk) 500 (server_error), with no file left behind.
+`{"filename": NAME}`, a plain file name inside DIR; the engine runs the action between steps once the
+slot is idle (an action on a busy slot waits for its request, as llama-server defers it;
+core/engine/slot_actions.py). Errors: a bad slot id, action, body or file name, and a file that is not
+this model's slot file, are 400 (invalid_request_error); a write that fails (a full disk) 500
+(server_error), with no file left behind.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from spekula.core.engine.slot_actions import SlotActionError
 from spekula.core.engine.slot_file import SlotFileError, slot_path
 from spekula.frontends.http.errors import HttpError
+from spekula.frontends.http.generation import cancel_on_disconnect
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -60,10 +63,24 @@ async def slot_action(request: Request) -> Response:
             path = slot_path(state.slot_save_path, body["filename"])
         except SlotFileError as exc:
             raise HttpError(str(exc)) from None
-    try:
-        result = await engine.slot_action(action, slot_id, path)
-    except SlotFileError as exc:
-        raise HttpError(f"Unable to restore slot {slot_id}: {exc}") from None
-    except SlotActionError as exc:
-        raise HttpError(str(exc), ERROR_TYPES.get(exc.kind, "server_error")) from None
+    outcome: list[dict[str, Any] | SlotFileError | SlotActionError] = []
+    async with anyio.create_task_group() as tg:  # a client gone while the action waits cancels it
+
+        async def act() -> None:
+            try:
+                outcome.append(await engine.slot_action(action, slot_id, path))
+            except (SlotFileError, SlotActionError) as exc:
+                outcome.append(exc)
+            finally:
+                tg.cancel_scope.cancel()
+
+        tg.start_soon(cancel_on_disconnect, request.receive, tg.cancel_scope.cancel)
+        tg.start_soon(act)
+    if not outcome:
+        raise HttpError("the client went away before the slot action ran", "unavailable_error")
+    result = outcome[0]
+    if isinstance(result, SlotFileError):
+        raise HttpError(f"Unable to restore slot {slot_id}: {result}")
+    if isinstance(result, SlotActionError):
+        raise HttpError(str(result), ERROR_TYPES.get(result.kind, "server_error"))
     return JSONResponse(result)

@@ -155,7 +155,7 @@ def test_a_backend_without_state_export_refuses_save_and_restore_by_name(tmp_pat
 
 
 
-def test_busy_slots_unknown_actions_and_ids_are_refused(tmp_path: Path) -> None:
+def test_unknown_actions_and_ids_are_refused(tmp_path: Path) -> None:
     async def go() -> None:
         async with serving(slot_engine("llama", "native", "ngram-simple")) as engine:
             with pytest.raises(SlotActionError, match="Invalid action"):
@@ -164,17 +164,44 @@ def test_busy_slots_unknown_actions_and_ids_are_refused(tmp_path: Path) -> None:
                 await engine.slot_action("erase", 3)
             with pytest.raises(SlotActionError, match="needs a file name"):
                 await engine.slot_action("save", 0)
-            handle = engine.submit(CompletionRequest([5, 6, 7, 8], n_predict=200, sampling=GREEDY, id_slot=0,
-                                                     ignore_eos=True))
+            assert list(tmp_path.iterdir()) == []
+
+    anyio.run(go)
+
+
+def test_an_action_on_a_busy_slot_waits_for_its_request_and_holds_the_slot(tmp_path: Path) -> None:
+    """As llama-server defers it: a save asked for while slot 0 generates runs once that request ends, on
+    the cache it left, before a request queued for the slot after it; an action whose caller gives up
+    while it waits never runs."""
+    prompt = repeating_prompt(5)
+
+    async def go() -> None:
+        async with serving(slot_engine("llama", "native", "ngram-simple", n_slots=1)) as engine:
+            first = engine.submit(CompletionRequest(list(prompt), n_predict=200, sampling=GREEDY, id_slot=0,
+                                                    ignore_eos=True))
             while engine.slots()[0]["state"] == "idle":  # until the request runs: slot 0 is busy
                 await anyio.sleep(0.005)
-            for action in ("save", "restore", "erase"):
-                with pytest.raises(SlotActionError, match="busy") as info:
-                    await engine.slot_action(action, 0, tmp_path / "b.bin")
-                assert info.value.kind == "busy"
-            assert not (tmp_path / "b.bin").exists()
-            final = await handle.result()
-            assert final.error is None and len(final.tokens) == 200
+            with anyio.CancelScope() as scope:  # a client gone while its erase waits: it must never run
+                scope.cancel()
+                await engine.slot_action("erase", 0)
+            saved: dict[str, Any] = {}
+            busy_when_asked: list[bool] = []
+
+            async def save() -> None:
+                busy_when_asked.append(engine.slots()[0]["state"] != "idle")
+                saved.update(await engine.slot_action("save", 0, tmp_path / "busy.bin"))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(save)
+                await anyio.sleep(0)
+                second = engine.submit(CompletionRequest([*prompt, 7], n_predict=4, sampling=GREEDY, id_slot=0))
+                done = await first.result()
+                assert done.error is None and len(done.tokens) == 200
+                final = await second.result()
+            assert busy_when_asked == [True]
+            # What the first request left, neither erased nor the second's: the save ran between them.
+            assert saved["n_saved"] == len(prompt) + len(done.tokens) - 1
+            assert final.error is None and final.timings["cache_n"] == len(prompt)
 
     anyio.run(go)
 

@@ -1,10 +1,13 @@
 """POST /slots/{id}?action=save|restore|erase on a real `spekula serve --slot-save-path DIR` (tiny llama, native),
 driven as a user would: generate, save, erase, restore into another slot, continue reusing the cache;
-then every kind of bad input, each a clear 4xx (a busy slot 503) while the server keeps serving."""
+then every kind of bad input, each a clear 4xx while the server keeps serving; an action on a busy slot
+waits for its request, as llama-server defers it."""
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -99,7 +102,7 @@ def test_bad_requests_are_refused_and_the_server_keeps_serving(server: HttpServe
     _complete(server, PROMPT, 1, 4)
 
 
-def test_a_busy_slot_is_refused_with_503(server: HttpServer) -> None:
+def test_an_action_on_a_busy_slot_waits_for_its_request(server: HttpServer) -> None:
     done: dict[str, Any] = {}
     worker = threading.Thread(target=lambda: done.update(_complete(server, [5, 6, 7], 0, 200, ignore_eos=True)))
     worker.start()
@@ -109,11 +112,31 @@ def test_a_busy_slot_is_refused_with_503(server: HttpServer) -> None:
                 break
         else:
             pytest.fail("the request never started")
-        assert "busy" in _error(server, "/slots/0?action=restore", {"filename": "turn1.bin"}, status=503)
-        assert "busy" in _error(server, "/slots/0?action=erase", status=503)
+        status, erased = server.post("/slots/0?action=erase", None)  # answered once the request is done
     finally:
         worker.join(timeout=120)
     assert len(done["tokens"]) == 200
+    assert (status, erased) == (200, {"id_slot": 0, "n_erased": 3 + 200 - 1})
+    assert server.get("/slots")[1][0]["n_cached"] == 0
+
+
+def test_a_client_gone_while_its_action_waits_cancels_it(server: HttpServer) -> None:
+    done: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: done.update(_complete(server, [5, 6, 8], 1, 200, ignore_eos=True)))
+    worker.start()
+    try:
+        for _ in range(2000):
+            if server.get("/slots")[1][1]["is_processing"]:
+                break
+        else:
+            pytest.fail("the request never started")
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:  # asks for an erase, then leaves
+            sock.sendall(b"POST /slots/1?action=erase HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    finally:
+        worker.join(timeout=120)
+    assert len(done["tokens"]) == 200
+    time.sleep(0.2)  # the loop has had its turn: the cancelled erase would have run by now
+    assert server.get("/slots")[1][1]["n_cached"] == 3 + 200 - 1
 
 
 def test_a_saved_slot_restores_in_a_new_server_process(tmp_path: Path) -> None:
