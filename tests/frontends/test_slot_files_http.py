@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -102,39 +103,35 @@ def test_bad_requests_are_refused_and_the_server_keeps_serving(server: HttpServe
     _complete(server, PROMPT, 1, 4)
 
 
-def test_an_action_on_a_busy_slot_waits_for_its_request(server: HttpServer) -> None:
+@contextmanager
+def _generating(server: HttpServer, prompt: list[int], slot: int) -> Iterator[dict[str, Any]]:
+    """Inside: `slot` generates 200 tokens after `prompt` (in a thread); after: the answer is in the dict."""
     done: dict[str, Any] = {}
-    worker = threading.Thread(target=lambda: done.update(_complete(server, [5, 6, 7], 0, 200, ignore_eos=True)))
+    worker = threading.Thread(target=lambda: done.update(_complete(server, prompt, slot, 200, ignore_eos=True)))
     worker.start()
     try:
         for _ in range(2000):
-            if server.get("/slots")[1][0]["is_processing"]:
+            if server.get("/slots")[1][slot]["is_processing"]:
                 break
         else:
             pytest.fail("the request never started")
-        status, erased = server.post("/slots/0?action=erase", None)  # answered once the request is done
+        yield done
     finally:
         worker.join(timeout=120)
     assert len(done["tokens"]) == 200
+
+
+def test_an_action_on_a_busy_slot_waits_for_its_request(server: HttpServer) -> None:
+    with _generating(server, [5, 6, 7], 0):
+        status, erased = server.post("/slots/0?action=erase", None)  # answered once the request is done
     assert (status, erased) == (200, {"id_slot": 0, "n_erased": 3 + 200 - 1})
     assert server.get("/slots")[1][0]["n_cached"] == 0
 
 
 def test_a_client_gone_while_its_action_waits_cancels_it(server: HttpServer) -> None:
-    done: dict[str, Any] = {}
-    worker = threading.Thread(target=lambda: done.update(_complete(server, [5, 6, 8], 1, 200, ignore_eos=True)))
-    worker.start()
-    try:
-        for _ in range(2000):
-            if server.get("/slots")[1][1]["is_processing"]:
-                break
-        else:
-            pytest.fail("the request never started")
-        with socket.create_connection(("127.0.0.1", server.port)) as sock:  # asks for an erase, then leaves
-            sock.sendall(b"POST /slots/1?action=erase HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
-    finally:
-        worker.join(timeout=120)
-    assert len(done["tokens"]) == 200
+    with _generating(server, [5, 6, 8], 1), socket.create_connection(("127.0.0.1", server.port)) as sock:
+        # asks for an erase of the busy slot, then leaves
+        sock.sendall(b"POST /slots/1?action=erase HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
     time.sleep(0.2)  # the loop has had its turn: the cancelled erase would have run by now
     assert server.get("/slots")[1][1]["n_cached"] == 3 + 200 - 1
 
