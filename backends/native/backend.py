@@ -20,8 +20,8 @@ state), and snapshots are copies. Sliding-window blocks (Gemma 3) keep their key
 the window plus ``swa_row_cap`` rows per sequence (backends/native/csrc/sk_swa.h): a forward adds at most
 that many rows to a sequence (longer inputs run in rounds, backends/row_rounds.py; so does a forward of more
 than ``FORWARD_ROW_CAP`` rows in all, but a hybrid model's), and a truncate may go
-back to any length whose window is still in the ring, to a snapshot (a copy of the window: two per sequence),
-or to 0 (``restorable``); anything else is refused. Mixture-of-experts blocks describe each expert as a view of its slice of the 3-D
+back to any length whose window is still in the ring, to a snapshot (a copy of the window, taken once a
+forward would overwrite it: two per sequence), or to 0 (``restorable``); anything else is refused. Mixture-of-experts blocks describe each expert as a view of its slice of the 3-D
 expert tensor (native/moe.py); the C side runs them as grouped matmuls (backends/native/csrc/sk_moe.c).
 """
 

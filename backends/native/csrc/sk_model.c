@@ -1167,7 +1167,7 @@ SK_API void sk_swa_truncate(sk_ctx *c, int slot, int64_t n) {
 }
 
 SK_API int sk_swa_snapshot(sk_ctx *c, int slot, int64_t n) {
-    return has_rings(c, slot) ? sk_swa_keep(c->swa, slot, n, c->swa_heads, swa_heads(c, slot), c->swa_hd) : -2;
+    return has_rings(c, slot) ? sk_swa_keep(c->swa, slot, n) : -2;
 }
 
 SK_API int64_t sk_swa_snapshot_at(const sk_ctx *c, int slot, int64_t n) {
@@ -1197,6 +1197,11 @@ SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
     if (ensure_scratch(c, b->n_rows) != 0 || plan_attention(c, b) != 0 ||
         sk_moe_reserve(&c->moe_scratch, c->moe, g->n_layer, g->n_embd, b->n_rows) != 0)
         return -1;
+    for (int64_t r0 = 0, r1; c->swa && r0 < b->n_rows; r0 = r1) { /* kept windows these rows overwrite: copied out first */
+        for (r1 = r0 + 1; r1 < b->n_rows && b->seq[r1] == b->seq[r0]; r1++) {}
+        const int slot = b->seq[r0];
+        if (sk_swa_hold(c->swa, slot, b->pos[r1 - 1], c->swa_heads, swa_heads(c, slot), c->swa_hd) != 0) return -1;
+    }
     if (c->dn) { /* rows continue their sequences' recurrent states: checked, and those states found */
         if (b->key_end) return -2;
         int rc = sk_dn_plan(c->dn, b->n_rows, b->pos, b->seq);
