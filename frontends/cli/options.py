@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -486,11 +488,20 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
     # The backend loads in a thread while the tokenizer is built here (in_thread.py says why); a failure
     # here is reported before the backend's own, as when they ran one after the other. Its module is
     # imported first, here: the thread then holds the GIL only briefly before the GIL-free part of its load.
+    # It packs its output head, often its largest weight, only once the tokenizer is built: the tokenizer's
+    # construction holds a Python copy of the vocabulary beside the library's own for a moment, and that
+    # peak on top of a loaded backend was the process's peak on small models with large vocabularies
+    # (Gemma 3 270M: +25 MB; bench/RESULTS.md, #47).
     make_backend = backend_class(backend_name, opts)
-    loading = InThread(lambda: make_backend(path, opts), name="spekula-backend-load")
+    tokenizer_built = threading.Event()
+    target_opts = replace(opts, before_head=tokenizer_built.wait)
+    loading = InThread(lambda: make_backend(path, target_opts), name="spekula-backend-load")
     try:
-        with _default_model_advice(args):
-            tokenizer = target_tokenizer(args, model_file)
+        try:
+            with _default_model_advice(args):
+                tokenizer = target_tokenizer(args, model_file)
+        finally:
+            tokenizer_built.set()
         check_bias_tokens(tuple(getattr(args, "logit_bias", ())), tokenizer.n_vocab)  # --logit-bias, at start
     except BaseException:
         loading.discard(lambda b: b.close())
