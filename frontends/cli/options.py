@@ -39,7 +39,7 @@ from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.verify.sampling import check_bias_tokens
 from spekula.frontends.cli.deferred_options import add_when_used
 from spekula.frontends.cli.embedding_options import serving_pooling
-from spekula.frontends.cli.in_thread import InThread
+from spekula.frontends.cli.in_thread import InThread, head_waits_for_tokenizer
 from spekula.frontends.cli.sampler_options import add_sampler_stage_options, sampler_stages_from_args
 
 log = structlog.get_logger("spekula.options")
@@ -488,13 +488,12 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
     # The backend loads in a thread while the tokenizer is built here (in_thread.py says why); a failure
     # here is reported before the backend's own, as when they ran one after the other. Its module is
     # imported first, here: the thread then holds the GIL only briefly before the GIL-free part of its load.
-    # It packs its output head, often its largest weight, only once the tokenizer is built: the tokenizer's
-    # construction holds a Python copy of the vocabulary beside the library's own for a moment, and that
-    # peak on top of a loaded backend was the process's peak on small models with large vocabularies
-    # (Gemma 3 270M: +25 MB; bench/RESULTS.md, #47).
+    # With a large vocabulary it packs its output head, often its largest weight, only once the tokenizer
+    # is built (in_thread.py: the tokenizer's construction peak beside a loaded backend; #47).
     make_backend = backend_class(backend_name, opts)
     tokenizer_built = threading.Event()
-    target_opts = replace(opts, before_head=tokenizer_built.wait)
+    wait = head_waits_for_tokenizer(model_file.metadata)
+    target_opts = replace(opts, before_head=tokenizer_built.wait) if wait else opts
     loading = InThread(lambda: make_backend(path, target_opts), name="spekula-backend-load")
     try:
         try:
