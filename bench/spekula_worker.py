@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     from spekula.core.modelfile.tokenizer import Tokenizer
     from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
     from spekula.core.verify.sampling import banning_end_of_generation
-    from spekula.frontends.cli.in_thread import InThread
+    from spekula.frontends.cli.in_thread import InThread, head_waits_for_tokenizer
 
     t0 = time.perf_counter()
     backend_name, dtype = PATHS[args.path]
@@ -94,10 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     # As `spekula serve` loads (frontends/cli/options.py build_engine): the header parsed once and shared
     # (a second parse would hold a second copy of the vocabulary), the backend loading in a thread while
     # the tokenizer is built, so the peak RSS is the server's, not that of the two loads one after the other.
+    # A large vocabulary's backend packs its output head only once the tokenizer is built, as build_engine has it.
     model_file = GGUFFile.shared(args.model)
     make_backend = backend_class(backend_name, options)
-    loading = InThread(lambda: make_backend(args.model, options), name="spekula-backend-load")
-    tokenizer = Tokenizer.from_gguf(model_file)
+    tokenizer_built = threading.Event()
+    wait = head_waits_for_tokenizer(model_file.metadata)
+    target_options = replace(options, before_head=tokenizer_built.wait) if wait else options
+    loading = InThread(lambda: make_backend(args.model, target_options), name="spekula-backend-load")
+    try:
+        tokenizer = Tokenizer.from_gguf(model_file)
+    finally:
+        tokenizer_built.set()
     backend = loading.result()
     load_s = time.perf_counter() - t0
     forward_s: list[float] = []  # each forward's seconds during the current request

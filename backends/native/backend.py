@@ -20,8 +20,8 @@ state), and snapshots are copies. Sliding-window blocks (Gemma 3) keep their key
 the window plus ``swa_row_cap`` rows per sequence (backends/native/csrc/sk_swa.h): a forward adds at most
 that many rows to a sequence (longer inputs run in rounds, backends/row_rounds.py; so does a forward of more
 than ``FORWARD_ROW_CAP`` rows in all, but a hybrid model's), and a truncate may go
-back to any length whose window is still in the ring, to a snapshot (a copy of the window: two per sequence),
-or to 0 (``restorable``); anything else is refused. Mixture-of-experts blocks describe each expert as a view of its slice of the 3-D
+back to any length whose window is still in the ring, to a snapshot (a copy of the window, taken once a
+forward would overwrite it: two per sequence), or to 0 (``restorable``); anything else is refused. Mixture-of-experts blocks describe each expert as a view of its slice of the 3-D
 expert tensor (native/moe.py); the C side runs them as grouped matmuls (backends/native/csrc/sk_moe.c).
 """
 
@@ -131,7 +131,15 @@ class NativeBackend(PooledSeqs, Backend):
             swa_row_cap=self.swa_row_cap if self.sliding else 0, **per_layer_input_fields(w))
         self._cfg = cfg
         self._lib = nl.lib()
-        self._ctx = self._lib.sk_ctx_new(ctypes.byref(cfg), nl.env_kernel_cap())
+        if options.before_head is None:
+            self._ctx = self._lib.sk_ctx_new(ctypes.byref(cfg), nl.env_kernel_cap())
+        else:  # the output head, often the largest weight, packed once the caller's own peak is past
+            self._ctx = self._lib.sk_ctx_new_head_later(ctypes.byref(cfg), nl.env_kernel_cap())
+            if self._ctx:
+                try:
+                    options.before_head()
+                finally:
+                    self._lib.sk_ctx_pack_head(self._ctx)
         if not self._ctx:
             raise ConfigError(f"cannot create the native runtime ({self.threads} threads, n_ctx {options.n_ctx}, "
                               f"{options.n_seq_max} sequences): out of memory or threads")

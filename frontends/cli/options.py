@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -37,7 +39,7 @@ from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.verify.sampling import check_bias_tokens
 from spekula.frontends.cli.deferred_options import add_when_used
 from spekula.frontends.cli.embedding_options import serving_pooling
-from spekula.frontends.cli.in_thread import InThread
+from spekula.frontends.cli.in_thread import InThread, head_waits_for_tokenizer
 from spekula.frontends.cli.sampler_options import add_sampler_stage_options, sampler_stages_from_args
 
 log = structlog.get_logger("spekula.options")
@@ -486,11 +488,19 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
     # The backend loads in a thread while the tokenizer is built here (in_thread.py says why); a failure
     # here is reported before the backend's own, as when they ran one after the other. Its module is
     # imported first, here: the thread then holds the GIL only briefly before the GIL-free part of its load.
+    # With a large vocabulary it packs its output head, often its largest weight, only once the tokenizer
+    # is built (in_thread.py: the tokenizer's construction peak beside a loaded backend; #47).
     make_backend = backend_class(backend_name, opts)
-    loading = InThread(lambda: make_backend(path, opts), name="spekula-backend-load")
+    tokenizer_built = threading.Event()
+    wait = head_waits_for_tokenizer(model_file.metadata)
+    target_opts = replace(opts, before_head=tokenizer_built.wait) if wait else opts
+    loading = InThread(lambda: make_backend(path, target_opts), name="spekula-backend-load")
     try:
-        with _default_model_advice(args):
-            tokenizer = target_tokenizer(args, model_file)
+        try:
+            with _default_model_advice(args):
+                tokenizer = target_tokenizer(args, model_file)
+        finally:
+            tokenizer_built.set()
         check_bias_tokens(tuple(getattr(args, "logit_bias", ())), tokenizer.n_vocab)  # --logit-bias, at start
     except BaseException:
         loading.discard(lambda b: b.close())

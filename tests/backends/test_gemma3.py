@@ -100,6 +100,23 @@ def test_snapshots_bring_back_a_window_the_ring_lost(gguf: Path, small_rings: in
     assert b.restorable(s, 400) == 0
 
 
+def test_a_snapshot_is_copied_when_decoding_overwrites_its_window(gguf: Path, small_rings: int) -> None:
+    """A snapshot is a promise kept by the rings until a forward is about to overwrite its window (sk_swa.h):
+    one row at a time past that point, the copy is taken just before and brings the window back exactly."""
+    b = _backend("native", gguf, n_ctx=1024)
+    tokens = _tokens(420, seed=11)
+    want = _all_rows(b, tokens)
+    s = b.new_seq()
+    b.forward([SeqInput(s, tokens[:100], 0, NONE)])
+    b.snapshot(s)
+    for p in range(100, 400):  # the ring (256 rows) drops position 93, the window's first, at 349
+        b.forward([SeqInput(s, tokens[p : p + 1], p, NONE)])
+        assert b.restorable(s, 100) == 100
+    b.truncate(s, 100)
+    got = b.forward([SeqInput(s, tokens[100:420], 100, np.arange(320))])[0].logits
+    assert np.array_equal(got, want[100:])
+
+
 def test_q8_0_file_on_the_native_kernels_is_close_to_torch() -> None:
     path = g3.tiny_gemma3_gguf_path(type_name="Q8_0")
     tokens = _tokens(50, seed=6)

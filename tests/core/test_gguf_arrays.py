@@ -15,6 +15,7 @@ from backend_conformance import smollm2_path
 
 from spekula.core.modelfile import file_cache
 from spekula.core.modelfile.gguf_arrays import (
+    CACHE_TAG,
     LAZY_MIN_ITEMS,
     NumberArray,
     StringArray,
@@ -73,7 +74,7 @@ def test_truncated_or_invalid_strings() -> None:
     read = read_strings(bad, 0, 1)
     assert read is not None and read[0][0] == b"\xff\xfe".decode("utf-8", errors="replace")
     with pytest.raises(ValueError):
-        from_cache_form(("gguf-strings-v1", b"ab", b"\x00"))
+        from_cache_form((CACHE_TAG, b"ab", b"\x00"))
 
 
 def test_piece_table() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import threading
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,30 @@ def test_corrupt_model_is_model_file_error(tmp_path: Path) -> None:
         build_engine(_parse("-m", str(bad)))
     with pytest.raises(SpekulaError):
         build_engine(_parse("-m", str(tmp_path / "missing.gguf")))
+
+
+def test_a_tokenizer_failure_releases_the_backend_waiting_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend's load waits for the tokenizer before packing its output head (build_engine, for any
+    vocabulary here): a tokenizer that fails must let it go on, and its error is the one reported."""
+    from sliding_window_checks import edited
+
+    from spekula.fixtures.tiny_gguf import tiny_model_path
+    from spekula.frontends.cli import in_thread
+
+    monkeypatch.setattr(in_thread, "WAIT_FOR_TOKENIZER_MIN_VOCAB", 0)
+
+    bad = edited(tiny_model_path("llama", weight_type="Q8_0"), tmp_path / "bad-tokenizer.gguf",
+                 meta={"tokenizer.ggml.model": "bogus"})
+    errors: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            build_engine(_parse("-m", str(bad), "-c", "256", "-t", "1"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=build)
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive(), "build_engine hung: the backend never stopped waiting for the tokenizer"
+    assert len(errors) == 1 and isinstance(errors[0], ModelFileError) and "bogus" in str(errors[0])

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from spekula.frontends.cli.in_thread import InThread
+from spekula.frontends.cli.in_thread import WAIT_FOR_TOKENIZER_MIN_VOCAB, InThread, head_waits_for_tokenizer
 
 
 def test_result_is_the_value_made_in_another_thread() -> None:
@@ -34,3 +34,10 @@ def test_discard_closes_what_was_made_and_drops_a_failure() -> None:
 
     InThread(fail, name="t").discard(closed.append)  # the caller's own error is the one reported
     assert closed == ["backend"]
+
+
+def test_only_a_large_vocabulary_makes_the_head_wait_for_the_tokenizer() -> None:
+    n = WAIT_FOR_TOKENIZER_MIN_VOCAB
+    assert head_waits_for_tokenizer({"tokenizer.ggml.tokens": ["t"] * n})
+    assert not head_waits_for_tokenizer({"tokenizer.ggml.tokens": ["t"] * (n - 1)})
+    assert not head_waits_for_tokenizer({})

@@ -67,7 +67,8 @@ static void copy_in(uint16_t *k, uint16_t *v, int64_t ring, int head_dim, int64_
 
 typedef struct {
     int64_t len, stamp; /* the length whose window it holds; higher stamps are newer */
-    uint16_t *data;     /* NULL: none */
+    int held;           /* 0: no snapshot here */
+    uint16_t *data;     /* the window's copy; NULL while the rings still hold it (sk_swa_hold copies it) */
 } snap;
 
 struct sk_swa {
@@ -124,7 +125,7 @@ void sk_swa_cut(sk_swa *s, int slot, int64_t n) {
     if (s->floor[slot] > n) s->floor[slot] = n;
     for (int i = 0; i < SK_SWA_SNAPS; i++) {
         snap *sn = &s->snaps[slot * SK_SWA_SNAPS + i];
-        if (sn->data && sn->len > n) { free(sn->data); sn->data = NULL; }
+        if (sn->held && sn->len > n) { free(sn->data); *sn = (snap){0}; }
     }
 }
 
@@ -134,24 +135,40 @@ void sk_swa_reset(sk_swa *s, int slot, int64_t floor) {
     for (int i = 0; i < SK_SWA_SNAPS; i++) {
         snap *sn = &s->snaps[slot * SK_SWA_SNAPS + i];
         free(sn->data);
-        sn->data = NULL;
+        *sn = (snap){0};
     }
 }
 
-int sk_swa_keep(sk_swa *s, int slot, int64_t n, uint16_t *const *heads, int n_heads, int head_dim) {
+int sk_swa_keep(sk_swa *s, int slot, int64_t n) {
     const int64_t lo = window_start(s, n);
     if (bad_slot(s, slot) || lo < s->floor[slot]) return -2;
     snap *sn = &s->snaps[slot * SK_SWA_SNAPS], *use = sn;
     for (int i = 0; i < SK_SWA_SNAPS; i++) {
-        if (sn[i].data && sn[i].len == n) return 0;
-        if (!sn[i].data || (use->data && sn[i].stamp < use->stamp)) use = &sn[i];
+        if (sn[i].held && sn[i].len == n) return 0;
+        if (!sn[i].held || (use->held && sn[i].stamp < use->stamp)) use = &sn[i];
     }
-    const int64_t per_head = 2 * (n - lo) * head_dim;
+    free(use->data);
+    *use = (snap){n, ++s->stamp, 1, NULL};
+    return 0;
+}
+
+/* The window of snapshot sn copied out of the rings (which hold it: floor <= its start). */
+static int copy_window(const sk_swa *s, snap *sn, uint16_t *const *heads, int n_heads, int head_dim) {
+    const int64_t lo = window_start(s, sn->len), per_head = 2 * (sn->len - lo) * head_dim;
     uint16_t *data = malloc(sizeof(uint16_t) * (size_t)(per_head * n_heads / 2 + 1));
     if (!data) return -1;
-    for (int h = 0; h + 1 < n_heads; h += 2) copy_out(heads[h], heads[h + 1], s->ring, head_dim, lo, n, data + h / 2 * per_head);
-    free(use->data);
-    *use = (snap){n, ++s->stamp, data};
+    for (int h = 0; h + 1 < n_heads; h += 2) copy_out(heads[h], heads[h + 1], s->ring, head_dim, lo, sn->len, data + h / 2 * per_head);
+    sn->data = data;
+    return 0;
+}
+
+int sk_swa_hold(sk_swa *s, int slot, int64_t last_pos, uint16_t *const *heads, int n_heads, int head_dim) {
+    const int64_t gone = last_pos - s->ring + 1; /* the floor once a row at last_pos is written */
+    for (int i = 0; !bad_slot(s, slot) && i < SK_SWA_SNAPS; i++) {
+        snap *sn = &s->snaps[slot * SK_SWA_SNAPS + i];
+        if (sn->held && !sn->data && window_start(s, sn->len) < gone && copy_window(s, sn, heads, n_heads, head_dim) != 0)
+            return -1;
+    }
     return 0;
 }
 
@@ -159,7 +176,7 @@ int64_t sk_swa_kept_below(const sk_swa *s, int slot, int64_t n) {
     int64_t best = -1;
     for (int i = 0; !bad_slot(s, slot) && i < SK_SWA_SNAPS; i++) {
         const snap *sn = &s->snaps[slot * SK_SWA_SNAPS + i];
-        if (sn->data && sn->len <= n && sn->len > best) best = sn->len;
+        if (sn->held && sn->len <= n && sn->len > best) best = sn->len;
     }
     return best;
 }
@@ -167,7 +184,11 @@ int64_t sk_swa_kept_below(const sk_swa *s, int slot, int64_t n) {
 int sk_swa_bring_back(sk_swa *s, int slot, int64_t n, uint16_t *const *heads, int n_heads, int head_dim) {
     for (int i = 0; !bad_slot(s, slot) && i < SK_SWA_SNAPS; i++) {
         const snap *sn = &s->snaps[slot * SK_SWA_SNAPS + i];
-        if (!sn->data || sn->len != n) continue;
+        if (!sn->held || sn->len != n) continue;
+        if (!sn->data) { /* not copied yet: the rings still hold the window */
+            sk_swa_cut(s, slot, n);
+            return 0;
+        }
         const int64_t lo = window_start(s, n), per_head = 2 * (n - lo) * head_dim;
         for (int h = 0; h + 1 < n_heads; h += 2) copy_in(heads[h], heads[h + 1], s->ring, head_dim, lo, n, sn->data + h / 2 * per_head);
         sk_swa_cut(s, slot, n);

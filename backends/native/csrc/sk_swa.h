@@ -25,7 +25,7 @@ void sk_span_piece(int64_t lo, int64_t hi, int64_t k, int64_t *t0, int64_t *t1);
 
 /* What the rings of each sequence hold: its floor (every written position from there up to its length is
  * in every sliding block's ring) and up to SK_SWA_SNAPS snapshots, copies of the window before a length
- * (the oldest replaced first). `heads` below lists a sequence's rings: the key then value cache of every
+ * (the oldest replaced first) taken when a forward is about to overwrite it. `heads` below lists a sequence's rings: the key then value cache of every
  * kv head of every sliding block, in one fixed order. */
 typedef struct sk_swa sk_swa;
 
@@ -39,9 +39,15 @@ void sk_swa_rows_written(sk_swa *s, int64_t n_rows, const int32_t *pos, const in
 /* A truncate to n: the floor comes down to n (rows from n on are written again before read) and the
  * snapshots of longer lengths go (they are of the rows being replaced). */
 void sk_swa_cut(sk_swa *s, int slot, int64_t n);
-/* Keep the window before length n (0, -1 out of memory, -2 the rings no longer hold it); the longest
- * snapshot length <= n (-1: none); put the snapshot of length n back and cut to n (0, -2: none). */
-int sk_swa_keep(sk_swa *s, int slot, int64_t n, uint16_t *const *heads, int n_heads, int head_dim);
+/* Keep the window before length n (0, -2 the rings no longer hold it). Nothing is copied yet: the rings
+ * hold the window until a forward writes over it, and sk_swa_hold copies it out just before (-1: out of
+ * memory then). Most snapshots never need the copy (a prompt cache's reuse point, reached again before
+ * the sequence moved ring - window rows on), and a copy of Gemma 3 270M's window is ~8 MB a sequence. */
+int sk_swa_keep(sk_swa *s, int slot, int64_t n);
+/* Before rows up to position last_pos of the slot are written: copy out every kept window they would
+ * overwrite (0, -1 out of memory). */
+int sk_swa_hold(sk_swa *s, int slot, int64_t last_pos, uint16_t *const *heads, int n_heads, int head_dim);
+/* The longest snapshot length <= n (-1: none); put the snapshot of length n back and cut to n (0, -2: none). */
 /* A restored sequence: its rings hold what the saved ones did from `floor` on; every snapshot goes. */
 void sk_swa_reset(sk_swa *s, int slot, int64_t floor);
 int64_t sk_swa_kept_below(const sk_swa *s, int slot, int64_t n);
