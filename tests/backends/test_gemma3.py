@@ -117,6 +117,14 @@ def test_a_snapshot_is_copied_when_decoding_overwrites_its_window(gguf: Path, sm
     assert np.array_equal(got, want[100:])
 
 
+def test_a_long_forward_is_bitwise_its_chunks(gguf: Path) -> None:
+    """Sliding and global blocks in one 300-row forward (attention in waves of rows, the FFN in passes)
+    give what chunks of 1, 64 and 235 rows give."""
+    b = _backend("native", gguf)
+    ids = np.random.default_rng(9).integers(0, b.info.n_vocab, 300).astype(np.int32)
+    assert np.array_equal(_all_rows(b, ids, [1, 64, 235]), _all_rows(b, ids))
+
+
 def test_q8_0_file_on_the_native_kernels_is_close_to_torch() -> None:
     path = g3.tiny_gemma3_gguf_path(type_name="Q8_0")
     tokens = _tokens(50, seed=6)

@@ -76,6 +76,17 @@ def test_chunking_and_batching_are_bitwise_invariant(type_name: str, kernels: st
         b.free_seq(o)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q6_K"])
+def test_long_forwards_are_bitwise_their_chunks(type_name: str, threads: int) -> None:
+    """A long forward runs its attention in waves of rows and its FFN in passes of rows (csrc/sk_model.c):
+    300 rows at once, whose later rows read two key chunks, give what chunks of 1, 37 and 50 rows give."""
+    b = native(type_name, threads)
+    tokens = np.random.default_rng(5).integers(0, b.info.n_vocab, 300).astype(np.int32)
+    whole = fresh_logits(b, tokens)
+    assert np.array_equal(fresh_logits(b, tokens, [1, 37, 50, 50, 50, 50, 50, 12]), whole)
+
+
 @pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q4_K", "Q6_K"])
 def test_thread_count_does_not_change_a_bit(type_name: str, kernels: str) -> None:

@@ -127,6 +127,7 @@ struct sk_ctx {
     int64_t n_ctx_pad, kv_head_elems; /* per kv head: n_ctx_pad * head_dim */
     uint16_t **kv;                    /* [n_seq_max]: keys then values, all layers; NULL until allocated */
     int64_t cap_rows;                 /* scratch sized for this many rows */
+    int64_t ffn_rows;                 /* rows per pass of a dense FFN (its gate/up rows fit qkv + att's block) */
     float *x, *h, *qkv, *att, *gu, *rope;
     sk_act act;
     float **att_scratch;  /* per thread: scores of one chunk for every query head of a kv group */
@@ -149,7 +150,10 @@ struct sk_ctx {
     int64_t *att_prefix_swa;   /* like att_prefix, for the sliding blocks' spans (NULL: none slide) */
     sk_att_item *att_order;    /* [pieces]: the order attention takes a block's (row, piece)s in (plan_order) */
     sk_att_item *att_order_swa; /* the same for the sliding blocks */
-    int64_t att_order_cap, att_order_n, att_order_swa_n;
+    int64_t att_order_cap;
+    /* [waves + 1]: where each wave of ATT_WAVE_ROWS rows starts in att_order / att_order_swa */
+    int64_t *att_wave_at, *att_wave_at_swa;
+    int64_t att_waves;
     int64_t swa_ring;          /* rows of a sliding block's ring (0: no block slides) */
     sk_swa *swa;               /* the sequences' ring floors and window snapshots (NULL: no block slides) */
     uint16_t **swa_heads;      /* scratch [2 sliding blocks' kv heads]: a slot's rings (sk_swa.h) */
@@ -258,6 +262,9 @@ static void free_scratch(sk_ctx *c) {
     c->cap_rows = 0;
 }
 
+/* Rows whose attention runs (and is merged) together: the chunk partials are held for this many rows. */
+enum { ATT_WAVE_ROWS = 64 };
+
 static int64_t n_chunks(int64_t n_keys) { return (n_keys + SK_ATTN_CHUNK - 1) / SK_ATTN_CHUNK; }
 
 /* Keys row r of a batch attends to: its own position and those before it, or up to key_end. */
@@ -286,12 +293,13 @@ static int64_t plan_spans(const sk_config *g, const sk_batch *b, int sliding, in
  * piece for all those rows in turn, so a piece's keys and values are read from memory once and then
  * from the core's cache for the other rows. Each (row, piece) is computed as alone: the order changes
  * what is cached, never a result. Returns the number of entries. */
-static int64_t plan_order(const sk_config *g, const sk_batch *b, int sliding, const int64_t *prefix, sk_att_item *out) {
+static int64_t plan_order(const sk_config *g, const sk_batch *b, int sliding, const int64_t *prefix, sk_att_item *out,
+                          int64_t r_begin, int64_t r_end) {
     int64_t n = 0;
-    for (int64_t r0 = 0, r1; r0 < b->n_rows; r0 = r1) {
+    for (int64_t r0 = r_begin, r1; r0 < r_end; r0 = r1) {
         const int64_t lo = row_first_key(g, b, r0, sliding);
         int64_t pieces = prefix[r0 + 1] - prefix[r0];
-        for (r1 = r0 + 1; r1 < b->n_rows && b->seq[r1] == b->seq[r0] && row_first_key(g, b, r1, sliding) == lo; r1++)
+        for (r1 = r0 + 1; r1 < r_end && b->seq[r1] == b->seq[r0] && row_first_key(g, b, r1, sliding) == lo; r1++)
             if (prefix[r1 + 1] - prefix[r1] > pieces) pieces = prefix[r1 + 1] - prefix[r1];
         for (int64_t k = 0; k < pieces; k++)
             for (int64_t r = r0; r < r1; r++)
@@ -300,15 +308,39 @@ static int64_t plan_order(const sk_config *g, const sk_batch *b, int sliding, co
     return n;
 }
 
-/* Work items of a batch's attention: (row, kv head, key chunk), numbered row by row. */
+/* Orders of a batch's (row, piece)s wave by wave (rows [w W, (w + 1) W)), into wave_at; the most pieces
+ * one wave holds. */
+static int64_t plan_waves(const sk_config *g, const sk_batch *b, int sliding, const int64_t *prefix,
+                          sk_att_item *order, int64_t *wave_at, int64_t waves) {
+    int64_t at = 0, most = 0;
+    for (int64_t w = 0; w < waves; w++) {
+        const int64_t g0 = w * ATT_WAVE_ROWS, g1 = g0 + ATT_WAVE_ROWS < b->n_rows ? g0 + ATT_WAVE_ROWS : b->n_rows;
+        wave_at[w] = at;
+        at += plan_order(g, b, sliding, prefix, order + at, g0, g1);
+        if (prefix[g1] - prefix[g0] > most) most = prefix[g1] - prefix[g0];
+    }
+    wave_at[waves] = at;
+    return most;
+}
+
+/* Work items of a batch's attention: (row, kv head, key chunk), numbered row by row. They run in waves of
+ * ATT_WAVE_ROWS rows, each merged before the next starts, so the chunk partials take one wave's rows: a
+ * 256-row prompt chunk of Ministral 3 held 8.5 MB of them at once, now 2.1. Each item is computed as
+ * alone, so the waves change no result. */
 static int plan_attention(sk_ctx *c, const sk_batch *b) {
     const sk_config *g = &c->cfg;
     if (b->n_rows + 1 > c->att_rows_cap) {
         free(c->att_prefix);
         free(c->att_prefix_swa);
+        free(c->att_wave_at);
+        free(c->att_wave_at_swa);
+        const size_t waves_cap = (size_t)((b->n_rows + ATT_WAVE_ROWS - 1) / ATT_WAVE_ROWS + 1);
         c->att_prefix = malloc(sizeof(int64_t) * (size_t)(b->n_rows + 1));
         c->att_prefix_swa = g->swa_window > 0 ? malloc(sizeof(int64_t) * (size_t)(b->n_rows + 1)) : NULL;
-        c->att_rows_cap = c->att_prefix && (g->swa_window <= 0 || c->att_prefix_swa) ? b->n_rows + 1 : 0;
+        c->att_wave_at = malloc(sizeof(int64_t) * waves_cap);
+        c->att_wave_at_swa = g->swa_window > 0 ? malloc(sizeof(int64_t) * waves_cap) : NULL;
+        c->att_rows_cap = c->att_prefix && c->att_wave_at &&
+                          (g->swa_window <= 0 || (c->att_prefix_swa && c->att_wave_at_swa)) ? b->n_rows + 1 : 0;
         if (!c->att_rows_cap) return -1;
     }
     int64_t items = plan_spans(g, b, 0, c->att_prefix);
@@ -324,10 +356,15 @@ static int plan_attention(sk_ctx *c, const sk_batch *b) {
         c->att_order_cap = c->att_order && (g->swa_window <= 0 || c->att_order_swa) ? items : 0;
         if (!c->att_order_cap) return -1;
     }
-    c->att_order_n = plan_order(g, b, 0, c->att_prefix, c->att_order);
-    c->att_order_swa_n = g->swa_window > 0 ? plan_order(g, b, 1, c->att_prefix_swa, c->att_order_swa) : 0;
+    c->att_waves = (b->n_rows + ATT_WAVE_ROWS - 1) / ATT_WAVE_ROWS;
+    int64_t wave_items = plan_waves(g, b, 0, c->att_prefix, c->att_order, c->att_wave_at, c->att_waves);
+    if (g->swa_window > 0) {
+        const int64_t swa_items = plan_waves(g, b, 1, c->att_prefix_swa, c->att_order_swa, c->att_wave_at_swa,
+                                             c->att_waves);
+        if (swa_items > wave_items) wave_items = swa_items;
+    }
     const int64_t hd = c->max_hd > g->head_dim ? c->max_hd : g->head_dim; /* sk_test_attend sets only the latter */
-    int64_t need = items * g->n_head * (hd + 2); /* kv heads x their query heads: n_head partials per piece */
+    int64_t need = wave_items * g->n_head * (hd + 2); /* kv heads x their query heads: n_head partials per piece */
     if (need > c->att_parts_cap) {
         free(c->att_parts);
         c->att_parts = xalloc((size_t)need * 4);
@@ -349,16 +386,26 @@ static int ensure_scratch(sk_ctx *c, int64_t m) {
     if (g->ctx_proj.data && g->ctx_proj.n_cols > wide) wide = g->ctx_proj.n_cols; /* the context encoder's input */
     for (int l = 0; l < g->n_layer; l++) /* a delta-net block's ssm_out input */
         if (g->layers[l].dn.out.n_cols > wide) wide = g->layers[l].dn.out.n_cols;
-    int64_t kp = sk_round_up(wide > g->n_ff ? wide : g->n_ff, 64);
     c->x = malloc((size_t)(m * g->n_embd) * 4);
     c->h = malloc((size_t)(m * wide) * 4);
     /* gu (n_ff 0: every block is MoE; a post-normed FFN's down projection lands here too, n_embd wide) shares
      * one block with qkv and att: an FFN starts after the output projection's closing barrier, when no
      * thread reads a block's q/k/v or attention rows any more, and the next block's q/k/v projection writes
-     * after the barrier that closes the FFN. ~40 KB a row less on Ministral 3's widths. */
+     * after the barrier that closes the FFN. ~40 KB a row less on Ministral 3's widths. Where the gate/up
+     * rows are the wider, a long batch's dense FFN runs in passes of ffn_rows rows that fit the block (a
+     * row's products do not depend on the rows beside it): Ministral 3's 256-row prompt chunk in two passes,
+     * 8 MB less at its peak, and no pass split for a verification's rows. */
     const int64_t gu_w = 2 * g->n_ff > g->n_embd ? 2 * g->n_ff : g->n_embd;
     const int64_t qkv_att_w = c->qkvd + qd;
-    c->qkv = malloc((size_t)(m * (gu_w > qkv_att_w ? gu_w : qkv_att_w)) * 4);
+    int beside = 0; /* Gemma 4's dense half beside the experts runs over all rows at once */
+    for (int l = 0; l < g->n_layer; l++) beside |= g->layers[l].moe_pre_norm != 0;
+    c->ffn_rows = gu_w > qkv_att_w && !beside ? m * qkv_att_w / gu_w : m;
+    if (c->ffn_rows < 1) c->ffn_rows = 1;
+    const int64_t block_w = c->ffn_rows * gu_w > m * qkv_att_w ? c->ffn_rows * gu_w : m * qkv_att_w;
+    /* the quantized activations: a block's input rows (wide), or one FFN pass's activation rows (n_ff) */
+    const int64_t kp_in = sk_round_up(wide, 64), kp_ff = sk_round_up(g->n_ff, 64);
+    const int64_t act_rows_kp = m * kp_in > c->ffn_rows * kp_ff ? m * kp_in : c->ffn_rows * kp_ff;
+    c->qkv = malloc((size_t)block_w * 4);
     c->att = c->qkv ? c->qkv + m * c->qkvd : NULL;
     c->gu = c->qkv;
     c->rope = malloc((size_t)(m * g->n_rot) * 4);
@@ -374,10 +421,10 @@ static int ensure_scratch(sk_ctx *c, int64_t m) {
         c->ple_tmp = malloc((size_t)(m * ple_w) * 4);
         if (!c->ple || !c->ple_tmp) { free_scratch(c); return -1; }
     }
-    c->act.q = xalloc((size_t)(m * kp));
-    c->act.d = xalloc((size_t)(m * kp / 8));
-    c->act.s = xalloc((size_t)(m * kp / 8));
-    c->act.qs16 = xalloc((size_t)(m * kp / 4));
+    c->act.q = xalloc((size_t)act_rows_kp);
+    c->act.d = xalloc((size_t)(act_rows_kp / 8));
+    c->act.s = xalloc((size_t)(act_rows_kp / 8));
+    c->act.qs16 = xalloc((size_t)(act_rows_kp / 4));
     if (!c->x || !c->h || !c->qkv || !c->att || !c->gu || !c->rope || !c->act.q || !c->act.d || !c->act.s ||
         !c->act.qs16 || (g->rope_inv_freq_swa && !c->rope_swa)) {
         free_scratch(c);
@@ -409,6 +456,8 @@ SK_API void sk_ctx_free(sk_ctx *c) {
     free(c->kv_off);
     free(c->kv_rows);
     free(c->att_prefix_swa);
+    free(c->att_wave_at);
+    free(c->att_wave_at_swa);
     free(c->att_order);
     free(c->att_order_swa);
     sk_swa_free(c->swa);
@@ -859,15 +908,16 @@ static void qkv_post(sk_ctx *c, const sk_batch *b, int layer, int first_head, in
 
 /* Work items are (row, kv head, key chunk): the query heads of a kv head share its key and value
  * loads, and long contexts spread over every thread. Each item leaves one partial per query head. */
-static void attention(sk_ctx *c, const sk_batch *b, int layer, int ith, int nth) {
+static void attention(sk_ctx *c, const sk_batch *b, int layer, int64_t wave, int ith, int nth) {
     const sk_config *g = &c->cfg;
     const int hd = hd_of(g, &c->layers[layer]), nkv = nkv_of(g, &c->layers[layer]), gq = g->n_head / nkv;
     const int sliding = c->layers[layer].sliding;
     const int64_t qkvd = c->qkvd, ldpart = hd + 2, qs = q_stride(g, &c->layers[layer]);
     const int64_t ring = c->kv_rows[kv_owner(c, layer)];
     const int64_t *prefix = sliding ? c->att_prefix_swa : c->att_prefix;
-    const sk_att_item *order = sliding ? c->att_order_swa : c->att_order;
-    const int64_t n_order = sliding ? c->att_order_swa_n : c->att_order_n;
+    const int64_t *wave_at = sliding ? c->att_wave_at_swa : c->att_wave_at;
+    const sk_att_item *order = (sliding ? c->att_order_swa : c->att_order) + wave_at[wave];
+    const int64_t n_order = wave_at[wave + 1] - wave_at[wave], first = prefix[wave * ATT_WAVE_ROWS];
     int64_t j0, j1;
     split(n_order * nkv, ith, nth, &j0, &j1);
     for (int64_t j = j0; j < j1; j++) {
@@ -875,7 +925,8 @@ static void attention(sk_ctx *c, const sk_batch *b, int layer, int ith, int nth)
         const sk_att_item e = order[j % n_order];
         const int64_t r = e.row;
         const int64_t lo = row_first_key(g, b, r, sliding), hi = row_keys(b, r), nc = prefix[r + 1] - prefix[r];
-        const int64_t i = prefix[r] * nkv + (int64_t)kvh * nc + e.piece; /* the item's partials, as attention_merge reads them */
+        /* the item's partials in the wave's, as attention_merge reads them */
+        const int64_t i = (prefix[r] - first) * nkv + (int64_t)kvh * nc + e.piece;
         int64_t t0, t1;
         sk_span_piece(lo, hi, e.piece, &t0, &t1);
         const int64_t base = t0 - t0 % ring; /* a piece never crosses a multiple of the ring's rows */
@@ -889,17 +940,18 @@ static void attention(sk_ctx *c, const sk_batch *b, int layer, int ith, int nth)
 
 /* Merge each (row, query head)'s chunk partials in key order: out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) s_c,
  * times sigmoid(gate) when the block has an output gate. */
-static void attention_merge(sk_ctx *c, const sk_batch *b, const sk_layer *L, int ith, int nth) {
+static void attention_merge(sk_ctx *c, const sk_batch *b, const sk_layer *L, int64_t wave, int ith, int nth) {
     const sk_config *g = &c->cfg;
     const int hd = hd_of(g, L), nkv = nkv_of(g, L), gq = g->n_head / nkv;
     const int64_t qd = (int64_t)g->n_head * hd, ldpart = hd + 2;
+    const int64_t g0 = wave * ATT_WAVE_ROWS, g1 = g0 + ATT_WAVE_ROWS < b->n_rows ? g0 + ATT_WAVE_ROWS : b->n_rows;
     int64_t i0, i1;
-    split(b->n_rows * g->n_head, ith, nth, &i0, &i1);
+    split((g1 - g0) * g->n_head, ith, nth, &i0, &i1);
     const int64_t *prefix = L && L->sliding ? c->att_prefix_swa : c->att_prefix;
     for (int64_t i = i0; i < i1; i++) {
-        const int64_t r = i / g->n_head, nc = prefix[r + 1] - prefix[r];
+        const int64_t r = g0 + i / g->n_head, nc = prefix[r + 1] - prefix[r];
         const int h = (int)(i % g->n_head), kvh = h / gq;
-        const float *p0 = c->att_parts + ((prefix[r] * nkv + (int64_t)kvh * nc) * gq + h % gq) * ldpart;
+        const float *p0 = c->att_parts + (((prefix[r] - prefix[g0]) * nkv + (int64_t)kvh * nc) * gq + h % gq) * ldpart;
         const int64_t step = gq * ldpart;
         float *out = c->att + r * qd + (int64_t)h * hd;
         const float sink = L && L->attn_sinks ? L->attn_sinks[h] : -INFINITY;  /* -inf: no sink */
@@ -943,10 +995,12 @@ static void attention_block(sk_ctx *c, const sk_batch *b, const sk_layer *L, int
     qkv_post(c, b, l, 0, r0, r1);
     barrier(c->pool, ith);
     phase(ith, PH_ROPE, &t);
-    attention(c, b, l, ith, nth);
-    barrier(c->pool, ith);
-    attention_merge(c, b, L, ith, nth);
-    barrier(c->pool, ith);
+    for (int64_t w = 0; w < c->att_waves; w++) { /* a wave's partials are merged before the next reuses them */
+        attention(c, b, l, w, ith, nth);
+        barrier(c->pool, ith);
+        attention_merge(c, b, L, w, ith, nth);
+        barrier(c->pool, ith);
+    }
     phase(ith, PH_ATTN, &t);
     part o = {&L->wo, L->attn_post_norm ? c->h : c->x, E, !L->attn_post_norm};
     project(c, &o, 1, c->att, qd, qd, m, r0, r1, ith, nth, PH_OPROJ, &t);
@@ -1100,20 +1154,28 @@ static void forward_job(void *arg, int ith, int nth) {
             continue;
         }
         const int64_t ff = L->w_down.n_cols; /* the block's own width (Gemma 4's may vary); g->n_ff: the widest */
-        part gu[2] = {{&L->w_gate, c->gu, 2 * ff, 0}, {&L->w_up, c->gu + ff, 2 * ff, 0}};
-        project(c, gu, 2, c->h, E, E, m, r0, r1, ith, nth, PH_FFN_UP, &t);
-        for (int64_t r = r0; r < r1; r++) { /* the activation in place of the gate row (the kernels allow y == g) */
-            float *gr = c->gu + r * 2 * ff;
-            (g->ffn_geglu ? sk_geglu : c->kern->silu_mul)(gr, gr + ff, ff, gr);
+        const int passes = m > c->ffn_rows;
+        if (passes) barrier(c->pool, ith); /* a pass's rows were normed by other threads (r0..r1 above) */
+        for (int64_t f0 = 0; f0 < m; f0 += c->ffn_rows) { /* gu holds one pass's rows; p0..p1: this thread's */
+            const int64_t fm = m - f0 < c->ffn_rows ? m - f0 : c->ffn_rows;
+            int64_t p0, p1;
+            split(fm, ith, nth, &p0, &p1);
+            part gu[2] = {{&L->w_gate, c->gu, 2 * ff, 0}, {&L->w_up, c->gu + ff, 2 * ff, 0}};
+            project(c, gu, 2, c->h + f0 * E, E, E, fm, p0, p1, ith, nth, PH_FFN_UP, &t);
+            for (int64_t r = p0; r < p1; r++) { /* the activation in place of the gate row (the kernels allow y == g) */
+                float *gr = c->gu + r * 2 * ff;
+                (g->ffn_geglu ? sk_geglu : c->kern->silu_mul)(gr, gr + ff, ff, gr);
+            }
+            if (L->ffn_post_norm) { /* down into h (the pass's input rows, read already), then normed into x */
+                part dn = {&L->w_down, c->h + f0 * E, E, 0};
+                project(c, &dn, 1, c->gu, 2 * ff, ff, fm, p0, p1, ith, nth, PH_FFN_DOWN, &t);
+                add_post_normed(c, L->ffn_post_norm, f0 + p0, f0 + p1);
+            } else {
+                part dn = {&L->w_down, c->x + f0 * E, E, 1};
+                project(c, &dn, 1, c->gu, 2 * ff, ff, fm, p0, p1, ith, nth, PH_FFN_DOWN, &t);
+            }
         }
-        if (L->ffn_post_norm) { /* down into h, then normed into the residual */
-            part dn = {&L->w_down, c->h, E, 0};
-            project(c, &dn, 1, c->gu, 2 * ff, ff, m, r0, r1, ith, nth, PH_FFN_DOWN, &t);
-            add_post_normed(c, L->ffn_post_norm, r0, r1);
-        } else {
-            part dn = {&L->w_down, c->x, E, 1};
-            project(c, &dn, 1, c->gu, 2 * ff, ff, m, r0, r1, ith, nth, PH_FFN_DOWN, &t);
-        }
+        if (passes && L->ffn_post_norm) barrier(c->pool, ith); /* block_tail and the next block read x by r0..r1 */
         block_tail(c, b, L, l, r0, r1, ith, nth, &t);
     }
     const sk_layer *last = &c->layers[g->n_layer - 1];
@@ -1489,11 +1551,12 @@ SK_API int sk_test_attend(const float *q, int n_q, const uint16_t *k, const uint
             c.kern->attend_part(q, n_q, head_dim, k, v, ch * SK_ATTN_CHUNK, t1, head_dim, scale,
                                 c.att_parts + ch * n_q * (head_dim + 2), head_dim + 2, scratch);
         }
-        attention_merge(&c, &b, NULL, 0, 1);
+        attention_merge(&c, &b, NULL, 0, 0, 1);
     }
     if (seconds) *seconds = (now_s() - t0) / (reps > 0 ? reps : 1);
     free(scratch);
     free(c.att_prefix);
+    free(c.att_wave_at);
     free(c.att_parts);
     free(c.att_order);
     return rc;
