@@ -264,6 +264,11 @@ static void free_scratch(sk_ctx *c) {
 
 /* Rows whose attention runs (and is merged) together: the chunk partials are held for this many rows. */
 enum { ATT_WAVE_ROWS = 64 };
+static int64_t n_waves(int64_t n_rows) { return (n_rows + ATT_WAVE_ROWS - 1) / ATT_WAVE_ROWS; }
+/* The end (exclusive) of wave w's rows; it starts at w * ATT_WAVE_ROWS. */
+static int64_t wave_end(const sk_batch *b, int64_t w) {
+    return (w + 1) * ATT_WAVE_ROWS < b->n_rows ? (w + 1) * ATT_WAVE_ROWS : b->n_rows;
+}
 
 static int64_t n_chunks(int64_t n_keys) { return (n_keys + SK_ATTN_CHUNK - 1) / SK_ATTN_CHUNK; }
 
@@ -314,7 +319,7 @@ static int64_t plan_waves(const sk_config *g, const sk_batch *b, int sliding, co
                           sk_att_item *order, int64_t *wave_at, int64_t waves) {
     int64_t at = 0, most = 0;
     for (int64_t w = 0; w < waves; w++) {
-        const int64_t g0 = w * ATT_WAVE_ROWS, g1 = g0 + ATT_WAVE_ROWS < b->n_rows ? g0 + ATT_WAVE_ROWS : b->n_rows;
+        const int64_t g0 = w * ATT_WAVE_ROWS, g1 = wave_end(b, w);
         wave_at[w] = at;
         at += plan_order(g, b, sliding, prefix, order + at, g0, g1);
         if (prefix[g1] - prefix[g0] > most) most = prefix[g1] - prefix[g0];
@@ -334,7 +339,7 @@ static int plan_attention(sk_ctx *c, const sk_batch *b) {
         free(c->att_prefix_swa);
         free(c->att_wave_at);
         free(c->att_wave_at_swa);
-        const size_t waves_cap = (size_t)((b->n_rows + ATT_WAVE_ROWS - 1) / ATT_WAVE_ROWS + 1);
+        const size_t waves_cap = (size_t)(n_waves(b->n_rows) + 1);
         c->att_prefix = malloc(sizeof(int64_t) * (size_t)(b->n_rows + 1));
         c->att_prefix_swa = g->swa_window > 0 ? malloc(sizeof(int64_t) * (size_t)(b->n_rows + 1)) : NULL;
         c->att_wave_at = malloc(sizeof(int64_t) * waves_cap);
@@ -356,7 +361,7 @@ static int plan_attention(sk_ctx *c, const sk_batch *b) {
         c->att_order_cap = c->att_order && (g->swa_window <= 0 || c->att_order_swa) ? items : 0;
         if (!c->att_order_cap) return -1;
     }
-    c->att_waves = (b->n_rows + ATT_WAVE_ROWS - 1) / ATT_WAVE_ROWS;
+    c->att_waves = n_waves(b->n_rows);
     int64_t wave_items = plan_waves(g, b, 0, c->att_prefix, c->att_order, c->att_wave_at, c->att_waves);
     if (g->swa_window > 0) {
         const int64_t swa_items = plan_waves(g, b, 1, c->att_prefix_swa, c->att_order_swa, c->att_wave_at_swa,
@@ -944,7 +949,7 @@ static void attention_merge(sk_ctx *c, const sk_batch *b, const sk_layer *L, int
     const sk_config *g = &c->cfg;
     const int hd = hd_of(g, L), nkv = nkv_of(g, L), gq = g->n_head / nkv;
     const int64_t qd = (int64_t)g->n_head * hd, ldpart = hd + 2;
-    const int64_t g0 = wave * ATT_WAVE_ROWS, g1 = g0 + ATT_WAVE_ROWS < b->n_rows ? g0 + ATT_WAVE_ROWS : b->n_rows;
+    const int64_t g0 = wave * ATT_WAVE_ROWS, g1 = wave_end(b, wave);
     int64_t i0, i1;
     split((g1 - g0) * g->n_head, ith, nth, &i0, &i1);
     const int64_t *prefix = L && L->sliding ? c->att_prefix_swa : c->att_prefix;

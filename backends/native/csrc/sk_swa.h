@@ -47,9 +47,9 @@ int sk_swa_keep(sk_swa *s, int slot, int64_t n);
 /* Before rows up to position last_pos of the slot are written: copy out every kept window they would
  * overwrite (0, -1 out of memory). */
 int sk_swa_hold(sk_swa *s, int slot, int64_t last_pos, uint16_t *const *heads, int n_heads, int head_dim);
-/* The longest snapshot length <= n (-1: none); put the snapshot of length n back and cut to n (0, -2: none). */
 /* A restored sequence: its rings hold what the saved ones did from `floor` on; every snapshot goes. */
 void sk_swa_reset(sk_swa *s, int slot, int64_t floor);
+/* The longest snapshot length <= n (-1: none); put the snapshot of length n back and cut to n (0, -2: none). */
 int64_t sk_swa_kept_below(const sk_swa *s, int slot, int64_t n);
 int sk_swa_bring_back(sk_swa *s, int slot, int64_t n, uint16_t *const *heads, int n_heads, int head_dim);
 
