@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from spekula.core.modelfile.tokenizer import Tokenizer
     from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
     from spekula.core.verify.sampling import banning_end_of_generation
-    from spekula.frontends.cli.in_thread import InThread, head_waits_for_tokenizer
+    from spekula.frontends.cli.in_thread import load_beside_tokenizer
 
     t0 = time.perf_counter()
     backend_name, dtype = PATHS[args.path]
@@ -99,14 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     # A large vocabulary's backend packs its output head only once the tokenizer is built, as build_engine has it.
     model_file = GGUFFile.shared(args.model)
     make_backend = backend_class(backend_name, options)
-    tokenizer_built = threading.Event()
-    wait = head_waits_for_tokenizer(model_file.metadata)
-    target_options = replace(options, before_head=tokenizer_built.wait) if wait else options
-    loading = InThread(lambda: make_backend(args.model, target_options), name="spekula-backend-load")
+    loading, tokenizer_built = load_beside_tokenizer(lambda o: make_backend(args.model, o), options,
+                                                     model_file.metadata, "spekula-backend-load")
     try:
         tokenizer = Tokenizer.from_gguf(model_file)
     finally:
-        tokenizer_built.set()
+        tokenizer_built()
     backend = loading.result()
     load_s = time.perf_counter() - t0
     forward_s: list[float] = []  # each forward's seconds during the current request

@@ -8,8 +8,12 @@ spare the two overlap instead of adding up (tens of milliseconds of `spekula gen
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from spekula.core.backend import BackendOptions
 
 T = TypeVar("T")
 
@@ -21,7 +25,7 @@ T = TypeVar("T")
 WAIT_FOR_TOKENIZER_MIN_VOCAB = 100_000
 
 
-def head_waits_for_tokenizer(metadata: dict[str, Any]) -> bool:
+def head_waits_for_tokenizer(metadata: Mapping[str, Any]) -> bool:
     """Whether the backend's load should pack its output head only once the tokenizer is built."""
     tokens = metadata.get("tokenizer.ggml.tokens")
     return tokens is not None and len(tokens) >= WAIT_FOR_TOKENIZER_MIN_VOCAB
@@ -58,3 +62,14 @@ class InThread(Generic[T]):
         if self._error is None and self._value is not None:
             close(self._value)
         self._value = self._error = None
+
+
+def load_beside_tokenizer(make: Callable[[BackendOptions], T], options: BackendOptions,
+                          metadata: Mapping[str, Any], name: str) -> tuple[InThread[T], Callable[[], None]]:
+    """`make(options)` started in a thread while the caller builds the tokenizer, and the call that tells
+    it the tokenizer is done (make it once built or failed): with a large vocabulary (head_waits_for_tokenizer)
+    the load packs its output head only then."""
+    built = threading.Event()
+    if head_waits_for_tokenizer(metadata):
+        options = replace(options, before_head=built.wait)
+    return InThread(lambda: make(options), name=name), built.set

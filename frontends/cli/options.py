@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -39,7 +37,7 @@ from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.verify.sampling import check_bias_tokens
 from spekula.frontends.cli.deferred_options import add_when_used
 from spekula.frontends.cli.embedding_options import serving_pooling
-from spekula.frontends.cli.in_thread import InThread, head_waits_for_tokenizer
+from spekula.frontends.cli.in_thread import load_beside_tokenizer
 from spekula.frontends.cli.sampler_options import add_sampler_stage_options, sampler_stages_from_args
 
 log = structlog.get_logger("spekula.options")
@@ -491,16 +489,14 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
     # With a large vocabulary it packs its output head, often its largest weight, only once the tokenizer
     # is built (in_thread.py: the tokenizer's construction peak beside a loaded backend; #47).
     make_backend = backend_class(backend_name, opts)
-    tokenizer_built = threading.Event()
-    wait = head_waits_for_tokenizer(model_file.metadata)
-    target_opts = replace(opts, before_head=tokenizer_built.wait) if wait else opts
-    loading = InThread(lambda: make_backend(path, target_opts), name="spekula-backend-load")
+    loading, tokenizer_built = load_beside_tokenizer(lambda o: make_backend(path, o), opts, model_file.metadata,
+                                                     "spekula-backend-load")
     try:
         try:
             with _default_model_advice(args):
                 tokenizer = target_tokenizer(args, model_file)
         finally:
-            tokenizer_built.set()
+            tokenizer_built()
         check_bias_tokens(tuple(getattr(args, "logit_bias", ())), tokenizer.n_vocab)  # --logit-bias, at start
     except BaseException:
         loading.discard(lambda b: b.close())
