@@ -30,6 +30,7 @@ from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
 from spekula.training.eagle3_head import default_eagle3_layers, draft_vocabulary
 from spekula.training.head_api import HeadMetrics, TargetFacts, TrainBatch, soft_cross_entropy
+from spekula.training.head_vocabulary import checked_draft_ids
 
 # tokenizer.ggml.token_type values (GGUF's TokenType enum)
 _CONTROL, _UNUSED = 3, 5
@@ -49,15 +50,6 @@ class DFlashHeadOptions:
     # whole vocabulary: the runtime borrows the target's head). On SmolLM2 a draft's output head over
     # the 49k vocabulary was about a third of a DFlash call's time.
     draft_vocab: int | None = 8192
-
-
-def _checked_ids(ids: np.ndarray | None, n_vocab: int) -> np.ndarray | None:
-    if ids is None:
-        return None
-    out = np.asarray(ids, dtype=np.int64).reshape(-1)
-    if out.size == 0 or out.min() < 0 or out.max() >= n_vocab or np.any(np.diff(out) <= 0):
-        raise ValueError(f"draft vocabulary ids must be ascending distinct ids in [0, {n_vocab})")
-    return out
 
 
 def default_dflash_layers(n_layer: int) -> tuple[int, ...]:
@@ -200,7 +192,7 @@ class DFlashHead(nn.Module):
         self.register_buffer("target_embd", embd.detach(), persistent=False)
         self.register_buffer("target_head", head.detach(), persistent=False)
         # Target ids of the exported head's rows (ascending), or None: it borrows the whole head.
-        self.draft_ids = _checked_ids(draft_ids, embd.shape[0])
+        self.draft_ids = None if draft_ids is None else checked_draft_ids(draft_ids, embd.shape[0])
 
     # --- construction ----------------------------------------------------------------------------
     @classmethod

@@ -36,6 +36,14 @@ def vocabulary_of(path: str | os.PathLike[str], n_vocab: int) -> np.ndarray:
     return np.sort(ids)
 
 
+def checked_draft_ids(ids: np.ndarray, n_vocab: int) -> np.ndarray:
+    """`ids` as int64, checked to be a draft vocabulary: ascending distinct target ids in [0, n_vocab)."""
+    out = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if out.size == 0 or out.min() < 0 or out.max() >= n_vocab or np.any(np.diff(out) <= 0):
+        raise ConfigError(f"the draft vocabulary must be ascending distinct ids in [0, {n_vocab})")
+    return out
+
+
 def with_draft_vocabulary(head_path: str | os.PathLike[str], target_path: str | os.PathLike[str],
                           ids: np.ndarray, out_path: str | os.PathLike[str]) -> Path:
     """Copy the DFlash head at `head_path` to `out_path` with the target head's rows of `ids` as its own
@@ -53,9 +61,7 @@ def with_draft_vocabulary(head_path: str | os.PathLike[str], target_path: str | 
     n_embd = int(head.require("dflash.embedding_length"))
     if width != n_embd:
         raise ConfigError(f"{src}: {n_embd} wide, but the target's {name} is {width} wide: another target's head")
-    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-    if ids.size == 0 or ids.min() < 0 or ids.max() >= n_vocab or np.any(np.diff(ids) <= 0):
-        raise ConfigError(f"the draft vocabulary must be ascending distinct ids in [0, {n_vocab})")
+    ids = checked_draft_ids(ids, n_vocab)
     if dst.resolve() in (src.resolve(), Path(target_path).resolve()):
         raise ConfigError(f"output {dst} is an input file; choose another path")
     check_output_path(dst, "-o")
