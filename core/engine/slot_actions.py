@@ -2,11 +2,11 @@
 
 An action on a busy slot waits until its request ends, as llama-server defers it; from the moment it is
 asked for until it is done the slot is reserved: no new request and no embedding job takes it, so the
-action sees the cache the finished request left. What touches the slot and the backend (checks, copying the state out or in, erasing) runs in the engine's
-worker thread between steps, so the backend is used by one thread at a time and no request is admitted
-halfway through one; the file's reading, checking and writing run in another thread beside the steps, so a
-large cache does not hold up the other slots' generation. What a slot file holds is the idle
-slot's `tokens[:n_cached]` and its backend sequence's state at that length (core/engine/slot_file.py); a
+action sees the cache the finished request left. What touches the slot and the backend (checks, copying
+the state out or in, erasing) runs in the engine's worker thread between steps, so the backend is used
+by one thread at a time and no request is admitted halfway through one; the file's reading, checking and
+writing run in another thread beside the steps, so a large cache does not hold up the other slots'
+generation. What a slot file holds is the idle slot's `tokens[:n_cached]` and its backend sequence's state at that length (core/engine/slot_file.py); a
 restored slot is to the prompt cache exactly what the saved one was: the next request reuses whatever
 prefix of its prompt the tokens cover (core/engine/prompt_cache.py).
 
