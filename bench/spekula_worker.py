@@ -93,16 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     options = BackendOptions(n_ctx=args.n_ctx, n_seq_max=1, threads=args.threads, dtype=dtype)
     # As `spekula serve` loads (frontends/cli/options.py build_engine): the header parsed once and shared
     # (a second parse would hold a second copy of the vocabulary), the backend loading in a thread while
-    # the tokenizer is built, so the peak RSS is the server's, not that of the two loads one after the other.
-    # A large vocabulary's backend packs its output head only once the tokenizer is built, as build_engine has it.
+    # the tokenizer is built, or after it for a large vocabulary, so the peak RSS is the server's.
     model_file = GGUFFile.shared(args.model)
     make_backend = backend_class(backend_name, options)
-    loading, tokenizer_built = load_beside_tokenizer(lambda o: make_backend(args.model, o), options,
-                                                     model_file.metadata, "spekula-backend-load")
+    loading, tokenizer_done = load_beside_tokenizer(lambda: make_backend(args.model, options),
+                                                    model_file.metadata, "spekula-backend-load")
+    built = False
     try:
         tokenizer = Tokenizer.from_gguf(model_file)
+        built = True
     finally:
-        tokenizer_built()
+        tokenizer_done(built)
     backend = loading.result()
     load_s = time.perf_counter() - t0
     forward_s: list[float] = []  # each forward's seconds during the current request

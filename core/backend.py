@@ -67,10 +67,6 @@ class BackendOptions:
     threads: int = 0  # <= 0: leave the runtime's default
     exact: bool = True  # batch-invariant numerics (a row's logits do not depend on its batch)
     ort_provider: str = "auto"  # onnx only: auto | cuda | cpu
-    # Called by the load before its last and largest growth (native: packing the output head), from the
-    # loading thread: a caller building the tokenizer meanwhile waits there until its own peak is past, so
-    # the two peaks do not add up (frontends/cli/options.py). None: no wait.
-    before_head: Callable[[], object] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)

@@ -2,33 +2,36 @@
 
 `build_engine` loads the target's backend this way while it builds the tokenizer: the native backend
 spends most of its load repacking weights in C with the GIL released, so on a machine with a core to
-spare the two overlap instead of adding up (tens of milliseconds of `spekula generate`'s start-up).
+spare the two overlap instead of adding up (tens of milliseconds of `spekula generate`'s start-up). A
+large vocabulary's tokenizer goes first instead (WAIT_FOR_TOKENIZER_MIN_VOCAB says why).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
-
-if TYPE_CHECKING:
-    from spekula.core.backend import BackendOptions
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
 # The tokenizer's construction holds about 100 bytes a token more, for a moment, than it keeps (a Python
-# dict of the vocabulary beside the tokenizers library's own maps: +80 MB at its peak, +52 MB kept, for 262k
-# tokens). From this many tokens on, that moment beside a fully loaded backend is worth ordering away: the
-# backend packs its output head after it (Gemma 3 270M: 373 -> 350 MB; start-up +55 ms). Below, the overlap's
-# start-up time is worth more (SmolLM2, 49k tokens: +8-16 ms for ~5 MB).
+# list and dict of the vocabulary beside the tokenizers library's own maps: +84 MB at its peak, +56 MB kept,
+# for 262k tokens). A backend loading meanwhile interleaves its own allocations with that moment's, and the
+# freed pages stay pinned under them: on Gemma 3 270M the process's floor rose 4-9 MB, by a different amount
+# each run. From this many tokens on, the backend loads only once the tokenizer is built (peak 363 MB every
+# run against 367-376 beside it; start-up the same there, +30-60 ms on Ministral 3 3B and gpt-oss 20b). Below,
+# the overlap's start-up time is worth more (SmolLM2, 49k tokens: the two loads take ~50 and ~65 ms).
 WAIT_FOR_TOKENIZER_MIN_VOCAB = 100_000
 
 
-def head_waits_for_tokenizer(metadata: Mapping[str, Any]) -> bool:
-    """Whether the backend's load should pack its output head only once the tokenizer is built."""
+def load_waits_for_tokenizer(metadata: Mapping[str, Any]) -> bool:
+    """Whether the backend should load only once the tokenizer is built (a large vocabulary)."""
     tokens = metadata.get("tokenizer.ggml.tokens")
     return tokens is not None and len(tokens) >= WAIT_FOR_TOKENIZER_MIN_VOCAB
+
+
+class TokenizerFailed(Exception):
+    """A load that waited for the tokenizer skipped, because the tokenizer could not be built."""
 
 
 class InThread(Generic[T]):
@@ -64,12 +67,25 @@ class InThread(Generic[T]):
         self._value = self._error = None
 
 
-def load_beside_tokenizer(make: Callable[[BackendOptions], T], options: BackendOptions,
-                          metadata: Mapping[str, Any], name: str) -> tuple[InThread[T], Callable[[], None]]:
-    """`make(options)` started in a thread while the caller builds the tokenizer, and the call that tells
-    it the tokenizer is done (make it once built or failed): with a large vocabulary (head_waits_for_tokenizer)
-    the load packs its output head only then."""
-    built = threading.Event()
-    if head_waits_for_tokenizer(metadata):
-        options = replace(options, before_head=built.wait)
-    return InThread(lambda: make(options), name=name), built.set
+def load_beside_tokenizer(make: Callable[[], T], metadata: Mapping[str, Any],
+                          name: str) -> tuple[InThread[T], Callable[[bool], None]]:
+    """`make()` started in a thread while the caller builds the tokenizer, and the call that tells it the
+    tokenizer is done (True: built; False: it failed). Make that call whatever happens: with a large
+    vocabulary (load_waits_for_tokenizer) `make()` starts only then, and not at all after a failure (the
+    load then ends in TokenizerFailed, which `discard` drops)."""
+    if not load_waits_for_tokenizer(metadata):
+        return InThread(make, name=name), lambda built: None
+    done = threading.Event()
+    outcome: list[bool] = []
+
+    def after_tokenizer() -> T:
+        done.wait()
+        if not outcome[0]:
+            raise TokenizerFailed("the backend was not loaded: the tokenizer failed")
+        return make()
+
+    def tokenizer_done(built: bool) -> None:
+        outcome.append(built)
+        done.set()
+
+    return InThread(after_tokenizer, name=name), tokenizer_done

@@ -483,20 +483,21 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
                               "--spec-type and draft models do not apply (it serves embeddings only)")
         if args.backend == "auto":
             backend_name = "torch"  # encoders run on torch only (backends/torch/encoder.py)
-    # The backend loads in a thread while the tokenizer is built here (in_thread.py says why); a failure
-    # here is reported before the backend's own, as when they ran one after the other. Its module is
-    # imported first, here: the thread then holds the GIL only briefly before the GIL-free part of its load.
-    # With a large vocabulary it packs its output head, often its largest weight, only once the tokenizer
-    # is built (in_thread.py: the tokenizer's construction peak beside a loaded backend; #47).
+    # The backend loads in a thread while the tokenizer is built here (in_thread.py says why, and why a large
+    # vocabulary's backend loads after it); a failure here is reported before the backend's own, as when they
+    # ran one after the other. Its module is imported first, here: the thread then holds the GIL only briefly
+    # before the GIL-free part of its load.
     make_backend = backend_class(backend_name, opts)
-    loading, tokenizer_built = load_beside_tokenizer(lambda o: make_backend(path, o), opts, model_file.metadata,
-                                                     "spekula-backend-load")
+    loading, tokenizer_done = load_beside_tokenizer(lambda: make_backend(path, opts), model_file.metadata,
+                                                    "spekula-backend-load")
     try:
+        built = False
         try:
             with _default_model_advice(args):
                 tokenizer = target_tokenizer(args, model_file)
+            built = True
         finally:
-            tokenizer_built()
+            tokenizer_done(built)
         check_bias_tokens(tuple(getattr(args, "logit_bias", ())), tokenizer.n_vocab)  # --logit-bias, at start
     except BaseException:
         loading.discard(lambda b: b.close())

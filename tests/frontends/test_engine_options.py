@@ -87,8 +87,8 @@ def test_corrupt_model_is_model_file_error(tmp_path: Path) -> None:
 
 
 def test_a_tokenizer_failure_releases_the_backend_waiting_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The backend's load waits for the tokenizer before packing its output head (build_engine, for any
-    vocabulary here): a tokenizer that fails must let it go on, and its error is the one reported."""
+    """The backend's load waits for the tokenizer (build_engine, for any vocabulary here): a tokenizer
+    that fails must end that wait, and its error is the one reported."""
     from sliding_window_checks import edited
 
     from spekula.fixtures.tiny_gguf import tiny_model_path
@@ -111,3 +111,16 @@ def test_a_tokenizer_failure_releases_the_backend_waiting_for_it(tmp_path: Path,
     t.join(timeout=30)
     assert not t.is_alive(), "build_engine hung: the backend never stopped waiting for the tokenizer"
     assert len(errors) == 1 and isinstance(errors[0], ModelFileError) and "bogus" in str(errors[0])
+
+
+def test_a_backend_loaded_after_the_tokenizer_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the load waiting for the tokenizer (any vocabulary here), build_engine gives a working engine."""
+    from spekula.fixtures.tiny_gguf import tiny_model_path
+    from spekula.frontends.cli import in_thread
+
+    monkeypatch.setattr(in_thread, "WAIT_FOR_TOKENIZER_MIN_VOCAB", 0)
+    engine = build_engine(_parse("-m", str(tiny_model_path("llama", weight_type="Q8_0")), "-c", "256", "-t", "1"))
+    try:
+        assert engine.tokenizer.n_vocab == engine.backend.info.n_vocab
+    finally:
+        engine.close()
