@@ -86,25 +86,25 @@ def main(argv: list[str] | None = None) -> int:
     from spekula.core.modelfile.tokenizer import Tokenizer
     from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
     from spekula.core.verify.sampling import banning_end_of_generation
-    from spekula.frontends.cli.in_thread import load_beside_tokenizer
+    from spekula.frontends.cli.in_thread import BackendLoad
 
     t0 = time.perf_counter()
     backend_name, dtype = PATHS[args.path]
     options = BackendOptions(n_ctx=args.n_ctx, n_seq_max=1, threads=args.threads, dtype=dtype)
     # As `spekula serve` loads (frontends/cli/options.py build_engine): the header parsed once and shared
     # (a second parse would hold a second copy of the vocabulary), the backend loading in a thread while
-    # the tokenizer is built, or after it for a large vocabulary, so the peak RSS is the server's.
+    # the tokenizer is built (in_thread.BackendLoad), so the peak RSS is the server's.
     model_file = GGUFFile.shared(args.model)
     make_backend = backend_class(backend_name, options)
-    loading, tokenizer_done = load_beside_tokenizer(lambda: make_backend(args.model, options),
-                                                    model_file.metadata, "spekula-backend-load")
+    load = BackendLoad(lambda o: make_backend(args.model, o), options, model_file.metadata, "spekula-backend-load")
     built = False
     try:
+        load.wait_setup()
         tokenizer = Tokenizer.from_gguf(model_file)
         built = True
     finally:
-        tokenizer_done(built)
-    backend = loading.result()
+        load.tokenizer_done(built)
+    backend = load.result()
     load_s = time.perf_counter() - t0
     forward_s: list[float] = []  # each forward's seconds during the current request
     inner = backend.forward

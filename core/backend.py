@@ -67,6 +67,13 @@ class BackendOptions:
     threads: int = 0  # <= 0: leave the runtime's default
     exact: bool = True  # batch-invariant numerics (a row's logits do not depend on its batch)
     ort_provider: str = "auto"  # onnx only: auto | cuda | cpu
+    # For a caller building the tokenizer while the backend loads in another thread (frontends/cli/in_thread.py),
+    # both called from the loading thread. `on_setup_done`: the caller may start now (native: its Python setup
+    # is done and its weights pack without the GIL, so the two do not take turns holding it; the others call it
+    # at once). `before_head`: the load waits here before its last and largest growth (native: packing the
+    # output head) until the caller's own peak is past. None: no call.
+    on_setup_done: Callable[[], object] | None = field(default=None, compare=False, repr=False)
+    before_head: Callable[[], object] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)

@@ -131,7 +131,20 @@ class NativeBackend(PooledSeqs, Backend):
             swa_row_cap=self.swa_row_cap if self.sliding else 0, **per_layer_input_fields(w))
         self._cfg = cfg
         self._lib = nl.lib()
-        self._ctx = self._lib.sk_ctx_new(ctypes.byref(cfg), nl.env_kernel_cap())
+        if options.on_setup_done is not None:
+            options.on_setup_done()
+        if options.before_head is None:
+            self._ctx = self._lib.sk_ctx_new(ctypes.byref(cfg), nl.env_kernel_cap())
+        else:  # the output head, often the largest weight, packed once the caller's own peak is past
+            self._ctx = self._lib.sk_ctx_new_head_later(ctypes.byref(cfg), nl.env_kernel_cap())
+            if self._ctx:
+                try:
+                    options.before_head()
+                except BaseException:
+                    self._lib.sk_ctx_free(self._ctx)
+                    self._ctx = None
+                    raise
+                self._lib.sk_ctx_pack_head(self._ctx)
         if not self._ctx:
             raise ConfigError(f"cannot create the native runtime ({self.threads} threads, n_ctx {options.n_ctx}, "
                               f"{options.n_seq_max} sequences): out of memory or threads")

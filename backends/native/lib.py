@@ -163,6 +163,10 @@ def lib() -> ctypes.CDLL:
     so.sk_kernel_name.argtypes = [ctypes.c_int]
     so.sk_ctx_new.restype = ctypes.c_void_p
     so.sk_ctx_new.argtypes = [ctypes.POINTER(Config), ctypes.c_int]
+    so.sk_ctx_new_head_later.restype = ctypes.c_void_p
+    so.sk_ctx_new_head_later.argtypes = [ctypes.POINTER(Config), ctypes.c_int]
+    so.sk_ctx_pack_head.restype = None
+    so.sk_ctx_pack_head.argtypes = [ctypes.c_void_p]
     so.sk_ctx_new_over.restype = ctypes.c_void_p
     so.sk_ctx_new_over.argtypes = [ctypes.POINTER(Config), ctypes.c_void_p]
     so.sk_ctx_config.restype = None

@@ -69,6 +69,8 @@ def _causal_mask(start: int, n: int) -> np.ndarray:
 class OnnxBackend(PooledSeqs, Backend):
     def __init__(self, model_path: str | os.PathLike[str], options: BackendOptions | None = None) -> None:
         self.options = options = options or BackendOptions()
+        if options.on_setup_done is not None:
+            options.on_setup_done()  # a caller waits for none of this load (see BackendOptions)
         # Named as the user sets them (-c / -np), not by the field names: this is what a CLI user sees.
         if options.n_ctx <= 0:
             raise ConfigError(f"context size (-c/--ctx-size) must be at least 1; got {options.n_ctx}")

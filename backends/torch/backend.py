@@ -379,6 +379,8 @@ class TorchBackend(PooledSeqs, Backend):
 def backend_class(model_path: str, options: BackendOptions) -> Backend:
     """The torch runtime for `model_path`: TorchBackend for decoders, TorchEncoderBackend for BERT-style
     encoders (embeddings only, backends/torch/encoder.py)."""
+    if options.on_setup_done is not None:
+        options.on_setup_done()  # its load holds the GIL off and on throughout: a caller waits for none of it
     if is_encoder(GGUFFile.shared(model_path)):
         device = resolve_device(options)
         return TorchEncoderBackend(model_path, options, device, resolve_dtype(options, device))

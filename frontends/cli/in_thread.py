@@ -2,36 +2,37 @@
 
 `build_engine` loads the target's backend this way while it builds the tokenizer: the native backend
 spends most of its load repacking weights in C with the GIL released, so on a machine with a core to
-spare the two overlap instead of adding up (tens of milliseconds of `spekula generate`'s start-up). A
-large vocabulary's tokenizer goes first instead (WAIT_FOR_TOKENIZER_MIN_VOCAB says why).
+spare the two overlap instead of adding up (tens of milliseconds of `spekula generate`'s start-up;
+BackendLoad says how they are ordered).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from spekula.core.backend import BackendOptions
 
 T = TypeVar("T")
 
 # The tokenizer's construction holds about 100 bytes a token more, for a moment, than it keeps (a Python
 # list and dict of the vocabulary beside the tokenizers library's own maps: +84 MB at its peak, +56 MB kept,
-# for 262k tokens). A backend loading meanwhile interleaves its own allocations with that moment's, and the
-# freed pages stay pinned under them: on Gemma 3 270M the process's floor rose 4-9 MB, by a different amount
-# each run. From this many tokens on, the backend loads only once the tokenizer is built (peak 363 MB every
-# run against 367-376 beside it; start-up the same there, +30-60 ms on Ministral 3 3B and gpt-oss 20b). Below,
-# the overlap's start-up time is worth more (SmolLM2, 49k tokens: the two loads take ~50 and ~65 ms).
+# for 262k tokens). From this many tokens on, that moment beside a fully loaded backend is worth ordering
+# away: the backend packs its output head after it. Below, the overlap's start-up time is worth more.
 WAIT_FOR_TOKENIZER_MIN_VOCAB = 100_000
 
 
-def load_waits_for_tokenizer(metadata: Mapping[str, Any]) -> bool:
-    """Whether the backend should load only once the tokenizer is built (a large vocabulary)."""
+def head_waits_for_tokenizer(metadata: Mapping[str, Any]) -> bool:
+    """Whether the backend's load should pack its output head only once the tokenizer is built."""
     tokens = metadata.get("tokenizer.ggml.tokens")
     return tokens is not None and len(tokens) >= WAIT_FOR_TOKENIZER_MIN_VOCAB
 
 
 class TokenizerFailed(Exception):
-    """A load that waited for the tokenizer skipped, because the tokenizer could not be built."""
+    """A load that waited for the tokenizer stopped, because the tokenizer could not be built."""
 
 
 class InThread(Generic[T]):
@@ -67,25 +68,51 @@ class InThread(Generic[T]):
         self._value = self._error = None
 
 
-def load_beside_tokenizer(make: Callable[[], T], metadata: Mapping[str, Any],
-                          name: str) -> tuple[InThread[T], Callable[[bool], None]]:
-    """`make()` started in a thread while the caller builds the tokenizer, and the call that tells it the
-    tokenizer is done (True: built; False: it failed). Make that call whatever happens: with a large
-    vocabulary (load_waits_for_tokenizer) `make()` starts only then, and not at all after a failure (the
-    load then ends in TokenizerFailed, which `discard` drops)."""
-    if not load_waits_for_tokenizer(metadata):
-        return InThread(make, name=name), lambda built: None
-    done = threading.Event()
-    outcome: list[bool] = []
+class BackendLoad(Generic[T]):
+    """`make(options)` loading a backend in its own thread while the caller builds the tokenizer.
 
-    def after_tokenizer() -> T:
-        done.wait()
-        if not outcome[0]:
-            raise TokenizerFailed("the backend was not loaded: the tokenizer failed")
-        return make()
+    The caller starts the tokenizer once the load's setup is done (`wait_setup`: the native backend's
+    Python work; what follows packs weights without the GIL), and says when the tokenizer is done
+    (`tokenizer_done`, whatever happens). With a large vocabulary the load packs its output head only then,
+    and not at all after a failure (TokenizerFailed, which `discard` drops). Against the two loads started
+    together, on Gemma 3 270M: peak RSS 364 MB every run instead of 366-374 (the backend's setup no longer
+    interleaves its objects with the tokenizer's short-lived ones, pinning some of their pages), and the
+    load 0.30-0.34 s instead of 0.37-0.44 (the two no longer take turns holding the GIL)."""
 
-    def tokenizer_done(built: bool) -> None:
-        outcome.append(built)
-        done.set()
+    def __init__(self, make: Callable[[BackendOptions], T], options: BackendOptions,
+                 metadata: Mapping[str, Any], name: str) -> None:
+        self._setup_done = threading.Event()
+        self._tokenizer = threading.Event()
+        self._tokenizer_built = False
+        gated = replace(options, on_setup_done=self._setup_done.set,
+                        before_head=self._before_head if head_waits_for_tokenizer(metadata) else None)
 
-    return InThread(after_tokenizer, name=name), tokenizer_done
+        def load() -> T:
+            try:
+                return make(gated)
+            finally:
+                self._setup_done.set()  # a load that failed first, or that never says so, lets the caller go
+
+        self._job = InThread(load, name=name)
+
+    def _before_head(self) -> None:
+        self._tokenizer.wait()
+        if not self._tokenizer_built:
+            raise TokenizerFailed("the backend's load stopped: the tokenizer failed")
+
+    def wait_setup(self) -> None:
+        """Return once the caller should start the tokenizer (the load's setup is done, or it ended)."""
+        self._setup_done.wait()
+
+    def tokenizer_done(self, built: bool) -> None:
+        """The tokenizer is built (True) or failed (False)."""
+        self._tokenizer_built = built
+        self._tokenizer.set()
+
+    def result(self) -> T:
+        """Wait for the load; the backend, or the load's exception raised here."""
+        return self._job.result()
+
+    def discard(self, close: Callable[[T], None]) -> None:
+        """Wait for the load and close what it made (InThread.discard)."""
+        self._job.discard(close)

@@ -37,7 +37,7 @@ from spekula.core.params import CompletionRequest, SamplingParams, SpecParams
 from spekula.core.verify.sampling import check_bias_tokens
 from spekula.frontends.cli.deferred_options import add_when_used
 from spekula.frontends.cli.embedding_options import serving_pooling
-from spekula.frontends.cli.in_thread import load_beside_tokenizer
+from spekula.frontends.cli.in_thread import BackendLoad
 from spekula.frontends.cli.sampler_options import add_sampler_stage_options, sampler_stages_from_args
 
 log = structlog.get_logger("spekula.options")
@@ -483,26 +483,26 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
                               "--spec-type and draft models do not apply (it serves embeddings only)")
         if args.backend == "auto":
             backend_name = "torch"  # encoders run on torch only (backends/torch/encoder.py)
-    # The backend loads in a thread while the tokenizer is built here (in_thread.py says why, and why a large
-    # vocabulary's backend loads after it); a failure here is reported before the backend's own, as when they
-    # ran one after the other. Its module is imported first, here: the thread then holds the GIL only briefly
-    # before the GIL-free part of its load.
+    # The backend loads in a thread while the tokenizer is built here, which starts once the load's setup is
+    # done (in_thread.BackendLoad says why, and why a large vocabulary's output head waits for it); a failure
+    # here is reported before the backend's own, as when they ran one after the other. Its module is imported
+    # first, here: the thread then holds the GIL only for its setup.
     make_backend = backend_class(backend_name, opts)
-    loading, tokenizer_done = load_beside_tokenizer(lambda: make_backend(path, opts), model_file.metadata,
-                                                    "spekula-backend-load")
+    load = BackendLoad(lambda o: make_backend(path, o), opts, model_file.metadata, "spekula-backend-load")
     try:
         built = False
         try:
+            load.wait_setup()
             with _default_model_advice(args):
                 tokenizer = target_tokenizer(args, model_file)
             built = True
         finally:
-            tokenizer_done(built)
+            load.tokenizer_done(built)
         check_bias_tokens(tuple(getattr(args, "logit_bias", ())), tokenizer.n_vocab)  # --logit-bias, at start
     except BaseException:
-        loading.discard(lambda b: b.close())
+        load.discard(lambda b: b.close())
         raise
-    backend = loading.result()
+    backend = load.result()
     config = EngineConfig(n_slots=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, spec=spec,
                           slot_prompt_similarity=args.slot_prompt_similarity, pooling=pooling,
                           context_shift=bool(getattr(args, "context_shift", False)), embeddings_only=encoder)

@@ -188,3 +188,37 @@ def test_smollm2_keeps_weights_in_their_blocks() -> None:
     out = b.forward([SeqInput(s, np.array([1, 504, 3458], np.int32), 0)])[0].logits
     assert out.shape == (1, b.info.n_vocab) and np.isfinite(out).all()
     b.close()
+
+
+def test_the_head_packed_after_the_load_gate_gives_the_same_bits() -> None:
+    """`before_head` runs once, in the load, before the output head is packed (build_engine waits there for
+    the tokenizer); the head packed then is the one packed with the other weights, bit for bit."""
+    path = str(tiny_model_path("llama", weight_type="Q4_K"))
+    calls: list[int] = []
+    gated = NativeBackend(path, BackendOptions(n_ctx=512, n_seq_max=1, threads=1, before_head=lambda: calls.append(1)))
+    plain = NativeBackend(path, BackendOptions(n_ctx=512, n_seq_max=1, threads=1))
+    assert calls == [1]
+    packed = nl.lib().sk_ctx_packed_bytes
+    assert packed(gated.context) == packed(plain.context) > 0
+    tokens = np.array([1, 50, 258, 17, 9], np.int32)
+    rows = np.arange(tokens.size)
+    got, want = (b.forward([SeqInput(b.new_seq(), tokens, 0, rows)])[0].logits for b in (gated, plain))
+    assert np.array_equal(got, want)
+    gated.close()
+    plain.close()
+
+
+def test_the_load_says_its_setup_is_done_before_packing_and_stops_when_the_head_cannot_wait() -> None:
+    """`on_setup_done` runs once, before `before_head`; a `before_head` that raises ends the load with its
+    error (the caller's tokenizer failed: nothing more to pack)."""
+    path = str(tiny_model_path("llama", weight_type="Q4_K"))
+    calls: list[str] = []
+
+    def refuse() -> None:
+        calls.append("head")
+        raise RuntimeError("tokenizer failed")
+
+    opts = BackendOptions(n_ctx=512, n_seq_max=1, threads=1, on_setup_done=lambda: calls.append("setup"), before_head=refuse)
+    with pytest.raises(RuntimeError, match="tokenizer failed"):
+        NativeBackend(path, opts)
+    assert calls == ["setup", "head"]

@@ -87,8 +87,8 @@ def test_corrupt_model_is_model_file_error(tmp_path: Path) -> None:
 
 
 def test_a_tokenizer_failure_releases_the_backend_waiting_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The backend's load waits for the tokenizer (build_engine, for any vocabulary here): a tokenizer
-    that fails must end that wait, and its error is the one reported."""
+    """The backend's load waits for the tokenizer before packing its output head (build_engine, for any
+    vocabulary here): a tokenizer that fails must end that wait, and its error is the one reported."""
     from sliding_window_checks import edited
 
     from spekula.fixtures.tiny_gguf import tiny_model_path
@@ -114,7 +114,7 @@ def test_a_tokenizer_failure_releases_the_backend_waiting_for_it(tmp_path: Path,
 
 
 def test_a_backend_loaded_after_the_tokenizer_serves(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the load waiting for the tokenizer (any vocabulary here), build_engine gives a working engine."""
+    """With the head waiting for the tokenizer (any vocabulary here), build_engine gives a working engine."""
     from spekula.fixtures.tiny_gguf import tiny_model_path
     from spekula.frontends.cli import in_thread
 

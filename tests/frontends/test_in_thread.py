@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
+from spekula.core.backend import BackendOptions
 from spekula.frontends.cli.in_thread import (
     WAIT_FOR_TOKENIZER_MIN_VOCAB,
+    BackendLoad,
     InThread,
     TokenizerFailed,
-    load_beside_tokenizer,
-    load_waits_for_tokenizer,
+    head_waits_for_tokenizer,
 )
 
 
@@ -42,39 +44,73 @@ def test_discard_closes_what_was_made_and_drops_a_failure() -> None:
     assert closed == ["backend"]
 
 
-def test_only_a_large_vocabulary_makes_the_load_wait_for_the_tokenizer() -> None:
+def test_only_a_large_vocabulary_makes_the_head_wait_for_the_tokenizer() -> None:
     n = WAIT_FOR_TOKENIZER_MIN_VOCAB
-    assert load_waits_for_tokenizer({"tokenizer.ggml.tokens": ["t"] * n})
-    assert not load_waits_for_tokenizer({"tokenizer.ggml.tokens": ["t"] * (n - 1)})
-    assert not load_waits_for_tokenizer({})
+    assert head_waits_for_tokenizer({"tokenizer.ggml.tokens": ["t"] * n})
+    assert not head_waits_for_tokenizer({"tokenizer.ggml.tokens": ["t"] * (n - 1)})
+    assert not head_waits_for_tokenizer({})
 
 
 LARGE = {"tokenizer.ggml.tokens": ["t"] * WAIT_FOR_TOKENIZER_MIN_VOCAB}
 
 
-def test_a_large_vocabularys_load_starts_once_the_tokenizer_is_built() -> None:
-    started = threading.Event()
-    loading, tokenizer_done = load_beside_tokenizer(lambda: started.set() or "backend", LARGE, "t")
-    assert not started.wait(0.2), "the load started before the tokenizer was built"
-    tokenizer_done(True)
-    assert loading.result() == "backend"
+class FakeLoad:
+    """A backend's load as the native one calls its options: setup, then (if asked) the wait before the head."""
+
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+        self.go = threading.Event()
+
+    def __call__(self, options: BackendOptions) -> str:
+        self.go.wait(10)  # the test's cue: the setup is still running until then
+        self.steps.append("setup")
+        if options.on_setup_done is not None:
+            options.on_setup_done()
+        if options.before_head is not None:
+            options.before_head()
+            self.steps.append("head")
+        return "backend"
 
 
-def test_a_large_vocabularys_load_is_skipped_when_the_tokenizer_fails() -> None:
-    made: list[int] = []
-    loading, tokenizer_done = load_beside_tokenizer(lambda: made.append(1), LARGE, "t")
-    tokenizer_done(False)
+def test_the_caller_waits_for_the_setup_and_a_large_vocabularys_head_for_the_tokenizer() -> None:
+    make = FakeLoad()
+    load = BackendLoad(make, BackendOptions(), LARGE, "t")
+    waiter = InThread(load.wait_setup, name="w")
+    assert not make.steps
+    make.go.set()
+    waiter.result()
+    assert make.steps == ["setup"]
+    time.sleep(0.1)
+    assert make.steps == ["setup"], "the head was packed before the tokenizer was built"
+    load.tokenizer_done(True)
+    assert load.result() == "backend" and make.steps == ["setup", "head"]
+
+
+def test_a_large_vocabularys_load_stops_when_the_tokenizer_fails() -> None:
+    make = FakeLoad()
+    make.go.set()
+    load = BackendLoad(make, BackendOptions(), LARGE, "t")
+    load.wait_setup()
+    load.tokenizer_done(False)
     with pytest.raises(TokenizerFailed):
-        loading.result()
-    loading, tokenizer_done = load_beside_tokenizer(lambda: made.append(1), LARGE, "t")
-    tokenizer_done(False)
-    loading.discard(lambda _: made.append(2))  # the caller's own error is the one reported
-    assert made == []
+        load.result()
+    assert make.steps == ["setup"]
 
 
-def test_a_small_vocabularys_load_runs_beside_the_tokenizer() -> None:
-    started = threading.Event()
-    loading, tokenizer_done = load_beside_tokenizer(lambda: started.set() or "backend", {}, "t")
-    assert started.wait(10), "the load waited for the tokenizer"
-    tokenizer_done(True)
-    assert loading.result() == "backend"
+def test_a_small_vocabularys_load_does_not_wait_for_the_tokenizer() -> None:
+    make = FakeLoad()
+    make.go.set()
+    load = BackendLoad(make, BackendOptions(), {}, "t")
+    assert load.result() == "backend"  # no tokenizer_done yet
+    load.tokenizer_done(True)
+
+
+def test_a_load_that_fails_in_its_setup_lets_the_caller_go() -> None:
+    def fail(options: BackendOptions) -> str:
+        raise ValueError("bad file")
+
+    load = BackendLoad(fail, BackendOptions(), LARGE, "t")
+    load.wait_setup()  # returns: the load ended
+    load.tokenizer_done(True)
+    with pytest.raises(ValueError, match="bad file"):
+        load.result()

@@ -137,6 +137,7 @@ struct sk_ctx {
     uint8_t *packed;     /* weight copies in the kernels' own layout, one arena freed with the context */
     size_t packed_map;   /* the arena's mapped length */
     int64_t packed_bytes, packed_used;
+    int head_later;      /* the output head is packed by sk_ctx_pack_head, not with the other weights */
     sk_moe **moe;        /* [n_layer]: this context's copy of each MoE block's description, or NULL */
     sk_moe_scratch *moe_scratch;
     sk_ctx *base;        /* the context whose threads (and possibly prepared weights) this one uses, or NULL */
@@ -498,6 +499,7 @@ static int64_t size_tensor(sk_ctx *c, sk_tensor *w) { return packed_footprint(c,
 /* Rewrite a weight into the kernel table's layout when it has one, at the arena's next free bytes;
  * returns the bytes it took there. */
 static int64_t pack_tensor(sk_ctx *c, sk_tensor *w) {
+    if (w == &c->cfg.output && c->head_later) return 0; /* its footprint stays free at the arena's end */
     int64_t row_bytes = 0, size = 0, footprint = packed_footprint(c, w, &row_bytes, &size);
     if (footprint == 0) return 0;
     uint8_t *dst = c->packed + c->packed_used;
@@ -637,7 +639,7 @@ static int set_up_blocks(sk_ctx *c) {
 
 /* base NULL: own threads (cfg->n_threads) and kernel table; else base's, and base lives on until this
  * context is freed (a weight of layout 1 in cfg is taken as prepared for that kernel table). */
-static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int kernel_cap) {
+static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int kernel_cap, int head_later) {
     if ((!base && cfg->n_threads < 1) || cfg->n_ctx < 1 || cfg->n_seq_max < 1 || cfg->n_head_kv < 1 ||
         cfg->n_head % cfg->n_head_kv != 0 || cfg->n_layer < 1 || !in_proj_fits(cfg) ||
         !ctx_proj_fits(cfg))
@@ -646,6 +648,7 @@ static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int kernel_cap) {
     if (!c) return NULL;
     atomic_init(&c->refs, 1);
     c->cfg = *cfg;
+    c->head_later = head_later;
     if (base) {
         atomic_fetch_add(&base->refs, 1);
         c->base = base;
@@ -684,11 +687,22 @@ static sk_ctx *ctx_new(const sk_config *cfg, sk_ctx *base, int kernel_cap) {
     return c;
 }
 
-SK_API sk_ctx *sk_ctx_new(const sk_config *cfg, int kernel_cap) { return ctx_new(cfg, NULL, kernel_cap); }
+SK_API sk_ctx *sk_ctx_new(const sk_config *cfg, int kernel_cap) { return ctx_new(cfg, NULL, kernel_cap, 0); }
+
+/* As sk_ctx_new, with the output head (a small model's largest weight: 170 of Gemma 3 270M's 235 MiB) left
+ * unpacked until sk_ctx_pack_head, so a caller can put that growth after another load's peak (a tokenizer
+ * built meanwhile). No forward before sk_ctx_pack_head. */
+SK_API sk_ctx *sk_ctx_new_head_later(const sk_config *cfg, int kernel_cap) { return ctx_new(cfg, NULL, kernel_cap, 1); }
+
+SK_API void sk_ctx_pack_head(sk_ctx *c) {
+    if (!c->head_later) return;
+    c->head_later = 0;
+    pack_tensor(c, &c->cfg.output);
+}
 
 /* A context over base's threads and kernel table (see the top of this file); NULL as sk_ctx_new. */
 SK_API sk_ctx *sk_ctx_new_over(const sk_config *cfg, sk_ctx *base) {
-    return base ? ctx_new(cfg, base, 0) : NULL;
+    return base ? ctx_new(cfg, base, 0, 0) : NULL;
 }
 
 /* The context's config as it runs: token_embd, output and in_proj as prepared (layers: its own copy). */
@@ -1249,7 +1263,7 @@ SK_API int sk_swa_restore(sk_ctx *c, int slot, int64_t n) {
  * caller's mistake cannot write out of bounds). */
 SK_API int sk_forward(sk_ctx *c, const sk_batch *b) {
     const sk_config *g = &c->cfg;
-    if (b->n_rows < 1 || b->n_out < 0 || b->n_out > b->n_rows ||
+    if (c->head_later || b->n_rows < 1 || b->n_out < 0 || b->n_out > b->n_rows ||
         ((g->in_proj.data || g->wide_input) && !b->hidden_in))
         return -2;
     for (int64_t r = 0; r < b->n_rows; r++) {
