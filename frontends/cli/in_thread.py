@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from spekula.frontends.malloc_tuning import release_free_memory
+
 if TYPE_CHECKING:
     from spekula.core.backend import BackendOptions
 
@@ -105,7 +107,10 @@ class BackendLoad(Generic[T]):
         self._setup_done.wait()
 
     def tokenizer_done(self, built: bool) -> None:
-        """The tokenizer is built (True) or failed (False)."""
+        """The tokenizer is built (True) or failed (False). Its construction's freed pages go back to the
+        system first: when the vocabulary's derived tables were not in the header cache yet (the first
+        open of a file) they stay in the heap otherwise, 8.5 MB on Gemma 3 270M."""
+        release_free_memory()
         self._tokenizer_built = built
         self._tokenizer.set()
 

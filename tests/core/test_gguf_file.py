@@ -76,3 +76,34 @@ def test_common_tensor_types_agree_with_the_gguf_package() -> None:
     for type_id, (name, block, size) in COMMON_TYPES.items():
         t = gguf.GGMLQuantizationType(type_id)
         assert (t.name, gguf.GGML_QUANT_SIZES[t]) == (name, (block, size))
+
+
+def _resident_kb(path: Path) -> int:
+    """This process's resident kB of its mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line
+            inside = line.endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps (Linux)")
+def test_a_parsed_header_leaves_no_resident_pages(tmp_path: Path) -> None:
+    """The header's pages are read once into the metadata; they do not stay in the resident set (a 262k
+    vocabulary's ~5 MB), and the metadata read from them stays whole."""
+    path = tmp_path / "big-vocab.gguf"
+    tokens = [f"token{i}" for i in range(200_000)]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_token_list(tokens)
+    w.add_tensor("output_norm.weight", np.ones(8, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    f = GGUFFile(path)  # a new file: parsed, not from the header cache
+    assert _resident_kb(path) < 256, f"{_resident_kb(path)} kB of the file resident after parsing its header"
+    assert list(f.metadata["tokenizer.ggml.tokens"]) == tokens
+    assert np.array_equal(f.tensor("output_norm.weight").data, np.ones(8, np.float32))
