@@ -11,7 +11,7 @@ after a CPU check, so the build stays portable.
 
 from setuptools import Extension, setup
 
-SOURCES = ["sk_model.c", "sk_swa.c", "sk_gemma4.c", "sk_assistant.c", "sk_deltanet.c", "sk_dn_state.c", "sk_moe.c", "sk_oai.c", "sk_pool.c", "sk_pack.c", "sk_generic.c",
+SOURCES = ["sk_model.c", "sk_ctx.c", "sk_plan.c", "sk_seq_state.c", "sk_encode.c", "sk_test_entry.c", "sk_swa.c", "sk_gemma4.c", "sk_assistant.c", "sk_deltanet.c", "sk_dn_state.c", "sk_moe.c", "sk_oai.c", "sk_pool.c", "sk_pack.c", "sk_generic.c",
            "sk_avx2.c", "sk_avx2_gemm.c", "sk_avx2_dn.c", "sk_avx512.c", "sk_avx512_gemm.c", "sk_avx512_dn.c"]
 
 setup(
@@ -22,7 +22,8 @@ setup(
             depends=["backends/native/csrc/sk.h", "backends/native/csrc/sk_moe.h", "backends/native/csrc/sk_pool.h", "backends/native/csrc/sk_avx512.h",
                      "backends/native/csrc/sk_avx2.h", "backends/native/csrc/sk_pack.h", "backends/native/csrc/sk_deltanet.h",
                      "backends/native/csrc/sk_dn_internal.h", "backends/native/csrc/sk_swa.h",
-                     "backends/native/csrc/sk_rope.h", "backends/native/csrc/sk_assistant.h"],
+                     "backends/native/csrc/sk_rope.h", "backends/native/csrc/sk_assistant.h",
+                     "backends/native/csrc/sk_ctx.h", "backends/native/csrc/sk_step.h"],
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread", "-std=gnu11"],
             extra_link_args=["-pthread"],
             libraries=["m"],

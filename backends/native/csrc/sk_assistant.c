@@ -27,7 +27,7 @@ struct sk_asst {
 static void *xalloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
 
 /* A quantized weight copied into the kernel table's layout when the table has one (the forward's own
- * packing, sk_model.c's pack_tensor, reads the same two table entries); 0, or -1 out of memory. */
+ * packing, sk_ctx.c's pack_tensor, reads the same two table entries); 0, or -1 out of memory. */
 static int pack(sk_asst *s, sk_tensor *w) {
     const sk_kernels *k = s->t.kern;
     if (!w->data || w->layout != 0 || !k->packed_size || !sk_is_quant(w->type)) return 0;

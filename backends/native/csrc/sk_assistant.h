@@ -12,7 +12,7 @@
  *
  * The matmuls run on the target's thread pool, split by output columns as the forward splits them, with
  * int8 activations before quantized weights; the scalar steps run on one thread. A row's result depends on
- * that row alone (rows run one after another), not on the others of the call. sk_model.c lends the target's
+ * that row alone (rows run one after another), not on the others of the call. sk_seq_state.c lends the target's
  * pieces through sk_assistant_target and sk_assistant_kv (its only hooks for this file).
  */
 #ifndef SK_ASSISTANT_H
@@ -39,7 +39,7 @@ typedef struct {
     const sk_asst_block *blocks;
 } sk_assistant;
 
-/* The target context's pieces a step reads (filled by sk_model.c). */
+/* The target context's pieces a step reads (filled by sk_seq_state.c). */
 typedef struct {
     const sk_kernels *kern;
     sk_pool *pool;
@@ -58,7 +58,7 @@ typedef struct {
 } sk_kv_view;
 
 typedef struct sk_ctx sk_ctx;
-/* sk_model.c's hooks: the target's view (-1: not a context an assistant can read), and block `layer`'s cache
+/* sk_seq_state.c's hooks: the target's view (-1: not a context an assistant can read), and block `layer`'s cache
  * of `slot` holding positions [lo, hi) (-1: no such block or slot, -2: the cache no longer holds them). */
 int sk_assistant_target(const sk_ctx *c, sk_target_view *out);
 int sk_assistant_kv(const sk_ctx *c, int slot, int layer, int64_t lo, int64_t hi, sk_kv_view *out);
