@@ -1,6 +1,6 @@
 """Multi-token-prediction heads on spekula's native kernels: each head is a native context over its one block.
 
-A head is a C context (backends/native/csrc/sk_model.c) whose config lists the head's block (``blk.{N + k}``,
+A head is a C context (backends/native/csrc/sk_ctx.c) whose config lists the head's block (``blk.{N + k}``,
 built by the native backend's own layer code: attention (gated for Qwen3.5), the dense FFN or the MoE
 FFN with its shared expert, norms, rope, float16 KV cache) and an input projection: its rows enter as
 ``eh_proj . [rmsnorm(E[x], enorm); rmsnorm(h, hnorm)]`` instead of ``E[x]``, and its output norm and

@@ -1,7 +1,7 @@
 /* AVX2 (with FMA and F16C) kernels: float-weight matmuls, activation quantization, norms, activations
  * and attention (the quantized matmuls are in sk_avx2_gemm.c). The CPUs most people run, AMD's
  * before Zen 4 and Intel's client parts, have these and not AVX-512. Compiled for that target only;
- * sk_model.c calls them only after checking the CPU has it. Same structure as sk_avx512.c, eight
+ * sk_ctx.c picks them only after checking the CPU has it. Same structure as sk_avx512.c, eight
  * lanes per register; every result element follows an operation order fixed by its own inputs. */
 #pragma GCC target("avx2,fma,f16c,bmi2")
 #include <immintrin.h>

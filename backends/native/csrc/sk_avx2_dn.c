@@ -1,6 +1,6 @@
 /* AVX2 kernels of the gated delta-net blocks (sk.h's dn_*, called by sk_deltanet.c): the depthwise
  * conv with SiLU, the L2 norm of a q or k head and the delta rule. Compiled for that target only;
- * sk_model.c calls them only after checking the CPU has it. Same structure as sk_avx512_dn.c, eight
+ * sk_ctx.c picks them only after checking the CPU has it. Same structure as sk_avx512_dn.c, eight
  * lanes per register: a state row is carried through all the tokens of a call (held in registers as
  * far as 16 of them allow, else in L1) before the next; every element's operations are fixed by its
  * own inputs, so the forward and the replay of logged rows compute bitwise the same state. */

@@ -1,6 +1,6 @@
 /* AVX-512 (F, BW, VL, DQ, VNNI) kernels: float-weight matmuls, activation quantization, norms,
  * activations and attention (the quantized matmuls are in sk_avx512_gemm.c). Compiled for that target
- * only; sk_model.c calls them only after checking the CPU has it. */
+ * only; sk_ctx.c picks them only after checking the CPU has it. */
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma,bmi2")
 #include <immintrin.h>
 #include <math.h>

@@ -1,6 +1,6 @@
 /* AVX-512 kernels of the gated delta-net blocks (sk.h's dn_*, called by sk_deltanet.c): the depthwise
  * conv with SiLU, the L2 norm of a q or k head and the delta rule. Compiled for that target only;
- * sk_model.c calls them only after checking the CPU has it.
+ * sk_ctx.c picks them only after checking the CPU has it.
  *
  * The delta rule carries one state row (head_k_dim floats: 8 registers for 128) through all the
  * tokens of a call before the next row, so a row is loaded and stored once per forward whatever its
