@@ -13,21 +13,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 import gguf
 
+from spekula.backends.convert.gguf_copy import as_stored, copy_fields, write_with_tensors
+
 TOKENIZER_PREFIX = "tokenizer."
-
-
-def copy_keys(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, keep: Any) -> None:
-    """The keys of `reader` for which keep(name) holds, each with its stored value type."""
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF.") or not keep(field.name):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
 
 
 def n_tokens(reader: gguf.GGUFReader, what: str) -> int:
@@ -48,17 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     if n_model != n_vocab:  # the embedding and output rows are the model's token count
         raise SystemExit(f"{args.vocab} has {n_vocab} tokens, {args.model} {n_model}: they must be equal")
     arch = model.get_field(gguf.Keys.General.ARCHITECTURE)
-    writer = gguf.GGUFWriter(args.output, arch.contents() if arch is not None else "llama")
+    writer = gguf.GGUFWriter(args.output, arch.contents() if arch is not None else "llama", endianess=model.endianess)
     try:
-        copy_keys(model, writer, lambda name: not name.startswith(TOKENIZER_PREFIX))
-        copy_keys(vocab, writer, lambda name: name.startswith(TOKENIZER_PREFIX))
-        for t in model.tensors:
-            writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for t in model.tensors:
-            writer.write_tensor_data(t.data)
+        copy_fields(model, writer, keep=lambda name: not name.startswith(TOKENIZER_PREFIX))
+        copy_fields(vocab, writer, keep=lambda name: name.startswith(TOKENIZER_PREFIX))
+        write_with_tensors(writer, as_stored(model.tensors), model.endianess)
     finally:
         writer.close()
     print(f"{args.output}: {args.model}'s weights with {args.vocab}'s {n_vocab}-token vocabulary")

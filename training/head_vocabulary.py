@@ -19,7 +19,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from spekula.backends.convert.gguf_copy import copy_fields, raw_reader
+from spekula.backends.convert.gguf_copy import as_stored, copy_fields, raw_reader, write_with_tensors
 from spekula.backends.convert.output import atomic_output, check_output_path
 from spekula.core.errors import ConfigError, ModelFileError, SpekulaError
 from spekula.core.modelfile.gguf_file import GGUFFile
@@ -72,17 +72,8 @@ def with_draft_vocabulary(head_path: str | os.PathLike[str], target_path: str | 
         writer = gguf.GGUFWriter(tmp, "dflash", endianess=reader.endianess)
         try:
             copy_fields(reader, writer)
-            for t in reader.tensors:
-                writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-            writer.add_tensor_info("output.weight", kept.shape, kept.dtype, kept.nbytes, stored.tensor_type)
-            writer.add_tensor_info("d2t", ids.shape, ids.dtype, ids.nbytes, gguf.GGMLQuantizationType.I64)
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_ti_data_to_file()
-            for t in reader.tensors:
-                writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
-            writer.write_tensor_data(kept, tensor_endianess=reader.endianess)
-            writer.write_tensor_data(ids, tensor_endianess=reader.endianess)
+            write_with_tensors(writer, [*as_stored(reader.tensors), ("output.weight", kept, stored.tensor_type),
+                                        ("d2t", ids, gguf.GGMLQuantizationType.I64)], reader.endianess)
         finally:
             writer.close()
     return dst

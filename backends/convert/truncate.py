@@ -16,7 +16,7 @@ from typing import Any
 
 import gguf
 
-from spekula.backends.convert.gguf_copy import copy_fields, raw_reader
+from spekula.backends.convert.gguf_copy import as_stored, copy_fields, raw_reader, write_with_tensors
 from spekula.backends.convert.output import atomic_output, check_output_path
 from spekula.core.errors import ConfigError, ModelFileError
 from spekula.core.modelfile.gguf_file import GGUFFile
@@ -68,13 +68,7 @@ def truncate_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], n_ke
                 return value
 
             copy_fields(reader, writer, change)
-            for t in kept:
-                writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_ti_data_to_file()
-            for t in kept:
-                writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
+            write_with_tensors(writer, as_stored(kept), reader.endianess)
         finally:
             writer.close()
     return TruncateResult(dst, arch, n_layer, n_keep, len(kept), sum(int(t.n_bytes) for t in kept))
