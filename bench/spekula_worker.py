@@ -97,13 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     model_file = GGUFFile.shared(args.model)
     make_backend = backend_class(backend_name, options)
     load = BackendLoad(lambda o: make_backend(args.model, o), options, model_file.metadata, "spekula-backend-load")
-    built = False
-    try:
-        load.wait_setup()
-        tokenizer = Tokenizer.from_gguf(model_file)
-        built = True
-    finally:
-        load.tokenizer_done(built)
+    tokenizer = load.beside(lambda: Tokenizer.from_gguf(model_file))
     backend = load.result()
     load_s = time.perf_counter() - t0
     forward_s: list[float] = []  # each forward's seconds during the current request

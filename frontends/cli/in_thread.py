@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from spekula.core.backend import BackendOptions
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 # The tokenizer's construction holds about 100 bytes a token more, for a moment, than it keeps (a Python
 # list and dict of the vocabulary beside the tokenizers library's own maps: +84 MB at its peak, +56 MB kept,
@@ -73,9 +74,9 @@ class InThread(Generic[T]):
 class BackendLoad(Generic[T]):
     """`make(options)` loading a backend in its own thread while the caller builds the tokenizer.
 
-    The caller starts the tokenizer once the load's setup is done (`wait_setup`: the native backend's
-    Python work; what follows packs weights without the GIL), and says when the tokenizer is done
-    (`tokenizer_done`, whatever happens). With a large vocabulary the load packs its output head only then,
+    The caller builds the tokenizer with `beside`, which starts it once the load's setup is done
+    (`wait_setup`: the native backend's Python work; what follows packs weights without the GIL) and says
+    when it is done (`tokenizer_done`, whatever happens). With a large vocabulary the load packs its output head only then,
     and not at all after a failure (TokenizerFailed, which `discard` drops). Against the two loads started
     together, on Gemma 3 270M: peak RSS 364 MB every run instead of 366-374 (the backend's setup no longer
     interleaves its objects with the tokenizer's short-lived ones, pinning some of their pages), and the
@@ -101,6 +102,17 @@ class BackendLoad(Generic[T]):
         self._tokenizer.wait()
         if not self._tokenizer_built:
             raise TokenizerFailed("the backend's load stopped: the tokenizer failed")
+
+    def beside(self, build: Callable[[], U]) -> U:
+        """`build()` (the tokenizer) once the load's setup is done, telling the load how it ended."""
+        built = False
+        try:
+            self.wait_setup()
+            value = build()
+            built = True
+            return value
+        finally:
+            self.tokenizer_done(built)
 
     def wait_setup(self) -> None:
         """Return once the caller should start the tokenizer (the load's setup is done, or it ended)."""

@@ -490,14 +490,8 @@ def build_engine(args: argparse.Namespace, *, drafters: list[Any] | None = None)
     make_backend = backend_class(backend_name, opts)
     load = BackendLoad(lambda o: make_backend(path, o), opts, model_file.metadata, "spekula-backend-load")
     try:
-        built = False
-        try:
-            load.wait_setup()
-            with _default_model_advice(args):
-                tokenizer = target_tokenizer(args, model_file)
-            built = True
-        finally:
-            load.tokenizer_done(built)
+        with _default_model_advice(args):
+            tokenizer = load.beside(lambda: target_tokenizer(args, model_file))
         check_bias_tokens(tuple(getattr(args, "logit_bias", ())), tokenizer.n_vocab)  # --logit-bias, at start
     except BaseException:
         load.discard(lambda b: b.close())

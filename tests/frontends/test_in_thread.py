@@ -114,3 +114,22 @@ def test_a_load_that_fails_in_its_setup_lets_the_caller_go() -> None:
     load.tokenizer_done(True)
     with pytest.raises(ValueError, match="bad file"):
         load.result()
+
+
+def test_beside_builds_after_the_setup_and_tells_the_load_how_it_ended() -> None:
+    make = FakeLoad()
+    make.go.set()
+    load = BackendLoad(make, BackendOptions(), LARGE, "t")
+    assert load.beside(lambda: make.steps.copy()) == ["setup"]  # built once the setup was done
+    assert load.result() == "backend" and make.steps == ["setup", "head"]
+
+    def fail() -> str:
+        raise ValueError("bad vocabulary")
+
+    make = FakeLoad()
+    make.go.set()
+    load = BackendLoad(make, BackendOptions(), LARGE, "t")
+    with pytest.raises(ValueError, match="bad vocabulary"):
+        load.beside(fail)
+    with pytest.raises(TokenizerFailed):
+        load.result()
